@@ -1,0 +1,205 @@
+"""Every error ai_lease raises, in one tree.
+
+Grouped by what the caller will do about it::
+
+    AiLeaseError
+    ├── LeaseError                 the lease is not (or no longer) yours: stop, do not write
+    │   ├── LeaseLost              a renewal was refused or the lease lapsed
+    │   ├── FencingRejected        a write carried a stale (token, owner) fence
+    │   └── Stalled                the job made no progress within its stage budget
+    ├── JobConflict                the same key was submitted with a different payload
+    ├── JobFailed                  the job ended FAILED (after its last attempt)
+    ├── StageTimeout               a budget ran out
+    │   ├── StageDeadlineExceeded  a stage ran past its hard deadline
+    │   ├── JobDeadlineExceeded    the whole job ran past its total deadline
+    │   ├── FirstTokenTimeout      a stream sent no content in time
+    │   ├── StreamIdleTimeout      a stream went quiet between content deltas
+    │   └── StreamTotalTimeout     a stream ran past its total budget
+    ├── StoreError                 the lease store could not answer
+    │   ├── StoreUnavailable       unreachable or timed out: the outcome may be unknown
+    │   └── CorruptRecord          a value under a job's keys is not a job record
+    └── InputError                 fix the input and try again; nothing was changed
+        ├── ConfigError            a bad setting, naming the field and the rule
+        └── JobSpecError           a bad job file or job spec
+
+Messages say what happened and what to do; they never carry secrets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AiLeaseError",
+    "ConfigError",
+    "CorruptRecord",
+    "FencingRejected",
+    "FirstTokenTimeout",
+    "InputError",
+    "JobConflict",
+    "JobDeadlineExceeded",
+    "JobFailed",
+    "JobSpecError",
+    "LeaseError",
+    "LeaseLost",
+    "StageDeadlineExceeded",
+    "StageTimeout",
+    "Stalled",
+    "StoreError",
+    "StoreUnavailable",
+    "StreamIdleTimeout",
+    "StreamTotalTimeout",
+]
+
+Fence = tuple[int, str]
+"""A fencing pair: (token, owner id)."""
+
+
+class AiLeaseError(Exception):
+    """The root of every error ai_lease raises."""
+
+
+class LeaseError(AiLeaseError):
+    """The caller does not (or no longer) hold the job's lease."""
+
+
+class LeaseLost(LeaseError):
+    """A renewal was refused or the lease lapsed; local work must stop."""
+
+    def __init__(self, key: str, reason: str, held: Fence | None = None) -> None:
+        self.key, self.reason, self.held = key, reason, held
+        token = f" (token {held[0]})" if held else ""
+        super().__init__(f"lease for job {key!r}{token} lost: {reason}")
+
+
+def _fence_text(fence: Fence | None) -> str:
+    return "none" if fence is None else f"token {fence[0]} of {fence[1]!r}"
+
+
+class FencingRejected(LeaseError):
+    """A fenced write was refused because the caller's (token, owner) is not current.
+
+    >>> print(FencingRejected("job-1", held=(11, "a"), current=(12, "b")))
+    job 'job-1': fence token 11 of 'a' is stale, the store holds token 12 of 'b': result not written
+    """
+
+    def __init__(self, key: str, held: Fence, current: Fence | None, reason: str = "") -> None:
+        self.key, self.held, self.current, self.reason = key, held, current, reason
+        why = f" ({reason})" if reason else ""
+        super().__init__(
+            f"job {key!r}: fence {_fence_text(held)} is stale, the store holds "
+            f"{_fence_text(current)}{why}: result not written"
+        )
+
+
+class Stalled(LeaseError):
+    """The job made no real progress within its stage's budget; its owner stepped back."""
+
+    def __init__(self, key: str, stage: str | None, idle_s: float, budget_s: float) -> None:
+        self.key, self.stage, self.idle_s, self.budget_s = key, stage, idle_s, budget_s
+        super().__init__(
+            f"job {key!r} stalled in stage {stage!r}: no progress for {idle_s:.2f}s "
+            f"(budget {budget_s:g}s)"
+        )
+
+
+class JobConflict(AiLeaseError):
+    """The key already names a job with a different payload; the stored one is untouched."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(
+            f"job {key!r} already exists with a different payload: "
+            "use a new key, or resubmit the same payload to get its result"
+        )
+
+
+class JobFailed(AiLeaseError):
+    """The job ended FAILED; ``reason`` is the last error."""
+
+    def __init__(self, key: str, reason: str | None) -> None:
+        self.key, self.reason = key, reason
+        super().__init__(f"job {key!r} failed: {reason or 'no reason recorded'}")
+
+
+class StageTimeout(AiLeaseError):
+    """A time budget ran out. ``budget_s`` is the budget that fired."""
+
+    budget_s: float
+
+
+class StageDeadlineExceeded(StageTimeout):
+    def __init__(self, stage: str, budget_s: float) -> None:
+        self.stage, self.budget_s = stage, budget_s
+        super().__init__(f"stage {stage!r} ran past its hard deadline of {budget_s:g}s")
+
+
+class JobDeadlineExceeded(StageTimeout):
+    def __init__(self, key: str, budget_s: float) -> None:
+        self.key, self.budget_s = key, budget_s
+        super().__init__(f"job {key!r} ran past its total deadline of {budget_s:g}s")
+
+
+class _StreamTimeout(StageTimeout):
+    what = ""
+
+    def __init__(self, budget_s: float, chunks: int = 0, text: str = "") -> None:
+        self.budget_s, self.chunks, self.text = budget_s, chunks, text
+        super().__init__(
+            f"{self.what} (budget {budget_s:g}s; {chunks} content chunks, "
+            f"{len(text)} characters received)"
+        )
+
+
+class FirstTokenTimeout(_StreamTimeout):
+    what = "the stream sent no content before the first-token timeout"
+
+
+class StreamIdleTimeout(_StreamTimeout):
+    what = "the stream went idle between content chunks"
+
+
+class StreamTotalTimeout(_StreamTimeout):
+    what = "the stream ran past its total timeout"
+
+
+class StoreError(AiLeaseError):
+    """The lease store could not give an answer."""
+
+
+class StoreUnavailable(StoreError):
+    """The store is unreachable or too slow; the operation's outcome may be unknown.
+
+    ``where`` names the store with any password masked.
+    """
+
+    def __init__(self, where: str, op: str, detail: str) -> None:
+        self.where, self.op = where, op
+        super().__init__(f"lease store {where} unavailable during {op}: {detail}")
+
+
+class CorruptRecord(StoreError):
+    """A value stored under a job's keys is not a job record this version understands."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        self.key = key
+        super().__init__(
+            f"job {key!r}: stored value is not an ai_lease job record ({detail}); "
+            "it was left untouched"
+        )
+
+
+class InputError(AiLeaseError):
+    """Bad input from the user; nothing stored was changed."""
+
+
+class ConfigError(InputError):
+    """A setting is unknown or invalid; the message names the field and the rule."""
+
+
+class JobSpecError(InputError):
+    """A job file or job spec is malformed."""
+
+    def __init__(self, message: str, **context: Any) -> None:
+        self.context = context
+        super().__init__(message)

@@ -1,0 +1,193 @@
+"""The shared job record (the first seed's section 17) and its four health states (section 16).
+
+Every timestamp in a :class:`JobState` is on the **store's** clock, in float seconds since
+the epoch; ``read_at`` is the store's clock when the record was read, so remaining lease
+time and idle time are differences of two store readings, never of two machines' clocks.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .errors import CorruptRecord, JobSpecError
+
+__all__ = ["Health", "JobState", "Status", "fingerprint", "validate_key"]
+
+_KEY = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it can name a job (1-512 printable characters), else raise."""
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise JobSpecError(
+            f"job key {key!r} is invalid: use 1 to 512 characters with no control characters"
+        )
+    return key
+
+
+def fingerprint(payload: Any) -> str:
+    """A stable digest of a job's payload: the same key with another payload is a conflict."""
+    blob = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+class Status(enum.StrEnum):
+    PENDING = "PENDING"  # recorded, nobody holds it (new, released, or waiting to be retried)
+    RUNNING = "RUNNING"  # an owner holds (or held, if its lease lapsed) the lease
+    DONE = "DONE"  # one result committed; terminal
+    FAILED = "FAILED"  # gave up with a reason; terminal
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Status.DONE, Status.FAILED)
+
+
+class Health(enum.StrEnum):
+    """The seed's four owner states: heartbeat fresh or not x progress fresh or not."""
+
+    HEALTHY = "healthy"  # heartbeat ok, progress ok: keep renewing
+    NODE_LOST = "node lost"  # heartbeat lapsed, progress unknown: wait for the lease to lapse
+    ZOMBIE = "zombie"  # heartbeat ok, progress timed out: stop renewing
+    DEAD = "dead"  # heartbeat lapsed and progress timed out: take over
+
+
+@dataclass(frozen=True)
+class JobState:
+    """One job's record as the store holds it."""
+
+    key: str
+    status: Status
+    owner_id: str | None = None
+    token: int = 0
+    stage: str | None = None
+    progress_version: int = 0
+    heartbeat_at: float | None = None
+    last_progress_at: float | None = None
+    lease_expires_at: float | None = None
+    max_no_progress: float | None = None
+    stall_policy: str = "expire"
+    attempts: int = 0
+    takeovers: int = 0
+    missed_renewals: int = 0
+    last_error: str | None = None
+    stall_snapshot: str | None = None
+    fingerprint: str | None = None
+    result: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    read_at: float = 0.0
+
+    @property
+    def lease_remaining(self) -> float:
+        """Seconds the current lease still runs, by the store's clock (0 when lapsed)."""
+        if self.status is not Status.RUNNING or self.lease_expires_at is None:
+            return 0.0
+        return max(0.0, self.lease_expires_at - self.read_at)
+
+    @property
+    def lease_live(self) -> bool:
+        return self.lease_remaining > 0
+
+    @property
+    def since_heartbeat(self) -> float | None:
+        return None if self.heartbeat_at is None else self.read_at - self.heartbeat_at
+
+    @property
+    def since_progress(self) -> float | None:
+        return None if self.last_progress_at is None else self.read_at - self.last_progress_at
+
+    def health(self, grace: float = 0.0) -> Health | None:
+        """The seed's four-state judgement for a RUNNING job (None otherwise).
+
+        ``grace`` is the renew interval: the store learns of progress only at renewals.
+        """
+        if self.status is not Status.RUNNING:
+            return None
+        idle = self.since_progress
+        stuck = (
+            idle is not None
+            and self.max_no_progress is not None
+            and idle > self.max_no_progress + grace
+        )
+        if self.lease_live:
+            return Health.ZOMBIE if stuck else Health.HEALTHY
+        return Health.DEAD if stuck else Health.NODE_LOST
+
+    @classmethod
+    def from_fields(cls, key: str, data: Mapping[str, Any], read_at: float) -> JobState:
+        """Build a record from stored fields, checking every type; raise :class:`CorruptRecord`."""
+        kwargs: dict[str, Any] = {"key": key, "read_at": read_at}
+        for name, kind in _FIELD_KINDS.items():
+            value = data.get(name)
+            try:
+                kwargs[name] = _convert(kind, value)
+            except (TypeError, ValueError):
+                raise CorruptRecord(key, f"field {name!r} holds {str(value)[:40]!r}") from None
+        if kwargs["status"] is None:
+            raise CorruptRecord(key, "no status field")
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (status as its name)."""
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["status"] = self.status.value
+        return out
+
+
+_FIELD_KINDS: dict[str, str] = {
+    "status": "status",
+    "owner_id": "str",
+    "token": "int",
+    "stage": "str",
+    "progress_version": "int",
+    "heartbeat_at": "time",
+    "last_progress_at": "time",
+    "lease_expires_at": "time",
+    "max_no_progress": "time",
+    "stall_policy": "policy",
+    "attempts": "int",
+    "takeovers": "int",
+    "missed_renewals": "int",
+    "last_error": "str",
+    "stall_snapshot": "str",
+    "fingerprint": "str",
+    "result": "str",
+    "created_at": "time0",
+    "updated_at": "time0",
+}
+
+
+def _convert(kind: str, value: Any) -> Any:
+    if isinstance(value, bytes):
+        value = value.decode()
+    empty = value is None or value == ""
+    if kind == "status":
+        return None if empty else Status(value)
+    if kind == "policy":
+        if empty:
+            return "expire"
+        if value not in ("expire", "release", "alert"):
+            raise ValueError(value)
+        return value
+    if kind == "str":
+        if empty:
+            return None
+        if not isinstance(value, str):
+            raise TypeError(value)
+        return value
+    if kind == "int":
+        if isinstance(value, float) or isinstance(value, bool):
+            raise TypeError(value)
+        return 0 if empty else int(value)
+    if isinstance(value, bool):
+        raise TypeError(value)
+    if empty:
+        return 0.0 if kind == "time0" else None
+    return float(value)

@@ -1,0 +1,142 @@
+"""The lease store protocol and the answers its operations give.
+
+A store keeps one :class:`~ai_lease.job.JobState` per job key. Each operation is atomic
+(one Lua script on Redis, one ``BEGIN IMMEDIATE`` transaction on SQLite) and judges time
+by the store's own clock:
+
+``acquire``  -> :class:`Acquired` (you own it, with a new fencing token)
+              | :class:`Following` (someone else does, until ``lease_expires_at``)
+              | :class:`Finished` (DONE with its result, or FAILED with its reason)
+``renew``    -> :class:`Renewal` (refused unless the fence is current, the job RUNNING,
+              the lease live and progress fresh within the stage budget + grace)
+``release``  step down; ``commit`` the one result (fenced, idempotent); ``fail`` terminally;
+``report_stall`` store where the work is stuck; ``get``; ``wait`` for a change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ..job import JobState
+
+__all__ = [
+    "AcquireOutcome",
+    "Acquired",
+    "Fence",
+    "Finished",
+    "Following",
+    "LeaseStore",
+    "Renewal",
+]
+
+SNAPSHOT_LIMIT = 16_000
+"""Stall snapshots and error texts are cut to this many characters."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What an owner presents with every write: the job key and its (token, owner id) pair."""
+
+    key: str
+    owner_id: str
+    token: int
+
+    @property
+    def pair(self) -> tuple[int, str]:
+        return (self.token, self.owner_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """The caller owns the job. ``takeover`` is true when an earlier owner held it."""
+
+    fence: Fence
+    takeover: bool
+    job: JobState
+
+
+@dataclass(frozen=True, slots=True)
+class Following:
+    """Another owner holds a live lease; wait for its result or for the lease to lapse."""
+
+    job: JobState
+
+    @property
+    def owner_id(self) -> str | None:
+        return self.job.owner_id
+
+    @property
+    def lease_remaining(self) -> float:
+        return self.job.lease_remaining
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The job is terminal: DONE (``job.result``) or FAILED (``job.last_error``)."""
+
+    job: JobState
+
+
+AcquireOutcome = Acquired | Following | Finished
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """The answer to a renewal.
+
+    ``ok`` false means the lease is not extended; ``reason`` is one of ``missing``,
+    ``not_owner``, ``not_running``, ``expired`` or ``no_progress``, and ``current`` the
+    (token, owner) pair the store holds. ``stalled`` with ``ok`` true happens only under
+    the ``alert`` stall policy: renewed, but the miss was recorded and counted.
+    """
+
+    ok: bool
+    reason: str | None = None
+    lease_remaining: float = 0.0
+    stalled: bool = False
+    current: tuple[int, str] | None = None
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Where leases, progress and results live. See the module docstring for the answers."""
+
+    async def acquire(
+        self,
+        key: str,
+        owner_id: str,
+        *,
+        ttl: float,
+        max_no_progress: float,
+        stall_policy: str = "expire",
+        fingerprint: str | None = None,
+        max_attempts: int | None = None,
+    ) -> AcquireOutcome: ...
+
+    async def renew(
+        self,
+        fence: Fence,
+        *,
+        ttl: float,
+        stage: str | None,
+        progress_version: int,
+        max_no_progress: float,
+        grace: float,
+    ) -> Renewal: ...
+
+    async def release(
+        self, fence: Fence, *, error: str | None = None, snapshot: str | None = None
+    ) -> bool: ...
+
+    async def commit(self, fence: Fence, result: str) -> JobState: ...
+
+    async def fail(self, fence: Fence, reason: str) -> JobState: ...
+
+    async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool: ...
+
+    async def get(self, key: str) -> JobState | None: ...
+
+    async def wait(self, key: str, timeout: float) -> None: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,233 @@
+"""The scale-out store: Redis (standalone or Cluster), one Lua script per lease operation.
+
+The client is built with redis-py's own retries **off** (redis-py 8 retries by default: a
+black-holed PING took 8-9 s to fail here, and a resent ``INCRBY`` was applied twice), and
+every operation is bounded by ``op_timeout``. Lost replies are handled a level up: every
+script is safe to run twice. Followers wait on a pub/sub channel per job, falling back to
+sleeping out the poll interval when pub/sub is unavailable.
+
+>>> store = RedisStore.from_url("redis://127.0.0.1:6379/0")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+
+from ..errors import CorruptRecord, FencingRejected, JobConflict, StoreUnavailable
+from ..job import JobState
+from . import redis_scripts as lua
+from .base import Acquired, AcquireOutcome, Fence, Finished, Following, Renewal
+from .rules import clip
+from .urls import mask_url
+
+__all__ = ["RedisStore"]
+
+_TIME_FIELDS = frozenset(
+    {
+        "heartbeat_at",
+        "last_progress_at",
+        "lease_expires_at",
+        "max_no_progress",
+        "created_at",
+        "updated_at",
+    }
+)
+
+
+def _us(seconds: float) -> str:
+    return str(round(seconds * 1_000_000))
+
+
+class RedisStore:
+    """A :class:`~ai_lease.lease.base.LeaseStore` on Redis.
+
+    Keys are ``<namespace>:{<job key>}:job`` (a hash) and ``<namespace>:{<job key>}:events``
+    (a pub/sub channel); the ``{…}`` hash tag keeps one job's keys in one Cluster slot.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        namespace: str = "ai_lease",
+        op_timeout: float = 2.0,
+        where: str = "redis",
+    ) -> None:
+        self._client, self._ns, self._op_timeout, self.where = client, namespace, op_timeout, where
+        self._scripts = {
+            name: client.register_script(getattr(lua, name))
+            for name in ("ACQUIRE", "RENEW", "RELEASE", "FINISH", "REPORT_STALL", "GET")
+        }
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, namespace: str = "ai_lease", op_timeout: float = 2.0
+    ) -> RedisStore:
+        """Connect to ``redis://``, ``rediss://`` or ``unix://`` with retries off."""
+        client = aioredis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=op_timeout,
+            socket_connect_timeout=op_timeout,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+        )
+        return cls(client, namespace=namespace, op_timeout=op_timeout, where=mask_url(url))
+
+    def keys(self, key: str) -> list[str]:
+        """The Redis keys of one job: its hash and its event channel."""
+        return [f"{self._ns}:{{{key}}}:job", f"{self._ns}:{{{key}}}:events"]
+
+    async def _call(self, op: str, key: str, script: str, args: list[Any]) -> Any:
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                try:
+                    return await self._scripts[script](keys=self.keys(key), args=args)
+                except RedisConnectionError:
+                    # A pooled connection went stale (e.g. the server restarted). One resend
+                    # on a fresh connection, inside the same deadline: every script is safe
+                    # to run twice, so a command that did land is not applied differently.
+                    return await self._scripts[script](keys=self.keys(key), args=args)
+        except ResponseError as exc:
+            text = str(exc)
+            if "AILEASE_CORRUPT" in text:
+                detail = text.split("AILEASE_CORRUPT ", 1)[1].split(" script:", 1)[0]
+                raise CorruptRecord(key, detail[:120]) from None
+            if "WRONGTYPE" in text:
+                raise CorruptRecord(key, "the key holds a non-hash value") from None
+            raise StoreUnavailable(self.where, op, text[:200]) from exc
+        except TimeoutError:
+            raise StoreUnavailable(
+                self.where, op, f"no answer within {self._op_timeout:g}s"
+            ) from None
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(self.where, op, type(exc).__name__ + ": " + str(exc)) from exc
+
+    def _decode(self, key: str, flat: list[Any], now_us: Any) -> JobState:
+        data: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))
+        try:
+            for name in _TIME_FIELDS & data.keys():
+                if data[name] != "":
+                    data[name] = int(data[name]) / 1_000_000
+            read_at = int(now_us) / 1_000_000
+        except ValueError:
+            raise CorruptRecord(key, f"a time field holds {data.get(name)!r:.40}") from None
+        return JobState.from_fields(key, data, read_at)
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        key: str,
+        owner_id: str,
+        *,
+        ttl: float,
+        max_no_progress: float,
+        stall_policy: str = "expire",
+        fingerprint: str | None = None,
+        max_attempts: int | None = None,
+    ) -> AcquireOutcome:
+        args = [
+            owner_id,
+            _us(ttl),
+            _us(max_no_progress),
+            stall_policy,
+            fingerprint or "",
+            "" if max_attempts is None else str(max_attempts),
+        ]
+        reply = await self._call("acquire", key, "ACQUIRE", args)
+        kind = reply[0]
+        if kind == "conflict":
+            raise JobConflict(key)
+        if kind == "acquired":
+            job = self._decode(key, reply[3:], reply[1])
+            return Acquired(Fence(key, owner_id, job.token), bool(reply[2]), job)
+        job = self._decode(key, reply[2:], reply[1])
+        return Following(job) if kind == "following" else Finished(job)
+
+    async def renew(
+        self,
+        fence: Fence,
+        *,
+        ttl: float,
+        stage: str | None,
+        progress_version: int,
+        max_no_progress: float,
+        grace: float,
+    ) -> Renewal:
+        args = [
+            fence.owner_id,
+            fence.token,
+            _us(ttl),
+            stage or "",
+            progress_version,
+            _us(max_no_progress),
+            _us(grace),
+        ]
+        reply = await self._call("renew", fence.key, "RENEW", args)
+        if reply[0] == "ok":
+            return Renewal(True, None, int(reply[1]) / 1_000_000, stalled=bool(reply[2]))
+        current = (int(reply[2]), reply[3]) if reply[2] not in ("", None) else None
+        return Renewal(False, reply[0], int(reply[1]) / 1_000_000, current=current)
+
+    async def release(
+        self, fence: Fence, *, error: str | None = None, snapshot: str | None = None
+    ) -> bool:
+        args = [fence.owner_id, fence.token, clip(error) or "", clip(snapshot) or ""]
+        return bool(await self._call("release", fence.key, "RELEASE", args))
+
+    async def _finish(self, op: str, fence: Fence, status: str, field: str, value: str) -> JobState:
+        args = [fence.owner_id, fence.token, status, field, value]
+        reply = await self._call(op, fence.key, "FINISH", args)
+        if reply[0] == "rejected":
+            current = (int(reply[2]), reply[3]) if reply[2] else None
+            raise FencingRejected(fence.key, fence.pair, current, reply[1])
+        return self._decode(fence.key, reply[2:], reply[1])
+
+    async def commit(self, fence: Fence, result: str) -> JobState:
+        return await self._finish("commit", fence, "DONE", "result", result)
+
+    async def fail(self, fence: Fence, reason: str) -> JobState:
+        return await self._finish("fail", fence, "FAILED", "last_error", clip(reason) or "")
+
+    async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
+        args = [fence.owner_id, fence.token, stage or "", clip(snapshot) or ""]
+        return bool(await self._call("report_stall", fence.key, "REPORT_STALL", args))
+
+    async def get(self, key: str) -> JobState | None:
+        reply = await self._call("get", key, "GET", [])
+        return self._decode(key, reply[1:], reply[0]) if len(reply) > 1 else None
+
+    async def wait(self, key: str, timeout: float) -> None:
+        """Return on the job's next event (commit, fail, release) or after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pubsub = self._client.pubsub()
+        try:
+            async with asyncio.timeout(timeout):
+                await pubsub.subscribe(self.keys(key)[1])
+                while (
+                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=None) is None
+                ):
+                    pass
+        except TimeoutError:
+            return
+        except (RedisError, OSError):  # pub/sub unavailable: poll instead
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.where!r}, namespace={self._ns!r})"

@@ -1,0 +1,211 @@
+"""The lease rules as pure functions: (record, store time, request) -> (new record, answer).
+
+The SQLite store runs these inside one transaction; the Redis store's Lua scripts
+(``redis_scripts.py``) are the same rules, line for line, and the contract suite holds both
+to them. ``None`` as the new record means "write nothing".
+
+Fencing tokens are ``max(previous + 1, store time in microseconds)``: strictly increasing
+per key while the record lives, and still increasing after the store lost every record,
+because the store's clock has moved on since any token was issued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import FencingRejected, JobConflict
+from ..job import JobState, Status
+from .base import SNAPSHOT_LIMIT, Acquired, AcquireOutcome, Fence, Finished, Following, Renewal
+
+__all__ = ["acquire", "commit", "fail", "release", "renew", "report_stall"]
+
+Change = JobState | None
+
+
+def next_token(previous: int, now: float) -> int:
+    return max(previous + 1, int(now * 1_000_000))
+
+
+def clip(text: str | None) -> str | None:
+    return None if text is None else text[:SNAPSHOT_LIMIT]
+
+
+def acquire(
+    rec: JobState | None,
+    key: str,
+    owner_id: str,
+    now: float,
+    *,
+    ttl: float,
+    max_no_progress: float,
+    stall_policy: str,
+    fingerprint: str | None,
+    max_attempts: int | None,
+) -> tuple[Change, AcquireOutcome]:
+    if rec is not None and fingerprint and rec.fingerprint and rec.fingerprint != fingerprint:
+        raise JobConflict(key)
+    if rec is not None and rec.status.terminal:
+        return None, Finished(rec)
+    live = rec is not None and rec.status is Status.RUNNING and (rec.lease_expires_at or 0) > now
+    if rec is not None and live:
+        if rec.owner_id == owner_id:  # a repeated acquire (e.g. after a lost reply)
+            return None, Acquired(Fence(key, owner_id, rec.token), False, rec)
+        return None, Following(rec)
+    base = rec or JobState(key=key, status=Status.PENDING, created_at=now)
+    if max_attempts is not None and base.attempts >= max_attempts:
+        reason = f"gave up after {base.attempts} attempts: {base.last_error or 'lease lapsed'}"
+        done = replace(
+            base,
+            status=Status.FAILED,
+            last_error=clip(reason),
+            lease_expires_at=None,
+            updated_at=now,
+            read_at=now,
+            fingerprint=base.fingerprint or fingerprint,
+        )
+        return done, Finished(done)
+    token = next_token(base.token, now)
+    new = replace(
+        base,
+        status=Status.RUNNING,
+        owner_id=owner_id,
+        token=token,
+        stage=None,
+        progress_version=0,
+        heartbeat_at=now,
+        last_progress_at=now,
+        lease_expires_at=now + ttl,
+        max_no_progress=max_no_progress,
+        stall_policy=stall_policy,
+        attempts=base.attempts + 1,
+        takeovers=base.takeovers + (1 if base.owner_id is not None else 0),
+        fingerprint=base.fingerprint or fingerprint,
+        updated_at=now,
+        read_at=now,
+    )
+    return new, Acquired(Fence(key, owner_id, token), base.owner_id is not None, new)
+
+
+def _refusal(rec: JobState | None, fence: Fence, now: float) -> str | None:
+    if rec is None:
+        return "missing"
+    if (rec.token, rec.owner_id) != fence.pair:
+        return "not_owner"
+    if rec.status is not Status.RUNNING:
+        return "not_running"
+    if (rec.lease_expires_at or 0) <= now:
+        return "expired"
+    return None
+
+
+def renew(
+    rec: JobState | None,
+    fence: Fence,
+    now: float,
+    *,
+    ttl: float,
+    stage: str | None,
+    progress_version: int,
+    max_no_progress: float,
+    grace: float,
+) -> tuple[Change, Renewal]:
+    refused = _refusal(rec, fence, now)
+    if rec is None or refused:
+        current = None if rec is None else (rec.token, rec.owner_id or "")
+        return None, Renewal(False, refused, current=current)
+    last_progress = rec.last_progress_at or now
+    version = rec.progress_version
+    if progress_version > version:
+        version, last_progress = progress_version, now
+    base = replace(
+        rec,
+        stage=stage,
+        max_no_progress=max_no_progress,
+        progress_version=version,
+        last_progress_at=last_progress,
+        updated_at=now,
+        read_at=now,
+    )
+    stalled = now - last_progress > max_no_progress + grace
+    if stalled:
+        base = replace(base, missed_renewals=rec.missed_renewals + 1)
+        if rec.stall_policy != "alert":
+            remaining = max(0.0, (rec.lease_expires_at or now) - now)
+            return base, Renewal(False, "no_progress", remaining, current=fence.pair)
+    renewed = replace(base, heartbeat_at=now, lease_expires_at=now + ttl)
+    return renewed, Renewal(True, None, ttl, stalled=stalled)
+
+
+def release(
+    rec: JobState | None, fence: Fence, now: float, *, error: str | None, snapshot: str | None
+) -> tuple[Change, bool]:
+    if _refusal(rec, fence, now) not in (None, "expired") or rec is None:
+        return None, False
+    new = replace(
+        rec,
+        status=Status.PENDING,
+        lease_expires_at=now,
+        updated_at=now,
+        read_at=now,
+        last_error=clip(error) if error is not None else rec.last_error,
+        stall_snapshot=clip(snapshot) if snapshot is not None else rec.stall_snapshot,
+    )
+    return new, True
+
+
+def _reject(rec: JobState | None, fence: Fence, reason: str) -> FencingRejected:
+    current = None if rec is None or rec.owner_id is None else (rec.token, rec.owner_id)
+    return FencingRejected(fence.key, fence.pair, current, reason)
+
+
+def commit(rec: JobState | None, fence: Fence, now: float, result: str) -> tuple[Change, JobState]:
+    if rec is None:
+        raise _reject(rec, fence, "the store holds no record for this job")
+    mine = (rec.token, rec.owner_id) == fence.pair
+    if rec.status is Status.DONE:
+        if mine:  # a repeated commit (e.g. after a lost reply) returns the stored result
+            return None, rec
+        raise _reject(rec, fence, "another owner already committed its result")
+    if rec.status is Status.FAILED:
+        raise _reject(rec, fence, "the job already ended FAILED")
+    if not mine:
+        raise _reject(rec, fence, "a newer owner took the job over")
+    new = replace(
+        rec,
+        status=Status.DONE,
+        result=result,
+        lease_expires_at=None,
+        updated_at=now,
+        read_at=now,
+    )
+    return new, new
+
+
+def fail(rec: JobState | None, fence: Fence, now: float, reason: str) -> tuple[Change, JobState]:
+    if rec is None:
+        raise _reject(rec, fence, "the store holds no record for this job")
+    mine = (rec.token, rec.owner_id) == fence.pair
+    if rec.status is Status.FAILED and mine:
+        return None, rec
+    if rec.status.terminal:
+        raise _reject(rec, fence, f"the job already ended {rec.status.value}")
+    if not mine:
+        raise _reject(rec, fence, "a newer owner took the job over")
+    new = replace(
+        rec,
+        status=Status.FAILED,
+        last_error=clip(reason),
+        lease_expires_at=None,
+        updated_at=now,
+        read_at=now,
+    )
+    return new, new
+
+
+def report_stall(
+    rec: JobState | None, fence: Fence, now: float, stage: str | None, snapshot: str
+) -> tuple[Change, bool]:
+    if rec is None or (rec.token, rec.owner_id) != fence.pair or rec.status.terminal:
+        return None, False
+    new = replace(rec, stall_snapshot=clip(snapshot), stage=stage, updated_at=now, read_at=now)
+    return new, True

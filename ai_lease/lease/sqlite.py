@@ -1,0 +1,245 @@
+"""The embedded default store: one SQLite file in WAL mode, shared by processes on one machine.
+
+Each operation is one ``BEGIN IMMEDIATE`` transaction that reads the record, applies the
+pure rule from :mod:`ai_lease.lease.rules` and writes the result, so racing processes are
+serialised by SQLite's write lock. The store's clock is this machine's clock, read inside the
+transaction. All SQLite work runs on one thread per store, keeping the event loop free while
+another process holds the write lock.
+
+>>> store = SQLiteStore(".ai-lease/ai-lease.db")          # doctest: +SKIP
+>>> outcome = await store.acquire("job-1", "node-a", ttl=30, max_no_progress=5)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from ..errors import CorruptRecord, StoreUnavailable
+from ..job import JobState
+from . import rules
+from .base import AcquireOutcome, Fence, Renewal
+
+__all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ai_lease_jobs (
+    key TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    lease_expires_at REAL,
+    record BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ai_lease_jobs_by_expiry
+    ON ai_lease_jobs (status, lease_expires_at);
+"""
+
+
+class SQLiteStore:
+    """A :class:`~ai_lease.lease.base.LeaseStore` on one SQLite file.
+
+    ``clock`` is the store's clock (seconds since the epoch); tests may inject one.
+    ``op_timeout`` bounds how long an operation waits for another process's write lock.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        op_timeout: float = 2.0,
+        poll_interval: float = 0.05,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = str(path)
+        self.where = f"sqlite:///{self.path}"
+        self._op_timeout, self._poll, self._clock = op_timeout, poll_interval, clock
+        self._conn: sqlite3.Connection | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ai-lease-sqlite")
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is None:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._op_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+            self._conn = conn
+        return self._conn
+
+    async def _run(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, lambda: fn(self._connect()))
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreUnavailable(self.where, op, str(exc)) from exc
+
+    def _load(self, conn: sqlite3.Connection, key: str, now: float) -> JobState | None:
+        row = conn.execute("SELECT record FROM ai_lease_jobs WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        try:
+            data = orjson.loads(row[0])
+        except orjson.JSONDecodeError:
+            raise CorruptRecord(key, "record is not JSON") from None
+        if not isinstance(data, dict) or data.get("schema") != 1:
+            raise CorruptRecord(key, "record has no ai_lease schema marker")
+        return JobState.from_fields(key, data, now)
+
+    @staticmethod
+    def _save(conn: sqlite3.Connection, job: JobState) -> None:
+        data = job.to_dict()
+        del data["key"], data["read_at"]
+        data["schema"] = 1
+        conn.execute(
+            "INSERT INTO ai_lease_jobs (key, status, lease_expires_at, record) VALUES (?,?,?,?)"
+            " ON CONFLICT(key) DO UPDATE SET status = excluded.status,"
+            " lease_expires_at = excluded.lease_expires_at, record = excluded.record",
+            (job.key, job.status.value, job.lease_expires_at, orjson.dumps(data)),
+        )
+
+    async def _transact(
+        self, op: str, key: str, rule: Callable[[JobState | None, float], tuple[JobState | None, T]]
+    ) -> T:
+        """Read, decide and write one job's record in one write transaction."""
+
+        def work(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                now = self._clock()
+                new, answer = rule(self._load(conn, key, now), now)
+                if new is not None:
+                    self._save(conn, new)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return answer
+
+        return await self._run(op, work)
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        key: str,
+        owner_id: str,
+        *,
+        ttl: float,
+        max_no_progress: float,
+        stall_policy: str = "expire",
+        fingerprint: str | None = None,
+        max_attempts: int | None = None,
+    ) -> AcquireOutcome:
+        return await self._transact(
+            "acquire",
+            key,
+            lambda rec, now: rules.acquire(
+                rec,
+                key,
+                owner_id,
+                now,
+                ttl=ttl,
+                max_no_progress=max_no_progress,
+                stall_policy=stall_policy,
+                fingerprint=fingerprint,
+                max_attempts=max_attempts,
+            ),
+        )
+
+    async def renew(
+        self,
+        fence: Fence,
+        *,
+        ttl: float,
+        stage: str | None,
+        progress_version: int,
+        max_no_progress: float,
+        grace: float,
+    ) -> Renewal:
+        return await self._transact(
+            "renew",
+            fence.key,
+            lambda rec, now: rules.renew(
+                rec,
+                fence,
+                now,
+                ttl=ttl,
+                stage=stage,
+                progress_version=progress_version,
+                max_no_progress=max_no_progress,
+                grace=grace,
+            ),
+        )
+
+    async def release(
+        self, fence: Fence, *, error: str | None = None, snapshot: str | None = None
+    ) -> bool:
+        return await self._transact(
+            "release",
+            fence.key,
+            lambda rec, now: rules.release(rec, fence, now, error=error, snapshot=snapshot),
+        )
+
+    async def commit(self, fence: Fence, result: str) -> JobState:
+        return await self._transact(
+            "commit", fence.key, lambda rec, now: rules.commit(rec, fence, now, result)
+        )
+
+    async def fail(self, fence: Fence, reason: str) -> JobState:
+        return await self._transact(
+            "fail", fence.key, lambda rec, now: rules.fail(rec, fence, now, reason)
+        )
+
+    async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
+        return await self._transact(
+            "report_stall",
+            fence.key,
+            lambda rec, now: rules.report_stall(rec, fence, now, stage, snapshot),
+        )
+
+    async def get(self, key: str) -> JobState | None:
+        return await self._run("get", lambda conn: self._load(conn, key, self._clock()))
+
+    async def wait(self, key: str, timeout: float) -> None:
+        """Return when the job's record changes, or after ``timeout`` seconds (polling)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        first = await self._run("wait", lambda conn: _version(conn, key))
+        while (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(self._poll, left))
+            if await self._run("wait", lambda conn: _version(conn, key)) != first:
+                return
+
+    async def aclose(self) -> None:
+        def close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, close)
+        self._executor.shutdown(wait=True)
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r})"
+
+
+def _version(conn: sqlite3.Connection, key: str) -> Any:
+    return conn.execute(
+        "SELECT status, lease_expires_at, length(record) FROM ai_lease_jobs WHERE key = ?", (key,)
+    ).fetchone()

@@ -1,0 +1,57 @@
+"""Store URLs: open a store from one, and show one without its password.
+
+>>> mask_url("redis://:hunter2@cache:6379/0")
+'redis://:***@cache:6379/0'
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import ConfigError
+from .base import LeaseStore
+
+__all__ = ["SCHEMES", "mask_url", "open_store"]
+
+SCHEMES = ("sqlite", "redis", "rediss", "unix")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (safe for logs and errors)."""
+    scheme, sep, rest = url.partition("://")
+    # The last "@" ends the user info: a password may itself hold "@", "/" or "?".
+    userinfo, at, host = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    return _PASSWORD_PARAM.sub(r"\1***", f"{scheme}{sep}{rest}")
+
+
+_PASSWORD_PARAM = re.compile(r"(?i)([?&]password=)[^&#]*")
+
+
+def sqlite_path(url: str) -> str:
+    """``sqlite:///rel/path.db`` -> ``rel/path.db``; ``sqlite:////abs.db`` -> ``/abs.db``."""
+    path = url.removeprefix("sqlite://")
+    if not path.startswith("/") or path == "/":
+        raise ConfigError(f"store.url {url!r}: use sqlite:///relative/path.db or sqlite:////abs.db")
+    return path[1:]
+
+
+def open_store(
+    url: str, *, namespace: str = "ai_lease", op_timeout: float = 2.0, poll_interval: float = 0.05
+) -> LeaseStore:
+    """Open the store a URL names: ``sqlite:///…`` (embedded), ``redis://``, ``rediss://``,
+    ``unix://`` (Redis). Opening does no I/O; the first operation connects."""
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme == "sqlite":
+        from .sqlite import SQLiteStore
+
+        return SQLiteStore(sqlite_path(url), op_timeout=op_timeout, poll_interval=poll_interval)
+    if scheme in ("redis", "rediss", "unix"):
+        from .redis import RedisStore
+
+        return RedisStore.from_url(url, namespace=namespace, op_timeout=op_timeout)
+    raise ConfigError(
+        f"store.url {mask_url(url)!r}: unknown scheme {scheme or '(none)'!r}; "
+        f"use one of {', '.join(s + '://' for s in SCHEMES)}"
+    )

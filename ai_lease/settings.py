@@ -1,0 +1,441 @@
+"""Settings at the edge: environment ``AI_LEASE_*`` over a TOML file over defaults.
+
+>>> settings = load_settings(env={"AI_LEASE_LEASE__TTL": "12"})
+>>> settings.lease_timings().ttl
+12.0
+
+:func:`load_settings` is the only place that reads the environment or a file. It hands
+back a :class:`Settings`, which converts into the plain value objects the library takes
+(:meth:`Settings.lease_timings`, :meth:`Settings.stream_timeouts`,
+:meth:`Settings.retry_policy`). ``Settings(...)`` itself takes values only.
+
+Every problem raises :class:`ConfigError` with one line per problem: where the value came
+from, the dotted field and the rule. Secrets (``provider.api_key``, a password in
+``store.url``) never appear in a repr, a dump or an error.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, get_args, get_origin
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from .errors import ConfigError
+from .lease.urls import mask_url
+from .timeouts import (
+    DEFAULT_STAGE_BUDGETS,
+    LeaseTimings,
+    RetryPolicy,
+    StageBudget,
+    StallPolicy,
+    StreamTimeouts,
+)
+
+__all__ = [
+    "CONFIG_ENV_VAR",
+    "DEFAULT_CONFIG_PATH",
+    "ENV_PREFIX",
+    "LeaseSettings",
+    "ProviderSettings",
+    "RetrySettings",
+    "Settings",
+    "StageSettings",
+    "StoreSettings",
+    "StreamSettings",
+    "load_settings",
+    "mask_url",
+]
+
+ENV_PREFIX = "AI_LEASE_"
+ENV_DELIMITER = "__"
+CONFIG_ENV_VAR = "AI_LEASE_CONFIG"
+DEFAULT_CONFIG_PATH = Path("config/ai-lease.toml")
+STORE_SCHEMES = ("sqlite", "redis", "rediss", "unix")
+
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A positive, finite duration in seconds."""
+Bound = Annotated[float, Field(gt=0)]
+"""A positive duration in seconds that may be ``inf`` (no bound)."""
+
+Loc = tuple[str | int, ...]
+Origins = Mapping[Loc, str]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreSettings(_Section):
+    """Where leases live and how long one store operation may take."""
+
+    url: str = "sqlite:///.ai-lease/ai-lease.db"
+    op_timeout: Seconds = 2.0
+    poll_interval: Seconds = 1.0
+    namespace: str = Field(default="ai_lease", min_length=1)
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        if scheme not in STORE_SCHEMES:
+            raise ValueError(
+                f"must start with one of {', '.join(s + '://' for s in STORE_SCHEMES)} "
+                f"(got {mask_url(url)!r})"
+            )
+        return url
+
+    @field_serializer("url")
+    def _masked_url(self, url: str) -> str:
+        return mask_url(url)
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, mask_url(value) if name == "url" else value
+
+
+class LeaseSettings(_Section):
+    """How a lease is held, and what happens when its job stalls."""
+
+    ttl: Seconds = 30.0
+    renew_interval: Seconds = 5.0
+    stall_after_misses: int = Field(default=1, ge=1)
+    stall_policy: StallPolicy = StallPolicy.EXPIRE
+    self_fence_margin: Bound = 2.0
+    job_deadline: Bound = 3600.0
+
+
+class StageSettings(_Section):
+    """One stage's budgets: longest stretch without progress, and its hard deadline."""
+
+    max_no_progress: Seconds
+    deadline: Bound
+
+
+class StreamSettings(_Section):
+    """Budgets of one streamed model call."""
+
+    first_token: Bound = 60.0
+    idle: Bound = 30.0
+    total: Bound = 600.0
+
+
+class RetrySettings(_Section):
+    """Attempts of a whole job, with exponential backoff between them."""
+
+    attempts: int = Field(default=3, ge=1)
+    initial: Seconds = 1.0
+    multiplier: float = Field(default=2.0, ge=1, allow_inf_nan=False)
+    max_backoff: Seconds = 30.0
+
+
+class ProviderSettings(_Section):
+    """Which model provider to call, and how."""
+
+    name: str = Field(default="local-extractive", min_length=1)
+    model: str | None = None
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+def _budget_fields(budget: StageBudget) -> dict[str, float]:
+    return {"max_no_progress": budget.max_no_progress, "deadline": budget.deadline}
+
+
+class Settings(BaseSettings):
+    """Every knob of ai_lease; build it with :func:`load_settings` at the edge.
+
+    >>> Settings(lease={"ttl": 60}).lease_timings().ttl
+    60.0
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_DELIMITER,
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    store: StoreSettings = StoreSettings()
+    lease: LeaseSettings = LeaseSettings()
+    # Validated like any input, so the empty default becomes the seed's budgets.
+    stages: dict[str, StageSettings] = Field(default_factory=dict)
+    stream: StreamSettings = StreamSettings()
+    retry: RetrySettings = RetrySettings()
+    provider: ProviderSettings = ProviderSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Values only: load_settings() reads the environment and the file itself, so it can
+        # refuse unknown variables and say where each bad value came from.
+        return (init_settings,)
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _over_defaults(cls, stages: Any) -> Any:
+        """A stage table overrides, field by field, the budget the stage would get anyway."""
+        if not isinstance(stages, Mapping):
+            return stages
+        merged: dict[Any, Any] = {n: _budget_fields(b) for n, b in DEFAULT_STAGE_BUDGETS.items()}
+        for name, entry in stages.items():
+            base = merged.get(name, _budget_fields(LeaseTimings.default_budget))
+            merged[name] = {**base, **entry} if isinstance(entry, Mapping) else entry
+        return merged
+
+    def __init__(self, *, _origins: Origins | None = None, **values: Any) -> None:
+        """Validate ``values``; ``_origins`` says where each came from, for the errors.
+
+        Every problem raises one :class:`ConfigError`; input values (secrets) are never shown.
+        """
+        try:
+            super().__init__(**values)
+            problems = self._cross_field_problems()
+        except ValidationError as exc:
+            problems = [(err["loc"], _rule(err)) for err in exc.errors(include_input=False)]
+        # Raised outside the except block, so no __context__ carries the inputs along.
+        if problems:
+            raise ConfigError(_report((_where(_origins, loc), loc, r) for loc, r in problems))
+
+    def _cross_field_problems(self) -> list[tuple[Loc, str]]:
+        """The value objects' own rules (renew_interval <= ttl/2, ...), under settings names."""
+        problems: list[tuple[Loc, str]] = []
+        for build in (self.lease_timings, self.stream_timeouts, self.retry_policy):
+            try:
+                build()
+            except ConfigError as exc:
+                name, _, rule = str(exc).partition(": ")
+                problems.append((_settings_loc(name), rule))
+        return problems
+
+    def lease_timings(self) -> LeaseTimings:
+        """The lease budgets, with every stage's budget, as the library's value object."""
+        lease, store = self.lease, self.store
+        return LeaseTimings(
+            ttl=lease.ttl,
+            renew_interval=lease.renew_interval,
+            op_timeout=store.op_timeout,
+            poll_interval=store.poll_interval,
+            stall_after_misses=lease.stall_after_misses,
+            stall_policy=lease.stall_policy,
+            self_fence_margin=lease.self_fence_margin,
+            job_deadline=lease.job_deadline,
+            stage_budgets={
+                name: StageBudget(stage.max_no_progress, stage.deadline)
+                for name, stage in self.stages.items()
+            },
+        )
+
+    def stream_timeouts(self) -> StreamTimeouts:
+        """The first-token, idle and total budgets of a streamed call."""
+        return StreamTimeouts(**self.stream.model_dump())
+
+    def retry_policy(self) -> RetryPolicy:
+        """How often, and after how long, a failed job is attempted again."""
+        return RetryPolicy(**self.retry.model_dump())
+
+
+_SECTIONS = {"LeaseTimings": "lease", "StreamTimeouts": "stream", "RetryPolicy": "retry"}
+
+
+def _settings_loc(name: str) -> Loc:
+    """The settings field behind a value object's: LeaseTimings.op_timeout -> store.op_timeout."""
+    owner, _, field = name.partition(".")
+    if field in StoreSettings.model_fields:
+        return ("store", field)
+    return (_SECTIONS.get(owner, "stages"), field)
+
+
+_RULES = {
+    "extra_forbidden": "unknown key",
+    "missing": "is required",
+    "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "finite_number": "must be a finite number",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "int_parsing": "must be an integer",
+    "int_type": "must be an integer",
+    "int_from_float": "must be an integer",
+    "string_type": "must be a string",
+    "string_too_short": "must not be empty",
+    "model_type": "must be a table",
+    "dict_type": "must be a table",
+    "enum": "must be one of {expected}",
+    "literal_error": "must be one of {expected}",
+}
+
+
+def _rule(err: ErrorDetails) -> str:
+    """The rule an error broke, in words; built from its type, never from its input."""
+    ctx = err.get("ctx", {})
+    if err["type"] == "value_error":
+        return str(ctx["error"])
+    template = _RULES.get(err["type"])
+    if template is None:
+        return err["msg"]
+    words = {k: f"{v:g}" if isinstance(v, float) else str(v) for k, v in ctx.items()}
+    if "expected" in words:  # "'expire', 'release' or 'alert'" -> "expire, release, alert"
+        words["expected"] = words["expected"].replace("'", "").replace(" or ", ", ")
+    return template.format(**words)
+
+
+def _where(origins: Origins | None, loc: Loc) -> str:
+    if origins is None:
+        return ""
+    hits = (where for key, where in origins.items() if _overlaps(key, loc))
+    return next(hits, "default value")
+
+
+def _overlaps(a: Loc, b: Loc) -> bool:
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def _report(problems: Iterable[tuple[str, Loc, str]]) -> str:
+    lines = []
+    for where, loc, rule in problems:
+        field = ".".join(map(str, loc)) or "settings"
+        lines.append(f"  {where}: {field}: {rule}" if where else f"  {field}: {rule}")
+    return "invalid ai_lease settings:\n" + "\n".join(lines)
+
+
+# --- loading -------------------------------------------------------------------------
+
+Entry = tuple[Loc, Any, str]
+"""One leaf value: its dotted location, the value, where it came from."""
+
+
+def load_settings(
+    config_path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Settings:
+    """Settings from ``overrides`` > environment ``AI_LEASE_*`` > TOML file > defaults.
+
+    The file is ``config_path``, else ``$AI_LEASE_CONFIG``, else ``config/ai-lease.toml``
+    if it exists. ``env`` defaults to ``os.environ``.
+
+    >>> load_settings(env={}, lease={"ttl": 60}).lease.ttl
+    60.0
+    """
+    ours = _our_variables(os.environ if env is None else env)
+    from_env = ours.pop(CONFIG_ENV_VAR, None)
+    entries: list[Entry] = []
+    path = _config_file(config_path, from_env)
+    if path is not None:
+        entries += _leaves(_read_toml(path), (), str(path))
+    entries += _env_entries(ours)
+    entries += _leaves(overrides, (), "argument")
+    data, origins = _merge(entries)
+    return Settings(_origins=origins, **data)
+
+
+def _our_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    # Names match case-insensitively, as pydantic-settings does by default.
+    return {k.upper(): v for k, v in environ.items() if k.upper().startswith(ENV_PREFIX)}
+
+
+def _config_file(config_path: str | Path | None, from_env: str | None) -> Path | None:
+    if config_path is not None:
+        return _existing(Path(config_path), "given as the config path")
+    if from_env:
+        return _existing(Path(from_env), f"named by {CONFIG_ENV_VAR}")
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+
+
+def _existing(path: Path, how: str) -> Path:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} ({how}) does not exist or is not a file")
+    return path
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    # Errors are raised "from None": the file's text may hold secrets.
+    try:
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except tomllib.TOMLDecodeError as exc:  # its message carries "(at line L, column C)"
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8"
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {why}") from None
+
+
+_UNKNOWN_VARIABLE = "unknown key (each variable names one field, e.g. AI_LEASE_LEASE__TTL)"
+
+
+def _env_entries(variables: Mapping[str, str]) -> list[Entry]:
+    entries: list[Entry] = []
+    unknown: list[tuple[str, Loc, str]] = []
+    for name, value in sorted(variables.items()):
+        loc: Loc = tuple(name[len(ENV_PREFIX) :].lower().split(ENV_DELIMITER))
+        if _names_a_field(Settings, loc):
+            entries.append((loc, value, f"environment {name}"))
+        else:
+            unknown.append((f"environment {name}", loc, _UNKNOWN_VARIABLE))
+    if unknown:
+        raise ConfigError(_report(unknown))
+    return entries
+
+
+def _names_a_field(model: type[BaseModel], loc: Loc) -> bool:
+    """Whether ``loc`` ends at one field of ``model``; a dict field's keys are free names."""
+    field = model.model_fields.get(str(loc[0]))
+    if field is None:
+        return False
+    kind, rest = field.annotation, loc[1:]
+    if get_origin(kind) is dict:  # skip the free key: stages.<name>.deadline
+        kind, rest = get_args(kind)[1], rest[1:]
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return bool(rest) and _names_a_field(kind, rest)
+    return not rest
+
+
+def _leaves(tree: Mapping[str, Any], prefix: Loc, where: str) -> list[Entry]:
+    entries: list[Entry] = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            entries += _leaves(value, (*prefix, key), where)
+        else:
+            entries.append(((*prefix, key), value, where))
+    return entries
+
+
+def _merge(entries: Iterable[Entry]) -> tuple[dict[str, Any], dict[Loc, str]]:
+    """Nest ``entries`` (lowest precedence first); a later value replaces any it overlaps."""
+    flat: dict[Loc, Any] = {}
+    origins: dict[Loc, str] = {}
+    for loc, value, where in entries:
+        for old in [key for key in flat if _overlaps(key, loc)]:
+            del flat[old], origins[old]
+        flat[loc], origins[loc] = value, where
+    tree: dict[str, Any] = {}
+    for loc, value in flat.items():
+        node = tree
+        for key in loc[:-1]:
+            node = node.setdefault(str(key), {})
+        node[str(loc[-1])] = value
+    return tree, origins

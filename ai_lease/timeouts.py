@@ -1,0 +1,181 @@
+"""Budgets as frozen value objects: the library takes these, never the environment.
+
+>>> StreamTimeouts(first_token=30, idle=15, total=300)
+StreamTimeouts(first_token=30.0s, idle=15.0s, total=300.0s)
+
+All durations are float seconds. A bad value raises :class:`ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field, fields
+
+from .errors import ConfigError
+
+__all__ = [
+    "DEFAULT_STAGE_BUDGETS",
+    "LeaseTimings",
+    "RetryPolicy",
+    "StageBudget",
+    "StallPolicy",
+    "StreamTimeouts",
+]
+
+
+class StallPolicy(enum.StrEnum):
+    """What the keeper does once a job has stalled (no progress past its stage budget)."""
+
+    EXPIRE = "expire"  # stop renewing and let the lease lapse (the seed's default)
+    RELEASE = "release"  # step down at once: followers need not wait out the TTL
+    ALERT = "alert"  # keep renewing; record and count only (a duplicate run is worse)
+
+
+def _positive(owner: object, *names: str, allow_inf: bool = False) -> None:
+    for name in names:
+        value = getattr(owner, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{type(owner).__name__}.{name}: must be a number of seconds")
+        if math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
+            raise ConfigError(
+                f"{type(owner).__name__}.{name}: must be a positive number of seconds "
+                f"(got {value!r})"
+            )
+        object.__setattr__(owner, name, float(value))
+
+
+def _seconds_repr(owner: object) -> str:
+    parts = ", ".join(f"{f.name}={getattr(owner, f.name)}s" for f in fields(owner))  # type: ignore[arg-type]
+    return f"{type(owner).__name__}({parts})"
+
+
+@dataclass(frozen=True, repr=False)
+class StageBudget:
+    """A stage's budgets: the longest it may go without progress, and its hard deadline.
+
+    >>> StageBudget(max_no_progress=90, deadline=300)
+    StageBudget(max_no_progress=90.0s, deadline=300.0s)
+    """
+
+    max_no_progress: float
+    deadline: float = math.inf
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_no_progress")
+        _positive(self, "deadline", allow_inf=True)
+
+    __repr__ = _seconds_repr
+
+
+# The seed's section 9 values; hard deadlines are generous multiples of them.
+DEFAULT_STAGE_BUDGETS: dict[str, StageBudget] = {
+    "validate": StageBudget(1.0, 10.0),
+    "load": StageBudget(5.0, 60.0),
+    "build_prompt": StageBudget(2.0, 20.0),
+    "call_ai": StageBudget(90.0, 600.0),
+    "parse": StageBudget(5.0, 60.0),
+    "persist": StageBudget(10.0, 60.0),
+}
+
+
+@dataclass(frozen=True, repr=False)
+class StreamTimeouts:
+    """First-token, idle (between content deltas) and total budgets of one streamed call."""
+
+    first_token: float = 60.0
+    idle: float = 30.0
+    total: float = 600.0
+
+    def __post_init__(self) -> None:
+        _positive(self, "first_token", "idle", "total", allow_inf=True)
+
+    __repr__ = _seconds_repr
+
+
+@dataclass(frozen=True)
+class LeaseTimings:
+    """How leases are held.
+
+    ``renew_interval`` must leave room for a few renewals per TTL, and every store
+    operation (``op_timeout``) must end before the next renewal is due.
+    ``self_fence_margin`` is how long before its lease could lapse (on the local
+    monotonic clock) an owner that cannot reach the store stops its own work.
+    """
+
+    ttl: float = 30.0
+    renew_interval: float = 5.0
+    op_timeout: float = 2.0
+    poll_interval: float = 1.0
+    stall_after_misses: int = 1
+    stall_policy: StallPolicy = StallPolicy.EXPIRE
+    self_fence_margin: float = 2.0
+    job_deadline: float = 3600.0
+    stage_budgets: dict[str, StageBudget] = field(
+        default_factory=lambda: dict(DEFAULT_STAGE_BUDGETS)
+    )
+    default_budget: StageBudget = StageBudget(60.0, 600.0)
+
+    def __post_init__(self) -> None:
+        _positive(self, "ttl", "renew_interval", "op_timeout", "poll_interval")
+        _positive(self, "self_fence_margin", "job_deadline", allow_inf=True)
+        if self.renew_interval * 2 > self.ttl:
+            raise ConfigError(
+                f"LeaseTimings.renew_interval: must be at most half of ttl so a late renewal "
+                f"can still land (got {self.renew_interval:g}s with ttl {self.ttl:g}s)"
+            )
+        if self.op_timeout >= self.renew_interval:
+            raise ConfigError(
+                "LeaseTimings.op_timeout: must be shorter than renew_interval "
+                f"(got {self.op_timeout:g}s with renew_interval {self.renew_interval:g}s)"
+            )
+        if self.self_fence_margin >= self.ttl:
+            raise ConfigError(
+                "LeaseTimings.self_fence_margin: must be shorter than ttl "
+                f"(got {self.self_fence_margin:g}s with ttl {self.ttl:g}s)"
+            )
+        if isinstance(self.stall_after_misses, bool) or not (
+            isinstance(self.stall_after_misses, int) and self.stall_after_misses >= 1
+        ):
+            raise ConfigError(
+                f"LeaseTimings.stall_after_misses: must be an integer >= 1 "
+                f"(got {self.stall_after_misses!r})"
+            )
+        try:
+            object.__setattr__(self, "stall_policy", StallPolicy(self.stall_policy))
+        except ValueError:
+            raise ConfigError(
+                "LeaseTimings.stall_policy: must be one of expire, release, alert "
+                f"(got {self.stall_policy!r})"
+            ) from None
+
+    def budget(self, stage: str | None) -> StageBudget:
+        """The budget in force for ``stage`` (the default budget for unknown stages)."""
+        if stage is None:
+            return self.default_budget
+        return self.stage_budgets.get(stage, self.default_budget)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Attempts of a whole job after a failure or takeover: 1 s, 2 s, 4 s, at most 3 attempts."""
+
+    attempts: int = 3
+    initial: float = 1.0
+    multiplier: float = 2.0
+    max_backoff: float = 30.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not (
+            isinstance(self.attempts, int) and self.attempts >= 1
+        ):
+            raise ConfigError(
+                f"RetryPolicy.attempts: must be an integer >= 1 (got {self.attempts!r})"
+            )
+        _positive(self, "initial", "max_backoff")
+        if self.multiplier < 1:
+            raise ConfigError(f"RetryPolicy.multiplier: must be >= 1 (got {self.multiplier!r})")
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before attempt number ``attempt + 1`` (``attempt`` counts from 1)."""
+        return float(min(self.max_backoff, self.initial * self.multiplier ** (attempt - 1)))

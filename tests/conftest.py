@@ -1,0 +1,48 @@
+"""Shared fixtures: a real redis-server per session (never skipped), and a store per backend."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from ai_lease.lease import LeaseStore, open_store
+from ai_lease.lease.sqlite import SQLiteStore
+from tests.harness.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One real redis-server for the session; a missing binary fails the run, never skips."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ai-lease.db'}"
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store URL per backend: a fresh SQLite file, or a fresh Redis database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ai-lease.db'}"
+    server: RedisServer = request.getfixturevalue("redis_server")
+    server.flushall()
+    return server.url
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[LeaseStore]:
+    store = open_store(store_url, op_timeout=2.0)
+    yield store
+    await store.aclose()
+
+
+@pytest.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    store = SQLiteStore(tmp_path / "ai-lease.db")
+    yield store
+    await store.aclose()

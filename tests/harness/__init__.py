@@ -1,0 +1,1 @@
+"""Test harness: real ``redis-server`` processes and a fault-injecting TCP proxy."""

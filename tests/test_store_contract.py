@@ -1,0 +1,7 @@
+"""The lease-store contract, run against SQLite and Redis (see ai_lease.testing.contract)."""
+
+from ai_lease.testing.contract import LeaseStoreContract
+
+
+class TestStoreContract(LeaseStoreContract):
+    """Both built-in stores, via the parametrized ``store`` and ``store_url`` fixtures."""
