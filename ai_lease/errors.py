@@ -15,6 +15,7 @@ Grouped by what the caller will do about it::
     │   ├── FirstTokenTimeout      a stream sent no content in time
     │   ├── StreamIdleTimeout      a stream went quiet between content deltas
     │   └── StreamTotalTimeout     a stream ran past its total budget
+    ├── ProviderError              the model call failed (``retryable`` says whether to retry)
     ├── StoreError                 the lease store could not answer
     │   ├── StoreUnavailable       unreachable or timed out: the outcome may be unknown
     │   └── CorruptRecord          a value under a job's keys is not a job record
@@ -42,6 +43,7 @@ __all__ = [
     "JobSpecError",
     "LeaseError",
     "LeaseLost",
+    "ProviderError",
     "StageDeadlineExceeded",
     "StageTimeout",
     "Stalled",
@@ -161,6 +163,26 @@ class StreamIdleTimeout(_StreamTimeout):
 
 class StreamTotalTimeout(_StreamTimeout):
     what = "the stream ran past its total timeout"
+
+
+class ProviderError(AiLeaseError):
+    """A model call failed. ``retryable`` (429, 5xx, reset, timeout before content, garbage
+    output) says whether another attempt may succeed; 400/401/403/404 and content filters
+    are not retryable. ``status`` is the HTTP status when there was one."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        provider: str = "",
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        self.retryable, self.provider, self.status = retryable, provider, status
+        self.retry_after = retry_after
+        where = f"provider {provider!r}: " if provider else ""
+        super().__init__(f"{where}{message}")
 
 
 class StoreError(AiLeaseError):

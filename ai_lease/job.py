@@ -11,14 +11,14 @@ import enum
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from .errors import CorruptRecord, JobSpecError
 
-__all__ = ["Health", "JobState", "Status", "fingerprint", "validate_key"]
+__all__ = ["Health", "Job", "JobState", "Status", "fingerprint", "validate_key"]
 
 _KEY = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
 
@@ -36,6 +36,45 @@ def fingerprint(payload: Any) -> str:
     """A stable digest of a job's payload: the same key with another payload is a conflict."""
     blob = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(blob).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to run. ``key`` names the job across nodes (its idempotency key); everything
+    else is its payload: resubmitting the same key with another payload is a conflict.
+
+    >>> Job("report-42", input="Long text to summarise…", prompt="summarize").key
+    'report-42'
+    """
+
+    key: str
+    input: Any = None
+    input_file: str | None = None
+    prompt: str = "summarize"
+    prompt_text: str | None = None
+    variables: Mapping[str, Any] = field(default_factory=dict)
+    system: str | None = None
+    model: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    output: str = "text"
+    stream: bool = True
+
+    def __post_init__(self) -> None:
+        validate_key(self.key)
+        if self.output not in ("text", "json"):
+            raise JobSpecError(
+                f"job {self.key!r}: output must be 'text' or 'json', got {self.output!r}"
+            )
+
+    def payload(self) -> dict[str, Any]:
+        """Everything but the key: what the fingerprint covers."""
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "key"}
+        out["variables"] = dict(self.variables)
+        return out
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.payload())
 
 
 class Status(enum.StrEnum):
@@ -133,6 +172,11 @@ class JobState:
         if kwargs["status"] is None:
             raise CorruptRecord(key, "no status field")
         return cls(**kwargs)
+
+    @property
+    def output(self) -> Any:
+        """The committed result, decoded (results are stored as JSON documents)."""
+        return None if self.result is None else orjson.loads(self.result)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (status as its name)."""

@@ -1,0 +1,40 @@
+"""What a run reports as it goes: acquired, following, renewed, stalled, committed, fenced…
+
+Events are for people and dashboards (the CLI's live view, the demo's timeline, history
+files, metrics). They are emitted per lease operation and per stage, never per chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Event", "EventSink"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing that happened to one job.
+
+    ``kind`` is one of: ``acquired``, ``following``, ``stage``, ``renewed``,
+    ``renew_skipped`` (no progress within budget), ``renew_refused``, ``renew_failed``
+    (store unreachable), ``stalled``, ``self_fenced``, ``released``, ``committed``,
+    ``fenced`` (a write rejected), ``retry``, ``done``, ``failed``.
+    """
+
+    kind: str
+    key: str
+    owner_id: str | None = None
+    token: int | None = None
+    stage: str | None = None
+    idle_s: float | None = None
+    detail: str = ""
+    at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+EventSink = Callable[[Event], None]

@@ -1,0 +1,178 @@
+"""The lease keeper: the owner's heartbeat, which renews only while the job makes progress.
+
+Every ``renew_interval`` it compares the time since the last real progress (monotonic
+clock) with the current stage's ``max_no_progress``:
+
+* within budget: renew, sending stage, budget and progress version (the store checks too);
+* over budget: skip the renewal; after ``stall_after_misses`` skips the job has **stalled**:
+  a snapshot of where the work is stuck goes into the job record, and the stall policy
+  decides: ``expire`` (let the lease lapse), ``release`` (step down at once) — both raise
+  :class:`Stalled`, cancelling the work — or ``alert`` (keep renewing, record and count);
+* renewal refused (lease lost, newer token): raise :class:`LeaseLost` at once;
+* store unreachable: keep trying, and raise :class:`LeaseLost` before the lease could have
+  lapsed (``self_fence_margin`` ahead, on the local monotonic clock, counted from when the
+  last successful renewal was *sent*): the owner fences itself.
+
+It runs beside the work in one ``asyncio.TaskGroup``; raising is how it stops the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, NoReturn
+
+from .errors import LeaseLost, Stalled, StoreUnavailable
+from .events import Event, EventSink
+from .lease.base import Fence, LeaseStore
+from .progress import Progress
+from .snapshot import snapshot
+from .timeouts import LeaseTimings, StallPolicy
+
+__all__ = ["LeaseKeeper"]
+
+
+class LeaseKeeper:
+    """Keeps one owner's lease while its job makes progress. See the module docstring."""
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        fence: Fence,
+        progress: Progress,
+        timings: LeaseTimings,
+        *,
+        valid_until: float,
+        stall_policy: StallPolicy | None = None,
+        on_event: EventSink | None = None,
+    ) -> None:
+        self.store, self.fence, self.progress, self.timings = store, fence, progress, timings
+        self.clock = progress.clock
+        self.valid_until = valid_until  # local monotonic time the lease surely lasts until
+        self.policy = StallPolicy(stall_policy or timings.stall_policy)
+        self.misses = 0
+        self.alerted_version: int | None = None
+        self.work: asyncio.Task[Any] | None = None  # the task to snapshot when stalled
+        self._emit = on_event or (lambda event: None)
+
+    # -- local checks (cheap; used by the pipeline before any side effect) ---------------------
+
+    @property
+    def fence_at(self) -> float:
+        """Local monotonic time at which the owner must stop working without a renewal."""
+        return self.valid_until - self.timings.self_fence_margin
+
+    def ensure_lease(self) -> None:
+        """Raise :class:`LeaseLost` if the lease may have lapsed (e.g. the loop was blocked)."""
+        late = self.clock() - self.fence_at
+        if late >= 0:
+            self._event("self_fenced", detail=f"{late:.2f}s past the self-fence point")
+            raise LeaseLost(
+                self.fence.key,
+                f"no renewal landed in time (self-fenced {late:.2f}s past the safe point): "
+                "work stopped before the lease could lapse",
+                self.fence.pair,
+            )
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> NoReturn:
+        """Tick every renew interval until something raises (never returns)."""
+        next_tick = self.clock() + self.timings.renew_interval
+        while True:
+            wake = min(next_tick, self.fence_at)
+            await asyncio.sleep(max(0.0, wake - self.clock()))
+            self.ensure_lease()
+            if self.clock() >= next_tick:
+                next_tick += self.timings.renew_interval
+                await self.tick()
+
+    async def tick(self) -> None:
+        """One renewal decision."""
+        budget = self.progress.budget.max_no_progress
+        idle = self.progress.idle()
+        if idle > budget:
+            if self.policy is not StallPolicy.ALERT:
+                await self._skip(idle, budget)
+                return
+            await self._alert(idle, budget)
+        else:
+            self.misses = 0
+        await self._renew(budget)
+
+    async def _renew(self, budget: float) -> None:
+        sent = self.clock()
+        try:
+            answer = await self.store.renew(
+                self.fence,
+                ttl=self.timings.ttl,
+                stage=self.progress.stage,
+                progress_version=self.progress.version,
+                max_no_progress=budget,
+                grace=self.timings.renew_interval,
+            )
+        except StoreUnavailable as exc:
+            self._event("renew_failed", detail=str(exc))
+            return
+        if not answer.ok:
+            self._event("renew_refused", detail=answer.reason or "")
+            raise LeaseLost(self.fence.key, f"renewal refused ({answer.reason})", self.fence.pair)
+        self.valid_until = sent + answer.lease_remaining
+        self._event("renewed")
+
+    async def _skip(self, idle: float, budget: float) -> None:
+        self.misses += 1
+        self._event("renew_skipped", detail=f"no progress for {idle:.2f}s (budget {budget:g}s)")
+        if self.misses < self.timings.stall_after_misses:
+            return
+        text = self._snapshot(idle, budget)
+        try:
+            if self.policy is StallPolicy.RELEASE:
+                await self.store.release(
+                    self.fence, error=_stall_text(self.progress, idle, budget), snapshot=text
+                )
+                self._event("released", detail="stalled: stepped down")
+            else:
+                await self.store.report_stall(self.fence, self.progress.stage, text)
+        except StoreUnavailable as exc:  # the lease lapses anyway; the snapshot is best effort
+            self._event("renew_failed", detail=str(exc))
+        self._event(
+            "stalled", detail=f"{self.policy.value}: {_stall_text(self.progress, idle, budget)}"
+        )
+        raise Stalled(self.fence.key, self.progress.stage, idle, budget)
+
+    async def _alert(self, idle: float, budget: float) -> None:
+        """Alert policy: record the stall once per episode, keep the lease."""
+        if self.alerted_version == self.progress.version:
+            return
+        self.alerted_version = self.progress.version
+        self._event("stalled", detail=f"alert: {_stall_text(self.progress, idle, budget)}")
+        try:
+            await self.store.report_stall(
+                self.fence, self.progress.stage, self._snapshot(idle, budget)
+            )
+        except StoreUnavailable as exc:
+            self._event("renew_failed", detail=str(exc))
+
+    def _snapshot(self, idle: float, budget: float) -> str:
+        header = (
+            f"{_stall_text(self.progress, idle, budget)}, progress version "
+            f"{self.progress.version}, owner {self.fence.owner_id} token {self.fence.token}"
+        )
+        return snapshot(self.work, self.progress.thread_ident, header)
+
+    def _event(self, kind: str, detail: str = "") -> None:
+        self._emit(
+            Event(
+                kind,
+                self.fence.key,
+                self.fence.owner_id,
+                self.fence.token,
+                self.progress.stage,
+                self.progress.idle(),
+                detail,
+            )
+        )
+
+
+def _stall_text(progress: Progress, idle: float, budget: float) -> str:
+    return f"stage {progress.stage!r} made no progress for {idle:.2f}s (budget {budget:g}s)"

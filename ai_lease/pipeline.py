@@ -1,0 +1,261 @@
+"""Stages and the pipeline that runs them: load → build_prompt → call_ai → parse → persist.
+
+A :class:`Stage` is a name, a callable taking a :class:`StageContext`, and optional budget
+overrides (``max_no_progress``, hard ``deadline``; otherwise the settings' budget for that
+stage name). Entering a stage is progress; inside a stage, call ``ctx.progress(marker)`` for
+every real step forward.
+
+An ``async`` stage function runs on the event loop and is cancelled when the job stalls or
+loses its lease. A plain (sync) function runs in a worker thread: Python cannot cancel a
+thread, so it runs on until it returns — the keeper still sees it make no progress and lets
+the lease go, its stack lands in the stall snapshot, and fencing still rejects its write.
+
+>>> async def enrich(ctx):
+...     rows = ctx.output("load")
+...     for i, row in enumerate(rows):
+...         ...                      # real work
+...         ctx.progress(i)          # one step forward per row
+...     return rows
+>>> pipeline = Pipeline.default().replace("load", Stage("load", enrich))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .errors import JobSpecError, ProviderError, StageDeadlineExceeded, StoreUnavailable
+from .events import Event, EventSink
+from .job import Job, JobState
+from .keeper import LeaseKeeper
+from .lease.base import Fence, LeaseStore
+from .progress import Progress
+from .prompts import PromptLibrary
+from .providers.base import ChatRequest, Completion, Provider
+from .timeouts import LeaseTimings, StageBudget, StreamTimeouts
+
+__all__ = ["Pipeline", "Stage", "StageContext"]
+
+StageFn = Callable[["StageContext"], Any]
+PersistHook = Callable[["StageContext", Any], Awaitable[None] | None]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a job. Budgets left as None come from the settings for ``name``."""
+
+    name: str
+    fn: StageFn
+    max_no_progress: float | None = None
+    deadline: float | None = None
+
+    def budget(self, timings: LeaseTimings) -> StageBudget:
+        base = timings.budget(self.name)
+        return StageBudget(
+            self.max_no_progress if self.max_no_progress is not None else base.max_no_progress,
+            self.deadline if self.deadline is not None else base.deadline,
+        )
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
+            getattr(self.fn, "__call__", None)  # noqa: B004 - async callable objects
+        )
+
+
+@dataclass
+class StageContext:
+    """What a stage gets: the job, earlier outputs, the progress handle, provider and fence."""
+
+    job: Job
+    fence: Fence
+    store: LeaseStore
+    tracker: Progress
+    keeper: LeaseKeeper
+    provider: Provider | None = None
+    prompts: PromptLibrary = field(default_factory=PromptLibrary)
+    stream_timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
+    persist_hook: PersistHook | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+    committed: JobState | None = None
+
+    def progress(self, marker: Hashable | None = None) -> bool:
+        """Mark a real step forward (a repeated ``marker`` is not progress)."""
+        return self.tracker.progress(marker)
+
+    def output(self, stage: str) -> Any:
+        """The value an earlier stage returned."""
+        try:
+            return self.outputs[stage]
+        except KeyError:
+            raise JobSpecError(f"stage output {stage!r} is not available yet") from None
+
+    def ensure_lease(self) -> None:
+        """Raise LeaseLost if our lease may have lapsed: call before any side effect."""
+        self.keeper.ensure_lease()
+
+    async def commit(self, value: Any) -> JobState:
+        """Write the job's one result: fenced and idempotent. Returns the stored record."""
+        self.ensure_lease()
+        if self.persist_hook is not None:
+            pending = self.persist_hook(self, value)
+            if inspect.isawaitable(pending):
+                await pending
+            self.ensure_lease()
+        blob = orjson.dumps(value).decode()
+        for attempt in range(3):  # a commit repeated after a lost reply returns the same record
+            try:
+                self.committed = await self.store.commit(self.fence, blob)
+                return self.committed
+            except StoreUnavailable:
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.1 * 2**attempt)
+        raise AssertionError("unreachable")
+
+
+class Pipeline:
+    """An ordered list of uniquely named stages."""
+
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        names = [s.name for s in stages]
+        if not stages or len(set(names)) != len(names):
+            raise JobSpecError(f"a pipeline needs stages with unique names, got {names}")
+        self.stages = tuple(stages)
+
+    @classmethod
+    def default(cls) -> Pipeline:
+        """load → build_prompt → call_ai → parse → persist."""
+        return cls(
+            [
+                Stage("load", load),
+                Stage("build_prompt", build_prompt),
+                Stage("call_ai", call_ai),
+                Stage("parse", parse),
+                Stage("persist", persist),
+            ]
+        )
+
+    def replace(self, name: str, stage: Stage) -> Pipeline:
+        """A copy with stage ``name`` swapped for ``stage``."""
+        if name not in {s.name for s in self.stages}:
+            raise JobSpecError(f"no stage {name!r} in {[s.name for s in self.stages]}")
+        return Pipeline([stage if s.name == name else s for s in self.stages])
+
+    async def run(self, ctx: StageContext, timings: LeaseTimings, emit: EventSink) -> Any:
+        """Run every stage in order; return the last stage's output."""
+        value: Any = None
+        for stage in self.stages:
+            ctx.ensure_lease()
+            budget = stage.budget(timings)
+            ctx.tracker.enter(stage.name, budget)
+            emit(
+                Event(
+                    "stage",
+                    ctx.fence.key,
+                    ctx.fence.owner_id,
+                    ctx.fence.token,
+                    stage.name,
+                    0.0,
+                    f"max_no_progress {budget.max_no_progress:g}s",
+                )
+            )
+            value = await self._run_stage(stage, budget, ctx)
+            ctx.outputs[stage.name] = value
+        return value
+
+    @staticmethod
+    async def _run_stage(stage: Stage, budget: StageBudget, ctx: StageContext) -> Any:
+        deadline = None if math.isinf(budget.deadline) else budget.deadline
+        cm = asyncio.timeout(deadline)
+        try:
+            async with cm:
+                if stage.is_async:
+                    return await stage.fn(ctx)
+                return await asyncio.to_thread(_in_thread, stage.fn, ctx)
+        except TimeoutError:
+            if cm.expired():
+                raise StageDeadlineExceeded(stage.name, budget.deadline) from None
+            raise
+
+
+def _in_thread(fn: StageFn, ctx: StageContext) -> Any:
+    ctx.tracker.thread_ident = threading.get_ident()
+    try:
+        return fn(ctx)
+    finally:
+        ctx.tracker.thread_ident = None
+
+
+# -- the default stages ------------------------------------------------------------------------
+
+
+async def load(ctx: StageContext) -> Any:
+    """The job's input: ``job.input``, or the text of ``job.input_file``."""
+    job = ctx.job
+    if job.input_file is None:
+        return job.input
+    path = Path(job.input_file)
+    try:
+        return await asyncio.to_thread(path.read_text, encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JobSpecError(
+            f"job {job.key!r}: cannot read input_file {str(path)!r}: {exc}"
+        ) from None
+
+
+async def build_prompt(ctx: StageContext) -> ChatRequest:
+    """Render the job's template with ``input`` and the job's variables into a request."""
+    job = ctx.job
+    variables = {**job.variables, "input": ctx.output("load")}
+    if job.prompt_text is not None:
+        text = ctx.prompts.render_text(job.prompt_text, variables)
+    else:
+        text = ctx.prompts.render(job.prompt, variables)
+    messages = ([{"role": "system", "content": job.system}] if job.system else []) + [
+        {"role": "user", "content": text}
+    ]
+    return ChatRequest(messages, job.model, job.temperature, job.max_tokens)
+
+
+async def call_ai(ctx: StageContext) -> Completion:
+    """Call the model; every streamed content delta is progress."""
+    if ctx.provider is None:
+        raise JobSpecError(f"job {ctx.job.key!r}: no provider to call")
+    from .streaming import guarded_completion
+
+    request: ChatRequest = ctx.output("build_prompt")
+    if not ctx.job.stream:
+        return await ctx.provider.complete(request)
+    return await guarded_completion(ctx.provider, request, ctx.stream_timeouts, ctx.tracker)
+
+
+async def parse(ctx: StageContext) -> Any:
+    """The answer as text, or as a JSON value when the job's output is ``json``."""
+    completion: Completion = ctx.output("call_ai")
+    text = completion.text.strip()
+    if ctx.job.output == "text":
+        return text
+    body = text.removeprefix("```json").removeprefix("```").removesuffix("```").strip()
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ProviderError(
+            f"the model's answer is not JSON ({exc}); first 80 characters: {text[:80]!r}",
+            retryable=True,
+        ) from None
+
+
+async def persist(ctx: StageContext) -> Any:
+    """Commit the parsed output as the job's one result (fenced, idempotent)."""
+    value = ctx.output("parse")
+    await ctx.commit(value)
+    return value

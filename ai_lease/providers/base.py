@@ -1,0 +1,74 @@
+"""The provider protocol: how ai_lease talks to a model.
+
+A provider streams a chat request as :class:`Delta` objects (text, then a finish reason,
+then usage), or completes it in one :class:`Completion`. Providers take no ``timeout=``:
+the stream guard and the stage deadline wrap them from outside.
+
+>>> class Echo:
+...     name = "echo"
+...     async def stream(self, request):
+...         yield Delta(text=request.messages[-1]["content"])
+...         yield Delta(finish_reason="stop")
+...     async def complete(self, request):
+...         return Completion(text=request.messages[-1]["content"], finish_reason="stop")
+...     async def aclose(self):
+...         pass
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["ChatRequest", "Completion", "Delta", "Provider", "Usage"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One chat completion request, provider-neutral."""
+
+    messages: Sequence[Mapping[str, str]]
+    model: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    stop: Sequence[str] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # passed through to the provider
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A piece of a streamed answer. Only a non-empty ``text`` is content (and progress)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A whole answer."""
+
+    text: str
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    chunks: int = 0
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """What the call_ai stage needs from a model."""
+
+    name: str
+
+    def stream(self, request: ChatRequest) -> AsyncIterator[Delta]: ...
+
+    async def complete(self, request: ChatRequest) -> Completion: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,302 @@
+"""The single-flight runner: one owner runs the job, every other node gets its result.
+
+``await Runner(store, provider=…).run(Job(key, …))``:
+
+1. a stored result is returned at once (DONE), a FAILED job raises :class:`JobFailed`;
+2. otherwise the runner competes for the lease. As **owner** it runs the lease keeper and
+   the pipeline side by side in one ``asyncio.TaskGroup``: the keeper renews only while the
+   job makes progress, and a lost lease or a stall cancels the work. As **follower** it waits
+   for the owner's result, or for its lease to lapse, and competes again;
+3. a failed attempt (timeout, provider error, crash) is released with its error and retried
+   after an exponential backoff (1 s, 2 s, 4 s…); the store counts attempts across nodes and
+   ends the job FAILED after the last one. Bad input (a missing template variable, a 401)
+   fails at once. A job-level deadline, counted from the job's creation on the store's clock,
+   bounds everything: every accepted job ends DONE or FAILED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import secrets
+import socket
+import time
+from typing import Any, NoReturn
+
+from .errors import (
+    FencingRejected,
+    InputError,
+    JobDeadlineExceeded,
+    JobFailed,
+    LeaseError,
+    ProviderError,
+    StoreUnavailable,
+)
+from .events import Event, EventSink
+from .job import Job, JobState, Status
+from .keeper import LeaseKeeper
+from .lease.base import Acquired, Fence, Finished, Following, LeaseStore
+from .lease.follow import acquire_or_follow
+from .pipeline import PersistHook, Pipeline, StageContext
+from .progress import Progress
+from .prompts import PromptLibrary
+from .providers.base import Provider
+from .timeouts import LeaseTimings, RetryPolicy, StallPolicy, StreamTimeouts
+
+__all__ = ["Runner"]
+
+_attempts = itertools.count(1)
+
+
+def default_node_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, ProviderError):
+        return exc.retryable
+    return not isinstance(exc, InputError)
+
+
+class Runner:
+    """Runs :class:`Job` s single-flight across every node that shares ``store``.
+
+    >>> runner = Runner(open_store("sqlite:///.ai-lease/ai-lease.db"),
+    ...                 provider=LocalExtractiveProvider())          # doctest: +SKIP
+    >>> record = await runner.run(Job("report-42", input=text))      # doctest: +SKIP
+    >>> record.output                                                # doctest: +SKIP
+    'The summary…'
+
+    ``node_id`` names this node in records and logs (default ``host:pid``); each attempt
+    owns the job under ``<node_id>#<n>.<random>``, so two attempts never share a fence.
+    """
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        *,
+        provider: Provider | None = None,
+        pipeline: Pipeline | None = None,
+        timings: LeaseTimings | None = None,
+        retry: RetryPolicy | None = None,
+        stream_timeouts: StreamTimeouts | None = None,
+        stall_policy: StallPolicy | None = None,
+        prompts: PromptLibrary | None = None,
+        persist_hook: PersistHook | None = None,
+        node_id: str | None = None,
+        on_event: EventSink | None = None,
+    ) -> None:
+        self.store, self.provider = store, provider
+        self.pipeline = pipeline or Pipeline.default()
+        self.timings = timings or LeaseTimings()
+        self.retry = retry or RetryPolicy()
+        self.stream_timeouts = stream_timeouts or StreamTimeouts()
+        self.stall_policy = StallPolicy(stall_policy or self.timings.stall_policy)
+        self.prompts = prompts or PromptLibrary()
+        self.persist_hook = persist_hook
+        self.node_id = node_id or default_node_id()
+        self._sink = on_event
+
+    def _emit(
+        self,
+        kind: str,
+        key: str,
+        fence: Fence | None = None,
+        detail: str = "",
+        stage: str | None = None,
+    ) -> None:
+        if self._sink is not None:
+            self._sink(
+                Event(
+                    kind,
+                    key,
+                    fence.owner_id if fence else None,
+                    fence.token if fence else None,
+                    stage,
+                    None,
+                    detail,
+                )
+            )
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def run(self, job: Job) -> JobState:
+        """Run ``job`` (or follow whoever runs it) until it is DONE; return its record.
+
+        Raises :class:`JobFailed` when the job ends FAILED, :class:`JobConflict` when the key
+        already names a job with another payload, :class:`JobDeadlineExceeded` past the
+        job's total deadline.
+        """
+        started = time.monotonic()
+        reached_store = False
+        while True:
+            left = self.timings.job_deadline - (time.monotonic() - started)
+            try:
+                async with asyncio.timeout(max(left, 0.0)):
+                    outcome = await self._compete(job)
+            except TimeoutError:
+                raise JobDeadlineExceeded(job.key, self.timings.job_deadline) from None
+            except StoreUnavailable as exc:
+                if not reached_store:  # never reached: a configuration problem, say so now
+                    raise
+                self._emit("renew_failed", job.key, detail=str(exc))
+                await asyncio.sleep(self.timings.poll_interval)
+                continue
+            reached_store = True
+            if isinstance(outcome, Finished):
+                return self._finished(outcome.job)
+            record = await self._attempt(job, outcome)
+            if record is not None:
+                return record
+
+    async def _compete(self, job: Job) -> Acquired | Finished:
+        """Acquire the job under a fresh owner id, following whoever holds it meanwhile."""
+        owner_id = f"{self.node_id}#{next(_attempts)}.{secrets.token_hex(2)}"
+        return await acquire_or_follow(
+            self.store,
+            job.key,
+            owner_id,
+            ttl=self.timings.ttl,
+            max_no_progress=self.pipeline.stages[0].budget(self.timings).max_no_progress,
+            poll_interval=self.timings.poll_interval,
+            stall_policy=self.stall_policy.value,
+            fingerprint=job.fingerprint(),
+            max_attempts=self.retry.attempts,
+            on_follow=self._on_follow,
+        )
+
+    def _on_follow(self, following: Following) -> None:
+        rec = following.job
+        fence = Fence(rec.key, rec.owner_id or "?", rec.token)
+        self._emit(
+            "following",
+            rec.key,
+            fence,
+            f"{rec.lease_remaining:.1f}s of lease left",
+            stage=rec.stage,
+        )
+
+    def _finished(self, record: JobState) -> JobState:
+        if record.status is Status.DONE:
+            self._emit("done", record.key, detail="result stored")
+            return record
+        self._emit("failed", record.key, detail=record.last_error or "")
+        raise JobFailed(record.key, record.last_error)
+
+    async def _attempt(self, job: Job, acquired: Acquired) -> JobState | None:
+        """One attempt as owner. Returns the DONE record, or None to compete again."""
+        fence, record = acquired.fence, acquired.job
+        self._emit(
+            "acquired",
+            job.key,
+            fence,
+            f"attempt {record.attempts}" + (" (takeover)" if acquired.takeover else ""),
+        )
+        left = self.timings.job_deadline - (record.read_at - record.created_at)
+        try:
+            return await self._own(job, acquired, left)
+        except (LeaseError, FencingRejected) as exc:
+            self._emit(
+                "fenced" if isinstance(exc, FencingRejected) else "retry", job.key, fence, str(exc)
+            )
+            return None  # someone else has it (or will): follow them, or compete again
+        except JobDeadlineExceeded as exc:
+            await self._fail(fence, str(exc))
+            raise
+        except Exception as exc:
+            if not _retryable(exc):
+                await self._fail(fence, _describe(exc))
+                raise JobFailed(job.key, _describe(exc)) from exc
+            await self._release(fence, _describe(exc))
+            if record.attempts < self.retry.attempts:
+                delay = self.retry.backoff(record.attempts)
+                self._emit("retry", job.key, fence, f"{_describe(exc)}; retrying in {delay:g}s")
+                await asyncio.sleep(delay)
+            return None
+
+    async def _own(self, job: Job, acquired: Acquired, left: float) -> JobState:
+        fence = acquired.fence
+        progress = Progress()
+        keeper = LeaseKeeper(
+            self.store,
+            fence,
+            progress,
+            self.timings,
+            valid_until=progress.clock() + acquired.job.lease_remaining - self.timings.op_timeout,
+            stall_policy=self.stall_policy,
+            on_event=self._sink,
+        )
+        ctx = StageContext(
+            job=job,
+            fence=fence,
+            store=self.store,
+            tracker=progress,
+            keeper=keeper,
+            provider=self.provider,
+            prompts=self.prompts,
+            stream_timeouts=self.stream_timeouts,
+            persist_hook=self.persist_hook,
+        )
+        deadline = asyncio.timeout(max(left, 0.0))
+        try:
+            async with deadline:
+                value = await _alongside(
+                    self.pipeline.run(ctx, self.timings, self._emit_event), keeper
+                )
+        except TimeoutError:
+            if deadline.expired():
+                raise JobDeadlineExceeded(job.key, self.timings.job_deadline) from None
+            raise
+        committed = ctx.committed or await ctx.commit(value)
+        self._emit("committed", job.key, fence, "one result stored")
+        return committed
+
+    def _emit_event(self, event: Event) -> None:
+        if self._sink is not None:
+            self._sink(event)
+
+    async def _release(self, fence: Fence, error: str) -> None:
+        try:
+            await self.store.release(fence, error=error)
+            self._emit("released", fence.key, fence, error)
+        except StoreUnavailable as exc:  # the lease lapses on its own
+            self._emit("renew_failed", fence.key, fence, str(exc))
+
+    async def _fail(self, fence: Fence, reason: str) -> None:
+        try:
+            await self.store.fail(fence, reason)
+            self._emit("failed", fence.key, fence, reason)
+        except (StoreUnavailable, FencingRejected) as exc:
+            self._emit("fenced", fence.key, fence, str(exc))
+
+
+async def _alongside(work: Any, keeper: LeaseKeeper) -> Any:
+    """Run ``work`` with ``keeper`` beside it; the first to fail cancels the other."""
+
+    async def keep() -> NoReturn:
+        await keeper.run()
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            keeper_task = tg.create_task(keep())
+            task = tg.create_task(_then_cancel(work, keeper_task))
+            keeper.work = task
+    except BaseExceptionGroup as group:
+        errors = [e for e in group.exceptions if not isinstance(e, asyncio.CancelledError)]
+        if not errors:
+            raise
+        lease = [e for e in errors if isinstance(e, LeaseError)]
+        raise (lease or errors)[0] from None
+    return task.result()
+
+
+async def _then_cancel(work: Any, other: asyncio.Task[Any]) -> Any:
+    try:
+        return await work
+    finally:
+        other.cancel()

@@ -1,0 +1,135 @@
+"""The stream guard: first-token, idle and total timeouts for a streamed model answer.
+
+Per chunk the guard only reads the clock, counts and marks progress — no task, no
+``wait_for``, no timer rescheduling (each of those costs 4-25 µs here, against ~5 µs to
+parse a chunk). One timer handle, the **watchdog**, sleeps until the earliest deadline
+that could fire; when it wakes it re-reads the deadlines, and either re-arms for the new
+earliest one or cancels the consuming task, which then raises the typed timeout:
+
+* :class:`FirstTokenTimeout`: no content delta within ``first_token`` of the request;
+* :class:`StreamIdleTimeout`: no content delta within ``idle`` of the previous one;
+* :class:`StreamTotalTimeout`: the stream ran past ``total``.
+
+Only a delta with text is content: role-only chunks, empty deltas and SSE keep-alive
+comments neither count as progress nor hold the idle timer off. When a timeout fires the
+provider's stream is closed, which closes its upstream connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from .errors import FirstTokenTimeout, StreamIdleTimeout, StreamTotalTimeout
+from .progress import Progress
+from .providers.base import ChatRequest, Completion, Delta, Provider, Usage
+from .timeouts import StreamTimeouts
+
+__all__ = ["StreamGuard", "guarded_completion"]
+
+
+class StreamGuard:
+    """Consumes one stream under :class:`StreamTimeouts`, marking progress per content delta.
+
+    >>> completion = await StreamGuard(StreamTimeouts(first_token=30, idle=10, total=300),
+    ...                                progress).collect(provider.stream(request))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        timeouts: StreamTimeouts,
+        progress: Progress | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.timeouts, self.progress, self.clock = timeouts, progress, clock
+        self.started_at = 0.0
+        self.last_content_at: float | None = None
+        self.first_token_s: float | None = None
+        self.chunks = 0
+        self.text_parts: list[str] = []
+        self._fired: Exception | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- the watchdog ---------------------------------------------------------------------------
+
+    def _next_deadline(self) -> tuple[float, type[Exception], float]:
+        t = self.timeouts
+        total_at = self.started_at + t.total
+        if self.last_content_at is None:
+            first_at = self.started_at + t.first_token
+            return (
+                (first_at, FirstTokenTimeout, t.first_token)
+                if first_at < total_at
+                else (total_at, StreamTotalTimeout, t.total)
+            )
+        idle_at = self.last_content_at + t.idle
+        if idle_at < total_at:
+            return idle_at, StreamIdleTimeout, t.idle
+        return total_at, StreamTotalTimeout, t.total
+
+    def _arm(self) -> None:
+        assert self._loop is not None
+        when, _, _ = self._next_deadline()
+        if when != float("inf"):
+            # Convert from our clock to the loop's clock (both monotonic, possibly offset).
+            self._handle = self._loop.call_at(self._loop.time() + (when - self.clock()), self._wake)
+
+    def _wake(self) -> None:
+        when, error, budget = self._next_deadline()
+        if self.clock() < when:  # content arrived since we armed: sleep until the new deadline
+            self._arm()
+            return
+        self._fired = error(budget, self.chunks, "".join(self.text_parts))
+        assert self._task is not None
+        self._task.cancel()
+
+    # -- consuming ------------------------------------------------------------------------------
+
+    async def collect(self, stream: AsyncIterator[Delta]) -> Completion:
+        """Consume ``stream`` whole; return the joined text, finish reason and usage."""
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        assert self._task is not None
+        cancelling = self._task.cancelling()
+        self.started_at = self.clock()
+        finish: str | None = None
+        usage: Usage | None = None
+        self._arm()
+        try:
+            async for delta in stream:
+                if delta.text:
+                    now = self.clock()
+                    if self.last_content_at is None:
+                        self.first_token_s = now - self.started_at
+                    self.last_content_at = now
+                    self.chunks += 1
+                    self.text_parts.append(delta.text)
+                    if self.progress is not None:
+                        self.progress.progress()
+                if delta.finish_reason:
+                    finish = delta.finish_reason
+                if delta.usage is not None:
+                    usage = delta.usage
+        except asyncio.CancelledError:
+            if self._fired is not None and self._task.uncancel() <= cancelling:
+                raise self._fired from None
+            raise
+        finally:
+            if self._handle is not None:
+                self._handle.cancel()
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        return Completion("".join(self.text_parts), finish, usage, self.chunks)
+
+
+async def guarded_completion(
+    provider: Provider, request: ChatRequest, timeouts: StreamTimeouts, progress: Progress | None
+) -> Completion:
+    """Stream ``request`` from ``provider`` under the guard."""
+    return await StreamGuard(timeouts, progress).collect(provider.stream(request))
