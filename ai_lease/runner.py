@@ -281,13 +281,22 @@ async def _alongside(work: Any, keeper: LeaseKeeper) -> Any:
     async def keep() -> NoReturn:
         await keeper.run()
 
+    this = asyncio.current_task()
+    cancelling = this.cancelling() if this is not None else 0
     try:
         async with asyncio.TaskGroup() as tg:
             keeper_task = tg.create_task(keep())
             task = tg.create_task(_then_cancel(work, keeper_task))
             keeper.work = task
+            # Wait inside the body: in Python 3.11 a TaskGroup only restores its parent's
+            # cancellation count correctly when a failing child interrupts the body.
+            await asyncio.wait([task])
     except BaseExceptionGroup as group:
         errors = [e for e in group.exceptions if not isinstance(e, asyncio.CancelledError)]
+        if this is not None and this.cancelling() > cancelling:
+            # Python 3.11's TaskGroup drops our own cancellation when a child failed too;
+            # being cancelled (e.g. the job deadline) wins over the child's error.
+            raise asyncio.CancelledError from group
         if not errors:
             raise
         lease = [e for e in errors if isinstance(e, LeaseError)]

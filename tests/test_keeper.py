@@ -1,0 +1,201 @@
+"""The lease keeper's decisions, tick by tick, on an injected clock and a real SQLite store."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ai_lease import (
+    Fence,
+    LeaseLost,
+    LeaseTimings,
+    StageBudget,
+    Stalled,
+    StallPolicy,
+    Status,
+    StoreUnavailable,
+)
+from ai_lease.events import Event
+from ai_lease.keeper import LeaseKeeper
+from ai_lease.lease import Acquired, Following, Renewal
+from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.progress import Progress
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+TIMINGS = LeaseTimings(ttl=30, renew_interval=5, op_timeout=1, self_fence_margin=2)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    store = SQLiteStore(tmp_path / "k.db")
+    yield store
+    await store.aclose()
+
+
+async def _keeper(
+    store: SQLiteStore, policy: StallPolicy = StallPolicy.EXPIRE, misses: int = 1
+) -> tuple[LeaseKeeper, Progress, FakeClock, list[Event]]:
+    won = await store.acquire("job", "A", ttl=30, max_no_progress=5, stall_policy=policy.value)
+    assert isinstance(won, Acquired)
+    clock = FakeClock()
+    progress = Progress(clock)
+    progress.enter("call_ai", StageBudget(max_no_progress=20))
+    events: list[Event] = []
+    timings = LeaseTimings(
+        ttl=30, renew_interval=5, op_timeout=1, self_fence_margin=2, stall_after_misses=misses
+    )
+    keeper = LeaseKeeper(
+        store,
+        won.fence,
+        progress,
+        timings,
+        valid_until=clock() + 30,
+        stall_policy=policy,
+        on_event=events.append,
+    )
+    return keeper, progress, clock, events
+
+
+async def test_renews_with_stage_and_version_while_progressing(store: SQLiteStore) -> None:
+    """Progress within budget: the keeper renews, sending stage and progress version."""
+    keeper, progress, clock, events = await _keeper(store)
+    clock.now += 5
+    progress.progress("chunk 1")
+    await keeper.tick()
+    job = await store.get("job")
+    assert job is not None and job.stage == "call_ai" and job.progress_version == progress.version
+    assert [e.kind for e in events] == ["renewed"]
+    assert keeper.valid_until == pytest.approx(clock.now + 30)
+
+
+async def test_seed_timeline_stops_renewing_past_budget(store: SQLiteStore) -> None:
+    """The seed's section 6: renew at idle 5, 10, 15, 20 s; refuse at 25 s (budget 20 s)."""
+    keeper, _, clock, events = await _keeper(store)
+    for _ in range(4):
+        clock.now += 5
+        await keeper.tick()
+    assert [e.kind for e in events] == ["renewed"] * 4
+    clock.now += 5
+    with pytest.raises(Stalled) as info:
+        await keeper.tick()
+    assert info.value.idle_s == pytest.approx(25) and info.value.budget_s == 20
+    assert [e.kind for e in events][-2:] == ["renew_skipped", "stalled"]
+
+
+async def test_stall_needs_consecutive_misses(store: SQLiteStore) -> None:
+    """With stall_after_misses=3, two skipped renewals are not yet a stall; progress resets."""
+    keeper, progress, clock, events = await _keeper(store, misses=3)
+    clock.now += 21
+    await keeper.tick()
+    await keeper.tick()
+    assert keeper.misses == 2
+    progress.progress("moved")
+    await keeper.tick()
+    assert keeper.misses == 0 and events[-1].kind == "renewed"
+    clock.now += 21
+    for _ in range(2):
+        await keeper.tick()
+    with pytest.raises(Stalled):
+        await keeper.tick()
+
+
+async def test_expire_stall_stores_snapshot_and_keeps_lease_to_lapse(store: SQLiteStore) -> None:
+    """expire: the snapshot lands in the record, nothing is released, the lease lapses."""
+    keeper, _, clock, _ = await _keeper(store)
+
+    async def stuck_somewhere() -> None:
+        await asyncio.Event().wait()
+
+    keeper.work = asyncio.create_task(stuck_somewhere())
+    await asyncio.sleep(0)
+    clock.now += 21
+    with pytest.raises(Stalled):
+        await keeper.tick()
+    keeper.work.cancel()
+    job = await store.get("job")
+    assert job is not None and job.status is Status.RUNNING and job.lease_live
+    assert job.stall_snapshot is not None and "stuck_somewhere" in job.stall_snapshot
+    assert isinstance(await store.acquire("job", "B", ttl=30, max_no_progress=5), Following)
+
+
+async def test_release_stall_steps_down_at_once(store: SQLiteStore) -> None:
+    """release: a stalled owner steps down, so a follower acquires without waiting a TTL."""
+    keeper, _, clock, _ = await _keeper(store, StallPolicy.RELEASE)
+    clock.now += 21
+    with pytest.raises(Stalled):
+        await keeper.tick()
+    job = await store.get("job")
+    assert (
+        job is not None and job.status is Status.PENDING and "no progress" in (job.last_error or "")
+    )
+    assert isinstance(await store.acquire("job", "B", ttl=30, max_no_progress=5), Acquired)
+
+
+async def test_alert_keeps_renewing_and_records_once(store: SQLiteStore) -> None:
+    """alert: a stalled job keeps its lease; the stall is recorded once per episode."""
+    keeper, _, clock, events = await _keeper(store, StallPolicy.ALERT)
+    clock.now += 60
+    for _ in range(3):
+        await keeper.tick()
+    kinds = [e.kind for e in events]
+    assert kinds.count("stalled") == 1 and kinds.count("renewed") == 3
+    job = await store.get("job")
+    assert job is not None and job.lease_live and job.stall_snapshot
+
+
+async def test_refused_renewal_raises_lease_lost(store: SQLiteStore) -> None:
+    """A renewal the store refuses (another owner took over) stops the work at once."""
+    keeper, _, clock, events = await _keeper(store)
+    await store.release(keeper.fence)
+    assert isinstance(await store.acquire("job", "B", ttl=30, max_no_progress=5), Acquired)
+    clock.now += 5
+    with pytest.raises(LeaseLost, match="not_owner"):
+        await keeper.tick()
+    assert events[-1].kind == "renew_refused"
+
+
+class UnreachableStore(SQLiteStore):
+    """A real store whose renewals fail as if the network were down."""
+
+    async def renew(self, fence: Fence, **kw: object) -> Renewal:  # type: ignore[override]
+        raise StoreUnavailable(self.where, "renew", "connection refused")
+
+
+async def test_unreachable_store_self_fences_before_lapse(tmp_path: Path) -> None:
+    """Store unreachable: the owner keeps working until ttl - margin, then stops itself."""
+    store = UnreachableStore(tmp_path / "u.db")
+    try:
+        keeper, progress, clock, events = await _keeper(store)
+        for i in range(5):
+            clock.now += 5
+            progress.progress(i)
+            await keeper.tick()
+            keeper.ensure_lease()
+        assert [e.kind for e in events] == ["renew_failed"] * 5
+        clock.now += 2.99  # 27.99 s since the lease was granted; fence at 28 s
+        keeper.ensure_lease()
+        clock.now += 0.02
+        with pytest.raises(LeaseLost, match="self-fenced"):
+            keeper.ensure_lease()
+    finally:
+        await store.aclose()
+
+
+async def test_run_loop_stops_a_blocked_owner_on_wake(store: SQLiteStore) -> None:
+    """If the loop was blocked past the self-fence point, the keeper's loop raises on wake."""
+    keeper, _, clock, _ = await _keeper(store)
+    keeper.timings = LeaseTimings(ttl=30, renew_interval=0.05, op_timeout=0.01, self_fence_margin=2)
+    clock.now += 29  # as if a sync sleep had blocked everything for 29 s
+    with pytest.raises(LeaseLost):
+        await asyncio.wait_for(keeper.run(), 5)

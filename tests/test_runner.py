@@ -1,0 +1,197 @@
+"""The single-flight runner in one process, on both stores: dedupe, retries, failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ai_lease import (
+    JobConflict,
+    JobDeadlineExceeded,
+    JobFailed,
+    LeaseStore,
+    LeaseTimings,
+    ProviderError,
+    RetryPolicy,
+    StageBudget,
+    Status,
+)
+from ai_lease.job import Job
+from ai_lease.pipeline import Pipeline, Stage, StageContext
+from ai_lease.runner import Runner
+from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall
+
+FAST = LeaseTimings(
+    ttl=1.0,
+    renew_interval=0.2,
+    op_timeout=0.15,
+    poll_interval=0.05,
+    self_fence_margin=0.2,
+    stage_budgets={"call_ai": StageBudget(0.5, 10)},
+)
+QUICK_RETRY = RetryPolicy(attempts=3, initial=0.05, max_backoff=0.1)
+
+
+async def test_concurrent_runs_share_one_owner_and_one_call(store: LeaseStore) -> None:
+    """Five runners on one key: one provider call, all five get the same stored result."""
+    provider = ScriptedProvider(["one ", Pause(0.1), "answer"])
+    runners = [Runner(store, provider=provider, timings=FAST, node_id=f"n{i}") for i in range(5)]
+    records = await asyncio.gather(*(r.run(Job("k", input="x")) for r in runners))
+    assert provider.calls == 1
+    assert {r.output for r in records} == {"one answer"}
+    assert {(r.owner_id, r.token) for r in records} == {(records[0].owner_id, records[0].token)}
+
+
+async def test_stored_result_is_returned_without_a_new_call(store: LeaseStore) -> None:
+    """Resubmitting a finished job returns its result and never calls the provider again."""
+    first = ScriptedProvider(["done"])
+    await Runner(store, provider=first, timings=FAST).run(Job("k", input="x"))
+    second = ScriptedProvider(["other"])
+    record = await Runner(store, provider=second, timings=FAST).run(Job("k", input="x"))
+    assert record.output == "done" and second.calls == 0
+
+
+async def test_same_key_different_payload_is_a_conflict(store: LeaseStore) -> None:
+    """The same key with another payload is a conflict error, never the old result."""
+    await Runner(store, provider=ScriptedProvider(["a"]), timings=FAST).run(Job("k", input="x"))
+    with pytest.raises(JobConflict):
+        await Runner(store, provider=ScriptedProvider(["b"]), timings=FAST).run(Job("k", input="y"))
+
+
+class Flaky:
+    """Fails the first ``n`` calls with a retryable error, then answers."""
+
+    name = "flaky"
+
+    def __init__(self, n: int, retryable: bool = True) -> None:
+        self.n, self.retryable, self.calls = n, retryable, 0
+
+    async def stream(self, request):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.calls <= self.n:
+            raise ProviderError("HTTP 503 overloaded", retryable=self.retryable, status=503)
+        async for delta in ScriptedProvider(["recovered"]).stream(request):
+            yield delta
+
+    async def complete(self, request):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_retryable_failure_is_retried_then_succeeds(store: LeaseStore) -> None:
+    """Two transient failures, then success on the third attempt."""
+    provider = Flaky(2)
+    record = await Runner(store, provider=provider, timings=FAST, retry=QUICK_RETRY).run(
+        Job("k", input="x")
+    )
+    assert record.output == "recovered" and provider.calls == 3 and record.attempts == 3
+
+
+async def test_attempts_run_out_into_failed(store: LeaseStore) -> None:
+    """A job that keeps failing ends FAILED with the last error after the last attempt."""
+    provider = Flaky(99)
+    with pytest.raises(JobFailed, match=r"3 attempts.*503"):
+        await Runner(store, provider=provider, timings=FAST, retry=QUICK_RETRY).run(
+            Job("k", input="x")
+        )
+    assert provider.calls == 3
+    job = await store.get("k")
+    assert job is not None and job.status is Status.FAILED
+
+
+async def test_non_retryable_failure_fails_at_once(store: LeaseStore) -> None:
+    """A 401-like error is not retried: FAILED after one call, with the provider's message."""
+    provider = Flaky(99, retryable=False)
+    with pytest.raises(JobFailed, match="overloaded"):
+        await Runner(store, provider=provider, timings=FAST, retry=QUICK_RETRY).run(
+            Job("k", input="x")
+        )
+    assert provider.calls == 1
+
+
+async def test_missing_template_variable_fails_without_calling(store: LeaseStore) -> None:
+    """Bad input (a template variable nobody passed) fails at once, naming the variable."""
+    provider = ScriptedProvider(["never"])
+    with pytest.raises(JobFailed, match="'audience' is undefined"):
+        await Runner(store, provider=provider, timings=FAST).run(
+            Job("k", input="x", prompt_text="Explain {{ input }} to {{ audience }}")
+        )
+    assert provider.calls == 0
+
+
+async def test_zombie_provider_is_taken_over_in_process(store: LeaseStore) -> None:
+    """A stream that hangs stalls its owner; a second runner takes over and finishes."""
+    stalled = asyncio.Event()
+    zombie = Runner(
+        store,
+        provider=ScriptedProvider(["x", Stall()]),
+        timings=FAST,
+        node_id="z",
+        on_event=lambda e: stalled.set() if e.kind == "stalled" else None,
+    )
+    good = Runner(store, provider=ScriptedProvider(["good"]), timings=FAST, node_id="g")
+    zombie_run = asyncio.create_task(zombie.run(Job("k", input="x")))
+    await asyncio.sleep(0.1)
+    good_run = asyncio.create_task(good.run(Job("k", input="x")))
+    await asyncio.wait_for(stalled.wait(), 5)
+    zombie_run.cancel()  # the zombie's node stays out of the race from here on
+    record = await good_run
+    assert record.output == "good" and (record.owner_id or "").startswith("g#")
+    assert record.takeovers == 1 and record.attempts == 2
+    with pytest.raises(asyncio.CancelledError):
+        await zombie_run
+
+
+async def test_job_deadline_ends_failed(store: LeaseStore) -> None:
+    """A job past its total deadline ends FAILED with the reason, not hanging forever."""
+    timings = LeaseTimings(
+        ttl=1.0,
+        renew_interval=0.2,
+        op_timeout=0.15,
+        poll_interval=0.05,
+        self_fence_margin=0.2,
+        job_deadline=0.6,
+        stage_budgets={"call_ai": StageBudget(60, 60)},
+    )
+    runner = Runner(store, provider=ScriptedProvider(["slow", Pause(0.2)] * 20), timings=timings)
+    with pytest.raises(JobDeadlineExceeded):
+        await runner.run(Job("k", input="x"))
+    job = await store.get("k")
+    assert job is not None and job.status is Status.FAILED and "deadline" in (job.last_error or "")
+
+
+async def test_custom_pipeline_result_is_committed(store: LeaseStore) -> None:
+    """A user pipeline without a persist stage still gets its last output committed, fenced."""
+    seen = []
+
+    async def compute(ctx: StageContext) -> dict[str, int]:
+        for i in range(3):
+            ctx.progress(i)
+        return {"answer": 42}
+
+    async def hook(ctx: StageContext, value: object) -> None:
+        seen.append((ctx.fence.token, value))
+
+    runner = Runner(
+        store, pipeline=Pipeline([Stage("compute", compute)]), timings=FAST, persist_hook=hook
+    )
+    record = await runner.run(Job("k"))
+    assert record.output == {"answer": 42}
+    assert seen == [(record.token, {"answer": 42})], "the hook gets the fence of the commit"
+    runner2 = Runner(
+        store,
+        pipeline=Pipeline([Stage("compute", compute), Stage("persist", _persist)]),
+        timings=FAST,
+        persist_hook=hook,
+    )
+    record2 = await runner2.run(Job("k2"))
+    assert seen[1:] == [(record2.token, {"answer": 42})]
+
+
+async def _persist(ctx: StageContext) -> object:
+    value = ctx.output("compute")
+    await ctx.commit(value)
+    return value
