@@ -1,10 +1,11 @@
 """The hot lease operations, side by side in one run, with ratios and a verdict per target.
 
-    /tmp/probe/bin/python bench/lease_ops.py                      # 3 s per variant, 8 workers
-    .venv/bin/python bench/lease_ops.py --seconds 6 --concurrency 8 --rounds 3
+    .venv/bin/python bench/lease_ops.py              # 3 s per variant, 8 workers, 3 rounds
+    .venv/bin/python bench/lease_ops.py --seconds 6 --concurrency 1
 
-Run from the repository root. It starts its own ``redis-server`` (tests/harness) and writes
-its SQLite file to a temporary directory, so nothing already running is touched.
+Run from the repository root in the dev environment (``pip install -e '.[dev]'``; needs the
+``redis-server`` binary). It starts its own ``redis-server`` (tests/harness) and writes its
+SQLite file to a temporary directory, so nothing already running is touched.
 
 Variants, each looping over fresh keys with ``--concurrency`` workers on one event loop:
 
@@ -35,20 +36,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.lock import Lock
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.utils import HIREDIS_AVAILABLE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harness
 
-from ai_lease.lease.base import Acquired  # noqa: E402
-from ai_lease.lease.redis import RedisStore  # noqa: E402
-from ai_lease.lease.sqlite import SQLiteStore  # noqa: E402
-from tests.harness.redis_server import RedisServer  # noqa: E402
+from ai_lease.lease.base import Acquired
+from ai_lease.lease.redis import RedisStore
+from ai_lease.lease.sqlite import SQLiteStore
+from tests.harness.redis_server import RedisServer
 
 TTL_S = 30.0
 RESULT = '{"answer": 42, "model": "bench"}'
+RENEW_ARGS: dict[str, Any] = {
+    "ttl": TTL_S,
+    "stage": "call_ai",
+    "progress_version": 1,
+    "max_no_progress": 90.0,
+    "grace": 5.0,
+}
 SHORT_TARGET = 1.0  # a whole short job costs no more than one bare lock cycle
 
 
@@ -88,14 +98,7 @@ def lease_job(store: Any, renew: bool) -> Job:
         if not isinstance(got, Acquired):
             raise RuntimeError(f"bench: {key} was not acquired: {got!r}")
         if renew:
-            ok = await timed(
-                st,
-                "renew",
-                store.renew(
-                    got.fence, ttl=TTL_S, stage="call_ai", progress_version=1,
-                    max_no_progress=90, grace=5,
-                ),
-            )  # fmt: skip
+            ok = await timed(st, "renew", store.renew(got.fence, **RENEW_ARGS))
             if not ok.ok:
                 raise RuntimeError(f"bench: renew of {key} refused: {ok!r}")
         await timed(st, "commit", store.commit(got.fence, RESULT))
@@ -140,7 +143,7 @@ async def script_calls(admin: Any, commands: tuple[str, ...]) -> int:
 
 
 def client_for(url: str) -> Any:
-    """The client settings ai_lease's RedisStore.from_url uses: decoded replies, no retries."""
+    """The client RedisStore.from_url builds, for the bare lock: decoded replies, no retries."""
     return aioredis.from_url(
         url,
         decode_responses=True,
@@ -154,7 +157,7 @@ def client_for(url: str) -> Any:
 async def run(args: argparse.Namespace, url: str, tmp: str) -> dict[str, Stats]:
     run_id = uuid.uuid4().hex[:8]
     admin, lock_client = client_for(url), client_for(url)
-    redis_store = RedisStore(client_for(url), namespace=f"bench-{run_id}", op_timeout=2.0)
+    redis_store = RedisStore.from_url(url, namespace=f"bench-{run_id}", op_timeout=2.0)
     sqlite_store = SQLiteStore(Path(tmp) / "bench.db")
     scripts, lock_cmds = ("evalsha", "eval"), ("set", "evalsha", "eval")
     variants: dict[str, tuple[Job, tuple[str, ...] | None]] = {
@@ -165,7 +168,7 @@ async def run(args: argparse.Namespace, url: str, tmp: str) -> dict[str, Stats]:
     }
     results = {name: Stats() for name in variants}
     try:
-        for name, (job, _) in variants.items():  # warm up: connections, script cache, JIT-free
+        for name, (job, _) in variants.items():  # warm up: connections, script cache
             await drive(job, Stats(), f"warm:{run_id}:{name}", args.warmup, args.concurrency)
         for r in range(args.rounds):
             for name, (job, cmds) in variants.items():
@@ -182,20 +185,21 @@ async def run(args: argparse.Namespace, url: str, tmp: str) -> dict[str, Stats]:
     return results
 
 
-def report(res: dict[str, Stats]) -> int:
-    print(f"\n{'variant':<12} {'jobs/s':>8} {'RT/job':>7}   "
-          f"{'acquire p50/p99':>16} {'renew p50/p99':>16} {'commit p50/p99':>16}  (µs)")  # fmt: skip
+def report(res: dict[str, Stats]) -> None:
+    ops = ("acquire", "renew", "commit")
+    heads = " ".join(f"{op + ' p50/p99':>16}" for op in ops)
+    print(f"\n{'variant':<12} {'jobs/s':>8} {'RT/job':>7}   {heads}  (µs)")
     for name, st in res.items():
         rt = f"{st.round_trips / st.jobs:.2f}" if st.round_trips else "-"
         cells = [
             f"{st.pct(op, 0.5):7.0f}/{st.pct(op, 0.99):<8.0f}" if op in st.lat else f"{'-':>16}"
-            for op in ("acquire", "renew", "commit")
+            for op in ops
         ]
         print(f"{name:<12} {st.rate:8.0f} {rt:>7}   " + " ".join(cells))
     print("(redis lock: renew = extend, commit = release)\n")
 
-    full, short, lock, lite = (res[n] for n in ("redis full", "redis short", "redis lock",
-                                                "sqlite full"))  # fmt: skip
+    names = ("redis full", "redis short", "redis lock", "sqlite full")
+    full, short, lock, lite = (res[n] for n in names)
     out: dict[str, float] = {
         "redis_full_jobs_per_s": full.rate,
         "redis_short_jobs_per_s": short.rate,
@@ -230,7 +234,6 @@ def report(res: dict[str, Stats]) -> int:
     ]
     for ok, text in verdicts:
         print(f"VERDICT {'ok' if ok else 'miss'} {text}")
-    return 0
 
 
 def main() -> int:
@@ -240,11 +243,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved slices per variant")
     p.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per variant")
     args = p.parse_args()
-    print(f"lease_ops: {args.seconds:g} s x {args.concurrency} workers per variant, "
-          f"{args.rounds} rounds, Python {sys.version.split()[0]}")  # fmt: skip
+    print(
+        f"lease_ops: {args.seconds:g} s x {args.concurrency} workers per variant, "
+        f"{args.rounds} rounds; Python {sys.version.split()[0]}, redis-py {redis.__version__}, "
+        f"hiredis {'on' if HIREDIS_AVAILABLE else 'off'}"
+    )
     with RedisServer() as server, tempfile.TemporaryDirectory(prefix="ai_lease-bench-") as tmp:
-        res = asyncio.run(run(args, server.url, tmp))
-    return report(res)
+        report(asyncio.run(run(args, server.url, tmp)))
+    return 0
 
 
 if __name__ == "__main__":
