@@ -168,7 +168,8 @@ class StreamTotalTimeout(_StreamTimeout):
 class ProviderError(AiLeaseError):
     """A model call failed. ``retryable`` (429, 5xx, reset, timeout before content, garbage
     output) says whether another attempt may succeed; 400/401/403/404 and content filters
-    are not retryable. ``status`` is the HTTP status when there was one."""
+    are not retryable. ``status`` is the HTTP status when there was one; ``partial`` means
+    content had already arrived (such a call is never silently resent)."""
 
     def __init__(
         self,
@@ -178,9 +179,10 @@ class ProviderError(AiLeaseError):
         provider: str = "",
         status: int | None = None,
         retry_after: float | None = None,
+        partial: bool = False,
     ) -> None:
         self.retryable, self.provider, self.status = retryable, provider, status
-        self.retry_after = retry_after
+        self.retry_after, self.partial = retry_after, partial
         where = f"provider {provider!r}: " if provider else ""
         super().__init__(f"{where}{message}")
 

@@ -40,7 +40,9 @@ from .lease.base import Fence, LeaseStore
 from .progress import Progress
 from .prompts import PromptLibrary
 from .providers.base import ChatRequest, Completion, Provider
-from .timeouts import LeaseTimings, StageBudget, StreamTimeouts
+from .providers.retry import CALL_RETRY, call_with_retries
+from .streaming import guarded_completion
+from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamTimeouts
 
 __all__ = ["Pipeline", "Stage", "StageContext"]
 
@@ -84,8 +86,10 @@ class StageContext:
     prompts: PromptLibrary = field(default_factory=PromptLibrary)
     stream_timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
     persist_hook: PersistHook | None = None
+    call_retry: RetryPolicy = CALL_RETRY
     outputs: dict[str, Any] = field(default_factory=dict)
     committed: JobState | None = None
+    deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
 
     def progress(self, marker: Hashable | None = None) -> bool:
         """Mark a real step forward (a repeated ``marker`` is not progress)."""
@@ -175,6 +179,7 @@ class Pipeline:
     @staticmethod
     async def _run_stage(stage: Stage, budget: StageBudget, ctx: StageContext) -> Any:
         deadline = None if math.isinf(budget.deadline) else budget.deadline
+        ctx.deadline_at = None if deadline is None else ctx.tracker.clock() + deadline
         cm = asyncio.timeout(deadline)
         try:
             async with cm:
@@ -227,15 +232,20 @@ async def build_prompt(ctx: StageContext) -> ChatRequest:
 
 
 async def call_ai(ctx: StageContext) -> Completion:
-    """Call the model; every streamed content delta is progress."""
-    if ctx.provider is None:
+    """Call the model: streamed under the stream guard (every content delta is progress),
+    or in one response under the stage's hard deadline; transient failures are retried
+    within that deadline."""
+    provider = ctx.provider
+    if provider is None:
         raise JobSpecError(f"job {ctx.job.key!r}: no provider to call")
-    from .streaming import guarded_completion
-
     request: ChatRequest = ctx.output("build_prompt")
-    if not ctx.job.stream:
-        return await ctx.provider.complete(request)
-    return await guarded_completion(ctx.provider, request, ctx.stream_timeouts, ctx.tracker)
+
+    async def once() -> Completion:
+        if not ctx.job.stream:
+            return await provider.complete(request)
+        return await guarded_completion(provider, request, ctx.stream_timeouts, ctx.tracker)
+
+    return await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
 
 
 async def parse(ctx: StageContext) -> Any:

@@ -42,6 +42,7 @@ from .pipeline import PersistHook, Pipeline, StageContext
 from .progress import Progress
 from .prompts import PromptLibrary
 from .providers.base import Provider
+from .providers.retry import CALL_RETRY
 from .timeouts import LeaseTimings, RetryPolicy, StallPolicy, StreamTimeouts
 
 __all__ = ["Runner"]
@@ -85,6 +86,7 @@ class Runner:
         timings: LeaseTimings | None = None,
         retry: RetryPolicy | None = None,
         stream_timeouts: StreamTimeouts | None = None,
+        call_retry: RetryPolicy | None = None,
         stall_policy: StallPolicy | None = None,
         prompts: PromptLibrary | None = None,
         persist_hook: PersistHook | None = None,
@@ -96,6 +98,7 @@ class Runner:
         self.timings = timings or LeaseTimings()
         self.retry = retry or RetryPolicy()
         self.stream_timeouts = stream_timeouts or StreamTimeouts()
+        self.call_retry = call_retry or CALL_RETRY
         self.stall_policy = StallPolicy(stall_policy or self.timings.stall_policy)
         self.prompts = prompts or PromptLibrary()
         self.persist_hook = persist_hook
@@ -241,6 +244,7 @@ class Runner:
             prompts=self.prompts,
             stream_timeouts=self.stream_timeouts,
             persist_hook=self.persist_hook,
+            call_retry=self.call_retry,
         )
         deadline = asyncio.timeout(max(left, 0.0))
         try:

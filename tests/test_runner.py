@@ -31,6 +31,7 @@ FAST = LeaseTimings(
     stage_budgets={"call_ai": StageBudget(0.5, 10)},
 )
 QUICK_RETRY = RetryPolicy(attempts=3, initial=0.05, max_backoff=0.1)
+NO_CALL_RETRY = RetryPolicy(attempts=1)
 
 
 async def test_concurrent_runs_share_one_owner_and_one_call(store: LeaseStore) -> None:
@@ -84,19 +85,32 @@ class Flaky:
 async def test_retryable_failure_is_retried_then_succeeds(store: LeaseStore) -> None:
     """Two transient failures, then success on the third attempt."""
     provider = Flaky(2)
-    record = await Runner(store, provider=provider, timings=FAST, retry=QUICK_RETRY).run(
-        Job("k", input="x")
-    )
+    record = await Runner(
+        store, provider=provider, timings=FAST, retry=QUICK_RETRY, call_retry=NO_CALL_RETRY
+    ).run(Job("k", input="x"))
     assert record.output == "recovered" and provider.calls == 3 and record.attempts == 3
+
+
+async def test_transient_call_failures_are_retried_within_one_attempt(store: LeaseStore) -> None:
+    """Call-level retries absorb transient errors without a new job attempt."""
+    provider = Flaky(2)
+    runner = Runner(
+        store,
+        provider=provider,
+        timings=FAST,
+        call_retry=RetryPolicy(attempts=3, initial=0.01, max_backoff=0.02),
+    )
+    record = await runner.run(Job("k", input="x"))
+    assert record.output == "recovered" and provider.calls == 3 and record.attempts == 1
 
 
 async def test_attempts_run_out_into_failed(store: LeaseStore) -> None:
     """A job that keeps failing ends FAILED with the last error after the last attempt."""
     provider = Flaky(99)
     with pytest.raises(JobFailed, match=r"3 attempts.*503"):
-        await Runner(store, provider=provider, timings=FAST, retry=QUICK_RETRY).run(
-            Job("k", input="x")
-        )
+        await Runner(
+            store, provider=provider, timings=FAST, retry=QUICK_RETRY, call_retry=NO_CALL_RETRY
+        ).run(Job("k", input="x"))
     assert provider.calls == 3
     job = await store.get("k")
     assert job is not None and job.status is Status.FAILED
@@ -106,9 +120,9 @@ async def test_non_retryable_failure_fails_at_once(store: LeaseStore) -> None:
     """A 401-like error is not retried: FAILED after one call, with the provider's message."""
     provider = Flaky(99, retryable=False)
     with pytest.raises(JobFailed, match="overloaded"):
-        await Runner(store, provider=provider, timings=FAST, retry=QUICK_RETRY).run(
-            Job("k", input="x")
-        )
+        await Runner(
+            store, provider=provider, timings=FAST, retry=QUICK_RETRY, call_retry=NO_CALL_RETRY
+        ).run(Job("k", input="x"))
     assert provider.calls == 1
 
 

@@ -1,0 +1,148 @@
+"""``openai``: the official OpenAI SDK, for OpenAI and any OpenAI-compatible ``base_url``.
+
+The SDK's own retries are off (``max_retries=0``): retry policy lives in one place, ai_lease's.
+Measured traps of the SDK (3.x, on httpx2) that this adapter closes:
+
+* it ends **without an error** on a stream cut before ``[DONE]`` and on a 200 with an HTML
+  body — here a stream with no finish reason is a :class:`ProviderError`;
+* its read timeout is reset by every SSE ``: ping`` comment, so a server that only pings
+  never times out — the stream guard's first-token and idle timers do not see pings at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import SecretStr
+
+from ..errors import ConfigError, ProviderError
+from .base import ChatRequest, Completion, Delta, Usage
+from .errors import parse_retry_after
+from .openai_compat import request_body
+
+__all__ = ["OpenAISDKProvider"]
+
+
+class OpenAISDKProvider:
+    """Chat completions through ``openai.AsyncOpenAI``.
+
+    >>> provider = OpenAISDKProvider(model="gpt-4o-mini", api_key="sk-…")  # doctest: +SKIP
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        *,
+        api_key: str | SecretStr | None = None,
+        base_url: str | None = None,
+        model: str | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 600.0,
+    ) -> None:
+        import openai
+
+        key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
+        if key is None and base_url is None:
+            raise ConfigError(
+                "provider.api_key: OpenAI needs an API key "
+                "(set AI_LEASE_PROVIDER__API_KEY or OPENAI_API_KEY)"
+            )
+        self.model = model
+        self._openai = openai
+        self._client = openai.AsyncOpenAI(
+            api_key=key or "not-needed",
+            base_url=base_url,
+            max_retries=0,
+            timeout=openai.Timeout(read_timeout, connect=connect_timeout),
+        )
+
+    def __repr__(self) -> str:
+        return f"OpenAISDKProvider(base_url={str(self._client.base_url)!r}, model={self.model!r})"
+
+    def _translate(self, exc: Exception, chunks: int) -> ProviderError:
+        openai = self._openai
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            retryable = status >= 500 or status in (408, 409, 425, 429)
+            retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
+            return ProviderError(
+                f"HTTP {status}: {exc.message}",
+                retryable=retryable,
+                provider=self.name,
+                status=status,
+                retry_after=retry_after,
+                partial=chunks > 0,
+            )
+        return ProviderError(
+            f"{type(exc).__name__}: {exc}", retryable=True, provider=self.name, partial=chunks > 0
+        )
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
+        body = request_body(request, self.model, stream=True)
+        chunks, finished = 0, False
+        try:
+            stream: Any = await self._client.chat.completions.create(**body)
+            try:
+                async for chunk in stream:
+                    for choice in chunk.choices[:1]:
+                        text = choice.delta.content or "" if choice.delta else ""
+                        if choice.finish_reason == "content_filter":
+                            raise ProviderError(
+                                "the answer was stopped by the content filter",
+                                retryable=False,
+                                provider=self.name,
+                            )
+                        finished = finished or choice.finish_reason is not None
+                        if text or choice.finish_reason:
+                            chunks += bool(text)
+                            yield Delta(text, choice.finish_reason)
+                    if chunk.usage is not None:
+                        yield Delta(
+                            usage=Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+                        )
+            finally:
+                await stream.close()
+        except self._openai.OpenAIError as exc:
+            raise self._translate(exc, chunks) from exc
+        except ProviderError:
+            raise
+        except Exception as exc:  # httpx2 transport errors surface unwrapped mid-stream
+            if type(exc).__module__.split(".")[0] not in ("httpx2", "httpcore", "h11"):
+                raise
+            raise self._translate(exc, chunks) from exc
+        if not finished:
+            raise ProviderError(
+                "the stream ended without a finish reason (cut before [DONE], "
+                "or not an event stream)",
+                retryable=True,
+                provider=self.name,
+                partial=chunks > 0,
+            )
+
+    async def complete(self, request: ChatRequest) -> Completion:
+        body = request_body(request, self.model, stream=False)
+        try:
+            answer: Any = await self._client.chat.completions.create(**body)
+        except self._openai.OpenAIError as exc:
+            raise self._translate(exc, 0) from exc
+        choices = getattr(answer, "choices", None)
+        if not choices:
+            raise ProviderError(
+                f"not a chat completion: {str(answer)[:80]!r}", retryable=True, provider=self.name
+            )
+        choice = choices[0]
+        if choice.finish_reason == "content_filter":
+            raise ProviderError(
+                "the answer was stopped by the content filter", retryable=False, provider=self.name
+            )
+        usage = answer.usage
+        return Completion(
+            choice.message.content or "",
+            choice.finish_reason,
+            Usage(usage.prompt_tokens, usage.completion_tokens) if usage else None,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
