@@ -1,13 +1,14 @@
 """The ``ai-lease`` command line.
 
-Exit codes: 0 done, 1 job failed, 2 bad input (config, job file, arguments),
-3 timed out, 4 store unavailable or corrupt. Errors print one line; ``--debug`` shows
-the traceback.
+Exit codes: 0 done, 1 job failed, 2 bad input (config, job file, arguments, a key reused
+with another payload), 3 timed out, 4 store unavailable or corrupt. Errors print one line;
+``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,9 +17,20 @@ from typing import Any, TypeVar
 import click
 import orjson
 
-from .errors import AiLeaseError, InputError, JobFailed, StageTimeout, StoreError
-from .job import JobState
+from .console import JobView, TeeProvider
+from .errors import (
+    AiLeaseError,
+    InputError,
+    JobConflict,
+    JobFailed,
+    StageTimeout,
+    StoreError,
+)
+from .job import JobState, Status
+from .jobfile import load_job_file
 from .lease import LeaseStore, mask_url, open_store
+from .providers import Provider, create_provider
+from .runner import Runner
 from .settings import Settings, load_settings
 
 T = TypeVar("T")
@@ -27,7 +39,7 @@ EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_TIMED_OUT, EXIT_STORE = 0, 1, 2, 3,
 
 
 def _exit_code(exc: AiLeaseError) -> int:
-    if isinstance(exc, InputError):
+    if isinstance(exc, InputError | JobConflict):
         return EXIT_BAD_INPUT
     if isinstance(exc, StageTimeout):
         return EXIT_TIMED_OUT
@@ -50,6 +62,10 @@ class Context:
             self._settings = load_settings(self.config_path, **overrides)
         return self._settings
 
+    @property
+    def where(self) -> str:
+        return mask_url(self.settings.store.url)
+
     def open_store(self) -> LeaseStore:
         store = self.settings.store
         return open_store(
@@ -70,6 +86,16 @@ class Context:
                 await store.aclose()
 
         return asyncio.run(main())
+
+    def provider(self, overrides: dict[str, Any]) -> Provider:
+        """The provider the settings name, with a job file's or the flags' overrides."""
+        cfg = self.settings.provider
+        options = {
+            "model": overrides.get("model", cfg.model),
+            "base_url": overrides.get("base_url", cfg.base_url),
+            "api_key": cfg.api_key or os.environ.get("OPENAI_API_KEY") or None,
+        }
+        return create_provider(overrides.get("name", cfg.name), **options)
 
 
 class _Group(click.Group):
@@ -103,12 +129,97 @@ class _Group(click.Group):
 @click.version_option(package_name="ai_lease")
 @click.pass_context
 def main(ctx: click.Context, config: Path | None, store_url: str | None, debug: bool) -> None:
-    """Run AI jobs under a progress-aware lease: a stuck owner can never hold a job hostage."""
+    """Run AI jobs under a progress-aware lease: a stuck owner can never hold a job hostage.
+
+    Start with `ai-lease submit JOB_FILE`; see `ai-lease demo` for a zombie owner being
+    taken over.
+    """
     ctx.obj = Context(config, store_url, debug)
 
 
 def _json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+
+
+def _print_result(record: JobState) -> None:
+    value = record.output
+    click.echo(value if isinstance(value, str) else _json(value))
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(path_type=Path))
+@click.option("--key", help="Override the job's key.")
+@click.option("--input", "input_text", metavar="TEXT", help="Override the job's input text.")
+@click.option("--input-file", type=click.Path(path_type=Path), help="Read the input from a file.")
+@click.option("--provider", help="Override the provider (see `ai-lease providers`).")
+@click.option("--model", help="Override the model.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the result.")
+@click.pass_obj
+def submit(
+    obj: Context,
+    job_file: Path,
+    key: str | None,
+    input_text: str | None,
+    input_file: Path | None,
+    provider: str | None,
+    model: str | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Run JOB_FILE (TOML or JSON) here under the lease.
+
+    If another node already runs the same key, follow it and print its result; if the key
+    already has a result, print it at once. Exit 0 done, 1 failed, 2 bad input, 3 timed
+    out, 4 store unavailable.
+    """
+    spec = load_job_file(
+        job_file,
+        {
+            "key": key,
+            "input": input_text,
+            "input_file": str(input_file) if input_file else None,
+            "model": model,
+        },
+    )
+    overrides = {
+        **spec.provider,
+        **({"name": provider} if provider else {}),
+        **({"model": model} if model else {}),
+    }
+    settings = obj.settings
+    view = JobView(spec.job.key, live=not (quiet or as_json) and sys.stderr.isatty())
+    chatty = not (quiet or as_json)
+
+    async def work(store: LeaseStore) -> JobState:
+        model_provider = obj.provider(overrides)
+        runner = Runner(
+            store,
+            provider=TeeProvider(model_provider, view),
+            timings=settings.lease_timings(),
+            retry=settings.retry_policy(),
+            stream_timeouts=settings.stream_timeouts(),
+            on_event=view.on_event if chatty else None,
+        )
+        try:
+            return await runner.run(spec.job)
+        finally:
+            await model_provider.aclose()
+
+    with view if chatty else _nothing():
+        record = obj.run(work)
+    if as_json:
+        click.echo(_json(record.to_dict()))
+    else:
+        _print_result(record)
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 def _describe(job: JobState, grace: float) -> list[tuple[str, str]]:
@@ -136,6 +247,13 @@ def _describe(job: JobState, grace: float) -> list[tuple[str, str]]:
     return rows
 
 
+def _get(obj: Context, key: str) -> JobState:
+    job = obj.run(lambda store: store.get(key))
+    if job is None:
+        raise InputError(f"no job {key!r} in {obj.where}")
+    return job
+
+
 @main.command()
 @click.argument("key")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
@@ -143,17 +261,36 @@ def _describe(job: JobState, grace: float) -> list[tuple[str, str]]:
 def status(obj: Context, key: str, as_json: bool) -> None:
     """Show job KEY: its record and the seed's four-state health
     (healthy / node lost / zombie / dead)."""
-    job = obj.run(lambda store: store.get(key))
-    if job is None:
-        raise InputError(f"no job {key!r} in {mask_url(obj.settings.store.url)}")
+    job = _get(obj, key)
     if as_json:
         click.echo(_json(job.to_dict()))
         return
-    width = 11
     for label, value in _describe(job, obj.settings.lease.renew_interval):
-        click.echo(f"{label:<{width}} {value}")
-    if job.status.value == "FAILED":
+        click.echo(f"{label:<11} {value}")
+
+
+@main.command()
+@click.argument("key")
+@click.pass_obj
+def result(obj: Context, key: str) -> None:
+    """Print the result of job KEY (exit 1 if it failed, 3 if it has not finished)."""
+    job = _get(obj, key)
+    if job.status is Status.DONE:
+        _print_result(job)
+    elif job.status is Status.FAILED:
         raise JobFailed(key, job.last_error)
+    else:
+        click.echo(f"ai-lease: job {key!r} is {job.status.value}, no result yet", err=True)
+        sys.exit(EXIT_TIMED_OUT)
+
+
+@main.command()
+def providers() -> None:
+    """List the providers that can be named (built-in and installed plug-ins)."""
+    from .providers import available_providers
+
+    for name in available_providers():
+        click.echo(name)
 
 
 @main.command("config")

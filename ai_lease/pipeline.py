@@ -148,6 +148,13 @@ class Pipeline:
             ]
         )
 
+    async def preflight(self, job: Job, prompts: PromptLibrary) -> None:
+        """Catch bad input before the job is recorded: with the default load and
+        build_prompt stages, read the input and render the prompt once."""
+        fns = {s.name: s.fn for s in self.stages}
+        if fns.get("load") is load and fns.get("build_prompt") is build_prompt:
+            render_request(job, prompts, await read_input(job))
+
     def replace(self, name: str, stage: Stage) -> Pipeline:
         """A copy with stage ``name`` swapped for ``stage``."""
         if name not in {s.name for s in self.stages}:
@@ -203,9 +210,8 @@ def _in_thread(fn: StageFn, ctx: StageContext) -> Any:
 # -- the default stages ------------------------------------------------------------------------
 
 
-async def load(ctx: StageContext) -> Any:
+async def read_input(job: Job) -> Any:
     """The job's input: ``job.input``, or the text of ``job.input_file``."""
-    job = ctx.job
     if job.input_file is None:
         return job.input
     path = Path(job.input_file)
@@ -217,18 +223,27 @@ async def load(ctx: StageContext) -> Any:
         ) from None
 
 
-async def build_prompt(ctx: StageContext) -> ChatRequest:
+def render_request(job: Job, prompts: PromptLibrary, data: Any) -> ChatRequest:
     """Render the job's template with ``input`` and the job's variables into a request."""
-    job = ctx.job
-    variables = {**job.variables, "input": ctx.output("load")}
+    variables = {**job.variables, "input": data}
     if job.prompt_text is not None:
-        text = ctx.prompts.render_text(job.prompt_text, variables)
+        text = prompts.render_text(job.prompt_text, variables)
     else:
-        text = ctx.prompts.render(job.prompt, variables)
+        text = prompts.render(job.prompt, variables)
     messages = ([{"role": "system", "content": job.system}] if job.system else []) + [
         {"role": "user", "content": text}
     ]
     return ChatRequest(messages, job.model, job.temperature, job.max_tokens)
+
+
+async def load(ctx: StageContext) -> Any:
+    """The job's input: ``job.input``, or the text of ``job.input_file``."""
+    return await read_input(ctx.job)
+
+
+async def build_prompt(ctx: StageContext) -> ChatRequest:
+    """Render the job's template with ``input`` and the job's variables into a request."""
+    return render_request(ctx.job, ctx.prompts, ctx.output("load"))
 
 
 async def call_ai(ctx: StageContext) -> Completion:

@@ -71,3 +71,5 @@ class PromptLibrary:
             raise JobSpecError(f"{what}: {exc.message} (pass it in the job's variables)") from None
         except jinja2.exceptions.SecurityError as exc:
             raise JobSpecError(f"{what}: refused by the sandbox: {exc}") from None
+        except (jinja2.TemplateError, ArithmeticError, LookupError, TypeError, ValueError) as exc:
+            raise JobSpecError(f"{what}: {type(exc).__name__}: {exc}") from None

@@ -135,6 +135,7 @@ class Runner:
         already names a job with another payload, :class:`JobDeadlineExceeded` past the
         job's total deadline.
         """
+        await self.pipeline.preflight(job, self.prompts)
         started = time.monotonic()
         reached_store = False
         while True:

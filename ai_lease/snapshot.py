@@ -40,12 +40,14 @@ def _awaited(obj: Any) -> Any:
 def _await_chain(coro: Any) -> list[types.FrameType]:
     """The frames of a suspended coroutine and everything it awaits, outermost first."""
     frames: list[types.FrameType] = []
-    while coro is not None and len(frames) < MAX_FRAMES:
+    for _ in range(MAX_FRAMES * 25):  # keep the innermost frames: that is where it is stuck
+        if coro is None:
+            break
         frame = _frame_of(coro)
         if frame is not None:
             frames.append(frame)
         coro = _awaited(coro)
-    return frames
+    return frames[-MAX_FRAMES:]
 
 
 def _thread_frames(ident: int) -> list[types.FrameType]:
@@ -75,4 +77,8 @@ def snapshot(task: asyncio.Task[Any] | None, thread_ident: int | None, header: s
             *_format(_thread_frames(thread_ident)),
         ]
     text = "\n".join(lines)
-    return text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 20] + "\n  … (cut)"
+    if len(text) <= MAX_CHARS:
+        return text
+    # Keep the start of the header and the innermost frames: the end is where it is stuck.
+    head = header[: MAX_CHARS // 4] + "\n  … (cut)\n"
+    return head + text[-(MAX_CHARS - len(head)) :]

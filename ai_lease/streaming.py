@@ -79,6 +79,11 @@ class StreamGuard:
             # Convert from our clock to the loop's clock (both monotonic, possibly offset).
             self._handle = self._loop.call_at(self._loop.time() + (when - self.clock()), self._wake)
 
+    def _rearm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._arm()
+
     def _wake(self) -> None:
         when, error, budget = self._next_deadline()
         if self.clock() < when:  # content arrived since we armed: sleep until the new deadline
@@ -104,9 +109,11 @@ class StreamGuard:
             async for delta in stream:
                 if delta.text:
                     now = self.clock()
-                    if self.last_content_at is None:
-                        self.first_token_s = now - self.started_at
+                    first = self.last_content_at is None
                     self.last_content_at = now
+                    if first:  # once per stream: the idle deadline may be nearer than ours
+                        self.first_token_s = now - self.started_at
+                        self._rearm()
                     self.chunks += 1
                     self.text_parts.append(delta.text)
                     if self.progress is not None:

@@ -10,6 +10,7 @@ from ai_lease import (
     JobConflict,
     JobDeadlineExceeded,
     JobFailed,
+    JobSpecError,
     LeaseStore,
     LeaseTimings,
     ProviderError,
@@ -126,14 +127,14 @@ async def test_non_retryable_failure_fails_at_once(store: LeaseStore) -> None:
     assert provider.calls == 1
 
 
-async def test_missing_template_variable_fails_without_calling(store: LeaseStore) -> None:
-    """Bad input (a template variable nobody passed) fails at once, naming the variable."""
+async def test_missing_template_variable_fails_before_recording(store: LeaseStore) -> None:
+    """Bad input (a template variable nobody passed) fails before the job is recorded."""
     provider = ScriptedProvider(["never"])
-    with pytest.raises(JobFailed, match="'audience' is undefined"):
+    with pytest.raises(JobSpecError, match="'audience' is undefined"):
         await Runner(store, provider=provider, timings=FAST).run(
             Job("k", input="x", prompt_text="Explain {{ input }} to {{ audience }}")
         )
-    assert provider.calls == 0
+    assert provider.calls == 0 and await store.get("k") is None
 
 
 async def test_zombie_provider_is_taken_over_in_process(store: LeaseStore) -> None:

@@ -20,11 +20,12 @@ __all__ = ["LocalExtractiveProvider", "extractive_summary"]
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 _WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
 _INPUT = re.compile(r"<input>\n(.*?)\n</input>", re.DOTALL)
+_HOW_MANY = re.compile(r"\bin (\d{1,2}) sentences?\b")
 
 
 def extractive_summary(text: str, sentences: int = 3) -> str:
     """The ``sentences`` most representative sentences of ``text``, in their original order."""
-    parts = [s.strip() for s in _SENTENCE.split(text.strip()) if s.strip()]
+    parts = [s for s in _SENTENCE.split(" ".join(text.split())) if s]
     if len(parts) <= sentences:
         return " ".join(parts)
     freq = Counter(w.lower() for w in _WORD.findall(text))
@@ -39,7 +40,8 @@ def extractive_summary(text: str, sentences: int = 3) -> str:
 
 class LocalExtractiveProvider:
     """Summarises the text between the last ``<input>`` and ``</input>`` lines of the last
-    user message (or the whole message), streaming it one word per ``pace_s`` seconds."""
+    user message (or the whole message), streaming it one word per ``pace_s`` seconds.
+    An instruction before the input saying "in N sentences" sets the length."""
 
     name = "local-extractive"
 
@@ -49,7 +51,9 @@ class LocalExtractiveProvider:
     def _answer(self, request: ChatRequest) -> tuple[str, int]:
         prompt = request.messages[-1]["content"] if request.messages else ""
         found = _INPUT.findall(prompt)
-        summary = extractive_summary(found[-1] if found else prompt, self.sentences)
+        asked = _HOW_MANY.search(prompt.rsplit("<input>\n", 1)[0])
+        count = int(asked.group(1)) if asked else self.sentences
+        summary = extractive_summary(found[-1] if found else prompt, max(1, count))
         return summary, len(prompt.split())
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:

@@ -1,0 +1,129 @@
+"""Job files: a job described in TOML or JSON, checked field by field.
+
+.. code-block:: toml
+
+    key = "summary-2026-11-29"          # the job's idempotency key
+    prompt = "summarize"                # prompts/summarize.j2
+    input_file = "examples/article.txt" # or: input = "text…"
+    [variables]
+    sentences = 3
+    [provider]                          # optional: overrides the settings' provider
+    name = "openai-compatible"
+    model = "qwen2.5:7b"
+    base_url = "http://127.0.0.1:11434/v1"
+
+Every problem is a :class:`JobSpecError` naming the file, and the line and column for a
+syntax error, or the field for a bad value.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError, JobSpecError
+from .job import Job
+
+__all__ = ["JobFile", "load_job_file"]
+
+_PROVIDER_KEYS = {"name", "model", "base_url", "temperature", "max_tokens"}
+_JOB_FIELDS = {f.name: f for f in fields(Job)}
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """A parsed job file: the job, and the provider settings it asks for (if any)."""
+
+    job: Job
+    provider: Mapping[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise JobSpecError(f"job file {str(path)!r}: cannot read it ({exc.strerror})") from None
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            data = tomllib.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JobSpecError(
+            f"job file {str(path)!r}, line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JobSpecError(f"job file {str(path)!r}: {exc}") from None
+    if not isinstance(data, dict):
+        raise JobSpecError(f"job file {str(path)!r}: expected a table/object at the top level")
+    return data
+
+
+def _check_types(where: str, data: Mapping[str, Any]) -> None:
+    expect: dict[str, tuple[type, ...]] = {
+        "key": (str,),
+        "input_file": (str,),
+        "prompt": (str,),
+        "prompt_text": (str,),
+        "system": (str,),
+        "model": (str,),
+        "output": (str,),
+        "stream": (bool,),
+        "variables": (dict,),
+        "temperature": (int, float),
+        "max_tokens": (int,),
+    }
+    for name, value in data.items():
+        kinds = expect.get(name)
+        if kinds is None:
+            continue
+        if not isinstance(value, kinds) or isinstance(value, bool) != (bool in kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise JobSpecError(f"{where}: field {name!r} must be {names}, got {value!r:.60}")
+
+
+def build_job_file(
+    data: Mapping[str, Any], where: str, overrides: Mapping[str, Any] | None = None
+) -> JobFile:
+    """Check ``data`` (a parsed job file) and apply ``overrides`` (non-None values win)."""
+    data = dict(data)
+    provider = data.pop("provider", {})
+    if not isinstance(provider, dict):
+        raise JobSpecError(f"{where}: [provider] must be a table")
+    unknown = sorted(set(data) - set(_JOB_FIELDS)) + [
+        f"provider.{k}" for k in sorted(set(provider) - _PROVIDER_KEYS)
+    ]
+    if unknown:
+        known = ", ".join(sorted(_JOB_FIELDS))
+        raise JobSpecError(
+            f"{where}: unknown field {unknown[0]!r} (job fields: {known}, [provider])"
+        )
+    for name, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if name in ("provider", "provider_model"):
+            provider["name" if name == "provider" else "model"] = value
+            continue
+        if name in ("input", "input_file"):  # one source of input replaces the other
+            data.pop("input_file" if name == "input" else "input", None)
+        data[name] = value
+    if "key" not in data:
+        raise JobSpecError(f"{where}: the job has no 'key' (give one in the file or with --key)")
+    _check_types(where, data)
+    try:
+        job = Job(**data)
+    except InputError as exc:
+        raise JobSpecError(f"{where}: {exc}") from None
+    return JobFile(job, provider)
+
+
+def load_job_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> JobFile:
+    """Read and check a TOML (or ``.json``) job file."""
+    path = Path(path)
+    built = build_job_file(_read(path), f"job file {str(path)!r}", overrides)
+    return JobFile(built.job, built.provider, path)
