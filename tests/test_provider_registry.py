@@ -24,7 +24,7 @@ def test_builtins_are_listed_and_created() -> None:
 
 def test_unknown_provider_names_the_known_ones() -> None:
     """An unknown name is a config error listing every known provider."""
-    with pytest.raises(ConfigError, match="unknown provider 'nope'.*local-extractive"):
+    with pytest.raises(ConfigError, match=r"unknown provider 'nope'.*local-extractive"):
         create_provider("nope")
 
 
