@@ -26,7 +26,8 @@ from .errors import (
     StreamIdleTimeout,
     StreamTotalTimeout,
 )
-from .job import Health, JobState, Status
+from .events import Event
+from .job import Health, Job, JobState, Status
 from .lease import (
     Acquired,
     Fence,
@@ -37,6 +38,20 @@ from .lease import (
     mask_url,
     open_store,
 )
+from .pipeline import Pipeline, Stage, StageContext
+from .progress import Progress
+from .providers import (
+    ChatRequest,
+    Completion,
+    Delta,
+    Provider,
+    Usage,
+    available_providers,
+    create_provider,
+)
+from .runner import Runner
+from .settings import Settings, load_settings
+from .streaming import StreamGuard
 from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StallPolicy, StreamTimeouts
 
 __version__ = "0.1.0"
@@ -44,8 +59,12 @@ __version__ = "0.1.0"
 __all__ = [
     "Acquired",
     "AiLeaseError",
+    "ChatRequest",
+    "Completion",
     "ConfigError",
     "CorruptRecord",
+    "Delta",
+    "Event",
     "Fence",
     "FencingRejected",
     "Finished",
@@ -53,6 +72,7 @@ __all__ = [
     "Following",
     "Health",
     "InputError",
+    "Job",
     "JobConflict",
     "JobDeadlineExceeded",
     "JobFailed",
@@ -62,10 +82,17 @@ __all__ = [
     "LeaseLost",
     "LeaseStore",
     "LeaseTimings",
+    "Pipeline",
+    "Progress",
+    "Provider",
     "ProviderError",
     "Renewal",
     "RetryPolicy",
+    "Runner",
+    "Settings",
+    "Stage",
     "StageBudget",
+    "StageContext",
     "StageDeadlineExceeded",
     "StageTimeout",
     "StallPolicy",
@@ -73,10 +100,15 @@ __all__ = [
     "Status",
     "StoreError",
     "StoreUnavailable",
+    "StreamGuard",
     "StreamIdleTimeout",
     "StreamTimeouts",
     "StreamTotalTimeout",
+    "Usage",
     "__version__",
+    "available_providers",
+    "create_provider",
+    "load_settings",
     "mask_url",
     "open_store",
 ]

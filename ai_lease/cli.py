@@ -298,3 +298,16 @@ def providers() -> None:
 def show_config(obj: Context) -> None:
     """Print the effective settings (secrets masked) as JSON."""
     click.echo(obj.settings.model_dump_json(indent=2))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Emit every node's events as JSON lines.")
+@click.pass_obj
+def demo(obj: Context, as_json: bool) -> None:
+    """Watch a zombie owner lose its job: three nodes race for one job, the owner's model
+    call hangs while its heartbeat lives, a follower takes over with a higher token, and the
+    old owner's late write is rejected. About 30 seconds, on a throw-away SQLite store
+    (or the --store given)."""
+    from .demo import run_demo
+
+    sys.exit(asyncio.run(run_demo(obj.store_url, as_json=as_json)))

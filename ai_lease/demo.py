@@ -1,0 +1,211 @@
+"""``ai-lease demo``: the first seed's section-6 timeline, for real, in about half a minute.
+
+Three node processes race for one job on the embedded store. The winner's model call
+streams a little and then hangs — its heartbeat task is alive, its business is not. Its
+keeper stops renewing once the stage's no-progress budget runs out, the lease lapses, and a
+follower takes over with a higher fencing token and finishes. The old owner then wakes up
+and tries to write its late result: the store rejects the stale token. One result.
+
+Each node is ``python -m ai_lease.demo node …`` and prints its events as JSON lines; the
+parent merges them into a timeline (or re-emits them with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+
+from .errors import FencingRejected
+from .events import Event
+from .job import Job
+from .lease import Fence, open_store
+from .pipeline import Pipeline, Stage, StageContext
+from .providers.base import Completion
+from .runner import Runner
+from .timeouts import LeaseTimings, StageBudget
+
+__all__ = ["DEMO_TIMINGS", "run_demo"]
+
+DEMO_TIMINGS = LeaseTimings(
+    ttl=6.0, renew_interval=1.0, op_timeout=0.5, poll_interval=0.25, self_fence_margin=1.0,
+    stage_budgets={
+        "load": StageBudget(2.0, 10.0), "build_prompt": StageBudget(2.0, 10.0),
+        "call_ai": StageBudget(4.0, 60.0), "parse": StageBudget(2.0, 10.0),
+        "persist": StageBudget(2.0, 10.0),
+    },
+)
+WORDS = ("Heartbeats", "prove", "life;", "progress", "proves", "work.")
+
+
+async def _model_call(ctx: StageContext) -> Completion:
+    """The demo's call_ai: the first attempt streams three words, then hangs for good."""
+    job = await ctx.store.get(ctx.fence.key)
+    first_attempt = job is not None and job.attempts == 1
+    text = []
+    for i, word in enumerate(WORDS):
+        if first_attempt and i == 3:
+            _say("hung", ctx.fence, "the model call hangs; the heartbeat task lives on",
+                 stage="call_ai")
+            await asyncio.Event().wait()
+        await asyncio.sleep(0.4)
+        text.append(word)
+        ctx.progress(i)
+    return Completion(" ".join(text), "stop")
+
+
+def _say(kind: str, fence: Fence | None, detail: str, stage: str | None = None) -> None:
+    event = Event(kind, fence.key if fence else "", fence.owner_id if fence else None,
+                  fence.token if fence else None, stage, None, detail)
+    _emit(event)
+
+
+def _emit(event: Event) -> None:
+    sys.stdout.write(orjson.dumps({**event.to_dict(), "node": _NODE[0]}).decode() + "\n")
+    sys.stdout.flush()
+
+
+_NODE = ["?"]
+
+
+async def _node(name: str, url: str, key: str, start_at: float) -> None:
+    _NODE[0] = name
+    store = open_store(url)
+    stalled: list[Fence] = []
+
+    def on_event(event: Event) -> None:
+        _emit(event)
+        if event.kind == "stalled" and event.owner_id and event.token:
+            stalled.append(Fence(event.key, event.owner_id, event.token))
+
+    pipeline = Pipeline.default().replace("call_ai", Stage("call_ai", _model_call))
+    runner = Runner(store, pipeline=pipeline, timings=DEMO_TIMINGS, node_id=name,
+                    on_event=on_event)
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    try:
+        record = await runner.run(Job(key, input="A heartbeat is not progress.",
+                                      prompt_text="{{ input }}"))
+        if stalled:  # the old owner wakes up and tries to write its late result
+            await asyncio.sleep(1.0)
+            try:
+                await store.commit(stalled[0], orjson.dumps("the zombie's late result").decode())
+                _say("late_write", stalled[0], "ACCEPTED (this would be a bug)")
+            except FencingRejected as exc:
+                _say("late_write", stalled[0], f"rejected: {exc}")
+        _say("exit", None, f"result {record.output!r} from {record.owner_id}")
+    finally:
+        await store.aclose()
+
+
+# -- the parent: start three nodes, merge their timelines ---------------------------------------
+
+_SHOWN = {"acquired", "following", "stage", "renewed", "renew_skipped", "renew_refused",
+          "stalled", "hung", "committed", "fenced", "late_write", "done", "exit", "retry"}
+
+
+class Timeline:
+    """Prints merged node events as a readable timeline."""
+
+    def __init__(self, out: TextIO, as_json: bool) -> None:
+        self.out, self.as_json, self.t0 = out, as_json, time.time()
+        self.followed: set[tuple[str, str | None]] = set()
+
+    def show(self, row: dict[str, Any]) -> None:
+        if self.as_json:
+            self.out.write(orjson.dumps(row).decode() + "\n")
+            self.out.flush()
+            return
+        kind = row["kind"]
+        if kind not in _SHOWN or (kind == "following" and not self._first_follow(row)):
+            return
+        token = f"token …{str(row['token'])[-6:]}" if row.get("token") else ""
+        idle = f" idle {row['idle_s']:.1f}s" if row.get("idle_s") is not None else ""
+        stage = f"[{row['stage']}]" if row.get("stage") else ""
+        line = (f"+{row['at'] - self.t0:5.1f}s  {row['node']:<7} {kind:<13} {token:<13} "
+                f"{stage:<15}{idle} {row.get('detail', '')}")
+        self.out.write(line.rstrip()[:240] + "\n")
+        self.out.flush()
+
+    def _first_follow(self, row: dict[str, Any]) -> bool:
+        mark = (row["node"], row.get("owner_id"))
+        if mark in self.followed:
+            return False
+        self.followed.add(mark)
+        return True
+
+
+async def _pump(proc: asyncio.subprocess.Process, timeline: Timeline) -> None:
+    assert proc.stdout is not None
+    async for line in proc.stdout:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            timeline.show(orjson.loads(line))
+
+
+async def run_demo(store_url: str | None = None, *, as_json: bool = False,
+                   out: TextIO | None = None) -> int:
+    """Run the demo; return 0 when exactly one result was stored and the zombie was fenced."""
+    out = out or sys.stdout
+    with tempfile.TemporaryDirectory(prefix="ai-lease-demo-") as tmp:
+        url = store_url or f"sqlite:///{Path(tmp) / 'demo.db'}"
+        key = f"demo-{time.strftime('%H%M%S')}-{os.getpid()}"
+        timeline = Timeline(out, as_json)
+        if not as_json:
+            out.write(f"ai-lease demo: 3 nodes race for job {key!r} on {url}\n"
+                      f"lease {DEMO_TIMINGS.ttl:g}s, renew every {DEMO_TIMINGS.renew_interval:g}s,"
+                      f" call_ai may go {DEMO_TIMINGS.budget('call_ai').max_no_progress:g}s "
+                      "without progress\n\n")
+        start_at = time.time() + 1.0
+        procs = [
+            await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "ai_lease.demo", "node", name, url, key, str(start_at),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            for name in ("node-a", "node-b", "node-c")
+        ]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(_pump(p, timeline) for p in procs)), 90)
+            codes = [await p.wait() for p in procs]
+        finally:
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+        return await _verdict(url, key, codes, out, as_json)
+
+
+async def _verdict(url: str, key: str, codes: list[int], out: TextIO, as_json: bool) -> int:
+    store = open_store(url)
+    try:
+        record = await store.get(key)
+    finally:
+        await store.aclose()
+    ok = record is not None and record.status.value == "DONE" and record.takeovers >= 1
+    ok = ok and all(code == 0 for code in codes)
+    if not as_json and record is not None:
+        out.write(f"\none result: {record.output!r} by {record.owner_id} "
+                  f"(token …{str(record.token)[-6:]}, attempts {record.attempts}, "
+                  f"takeovers {record.takeovers})\n")
+        out.write("the zombie kept its heartbeat but not its job.\n" if ok else "UNEXPECTED\n")
+    return 0 if ok else 1
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ai_lease.demo")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    node = sub.add_parser("node")
+    for name in ("name", "url", "key", "start_at"):
+        node.add_argument(name)
+    args = parser.parse_args(argv)
+    asyncio.run(_node(args.name, args.url, args.key, float(args.start_at)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
