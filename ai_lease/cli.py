@@ -269,6 +269,41 @@ def status(obj: Context, key: str, as_json: bool) -> None:
         click.echo(f"{label:<11} {value}")
 
 
+@main.command("ls")
+@click.option(
+    "--status",
+    type=click.Choice(["PENDING", "RUNNING", "DONE", "FAILED"], case_sensitive=False),
+    help="Only this status.",
+)
+@click.option(
+    "--health",
+    type=click.Choice(["healthy", "node lost", "zombie", "dead"]),
+    help="Only RUNNING jobs in this health state.",
+)
+@click.option("--limit", default=50, show_default=True, help="At most this many jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON lines.")
+@click.pass_obj
+def list_jobs(
+    obj: Context, status: str | None, health: str | None, limit: int, as_json: bool
+) -> None:
+    """List jobs (newest first) with their status and health."""
+    wanted = "RUNNING" if health else (status.upper() if status else None)
+    jobs = obj.run(lambda store: store.list_jobs(status=wanted, limit=limit))
+    grace = obj.settings.lease.renew_interval
+    if health:
+        jobs = [j for j in jobs if (h := j.health(grace)) is not None and h.value == health]
+    for job in jobs:
+        if as_json:
+            click.echo(orjson.dumps(job.to_dict()).decode())
+            continue
+        state = job.health(grace)
+        idle = job.since_progress
+        click.echo(
+            f"{job.key:<32} {job.status.value:<8} {state.value if state else '-':<10} "
+            f"{job.stage or '-':<13} {'' if idle is None else f'idle {idle:.1f}s'}"
+        )
+
+
 @main.command()
 @click.argument("key")
 @click.pass_obj

@@ -36,10 +36,16 @@ from .timeouts import LeaseTimings, StageBudget
 __all__ = ["DEMO_TIMINGS", "run_demo"]
 
 DEMO_TIMINGS = LeaseTimings(
-    ttl=6.0, renew_interval=1.0, op_timeout=0.5, poll_interval=0.25, self_fence_margin=1.0,
+    ttl=6.0,
+    renew_interval=1.0,
+    op_timeout=0.5,
+    poll_interval=0.25,
+    self_fence_margin=1.0,
     stage_budgets={
-        "load": StageBudget(2.0, 10.0), "build_prompt": StageBudget(2.0, 10.0),
-        "call_ai": StageBudget(4.0, 60.0), "parse": StageBudget(2.0, 10.0),
+        "load": StageBudget(2.0, 10.0),
+        "build_prompt": StageBudget(2.0, 10.0),
+        "call_ai": StageBudget(4.0, 60.0),
+        "parse": StageBudget(2.0, 10.0),
         "persist": StageBudget(2.0, 10.0),
     },
 )
@@ -53,8 +59,12 @@ async def _model_call(ctx: StageContext) -> Completion:
     text = []
     for i, word in enumerate(WORDS):
         if first_attempt and i == 3:
-            _say("hung", ctx.fence, "the model call hangs; the heartbeat task lives on",
-                 stage="call_ai")
+            _say(
+                "hung",
+                ctx.fence,
+                "the model call hangs; the heartbeat task lives on",
+                stage="call_ai",
+            )
             await asyncio.Event().wait()
         await asyncio.sleep(0.4)
         text.append(word)
@@ -63,8 +73,15 @@ async def _model_call(ctx: StageContext) -> Completion:
 
 
 def _say(kind: str, fence: Fence | None, detail: str, stage: str | None = None) -> None:
-    event = Event(kind, fence.key if fence else "", fence.owner_id if fence else None,
-                  fence.token if fence else None, stage, None, detail)
+    event = Event(
+        kind,
+        fence.key if fence else "",
+        fence.owner_id if fence else None,
+        fence.token if fence else None,
+        stage,
+        None,
+        detail,
+    )
     _emit(event)
 
 
@@ -87,12 +104,12 @@ async def _node(name: str, url: str, key: str, start_at: float) -> None:
             stalled.append(Fence(event.key, event.owner_id, event.token))
 
     pipeline = Pipeline.default().replace("call_ai", Stage("call_ai", _model_call))
-    runner = Runner(store, pipeline=pipeline, timings=DEMO_TIMINGS, node_id=name,
-                    on_event=on_event)
+    runner = Runner(store, pipeline=pipeline, timings=DEMO_TIMINGS, node_id=name, on_event=on_event)
     await asyncio.sleep(max(0.0, start_at - time.time()))
     try:
-        record = await runner.run(Job(key, input="A heartbeat is not progress.",
-                                      prompt_text="{{ input }}"))
+        record = await runner.run(
+            Job(key, input="A heartbeat is not progress.", prompt_text="{{ input }}")
+        )
         if stalled:  # the old owner wakes up and tries to write its late result
             await asyncio.sleep(1.0)
             try:
@@ -107,8 +124,22 @@ async def _node(name: str, url: str, key: str, start_at: float) -> None:
 
 # -- the parent: start three nodes, merge their timelines ---------------------------------------
 
-_SHOWN = {"acquired", "following", "stage", "renewed", "renew_skipped", "renew_refused",
-          "stalled", "hung", "committed", "fenced", "late_write", "done", "exit", "retry"}
+_SHOWN = {
+    "acquired",
+    "following",
+    "stage",
+    "renewed",
+    "renew_skipped",
+    "renew_refused",
+    "stalled",
+    "hung",
+    "committed",
+    "fenced",
+    "late_write",
+    "done",
+    "exit",
+    "retry",
+}
 
 
 class Timeline:
@@ -129,8 +160,10 @@ class Timeline:
         token = f"token …{str(row['token'])[-6:]}" if row.get("token") else ""
         idle = f" idle {row['idle_s']:.1f}s" if row.get("idle_s") is not None else ""
         stage = f"[{row['stage']}]" if row.get("stage") else ""
-        line = (f"+{row['at'] - self.t0:5.1f}s  {row['node']:<7} {kind:<13} {token:<13} "
-                f"{stage:<15}{idle} {row.get('detail', '')}")
+        line = (
+            f"+{row['at'] - self.t0:5.1f}s  {row['node']:<7} {kind:<13} {token:<13} "
+            f"{stage:<15}{idle} {row.get('detail', '')}"
+        )
         self.out.write(line.rstrip()[:240] + "\n")
         self.out.flush()
 
@@ -149,8 +182,9 @@ async def _pump(proc: asyncio.subprocess.Process, timeline: Timeline) -> None:
             timeline.show(orjson.loads(line))
 
 
-async def run_demo(store_url: str | None = None, *, as_json: bool = False,
-                   out: TextIO | None = None) -> int:
+async def run_demo(
+    store_url: str | None = None, *, as_json: bool = False, out: TextIO | None = None
+) -> int:
     """Run the demo; return 0 when exactly one result was stored and the zombie was fenced."""
     out = out or sys.stdout
     with tempfile.TemporaryDirectory(prefix="ai-lease-demo-") as tmp:
@@ -158,14 +192,23 @@ async def run_demo(store_url: str | None = None, *, as_json: bool = False,
         key = f"demo-{time.strftime('%H%M%S')}-{os.getpid()}"
         timeline = Timeline(out, as_json)
         if not as_json:
-            out.write(f"ai-lease demo: 3 nodes race for job {key!r} on {url}\n"
-                      f"lease {DEMO_TIMINGS.ttl:g}s, renew every {DEMO_TIMINGS.renew_interval:g}s,"
-                      f" call_ai may go {DEMO_TIMINGS.budget('call_ai').max_no_progress:g}s "
-                      "without progress\n\n")
+            out.write(
+                f"ai-lease demo: 3 nodes race for job {key!r} on {url}\n"
+                f"lease {DEMO_TIMINGS.ttl:g}s, renew every {DEMO_TIMINGS.renew_interval:g}s,"
+                f" call_ai may go {DEMO_TIMINGS.budget('call_ai').max_no_progress:g}s "
+                "without progress\n\n"
+            )
         start_at = time.time() + 1.0
         procs = [
             await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "ai_lease.demo", "node", name, url, key, str(start_at),
+                sys.executable,
+                "-m",
+                "ai_lease.demo",
+                "node",
+                name,
+                url,
+                key,
+                str(start_at),
                 stdout=asyncio.subprocess.PIPE,
             )
             for name in ("node-a", "node-b", "node-c")
@@ -190,9 +233,11 @@ async def _verdict(url: str, key: str, codes: list[int], out: TextIO, as_json: b
     ok = record is not None and record.status.value == "DONE" and record.takeovers >= 1
     ok = ok and all(code == 0 for code in codes)
     if not as_json and record is not None:
-        out.write(f"\none result: {record.output!r} by {record.owner_id} "
-                  f"(token …{str(record.token)[-6:]}, attempts {record.attempts}, "
-                  f"takeovers {record.takeovers})\n")
+        out.write(
+            f"\none result: {record.output!r} by {record.owner_id} "
+            f"(token …{str(record.token)[-6:]}, attempts {record.attempts}, "
+            f"takeovers {record.takeovers})\n"
+        )
         out.write("the zombie kept its heartbeat but not its job.\n" if ok else "UNEXPECTED\n")
     return 0 if ok else 1
 

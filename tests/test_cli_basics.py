@@ -75,3 +75,25 @@ def test_debug_shows_traceback(tmp_path: Path) -> None:
         "--debug", "--store", f"sqlite:///{tmp_path / 'j.db'}", "status", "x", cwd=tmp_path
     )
     assert out.returncode != 0 and "Traceback" in out.stderr
+
+
+def test_ls_lists_jobs_by_status_and_health(tmp_path: Path) -> None:
+    """ls shows each job with status and health; --status and --health filter."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+
+    async def seed() -> None:
+        store = open_store(url)
+        a = await store.acquire("running-job", "node-a", ttl=30, max_no_progress=5)
+        b = await store.acquire("done-job", "node-a", ttl=30, max_no_progress=5)
+        assert isinstance(a, Acquired) and isinstance(b, Acquired)
+        await store.commit(b.fence, '"ok"')
+        await store.aclose()
+
+    asyncio.run(seed())
+    out = run_cli("--store", url, "ls", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "running-job" in out.stdout and "healthy" in out.stdout and "done-job" in out.stdout
+    done = run_cli("--store", url, "ls", "--status", "done", cwd=tmp_path)
+    assert "done-job" in done.stdout and "running-job" not in done.stdout
+    healthy = run_cli("--store", url, "ls", "--health", "healthy", cwd=tmp_path)
+    assert healthy.stdout.split()[0] == "running-job"

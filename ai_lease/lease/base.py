@@ -10,7 +10,8 @@ by the store's own clock:
 ``renew``    -> :class:`Renewal` (refused unless the fence is current, the job RUNNING,
               the lease live and progress fresh within the stage budget + grace)
 ``release``  step down; ``commit`` the one result (fenced, idempotent); ``fail`` terminally;
-``report_stall`` store where the work is stuck; ``get``; ``wait`` for a change.
+``report_stall`` store where the work is stuck; ``get``; ``wait`` for a change;
+``list_jobs`` for people (not a hot path).
 """
 
 from __future__ import annotations
@@ -138,5 +139,9 @@ class LeaseStore(Protocol):
     async def get(self, key: str) -> JobState | None: ...
 
     async def wait(self, key: str, timeout: float) -> None: ...
+
+    async def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobState]:
+        """Up to ``limit`` jobs (newest first where the store knows), optionally one status."""
+        ...
 
     async def aclose(self) -> None: ...

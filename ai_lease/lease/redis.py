@@ -206,6 +206,23 @@ class RedisStore:
         reply = await self._call("get", key, "GET", [])
         return self._decode(key, reply[1:], reply[0]) if len(reply) > 1 else None
 
+    async def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobState]:
+        """Scans the namespace (O(keys): for people, not for hot paths); unordered."""
+        prefix, found = f"{self._ns}:{{", []
+        try:
+            async for name in self._client.scan_iter(match=f"{prefix}*}}:job", count=500):
+                found.append(name[len(prefix) : -len("}:job")])
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(self.where, "list_jobs", str(exc)) from exc
+        jobs = []
+        for key in found:
+            job = await self.get(key)
+            if job is not None and (status is None or job.status.value == status):
+                jobs.append(job)
+                if len(jobs) >= limit:
+                    break
+        return sorted(jobs, key=lambda j: j.created_at, reverse=True)
+
     async def wait(self, key: str, timeout: float) -> None:
         """Return on the job's next event (commit, fail, release) or after ``timeout``."""
         loop = asyncio.get_running_loop()

@@ -216,6 +216,18 @@ class SQLiteStore:
     async def get(self, key: str) -> JobState | None:
         return await self._run("get", lambda conn: self._load(conn, key, self._clock()))
 
+    async def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobState]:
+        def work(conn: sqlite3.Connection) -> list[JobState]:
+            where, args = ("WHERE status = ?", [status]) if status else ("", [])
+            rows = conn.execute(
+                f"SELECT key FROM ai_lease_jobs {where} ORDER BY rowid DESC LIMIT ?",
+                [*args, limit],
+            ).fetchall()
+            now = self._clock()
+            return [job for (key,) in rows if (job := self._load(conn, key, now)) is not None]
+
+        return await self._run("list_jobs", work)
+
     async def wait(self, key: str, timeout: float) -> None:
         """Return when the job's record changes, or after ``timeout`` seconds (polling)."""
         loop = asyncio.get_running_loop()

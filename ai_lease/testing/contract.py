@@ -327,6 +327,18 @@ class LeaseStoreContract:
         job = await store.get(key)
         assert job is not None and job.stall_snapshot == "stuck in read_stream()"
 
+    async def test_list_jobs_filters_by_status(self, store: LeaseStore) -> None:
+        """list_jobs returns the stored jobs, and only one status when asked."""
+        done, running, failed = _key("ls-done"), _key("ls-run"), _key("ls-fail")
+        await store.commit(await _own(store, done), "r")
+        await _own(store, running)
+        await store.fail(await _own(store, failed), "broken")
+        everything = {j.key: j.status for j in await store.list_jobs(limit=1000)}
+        assert {done, running, failed} <= everything.keys()
+        only_done = {j.key for j in await store.list_jobs(status="DONE", limit=1000)}
+        assert done in only_done and not {running, failed} & only_done
+        assert len(await store.list_jobs(limit=1)) == 1
+
     async def test_get_unknown_key_is_none(self, store: LeaseStore) -> None:
         """get() of a key never seen returns None."""
         assert await store.get(_key("unknown")) is None
