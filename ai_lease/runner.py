@@ -31,6 +31,7 @@ from .errors import (
     JobFailed,
     LeaseError,
     ProviderError,
+    Stalled,
     StoreUnavailable,
 )
 from .events import Event, EventSink
@@ -154,9 +155,12 @@ class Runner:
             reached_store = True
             if isinstance(outcome, Finished):
                 return self._finished(outcome.job)
-            record = await self._attempt(job, outcome)
-            if record is not None:
-                return record
+            attempt = await self._attempt(job, outcome)
+            if isinstance(attempt, JobState):
+                return attempt
+            finished = await self._stand_aside(job.key, attempt) if attempt > 0 else None
+            if finished is not None:
+                return self._finished(finished)
 
     async def _compete(self, job: Job) -> Acquired | Finished:
         """Acquire the job under a fresh owner id, following whoever holds it meanwhile."""
@@ -192,8 +196,9 @@ class Runner:
         self._emit("failed", record.key, detail=record.last_error or "")
         raise JobFailed(record.key, record.last_error)
 
-    async def _attempt(self, job: Job, acquired: Acquired) -> JobState | None:
-        """One attempt as owner. Returns the DONE record, or None to compete again."""
+    async def _attempt(self, job: Job, acquired: Acquired) -> JobState | float:
+        """One attempt as owner. Returns the DONE record, or how long to stand aside
+        (following only) before competing again."""
         fence, record = acquired.fence, acquired.job
         self._emit(
             "acquired",
@@ -202,13 +207,21 @@ class Runner:
             f"attempt {record.attempts}" + (" (takeover)" if acquired.takeover else ""),
         )
         left = self.timings.job_deadline - (record.read_at - record.created_at)
+        backoff = self.retry.backoff(record.attempts)
         try:
             return await self._own(job, acquired, left)
-        except (LeaseError, FencingRejected) as exc:
-            self._emit(
-                "fenced" if isinstance(exc, FencingRejected) else "retry", job.key, fence, str(exc)
-            )
-            return None  # someone else has it (or will): follow them, or compete again
+        except FencingRejected as exc:
+            self._emit("fenced", job.key, fence, str(exc))
+            return 0.0  # someone else owns it now: follow them
+        except Stalled as exc:
+            # Our work was stuck: let the other nodes take over first, rather than racing
+            # them for the lease we are letting lapse (a zombie should not win it back).
+            self._emit("retry", job.key, fence, str(exc))
+            lapse = self.timings.ttl if self.stall_policy is StallPolicy.EXPIRE else 0.0
+            return lapse + 2 * self.timings.poll_interval + backoff
+        except LeaseError as exc:
+            self._emit("retry", job.key, fence, str(exc))
+            return self.timings.poll_interval
         except JobDeadlineExceeded as exc:
             await self._fail(fence, str(exc))
             raise
@@ -217,11 +230,24 @@ class Runner:
                 await self._fail(fence, _describe(exc))
                 raise JobFailed(job.key, _describe(exc)) from exc
             await self._release(fence, _describe(exc))
-            if record.attempts < self.retry.attempts:
-                delay = self.retry.backoff(record.attempts)
-                self._emit("retry", job.key, fence, f"{_describe(exc)}; retrying in {delay:g}s")
-                await asyncio.sleep(delay)
-            return None
+            if record.attempts >= self.retry.attempts:
+                return 0.0  # the next acquire ends the job FAILED with this error
+            self._emit("retry", job.key, fence, f"{_describe(exc)}; retrying in {backoff:g}s")
+            return backoff
+
+    async def _stand_aside(self, key: str, seconds: float) -> JobState | None:
+        """Follow only, for ``seconds``: return the record if the job finishes meanwhile."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        while (left := until - loop.time()) > 0:
+            try:
+                record = await self.store.get(key)
+                if record is not None and record.status.terminal:
+                    return record
+                await self.store.wait(key, min(left, self.timings.poll_interval))
+            except StoreUnavailable:
+                await asyncio.sleep(min(left, self.timings.poll_interval))
+        return None
 
     async def _own(self, job: Job, acquired: Acquired, left: float) -> JobState:
         fence = acquired.fence

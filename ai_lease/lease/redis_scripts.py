@@ -160,7 +160,8 @@ REPORT_STALL = (
     + _FENCE_CHECK
     + r"""
 if not mine or v[1] == 'DONE' or v[1] == 'FAILED' then return 0 end
-redis.call('HSET', k, 'stall_snapshot', ARGV[4], 'stage', ARGV[3], 'updated_at', fmt(now))
+redis.call('HSET', k, 'stall_snapshot', ARGV[4], 'stage', ARGV[3], 'updated_at', fmt(now),
+  'last_error', string.match(ARGV[4], '^[^\n]*'))
 return 1
 """
 )

@@ -207,5 +207,12 @@ def report_stall(
 ) -> tuple[Change, bool]:
     if rec is None or (rec.token, rec.owner_id) != fence.pair or rec.status.terminal:
         return None, False
-    new = replace(rec, stall_snapshot=clip(snapshot), stage=stage, updated_at=now, read_at=now)
+    new = replace(
+        rec,
+        stall_snapshot=clip(snapshot),
+        last_error=clip(snapshot.split("\n", 1)[0]),
+        stage=stage,
+        updated_at=now,
+        read_at=now,
+    )
     return new, True

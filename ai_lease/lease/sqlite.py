@@ -76,11 +76,25 @@ class SQLiteStore:
                 isolation_level=None,
                 check_same_thread=False,
             )
-            conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
+            self._setup(conn)
             self._conn = conn
         return self._conn
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        """WAL mode and the schema. Switching a new file to WAL does not wait on SQLite's busy
+        handler, so processes opening one file at once retry here, within op_timeout."""
+        deadline = time.monotonic() + self._op_timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    conn.close()
+                    raise
+                time.sleep(0.01)
 
     async def _run(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()

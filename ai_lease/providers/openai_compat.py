@@ -117,10 +117,13 @@ class OpenAICompatProvider:
             data = orjson.loads(response.content)
             choice = data["choices"][0]
             text = choice["message"]["content"] or ""
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            usage = _usage(data.get("usage"))
+            if not isinstance(text, str):
+                raise TypeError(text)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise self._error(f"not a chat completion: {response.text[:80]!r}", 0) from None
         self._refuse_filtered(choice.get("finish_reason"))
-        return Completion(text, choice.get("finish_reason"), _usage(data.get("usage")))
+        return Completion(text, choice.get("finish_reason"), usage)
 
     async def aclose(self) -> None:
         if self._own_client:
@@ -150,6 +153,8 @@ class OpenAICompatProvider:
             out = []
             for choice in obj.get("choices") or ():
                 content = (choice.get("delta") or {}).get("content") or ""
+                if not isinstance(content, str):
+                    raise TypeError(content)
                 finish = choice.get("finish_reason")
                 self._refuse_filtered(finish)
                 if content or finish:
@@ -158,7 +163,7 @@ class OpenAICompatProvider:
             if usage:
                 out.append(Delta(usage=_usage(usage)))
             return out
-        except (orjson.JSONDecodeError, AttributeError, TypeError):
+        except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
             raise self._error(f"malformed chunk: {data[:80]!r}", chunks) from None
 
     def _refuse_filtered(self, finish: str | None) -> None:

@@ -23,6 +23,8 @@ from .openai_compat import request_body
 
 __all__ = ["OpenAISDKProvider"]
 
+_TRANSPORT_MODULES = ("httpx2", "httpcore", "httpcore2", "h11", "anyio")
+
 
 class OpenAISDKProvider:
     """Chat completions through ``openai.AsyncOpenAI``.
@@ -86,30 +88,20 @@ class OpenAISDKProvider:
             stream: Any = await self._client.chat.completions.create(**body)
             try:
                 async for chunk in stream:
-                    for choice in chunk.choices[:1]:
-                        text = choice.delta.content or "" if choice.delta else ""
-                        if choice.finish_reason == "content_filter":
-                            raise ProviderError(
-                                "the answer was stopped by the content filter",
-                                retryable=False,
-                                provider=self.name,
-                            )
-                        finished = finished or choice.finish_reason is not None
-                        if text or choice.finish_reason:
-                            chunks += bool(text)
-                            yield Delta(text, choice.finish_reason)
-                    if chunk.usage is not None:
-                        yield Delta(
-                            usage=Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-                        )
+                    for delta in self._deltas(chunk, chunks):
+                        finished = finished or delta.finish_reason is not None
+                        chunks += bool(delta.text)
+                        yield delta
             finally:
                 await stream.close()
         except self._openai.OpenAIError as exc:
             raise self._translate(exc, chunks) from exc
         except ProviderError:
             raise
+        except ValueError as exc:  # the SDK's own JSON decoding of a malformed chunk
+            raise self._malformed(exc, chunks) from exc
         except Exception as exc:  # httpx2 transport errors surface unwrapped mid-stream
-            if type(exc).__module__.split(".")[0] not in ("httpx2", "httpcore", "h11"):
+            if type(exc).__module__.split(".")[0] not in _TRANSPORT_MODULES:
                 raise
             raise self._translate(exc, chunks) from exc
         if not finished:
@@ -120,6 +112,44 @@ class OpenAISDKProvider:
                 provider=self.name,
                 partial=chunks > 0,
             )
+
+    def _deltas(self, chunk: Any, chunks: int) -> list[Delta]:
+        """The deltas of one SDK chunk object; the SDK does not validate chunks, so a
+        chunk of the wrong shape is a malformed-chunk error here."""
+        try:
+            out = []
+            for choice in chunk.choices[:1]:
+                text = (choice.delta.content if choice.delta else None) or ""
+                if not isinstance(text, str):
+                    raise TypeError(f"content is {type(text).__name__}, not text")
+                if choice.finish_reason == "content_filter":
+                    raise ProviderError(
+                        "the answer was stopped by the content filter",
+                        retryable=False,
+                        provider=self.name,
+                    )
+                if text or choice.finish_reason:
+                    out.append(Delta(text, choice.finish_reason))
+            if chunk.usage is not None:
+                usage = chunk.usage
+                out.append(
+                    Delta(
+                        usage=Usage(
+                            int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0)
+                        )
+                    )
+                )
+            return out
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise self._malformed(exc, chunks) from exc
+
+    def _malformed(self, exc: Exception, chunks: int) -> ProviderError:
+        return ProviderError(
+            f"malformed chunk: {type(exc).__name__}: {exc}"[:300],
+            retryable=True,
+            provider=self.name,
+            partial=chunks > 0,
+        )
 
     async def complete(self, request: ChatRequest) -> Completion:
         body = request_body(request, self.model, stream=False)

@@ -322,10 +322,12 @@ class LeaseStoreContract:
         """The owner's stall snapshot lands in the record; a stale fence's does not."""
         key = _key("snap")
         fence = await _own(store, key)
-        assert await store.report_stall(fence, "call_ai", "stuck in read_stream()")
+        snap = "stage 'call_ai' made no progress\n  File x.py, in read_stream"
+        assert await store.report_stall(fence, "call_ai", snap)
         assert not await store.report_stall(Fence(key, "B", fence.token), "call_ai", "bogus")
         job = await store.get(key)
-        assert job is not None and job.stall_snapshot == "stuck in read_stream()"
+        assert job is not None and job.stall_snapshot == snap
+        assert job.last_error == "stage 'call_ai' made no progress", "the header is the error"
 
     async def test_list_jobs_filters_by_status(self, store: LeaseStore) -> None:
         """list_jobs returns the stored jobs, and only one status when asked."""
