@@ -42,13 +42,14 @@ class StreamGuard:
         timeouts: StreamTimeouts,
         progress: Progress | None = None,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        # One clock for deadlines and progress: the tracker's, unless one is given.
+        clock = clock or (progress.clock if progress is not None else time.monotonic)
         self.timeouts, self.progress, self.clock = timeouts, progress, clock
         self.started_at = 0.0
         self.last_content_at: float | None = None
         self.first_token_s: float | None = None
-        self.chunks = 0
         self.text_parts: list[str] = []
         self._fired: Exception | None = None
         self._handle: asyncio.TimerHandle | None = None
@@ -105,23 +106,24 @@ class StreamGuard:
         finish: str | None = None
         usage: Usage | None = None
         self._arm()
+        clock, parts, progress = self.clock, self.text_parts, self.progress
         try:
-            async for delta in stream:
-                if delta.text:
-                    now = self.clock()
-                    first = self.last_content_at is None
-                    self.last_content_at = now
-                    if first:  # once per stream: the idle deadline may be nearer than ours
+            async for text, finish_reason, delta_usage in stream:
+                if text:  # content: the only thing that moves the deadlines and the job
+                    now = clock()
+                    parts.append(text)
+                    if self.last_content_at is None:  # once per stream
                         self.first_token_s = now - self.started_at
-                        self._rearm()
-                    self.chunks += 1
-                    self.text_parts.append(delta.text)
-                    if self.progress is not None:
-                        self.progress.progress()
-                if delta.finish_reason:
-                    finish = delta.finish_reason
-                if delta.usage is not None:
-                    usage = delta.usage
+                        self.last_content_at = now
+                        self._rearm()  # the idle deadline may be nearer than the first-token one
+                    self.last_content_at = now
+                    if progress is not None:  # Progress.advance(now), inlined: hot path
+                        progress.version += 1
+                        progress.last_at = now
+                if finish_reason:
+                    finish = finish_reason
+                if delta_usage is not None:
+                    usage = delta_usage
         except asyncio.CancelledError:
             if self._fired is not None and self._task.uncancel() <= cancelling:
                 raise self._fired from None
@@ -133,6 +135,11 @@ class StreamGuard:
             if aclose is not None:
                 await aclose()
         return Completion("".join(self.text_parts), finish, usage, self.chunks)
+
+    @property
+    def chunks(self) -> int:
+        """Content deltas received so far."""
+        return len(self.text_parts)
 
 
 async def guarded_completion(

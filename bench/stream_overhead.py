@@ -141,10 +141,10 @@ def request_json(n: int) -> dict[str, Any]:
     }
 
 
-async def sse_via_httpx_sse(response: httpx.Response) -> AsyncIterator[bytes]:
-    """Drop-in for ai_lease's ``_sse_data`` built on httpx-sse (variant e)."""
+async def sse_via_httpx_sse(response: httpx.Response) -> AsyncIterator[list[bytes]]:
+    """Drop-in for ai_lease's ``_sse_batches`` built on httpx-sse (variant e)."""
     async for event in httpx_sse.EventSource(response).aiter_sse():
-        yield event.data.encode()
+        yield [event.data.encode()]
 
 
 async def collect_raw(stream: AsyncIterator[Any]) -> int:
@@ -186,11 +186,11 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
         return seen
 
     async def compat_with_httpx_sse(n: int) -> int:
-        original, compat._sse_data = compat._sse_data, sse_via_httpx_sse
+        original, compat._sse_batches = compat._sse_batches, sse_via_httpx_sse
         try:
             return await collect_raw(lean.stream(req(n)))
         finally:
-            compat._sse_data = original
+            compat._sse_batches = original
 
     async def sdk_raw(n: int) -> int:
         stream: Any = await sdk.chat.completions.create(**request_json(n))
