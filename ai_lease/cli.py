@@ -26,6 +26,7 @@ from .errors import (
     StageTimeout,
     StoreError,
 )
+from .events import Event
 from .job import JobState, Status
 from .jobfile import load_job_file
 from .lease import LeaseStore, mask_url, open_store
@@ -155,6 +156,11 @@ def _print_result(record: JobState) -> None:
 @click.option("--model", help="Override the model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the result.")
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Only record the job for workers (`ai-lease worker`) and print its key.",
+)
 @click.pass_obj
 def submit(
     obj: Context,
@@ -166,12 +172,13 @@ def submit(
     model: str | None,
     as_json: bool,
     quiet: bool,
+    detach: bool,
 ) -> None:
     """Run JOB_FILE (TOML or JSON) here under the lease.
 
     If another node already runs the same key, follow it and print its result; if the key
-    already has a result, print it at once. Exit 0 done, 1 failed, 2 bad input, 3 timed
-    out, 4 store unavailable.
+    already has a result, print it at once. With --detach, only record it for workers.
+    Exit 0 done, 1 failed, 2 bad input, 3 timed out, 4 store unavailable.
     """
     spec = load_job_file(
         job_file,
@@ -188,6 +195,10 @@ def submit(
         **({"model": model} if model else {}),
     }
     settings = obj.settings
+    if detach:
+        record = obj.run(lambda store: Runner(store).submit(spec.job))
+        click.echo(_json(record.to_dict()) if as_json else record.key)
+        return
     view = JobView(spec.job.key, live=not (quiet or as_json) and sys.stderr.isatty())
     chatty = not (quiet or as_json)
 
@@ -346,3 +357,101 @@ def demo(obj: Context, as_json: bool) -> None:
     from .demo import run_demo
 
     sys.exit(asyncio.run(run_demo(obj.store_url, as_json=as_json)))
+
+
+@main.command()
+@click.option("--concurrency", "-c", default=4, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--sweep-interval",
+    default=1.0,
+    show_default=True,
+    help="Seconds between looks at the queue for due jobs.",
+)
+@click.option(
+    "--grace",
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM/SIGINT, seconds running jobs get to finish before stepping down.",
+)
+@click.option("--provider", help="Provider for jobs (default: the settings').")
+@click.option("--worker-id", help="Name shown by `ai-lease workers` (default host:pid).")
+@click.pass_obj
+def worker(
+    obj: Context,
+    concurrency: int,
+    sweep_interval: float,
+    grace: float,
+    provider: str | None,
+    worker_id: str | None,
+) -> None:
+    """Run submitted jobs: discover them, compete for them, recover abandoned ones.
+
+    Start any number of workers on any number of machines against the same store. The
+    first SIGTERM/SIGINT drains (running jobs get --grace seconds, then hand over); a
+    second stops at once. Jobs submitted with `ai-lease submit --detach` are picked up.
+    """
+    from .worker import Worker
+
+    settings = obj.settings
+
+    def log(event: Event) -> None:
+        who = f" {event.owner_id} token {event.token}" if event.token else ""
+        click.echo(
+            f"ai-lease worker: {event.kind:<14} {event.key}{who} {event.detail}".rstrip(), err=True
+        )
+
+    async def work(store: LeaseStore) -> None:
+        model_provider = obj.provider({"name": provider} if provider else {})
+        runner = Runner(
+            store,
+            provider=model_provider,
+            timings=settings.lease_timings(),
+            retry=settings.retry_policy(),
+            stream_timeouts=settings.stream_timeouts(),
+            on_event=lambda e: log(e) if e.kind in _WORKER_LOGGED else None,
+        )
+        node = Worker(
+            store,
+            runner,
+            concurrency=concurrency,
+            sweep_interval=sweep_interval,
+            grace=grace,
+            worker_id=worker_id,
+            on_event=log,
+        )
+        undo = node.install_signal_handlers()
+        try:
+            await node.run()
+        finally:
+            undo()
+            await model_provider.aclose()
+
+    obj.run(work)
+
+
+_WORKER_LOGGED = {"acquired", "stalled", "committed", "fenced", "failed", "retry", "released"}
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+@click.pass_obj
+def workers(obj: Context, as_json: bool) -> None:
+    """List live workers: id, host, pid, jobs running, last seen."""
+    from dataclasses import asdict
+
+    from .lease.base import JobQueue
+
+    async def fetch(store: LeaseStore) -> list[Any]:
+        if not isinstance(store, JobQueue):
+            raise InputError(f"{obj.where} keeps no job queue")
+        return await store.list_workers()
+
+    for info in obj.run(fetch):
+        if as_json:
+            click.echo(orjson.dumps(asdict(info)).decode())
+        else:
+            click.echo(
+                f"{info.worker_id:<28} host {info.host:<16} pid {info.pid:<7} "
+                f"running {info.running}/{info.concurrency}  "
+                f"last seen {info.last_seen:.0f} (store clock)"
+            )

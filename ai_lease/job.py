@@ -76,6 +76,19 @@ class Job:
     def fingerprint(self) -> str:
         return fingerprint(self.payload())
 
+    def to_spec(self) -> str:
+        """The job as JSON (key included), as stored for workers."""
+        return orjson.dumps({"key": self.key, **self.payload()}).decode()
+
+    @classmethod
+    def from_spec(cls, spec: str) -> Job:
+        """The job a stored spec describes."""
+        try:
+            data = orjson.loads(spec)
+            return cls(**data)
+        except (orjson.JSONDecodeError, TypeError) as exc:
+            raise JobSpecError(f"stored job spec is not valid: {exc}") from None
+
 
 class Status(enum.StrEnum):
     PENDING = "PENDING"  # recorded, nobody holds it (new, released, or waiting to be retried)
@@ -118,6 +131,7 @@ class JobState:
     last_error: str | None = None
     stall_snapshot: str | None = None
     fingerprint: str | None = None
+    spec: str | None = None  # the job's payload as JSON, for workers (set by submit)
     result: str | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
@@ -202,6 +216,7 @@ _FIELD_KINDS: dict[str, str] = {
     "last_error": "str",
     "stall_snapshot": "str",
     "fingerprint": "str",
+    "spec": "str",
     "result": "str",
     "created_at": "time0",
     "updated_at": "time0",

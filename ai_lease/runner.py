@@ -25,6 +25,7 @@ import time
 from typing import Any, NoReturn
 
 from .errors import (
+    ConfigError,
     FencingRejected,
     InputError,
     JobDeadlineExceeded,
@@ -37,7 +38,7 @@ from .errors import (
 from .events import Event, EventSink
 from .job import Job, JobState, Status
 from .keeper import LeaseKeeper
-from .lease.base import Acquired, Fence, Finished, Following, LeaseStore
+from .lease.base import Acquired, Fence, Finished, Following, JobQueue, LeaseStore
 from .lease.follow import acquire_or_follow
 from .pipeline import PersistHook, Pipeline, StageContext
 from .progress import Progress
@@ -136,6 +137,26 @@ class Runner:
         already names a job with another payload, :class:`JobDeadlineExceeded` past the
         job's total deadline.
         """
+        record = await self._run(job, follow=True)
+        assert record is not None
+        return record
+
+    async def try_run(self, job: Job) -> JobState | None:
+        """Like :meth:`run`, but return None instead of following when another owner holds
+        a live lease (what a worker wants: its slot is better spent on another job)."""
+        return await self._run(job, follow=False)
+
+    async def submit(self, job: Job) -> JobState:
+        """Record ``job`` for workers (``ai-lease worker``) without running it here.
+
+        The store must be a :class:`~ai_lease.lease.base.JobQueue` (both built-ins are).
+        """
+        await self.pipeline.preflight(job, self.prompts)
+        if not isinstance(self.store, JobQueue):
+            raise ConfigError(f"{self.store!r} keeps no job queue: workers cannot see jobs")
+        return await self.store.submit(job.key, job.to_spec(), job.fingerprint())
+
+    async def _run(self, job: Job, *, follow: bool) -> JobState | None:
         await self.pipeline.preflight(job, self.prompts)
         started = time.monotonic()
         reached_store = False
@@ -143,7 +164,7 @@ class Runner:
             left = self.timings.job_deadline - (time.monotonic() - started)
             try:
                 async with asyncio.timeout(max(left, 0.0)):
-                    outcome = await self._compete(job)
+                    outcome = await self._compete(job, follow)
             except TimeoutError:
                 raise JobDeadlineExceeded(job.key, self.timings.job_deadline) from None
             except StoreUnavailable as exc:
@@ -153,6 +174,8 @@ class Runner:
                 await asyncio.sleep(self.timings.poll_interval)
                 continue
             reached_store = True
+            if outcome is None:
+                return None
             if isinstance(outcome, Finished):
                 return self._finished(outcome.job)
             attempt = await self._attempt(job, outcome)
@@ -162,21 +185,28 @@ class Runner:
             if finished is not None:
                 return self._finished(finished)
 
-    async def _compete(self, job: Job) -> Acquired | Finished:
-        """Acquire the job under a fresh owner id, following whoever holds it meanwhile."""
+    async def _compete(self, job: Job, follow: bool) -> Acquired | Finished | None:
+        """Acquire the job under a fresh owner id; meanwhile follow whoever holds it, or
+        (``follow=False``) return None at once."""
         owner_id = f"{self.node_id}#{next(_attempts)}.{secrets.token_hex(2)}"
-        return await acquire_or_follow(
-            self.store,
-            job.key,
-            owner_id,
+        kwargs: dict[str, Any] = dict(
             ttl=self.timings.ttl,
             max_no_progress=self.pipeline.stages[0].budget(self.timings).max_no_progress,
-            poll_interval=self.timings.poll_interval,
             stall_policy=self.stall_policy.value,
             fingerprint=job.fingerprint(),
             max_attempts=self.retry.attempts,
-            on_follow=self._on_follow,
         )
+        if follow:
+            return await acquire_or_follow(
+                self.store,
+                job.key,
+                owner_id,
+                poll_interval=self.timings.poll_interval,
+                on_follow=self._on_follow,
+                **kwargs,
+            )
+        outcome = await self.store.acquire(job.key, owner_id, **kwargs)
+        return None if isinstance(outcome, Following) else outcome
 
     def _on_follow(self, following: Following) -> None:
         rec = following.job
@@ -210,6 +240,9 @@ class Runner:
         backoff = self.retry.backoff(record.attempts)
         try:
             return await self._own(job, acquired, left)
+        except asyncio.CancelledError:
+            await self._step_down(fence)  # e.g. a worker shutting down: hand over at once
+            raise
         except FencingRejected as exc:
             self._emit("fenced", job.key, fence, str(exc))
             return 0.0  # someone else owns it now: follow them
@@ -290,6 +323,15 @@ class Runner:
     def _emit_event(self, event: Event) -> None:
         if self._sink is not None:
             self._sink(event)
+
+    async def _step_down(self, fence: Fence) -> None:
+        """Release after a cancellation, bounded by the store's op timeout."""
+        try:
+            async with asyncio.timeout(self.timings.op_timeout * 2):
+                await self.store.release(fence, error="the owner was cancelled (shutdown)")
+            self._emit("released", fence.key, fence, "cancelled: stepped down")
+        except (StoreUnavailable, TimeoutError) as exc:
+            self._emit("renew_failed", fence.key, fence, f"could not step down: {exc}")
 
     async def _release(self, fence: Fence, error: str) -> None:
         try:

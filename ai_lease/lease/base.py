@@ -145,3 +145,39 @@ class LeaseStore(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A live worker as it last reported itself."""
+
+    worker_id: str
+    host: str
+    pid: int
+    running: int
+    concurrency: int
+    last_seen: float  # store clock
+    started_at: float
+
+
+@runtime_checkable
+class JobQueue(Protocol):
+    """Jobs recorded for workers, and who is working. Both built-in stores implement it.
+
+    The queue is a schedule of *when to look at a job again*, not a list of claims:
+    ``due()`` hands out keys whose time has come, any number of workers may look at the
+    same key, and ``acquire`` decides who runs it. A worker that finds a live lease moves
+    the key to that lease's expiry; a finished job leaves the schedule.
+    """
+
+    async def submit(self, key: str, spec: str, fingerprint: str) -> JobState: ...
+
+    async def due(self, limit: int) -> list[str]: ...
+
+    async def reschedule(self, key: str, at: float | None) -> None: ...
+
+    async def worker_beat(self, info: WorkerInfo, ttl: float) -> None: ...
+
+    async def worker_gone(self, worker_id: str) -> None: ...
+
+    async def list_workers(self) -> list[WorkerInfo]: ...

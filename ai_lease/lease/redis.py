@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import asdict
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -24,7 +26,7 @@ from redis.exceptions import RedisError, ResponseError
 from ..errors import CorruptRecord, FencingRejected, JobConflict, StoreUnavailable
 from ..job import JobState
 from . import redis_scripts as lua
-from .base import Acquired, AcquireOutcome, Fence, Finished, Following, Renewal
+from .base import Acquired, AcquireOutcome, Fence, Finished, Following, Renewal, WorkerInfo
 from .rules import clip
 from .urls import mask_url
 
@@ -64,7 +66,7 @@ class RedisStore:
         self._client, self._ns, self._op_timeout, self.where = client, namespace, op_timeout, where
         self._scripts = {
             name: client.register_script(getattr(lua, name))
-            for name in ("ACQUIRE", "RENEW", "RELEASE", "FINISH", "REPORT_STALL", "GET")
+            for name in ("ACQUIRE", "RENEW", "RELEASE", "FINISH", "REPORT_STALL", "GET", "SUBMIT")
         }
 
     @classmethod
@@ -222,6 +224,80 @@ class RedisStore:
                 if len(jobs) >= limit:
                     break
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
+
+    # -- the job queue: a sorted set of "look again at" times, worker hashes -------------------
+    # These keys are per namespace, not per job, so they are written next to (not inside)
+    # the job scripts; the schedule is a hint that workers correct, never the judge.
+
+    @property
+    def _queue(self) -> str:
+        return f"{self._ns}:queue"
+
+    async def _plain(self, op: str, call: Any) -> Any:
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                return await call
+        except TimeoutError:
+            raise StoreUnavailable(
+                self.where, op, f"no answer within {self._op_timeout:g}s"
+            ) from None
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(self.where, op, f"{type(exc).__name__}: {exc}") from exc
+
+    async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
+        reply = await self._call("submit", key, "SUBMIT", [spec, fingerprint])
+        if reply[0] == "conflict":
+            raise JobConflict(key)
+        job = self._decode(key, reply[2:], reply[1])
+        if not job.status.terminal:  # LT: add it, or bring its time forward, never back
+            zadd = self._client.zadd(self._queue, {key: job.read_at}, lt=True)
+            await self._plain("submit", zadd)
+        return job
+
+    async def due(self, limit: int) -> list[str]:
+        now = await self._plain("due", self._client.time())
+        at = now[0] + now[1] / 1_000_000
+        keys = await self._plain(
+            "due", self._client.zrangebyscore(self._queue, "-inf", at, start=0, num=limit)
+        )
+        return list(keys)
+
+    async def reschedule(self, key: str, at: float | None) -> None:
+        if at is None:
+            await self._plain("reschedule", self._client.zrem(self._queue, key))
+        else:
+            await self._plain("reschedule", self._client.zadd(self._queue, {key: at}))
+
+    async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
+        key = f"{self._ns}:worker:{info.worker_id}"
+        now = await self._plain("worker_beat", self._client.time())
+        seen = now[0] + now[1] / 1_000_000
+        blob = orjson.dumps({**asdict(info), "last_seen": seen})
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(key, blob, px=int(ttl * 1000))
+        pipe.zadd(f"{self._ns}:workers", {info.worker_id: seen + ttl})
+        await self._plain("worker_beat", pipe.execute())
+
+    async def worker_gone(self, worker_id: str) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.delete(f"{self._ns}:worker:{worker_id}")
+        pipe.zrem(f"{self._ns}:workers", worker_id)
+        await self._plain("worker_gone", pipe.execute())
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        now = await self._plain("list_workers", self._client.time())
+        seen = now[0] + now[1] / 1_000_000
+        index = f"{self._ns}:workers"
+        await self._plain("list_workers", self._client.zremrangebyscore(index, "-inf", seen))
+        ids = await self._plain("list_workers", self._client.zrange(index, 0, -1))
+        out = []
+        for worker_id in ids:
+            blob = await self._plain(
+                "list_workers", self._client.get(f"{self._ns}:worker:{worker_id}")
+            )
+            if blob:
+                out.append(WorkerInfo(**orjson.loads(blob)))
+        return out
 
     async def wait(self, key: str, timeout: float) -> None:
         """Return on the job's next event (commit, fail, release) or after ``timeout``."""

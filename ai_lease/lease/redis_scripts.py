@@ -175,3 +175,25 @@ if type(ok) == 'table' then return ok end
 return {fmt(now_us()), unpack(redis.call('HGETALL', KEYS[1]))}
 """
 )
+
+# KEYS: job · ARGV: spec, fingerprint · returns {'ok', now, fields...} | {'conflict'}
+SUBMIT = (
+    _PRELUDE
+    + r"""
+local k = KEYS[1]
+local ok = check(k)
+if type(ok) == 'table' then return ok end
+local now = now_us()
+if ok then
+  local v = redis.call('HMGET', k, 'fingerprint', 'spec')
+  if v[1] and v[1] ~= '' and v[1] ~= ARGV[2] then return {'conflict'} end
+  if not v[2] or v[2] == '' then
+    redis.call('HSET', k, 'spec', ARGV[1], 'fingerprint', ARGV[2], 'updated_at', fmt(now))
+  end
+else
+  redis.call('HSET', k, 'schema', '1', 'status', 'PENDING', 'token', '0', 'spec', ARGV[1],
+    'fingerprint', ARGV[2], 'created_at', fmt(now), 'updated_at', fmt(now))
+end
+return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
+"""
+)

@@ -17,7 +17,7 @@ from ..errors import FencingRejected, JobConflict
 from ..job import JobState, Status
 from .base import SNAPSHOT_LIMIT, Acquired, AcquireOutcome, Fence, Finished, Following, Renewal
 
-__all__ = ["acquire", "commit", "fail", "release", "renew", "report_stall"]
+__all__ = ["acquire", "commit", "fail", "release", "renew", "report_stall", "submit"]
 
 Change = JobState | None
 
@@ -216,3 +216,26 @@ def report_stall(
         read_at=now,
     )
     return new, True
+
+
+def submit(
+    rec: JobState | None, key: str, now: float, *, spec: str, fingerprint: str
+) -> tuple[Change, JobState]:
+    """Record a job for workers (PENDING with its spec), or return the one already there."""
+    if rec is not None:
+        if rec.fingerprint and rec.fingerprint != fingerprint:
+            raise JobConflict(key)
+        if rec.spec is not None:
+            return None, rec
+        new = replace(rec, spec=spec, fingerprint=fingerprint, updated_at=now, read_at=now)
+        return new, new
+    new = JobState(
+        key=key,
+        status=Status.PENDING,
+        spec=spec,
+        fingerprint=fingerprint,
+        created_at=now,
+        updated_at=now,
+        read_at=now,
+    )
+    return new, new

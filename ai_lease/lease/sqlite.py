@@ -17,6 +17,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,7 +26,7 @@ import orjson
 from ..errors import CorruptRecord, StoreUnavailable
 from ..job import JobState
 from . import rules
-from .base import AcquireOutcome, Fence, Renewal
+from .base import AcquireOutcome, Fence, Renewal, WorkerInfo
 
 __all__ = ["SQLiteStore"]
 
@@ -40,6 +41,16 @@ CREATE TABLE IF NOT EXISTS ai_lease_jobs (
 );
 CREATE INDEX IF NOT EXISTS ai_lease_jobs_by_expiry
     ON ai_lease_jobs (status, lease_expires_at);
+CREATE TABLE IF NOT EXISTS ai_lease_queue (
+    key TEXT PRIMARY KEY,
+    due_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ai_lease_queue_by_due ON ai_lease_queue (due_at);
+CREATE TABLE IF NOT EXISTS ai_lease_workers (
+    worker_id TEXT PRIMARY KEY,
+    expires_at REAL NOT NULL,
+    info BLOB NOT NULL
+);
 """
 
 
@@ -241,6 +252,85 @@ class SQLiteStore:
             return [job for (key,) in rows if (job := self._load(conn, key, now)) is not None]
 
         return await self._run("list_jobs", work)
+
+    # -- the job queue -------------------------------------------------------------------------
+
+    async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
+        def work(conn: sqlite3.Connection) -> JobState:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                now = self._clock()
+                new, job = rules.submit(
+                    self._load(conn, key, now), key, now, spec=spec, fingerprint=fingerprint
+                )
+                if new is not None:
+                    self._save(conn, new)
+                if not job.status.terminal:
+                    conn.execute(
+                        "INSERT INTO ai_lease_queue VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
+                        " SET due_at = min(due_at, excluded.due_at)",
+                        (key, now),
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return job
+
+        return await self._run("submit", work)
+
+    async def due(self, limit: int) -> list[str]:
+        def work(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT key FROM ai_lease_queue WHERE due_at <= ? ORDER BY due_at LIMIT ?",
+                (self._clock(), limit),
+            )
+            return [key for (key,) in rows]
+
+        return await self._run("due", work)
+
+    async def reschedule(self, key: str, at: float | None) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            if at is None:
+                conn.execute("DELETE FROM ai_lease_queue WHERE key = ?", (key,))
+            else:
+                conn.execute(
+                    "INSERT INTO ai_lease_queue VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
+                    " SET due_at = excluded.due_at",
+                    (key, at),
+                )
+
+        await self._run("reschedule", work)
+
+    async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            now = self._clock()
+            blob = orjson.dumps({**asdict(info), "last_seen": now})
+            conn.execute(
+                "INSERT INTO ai_lease_workers VALUES (?, ?, ?) ON CONFLICT(worker_id) DO UPDATE"
+                " SET expires_at = excluded.expires_at, info = excluded.info",
+                (info.worker_id, now + ttl, blob),
+            )
+
+        await self._run("worker_beat", work)
+
+    async def worker_gone(self, worker_id: str) -> None:
+        await self._run(
+            "worker_gone",
+            lambda conn: conn.execute(
+                "DELETE FROM ai_lease_workers WHERE worker_id = ?", (worker_id,)
+            ),
+        )
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        def work(conn: sqlite3.Connection) -> list[WorkerInfo]:
+            rows = conn.execute(
+                "SELECT info FROM ai_lease_workers WHERE expires_at > ? ORDER BY worker_id",
+                (self._clock(),),
+            )
+            return [WorkerInfo(**orjson.loads(blob)) for (blob,) in rows]
+
+        return await self._run("list_workers", work)
 
     async def wait(self, key: str, timeout: float) -> None:
         """Return when the job's record changes, or after ``timeout`` seconds (polling)."""

@@ -227,7 +227,7 @@ async def _sse_batches(response: httpx.Response) -> AsyncIterator[list[bytes]]:
 
 
 def _identity(response: httpx.Response) -> bool:
-    return response.headers.get("content-encoding", "identity").lower() == "identity"
+    return bool(response.headers.get("content-encoding", "identity").lower() == "identity")
 
 
 def _slow_event(event: bytes) -> bytes | None:

@@ -35,7 +35,7 @@ from ..job import Status
 from ..lease.base import Acquired, Fence, Finished, Following, LeaseStore
 from ..lease.follow import acquire_or_follow
 
-__all__ = ["LeaseStoreContract"]
+__all__ = ["JobQueueContract", "LeaseStoreContract"]
 
 _ids = itertools.count()
 
@@ -375,3 +375,70 @@ class LeaseStoreContract:
         )
         assert isinstance(outcome, Acquired) and outcome.fence.token > old.token
         assert 0.3 < time.monotonic() - started < 2.0
+
+
+class JobQueueContract:
+    """The job queue every built-in store also keeps (``ai_lease.lease.base.JobQueue``)."""
+
+    async def test_submit_records_pending_job_and_makes_it_due(self, store: Any) -> None:
+        """A submitted job is PENDING with its spec, and due at once."""
+        key = _key("submit")
+        job = await store.submit(key, '{"key": "x"}', "fp1")
+        assert job.status is Status.PENDING and job.spec == '{"key": "x"}'
+        assert key in await store.due(1000)
+
+    async def test_resubmit_same_payload_is_idempotent_other_payload_conflicts(
+        self, store: Any
+    ) -> None:
+        """The same key and payload again returns the job; another payload is a conflict."""
+        key = _key("resubmit")
+        first = await store.submit(key, "{}", "fp1")
+        again = await store.submit(key, "{}", "fp1")
+        assert again.created_at == first.created_at
+        with pytest.raises(JobConflict):
+            await store.submit(key, '{"other": 1}', "fp2")
+
+    async def test_reschedule_moves_and_removes(self, store: Any) -> None:
+        """A key scheduled later is not due; a removed key is never due."""
+        key, gone = _key("later"), _key("gone")
+        job = await store.submit(key, "{}", "fp")
+        await store.submit(gone, "{}", "fp")
+        await store.reschedule(key, job.read_at + 60)
+        await store.reschedule(gone, None)
+        due = await store.due(1000)
+        assert key not in due and gone not in due
+        await store.reschedule(key, job.read_at - 1)
+        assert key in await store.due(1000)
+
+    async def test_due_is_bounded_by_limit(self, store: Any) -> None:
+        """due() returns at most ``limit`` keys, the longest-due first."""
+        keys = [_key(f"limit{i}") for i in range(5)]
+        for key in keys:
+            await store.submit(key, "{}", "fp")
+        assert len(await store.due(3)) == 3
+
+    async def test_acquire_after_submit_keeps_the_spec(self, store: Any) -> None:
+        """Running a submitted job keeps its spec and fingerprint; a done job stays done."""
+        key = _key("run-submitted")
+        await store.submit(key, '{"k": 1}', "fp")
+        fence = await _own(store, key, fingerprint="fp")
+        done = await store.commit(fence, "r")
+        assert done.spec == '{"k": 1}' and done.fingerprint == "fp"
+        again = await store.submit(key, '{"k": 1}', "fp")
+        assert again.status is Status.DONE and again.result == "r"
+
+    async def test_workers_are_listed_until_gone_or_expired(self, store: Any) -> None:
+        """A beating worker is listed; it disappears when gone or when its beat expires."""
+        from ..lease.base import WorkerInfo
+
+        alive = WorkerInfo(_key("w1"), "host", 1, 2, 4, 0.0, 0.0)
+        brief = WorkerInfo(_key("w2"), "host", 2, 0, 4, 0.0, 0.0)
+        await store.worker_beat(alive, 30)
+        await store.worker_beat(brief, 0.2)
+        listed = {w.worker_id: w for w in await store.list_workers()}
+        assert alive.worker_id in listed and listed[alive.worker_id].running == 2
+        await asyncio.sleep(0.4)
+        listed = {w.worker_id for w in await store.list_workers()}
+        assert alive.worker_id in listed and brief.worker_id not in listed
+        await store.worker_gone(alive.worker_id)
+        assert alive.worker_id not in {w.worker_id for w in await store.list_workers()}

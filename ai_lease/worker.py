@@ -1,0 +1,209 @@
+"""Workers: processes that discover submitted jobs, compete for them and recover abandoned ones.
+
+A worker repeatedly asks the store's queue which jobs are *due* — newly submitted, or
+scheduled to be looked at again because the lease of their last owner may have lapsed —
+and runs each through the same :class:`~ai_lease.runner.Runner` as everyone else: the lease
+decides who runs a job (single-flight), the keeper renews only on progress, the final write
+is fenced. Any number of workers on any number of machines may look at the same job; only
+one acquires it, the others move it back to its owner's lease expiry. A job whose owner was
+killed, paused or stalled is therefore picked up within one lease TTL plus one sweep
+interval. Per-job failures never take a worker down.
+
+On the first SIGTERM/SIGINT a worker stops taking jobs, lets running jobs finish within a
+grace window, then steps down from the rest (release: another worker takes over at once)
+and exits 0. A second signal stops everything at once (jobs still step down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+
+from .errors import AiLeaseError, JobConflict, JobFailed, StoreUnavailable
+from .events import Event, EventSink
+from .job import Job, Status
+from .lease.base import JobQueue, LeaseStore, WorkerInfo
+from .runner import Runner
+
+__all__ = ["Worker"]
+
+
+class Worker:
+    """Runs due jobs, at most ``concurrency`` at a time, until :meth:`stop` is called.
+
+    >>> worker = Worker(store, Runner(store, provider=provider), concurrency=4)  # doctest: +SKIP
+    >>> await worker.run()                                                       # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        runner: Runner,
+        *,
+        concurrency: int = 4,
+        sweep_interval: float = 1.0,
+        grace: float = 30.0,
+        worker_id: str | None = None,
+        on_event: EventSink | None = None,
+    ) -> None:
+        if not isinstance(store, JobQueue):
+            raise TypeError(f"{store!r} keeps no job queue")
+        self.store, self.queue, self.runner = store, store, runner
+        self.concurrency, self.sweep_interval, self.grace = concurrency, sweep_interval, grace
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.started_at = time.time()
+        self.completed = 0
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._emit: EventSink = on_event or (lambda event: None)
+
+    # -- control ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop taking jobs; running ones get ``grace`` seconds, then step down."""
+        self._stopping.set()
+
+    def kill(self) -> None:
+        """Stop now: every running job is cancelled (and steps down)."""
+        self._stopping.set()
+        self.grace = 0.0
+        for task in self._running.values():
+            task.cancel()
+
+    def install_signal_handlers(self) -> Callable[[], None]:
+        """First SIGTERM/SIGINT: :meth:`stop`; the second: :meth:`kill`. Returns an undo."""
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            self._say(
+                "signal",
+                "stopping after running jobs" if not self._stopping.is_set() else "stopping now",
+            )
+            (self.kill if self._stopping.is_set() else self.stop)()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+
+        def undo() -> None:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+        return undo
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Take due jobs until stopped; then drain within the grace window."""
+        self._say("worker_started", f"concurrency {self.concurrency}")
+        async with asyncio.TaskGroup() as tg:
+            beat = tg.create_task(self._beat())
+            while not self._stopping.is_set():
+                await self._take(tg)
+                await self._pause()
+            await self._drain()
+            beat.cancel()
+        with contextlib.suppress(AiLeaseError):
+            await self.queue.worker_gone(self.worker_id)
+        self._say("worker_stopped", f"{self.completed} jobs completed")
+
+    async def _take(self, tg: asyncio.TaskGroup) -> None:
+        free = self.concurrency - len(self._running)
+        if free <= 0:
+            return
+        try:
+            keys = await self.queue.due(free + len(self._running))
+        except StoreUnavailable as exc:
+            self._say("store_unavailable", str(exc))
+            return
+        for key in keys:
+            if free <= 0 or self._stopping.is_set():
+                break
+            if key not in self._running:
+                self._running[key] = tg.create_task(self._work(key))
+                free -= 1
+
+    async def _pause(self) -> None:
+        """Until the next sweep, a freed slot, or a stop."""
+        self._slot_freed.clear()
+        waiters = [asyncio.ensure_future(e.wait()) for e in (self._stopping, self._slot_freed)]
+        try:
+            await asyncio.wait(
+                waiters, timeout=self.sweep_interval, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _drain(self) -> None:
+        running = list(self._running.values())
+        if not running:
+            return
+        self._say("draining", f"{len(running)} running jobs, grace {self.grace:g}s")
+        _, pending = await asyncio.wait(running, timeout=self.grace)
+        for task in pending:
+            task.cancel()  # the runner releases the lease as it unwinds
+        if pending:
+            await asyncio.wait(pending)
+
+    async def _beat(self) -> None:
+        ttl = max(3 * self.sweep_interval, 5.0)
+        while True:
+            info = WorkerInfo(
+                self.worker_id,
+                socket.gethostname(),
+                os.getpid(),
+                len(self._running),
+                self.concurrency,
+                time.time(),
+                self.started_at,
+            )
+            with contextlib.suppress(StoreUnavailable):
+                await self.queue.worker_beat(info, ttl)
+            await asyncio.sleep(ttl / 3)
+
+    # -- one job ------------------------------------------------------------------------------
+
+    async def _work(self, key: str) -> None:
+        try:
+            await self._look_at(key)
+        except asyncio.CancelledError:
+            raise
+        except (JobFailed, JobConflict) as exc:
+            self._say("job_failed", str(exc), key)
+            with contextlib.suppress(AiLeaseError):
+                await self.queue.reschedule(key, None)
+        except StoreUnavailable as exc:  # the key stays due; look again next sweep
+            self._say("store_unavailable", str(exc), key)
+        except Exception as exc:  # a bug in one job must not take the worker down
+            self._say("job_error", f"{type(exc).__name__}: {exc}", key)
+        finally:
+            self._running.pop(key, None)
+            self._slot_freed.set()
+
+    async def _look_at(self, key: str) -> None:
+        record = await self.store.get(key)
+        if record is None or record.status.terminal or record.spec is None:
+            await self.queue.reschedule(key, None)
+            return
+        if record.status is Status.RUNNING and record.lease_live:
+            await self.queue.reschedule(key, record.lease_expires_at)
+            return
+        # Look again when our own lease could have lapsed, should this process die.
+        await self.queue.reschedule(key, record.read_at + self.runner.timings.ttl)
+        done = await self.runner.try_run(Job.from_spec(record.spec))
+        if done is None:  # someone else won it: look again when their lease may lapse
+            current = await self.store.get(key)
+            if current is not None and current.lease_expires_at is not None:
+                await self.queue.reschedule(key, current.lease_expires_at)
+            return
+        self.completed += 1
+        await self.queue.reschedule(key, None)
+
+    def _say(self, kind: str, detail: str, key: str = "") -> None:
+        self._emit(Event(kind, key, self.worker_id, None, None, None, detail))
