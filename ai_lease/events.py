@@ -18,10 +18,13 @@ __all__ = ["Event", "EventSink"]
 class Event:
     """One thing that happened to one job.
 
-    ``kind`` is one of: ``acquired``, ``following``, ``stage``, ``renewed``,
-    ``renew_skipped`` (no progress within budget), ``renew_refused``, ``renew_failed``
-    (store unreachable), ``stalled``, ``self_fenced``, ``released``, ``committed``,
-    ``fenced`` (a write rejected), ``retry``, ``done``, ``failed``.
+    ``kind`` is one of: ``acquired``, ``takeover``, ``following``, ``stage``, ``stage_done``
+    (``value``: seconds), ``first_token`` (``value``: seconds to the first content),
+    ``stream_timeout`` (``detail``: which), ``renewed`` (``value``: progress events since the
+    last renewal), ``renew_skipped`` (no progress within budget), ``renew_refused``,
+    ``renew_failed`` (store unreachable), ``stalled``, ``self_fenced``, ``released``,
+    ``committed`` (``value``: seconds from acquiring to committing), ``fenced`` (a write
+    rejected), ``retry``, ``done``, ``failed``; workers add ``worker_*`` and ``job_*`` kinds.
     """
 
     kind: str
@@ -32,6 +35,7 @@ class Event:
     idle_s: float | None = None
     detail: str = ""
     at: float = field(default_factory=time.time)
+    value: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

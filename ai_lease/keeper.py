@@ -50,6 +50,7 @@ class LeaseKeeper:
         self.valid_until = valid_until  # local monotonic time the lease surely lasts until
         self.policy = StallPolicy(stall_policy or timings.stall_policy)
         self.misses = 0
+        self.reported_version = progress.version  # progress counted into "renewed" events
         self.alerted_version: int | None = None
         self.work: asyncio.Task[Any] | None = None  # the task to snapshot when stalled
         self._emit = on_event or (lambda event: None)
@@ -117,7 +118,9 @@ class LeaseKeeper:
             self._event("renew_refused", detail=answer.reason or "")
             raise LeaseLost(self.fence.key, f"renewal refused ({answer.reason})", self.fence.pair)
         self.valid_until = sent + answer.lease_remaining
-        self._event("renewed")
+        moved = self.progress.version - self.reported_version
+        self.reported_version = self.progress.version
+        self._event("renewed", value=float(moved))
 
     async def _skip(self, idle: float, budget: float) -> None:
         self.misses += 1
@@ -160,7 +163,7 @@ class LeaseKeeper:
         )
         return snapshot(self.work, self.progress.thread_ident, header)
 
-    def _event(self, kind: str, detail: str = "") -> None:
+    def _event(self, kind: str, detail: str = "", value: float | None = None) -> None:
         self._emit(
             Event(
                 kind,
@@ -170,6 +173,7 @@ class LeaseKeeper:
                 self.progress.stage,
                 self.progress.idle(),
                 detail,
+                value=value,
             )
         )
 

@@ -32,7 +32,13 @@ from typing import Any
 
 import orjson
 
-from .errors import JobSpecError, ProviderError, StageDeadlineExceeded, StoreUnavailable
+from .errors import (
+    JobSpecError,
+    ProviderError,
+    StageDeadlineExceeded,
+    StageTimeout,
+    StoreUnavailable,
+)
 from .events import Event, EventSink
 from .job import Job, JobState
 from .keeper import LeaseKeeper
@@ -41,7 +47,7 @@ from .progress import Progress
 from .prompts import PromptLibrary
 from .providers.base import ChatRequest, Completion, Provider
 from .providers.retry import CALL_RETRY, call_with_retries
-from .streaming import guarded_completion
+from .streaming import StreamGuard
 from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamTimeouts
 
 __all__ = ["Pipeline", "Stage", "StageContext"]
@@ -90,6 +96,26 @@ class StageContext:
     outputs: dict[str, Any] = field(default_factory=dict)
     committed: JobState | None = None
     deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
+    emit: EventSink | None = None
+
+    def say(
+        self, kind: str, detail: str = "", *, stage: str | None = None, value: float | None = None
+    ) -> None:
+        """Emit an event about this job (for logs, metrics, the live view)."""
+        if self.emit is not None:
+            fence = self.fence
+            self.emit(
+                Event(
+                    kind,
+                    fence.key,
+                    fence.owner_id,
+                    fence.token,
+                    stage or self.tracker.stage,
+                    self.tracker.idle(),
+                    detail,
+                    value=value,
+                )
+            )
 
     def progress(self, marker: Hashable | None = None) -> bool:
         """Mark a real step forward (a repeated ``marker`` is not progress)."""
@@ -164,23 +190,16 @@ class Pipeline:
     async def run(self, ctx: StageContext, timings: LeaseTimings, emit: EventSink) -> Any:
         """Run every stage in order; return the last stage's output."""
         value: Any = None
+        ctx.emit = emit
         for stage in self.stages:
             ctx.ensure_lease()
             budget = stage.budget(timings)
             ctx.tracker.enter(stage.name, budget)
-            emit(
-                Event(
-                    "stage",
-                    ctx.fence.key,
-                    ctx.fence.owner_id,
-                    ctx.fence.token,
-                    stage.name,
-                    0.0,
-                    f"max_no_progress {budget.max_no_progress:g}s",
-                )
-            )
+            started = ctx.tracker.clock()
+            ctx.say("stage", f"max_no_progress {budget.max_no_progress:g}s", stage=stage.name)
             value = await self._run_stage(stage, budget, ctx)
             ctx.outputs[stage.name] = value
+            ctx.say("stage_done", stage=stage.name, value=ctx.tracker.clock() - started)
         return value
 
     @staticmethod
@@ -258,7 +277,15 @@ async def call_ai(ctx: StageContext) -> Completion:
     async def once() -> Completion:
         if not ctx.job.stream:
             return await provider.complete(request)
-        return await guarded_completion(provider, request, ctx.stream_timeouts, ctx.tracker)
+        guard = StreamGuard(ctx.stream_timeouts, ctx.tracker)
+        try:
+            return await guard.collect(provider.stream(request))
+        except StageTimeout as exc:
+            ctx.say("stream_timeout", type(exc).__name__, value=exc.budget_s)
+            raise
+        finally:
+            if guard.first_token_s is not None:
+                ctx.say("first_token", provider.name, value=guard.first_token_s)
 
     return await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
 

@@ -114,19 +114,11 @@ class Runner:
         fence: Fence | None = None,
         detail: str = "",
         stage: str | None = None,
+        value: float | None = None,
     ) -> None:
         if self._sink is not None:
-            self._sink(
-                Event(
-                    kind,
-                    key,
-                    fence.owner_id if fence else None,
-                    fence.token if fence else None,
-                    stage,
-                    None,
-                    detail,
-                )
-            )
+            owner, token = (fence.owner_id, fence.token) if fence else (None, None)
+            self._sink(Event(kind, key, owner, token, stage, None, detail, value=value))
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -236,6 +228,8 @@ class Runner:
             fence,
             f"attempt {record.attempts}" + (" (takeover)" if acquired.takeover else ""),
         )
+        if acquired.takeover:
+            self._emit("takeover", job.key, fence, f"previous attempts {record.attempts - 1}")
         left = self.timings.job_deadline - (record.read_at - record.created_at)
         backoff = self.retry.backoff(record.attempts)
         try:
@@ -285,6 +279,7 @@ class Runner:
     async def _own(self, job: Job, acquired: Acquired, left: float) -> JobState:
         fence = acquired.fence
         progress = Progress()
+        started = progress.clock()
         keeper = LeaseKeeper(
             self.store,
             fence,
@@ -317,7 +312,9 @@ class Runner:
                 raise JobDeadlineExceeded(job.key, self.timings.job_deadline) from None
             raise
         committed = ctx.committed or await ctx.commit(value)
-        self._emit("committed", job.key, fence, "one result stored")
+        self._emit(
+            "committed", job.key, fence, "one result stored", value=progress.clock() - started
+        )
         return committed
 
     def _emit_event(self, event: Event) -> None:

@@ -438,7 +438,7 @@ class JobQueueContract:
         listed = {w.worker_id: w for w in await store.list_workers()}
         assert alive.worker_id in listed and listed[alive.worker_id].running == 2
         await asyncio.sleep(0.4)
-        listed = {w.worker_id for w in await store.list_workers()}
-        assert alive.worker_id in listed and brief.worker_id not in listed
+        ids = {w.worker_id for w in await store.list_workers()}
+        assert alive.worker_id in ids and brief.worker_id not in ids
         await store.worker_gone(alive.worker_id)
         assert alive.worker_id not in {w.worker_id for w in await store.list_workers()}
