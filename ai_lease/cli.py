@@ -210,11 +210,13 @@ def submit(
             timings=settings.lease_timings(),
             retry=settings.retry_policy(),
             stream_timeouts=settings.stream_timeouts(),
+            adaptive=settings.adaptive_budgets(),
             on_event=view.on_event if chatty else None,
         )
         try:
             return await runner.run(spec.job)
         finally:
+            await runner.flush_history()
             await model_provider.aclose()
 
     with view if chatty else _nothing():
@@ -455,3 +457,42 @@ def workers(obj: Context, as_json: bool) -> None:
                 f"running {info.running}/{info.concurrency}  "
                 f"last seen {info.last_seen:.0f} (store clock)"
             )
+
+
+@main.command()
+@click.option("--factor", default=1.5, show_default=True, help="Safety factor over the P99.")
+@click.option("--floor", default=1.0, show_default=True, help="Never suggest less (seconds).")
+@click.option(
+    "--min-samples",
+    default=20,
+    show_default=True,
+    help="Suggest nothing for stages with fewer recorded durations.",
+)
+@click.option(
+    "--write",
+    "write_to",
+    type=click.Path(path_type=Path),
+    help="Also write the suggestions as a TOML settings file (use with --config).",
+)
+@click.option("--force", is_flag=True, help="Overwrite the --write file if it exists.")
+@click.pass_obj
+def tune(
+    obj: Context, factor: float, floor: float, min_samples: int, write_to: Path | None, force: bool
+) -> None:
+    """Suggest budgets from recorded stage durations: max_no_progress = max(floor, P99 x
+    factor) per stage, first_token and idle from the streams' own histograms."""
+    from .history import DurationHistory, suggest
+    from .tuning import render_table, render_toml
+
+    async def fetch(store: LeaseStore) -> Any:
+        if not isinstance(store, DurationHistory):
+            raise InputError(f"{obj.where} keeps no duration history")
+        return await store.load_durations()
+
+    suggestions = suggest(obj.run(fetch), factor=factor, floor=floor, min_samples=min_samples)
+    click.echo(render_table(suggestions, obj.settings))
+    if write_to is not None:
+        if write_to.exists() and not force:
+            raise InputError(f"{str(write_to)!r} exists: pass --force to overwrite it")
+        write_to.write_text(render_toml(suggestions), encoding="utf-8")
+        click.echo(f"wrote {write_to} (use it with --config, or copy its tables)", err=True)

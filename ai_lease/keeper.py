@@ -50,6 +50,7 @@ class LeaseKeeper:
         self.valid_until = valid_until  # local monotonic time the lease surely lasts until
         self.policy = StallPolicy(stall_policy or timings.stall_policy)
         self.misses = 0
+        self.stalled_at: float | None = None  # local monotonic time of the stall, if any
         self.reported_version = progress.version  # progress counted into "renewed" events
         self.alerted_version: int | None = None
         self.work: asyncio.Task[Any] | None = None  # the task to snapshot when stalled
@@ -127,6 +128,7 @@ class LeaseKeeper:
         self._event("renew_skipped", detail=f"no progress for {idle:.2f}s (budget {budget:g}s)")
         if self.misses < self.timings.stall_after_misses:
             return
+        self.stalled_at = self.clock()
         text = self._snapshot(idle, budget)
         try:
             if self.policy is StallPolicy.RELEASE:

@@ -22,6 +22,7 @@ the lease go, its stack lands in the stall snapshot, and fencing still rejects i
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import math
 import threading
@@ -211,11 +212,37 @@ class Pipeline:
             async with cm:
                 if stage.is_async:
                     return await stage.fn(ctx)
-                return await asyncio.to_thread(_in_thread, stage.fn, ctx)
+                return await _threaded(stage, ctx)
         except TimeoutError:
             if cm.expired():
                 raise StageDeadlineExceeded(stage.name, budget.deadline) from None
             raise
+
+
+async def _threaded(stage: Stage, ctx: StageContext) -> Any:
+    """Run a sync stage in a worker thread. The thread cannot be cancelled: if the job
+    gives it up (stall, lost lease) and it then finishes after all, the owner was slow, not
+    stuck — a ``false_takeover`` event says so, to show budgets that are too tight."""
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    future = loop.run_in_executor(None, context.run, _in_thread, stage.fn, ctx)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+
+        def finished_late(done: asyncio.Future[Any]) -> None:
+            stalled_at = ctx.keeper.stalled_at
+            if stalled_at is not None and not done.cancelled() and done.exception() is None:
+                late = ctx.tracker.clock() - stalled_at
+                ctx.say(
+                    "false_takeover",
+                    f"slow_not_stuck: finished {late:.2f}s after its stall",
+                    stage=stage.name,
+                    value=late,
+                )
+
+        future.add_done_callback(finished_late)
+        raise
 
 
 def _in_thread(fn: StageFn, ctx: StageContext) -> Any:
@@ -286,6 +313,8 @@ async def call_ai(ctx: StageContext) -> Completion:
         finally:
             if guard.first_token_s is not None:
                 ctx.say("first_token", provider.name, value=guard.first_token_s)
+            if guard.chunks > 1:
+                ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
 
     return await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
 

@@ -17,14 +17,19 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import math
 import os
 import secrets
 import socket
 import time
+from collections import Counter
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from .errors import (
+    AiLeaseError,
     ConfigError,
     FencingRejected,
     InputError,
@@ -36,6 +41,7 @@ from .errors import (
     StoreUnavailable,
 )
 from .events import Event, EventSink
+from .history import DurationHistory, Histogram, HistoryRecorder
 from .job import Job, JobState, Status
 from .keeper import LeaseKeeper
 from .lease.base import Acquired, Fence, Finished, Following, JobQueue, LeaseStore
@@ -45,7 +51,14 @@ from .progress import Progress
 from .prompts import PromptLibrary
 from .providers.base import Provider
 from .providers.retry import CALL_RETRY
-from .timeouts import LeaseTimings, RetryPolicy, StallPolicy, StreamTimeouts
+from .timeouts import (
+    AdaptiveBudgets,
+    LeaseTimings,
+    RetryPolicy,
+    StageBudget,
+    StallPolicy,
+    StreamTimeouts,
+)
 
 __all__ = ["Runner"]
 
@@ -94,6 +107,9 @@ class Runner:
         persist_hook: PersistHook | None = None,
         node_id: str | None = None,
         on_event: EventSink | None = None,
+        record_history: bool = True,
+        adaptive: AdaptiveBudgets | None = None,
+        pipeline_name: str = "default",
     ) -> None:
         self.store, self.provider = store, provider
         self.pipeline = pipeline or Pipeline.default()
@@ -106,6 +122,15 @@ class Runner:
         self.persist_hook = persist_hook
         self.node_id = node_id or default_node_id()
         self._sink = on_event
+        # Stage durations go to the store's history (for `ai-lease tune` and adaptive
+        # budgets); learned budgets replace the configured ones, which stay the ceiling.
+        self.history = (
+            HistoryRecorder(store, pipeline_name)
+            if record_history and isinstance(store, DurationHistory)
+            else None
+        )
+        self.configured_timings, self.adaptive = self.timings, adaptive
+        self._budgets_read_at = -math.inf
 
     def _emit(
         self,
@@ -116,9 +141,8 @@ class Runner:
         stage: str | None = None,
         value: float | None = None,
     ) -> None:
-        if self._sink is not None:
-            owner, token = (fence.owner_id, fence.token) if fence else (None, None)
-            self._sink(Event(kind, key, owner, token, stage, None, detail, value=value))
+        owner, token = (fence.owner_id, fence.token) if fence else (None, None)
+        self._emit_event(Event(kind, key, owner, token, stage, None, detail, value=value))
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -150,6 +174,41 @@ class Runner:
 
     async def _run(self, job: Job, *, follow: bool) -> JobState | None:
         await self.pipeline.preflight(job, self.prompts)
+        await self._learn_budgets()
+        try:
+            return await self._loop(job, follow)
+        finally:
+            await self.flush_history(force=False)
+
+    async def flush_history(self, *, force: bool = True) -> None:
+        """Add the durations recorded so far to the store's history (best effort)."""
+        if self.history is None:
+            return
+        try:
+            await self.history.flush(force=force)
+        except (StoreUnavailable, AiLeaseError) as exc:
+            self._emit("renew_failed", "", detail=f"history not saved: {exc}")
+
+    async def _learn_budgets(self) -> None:
+        """Adaptive mode: stage budgets from the recorded P99s (see AdaptiveBudgets)."""
+        adaptive = self.adaptive
+        if adaptive is None or not isinstance(self.store, DurationHistory):
+            return
+        if time.monotonic() - self._budgets_read_at < adaptive.refresh_interval:
+            return
+        self._budgets_read_at = time.monotonic()
+        try:
+            histories = await self.store.load_durations()
+        except StoreUnavailable:
+            return
+        self.timings = learned_timings(
+            self.configured_timings,
+            histories,
+            adaptive,
+            self.history.pipeline if self.history else "default",
+        )
+
+    async def _loop(self, job: Job, follow: bool) -> JobState | None:
         started = time.monotonic()
         reached_store = False
         while True:
@@ -287,7 +346,7 @@ class Runner:
             self.timings,
             valid_until=progress.clock() + acquired.job.lease_remaining - self.timings.op_timeout,
             stall_policy=self.stall_policy,
-            on_event=self._sink,
+            on_event=self._emit_event,
         )
         ctx = StageContext(
             job=job,
@@ -318,6 +377,8 @@ class Runner:
         return committed
 
     def _emit_event(self, event: Event) -> None:
+        if self.history is not None:
+            self.history(event)
         if self._sink is not None:
             self._sink(event)
 
@@ -379,3 +440,25 @@ async def _then_cancel(work: Any, other: asyncio.Task[Any]) -> Any:
         return await work
     finally:
         other.cancel()
+
+
+def learned_timings(
+    configured: LeaseTimings,
+    histories: Mapping[tuple[str, str, str], Mapping[int, int]],
+    adaptive: AdaptiveBudgets,
+    pipeline: str,
+) -> LeaseTimings:
+    """``configured`` with each well-sampled stage's budget replaced by
+    ``max(floor, P99 x factor)``, capped at the configured budget."""
+    budgets = dict(configured.stage_budgets)
+    for (name, kind, stage), counts in histories.items():
+        if name != pipeline or kind != "stage":
+            continue
+        hist = Histogram(Counter(counts))
+        p99 = hist.quantile(0.99)
+        if hist.total < adaptive.min_samples or p99 is None:
+            continue
+        ceiling = configured.budget(stage)
+        learned = min(ceiling.max_no_progress, max(adaptive.floor, p99 * adaptive.factor))
+        budgets[stage] = StageBudget(learned, ceiling.deadline)
+    return dataclasses.replace(configured, stage_budgets=budgets)

@@ -38,6 +38,7 @@ from .errors import ConfigError
 from .lease.urls import mask_url
 from .timeouts import (
     DEFAULT_STAGE_BUDGETS,
+    AdaptiveBudgets,
     LeaseTimings,
     RetryPolicy,
     StageBudget,
@@ -49,6 +50,7 @@ __all__ = [
     "CONFIG_ENV_VAR",
     "DEFAULT_CONFIG_PATH",
     "ENV_PREFIX",
+    "AdaptiveSettings",
     "LeaseSettings",
     "ProviderSettings",
     "RetrySettings",
@@ -118,6 +120,16 @@ class LeaseSettings(_Section):
     job_deadline: Bound = 3600.0
 
 
+class AdaptiveSettings(_Section):
+    """Learned budgets from recorded stage durations (see ``ai-lease tune``)."""
+
+    enabled: bool = False
+    factor: Seconds = 1.5
+    floor: Seconds = 1.0
+    min_samples: int = Field(default=200, ge=1)
+    refresh_interval: Seconds = 60.0
+
+
 class StageSettings(_Section):
     """One stage's budgets: longest stretch without progress, and its hard deadline."""
 
@@ -179,6 +191,7 @@ class Settings(BaseSettings):
     stream: StreamSettings = StreamSettings()
     retry: RetrySettings = RetrySettings()
     provider: ProviderSettings = ProviderSettings()
+    adaptive: AdaptiveSettings = AdaptiveSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -247,6 +260,13 @@ class Settings(BaseSettings):
                 for name, stage in self.stages.items()
             },
         )
+
+    def adaptive_budgets(self) -> AdaptiveBudgets | None:
+        """The adaptive-budget mode, or None when it is off."""
+        a = self.adaptive
+        if not a.enabled:
+            return None
+        return AdaptiveBudgets(a.factor, a.floor, a.min_samples, a.refresh_interval)
 
     def stream_timeouts(self) -> StreamTimeouts:
         """The first-token, idle and total budgets of a streamed call."""

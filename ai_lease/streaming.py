@@ -50,6 +50,7 @@ class StreamGuard:
         self.started_at = 0.0
         self.last_content_at: float | None = None
         self.first_token_s: float | None = None
+        self.max_gap_s = 0.0  # the longest pause between two content deltas
         self.text_parts: list[str] = []
         self._fired: Exception | None = None
         self._handle: asyncio.TimerHandle | None = None
@@ -116,6 +117,8 @@ class StreamGuard:
                         self.first_token_s = now - self.started_at
                         self.last_content_at = now
                         self._rearm()  # the idle deadline may be nearer than the first-token one
+                    if now - self.last_content_at > self.max_gap_s:
+                        self.max_gap_s = now - self.last_content_at
                     self.last_content_at = now
                     if progress is not None:  # Progress.advance(now), inlined: hot path
                         progress.version += 1

@@ -16,6 +16,7 @@ from .errors import ConfigError
 
 __all__ = [
     "DEFAULT_STAGE_BUDGETS",
+    "AdaptiveBudgets",
     "LeaseTimings",
     "RetryPolicy",
     "StageBudget",
@@ -179,3 +180,24 @@ class RetryPolicy:
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before attempt number ``attempt + 1`` (``attempt`` counts from 1)."""
         return float(min(self.max_backoff, self.initial * self.multiplier ** (attempt - 1)))
+
+
+@dataclass(frozen=True)
+class AdaptiveBudgets:
+    """Learned budgets: once a stage has ``min_samples`` recorded durations, its
+    ``max_no_progress`` becomes ``P99 x factor``, never below ``floor`` and never above the
+    configured budget (the ceiling). Histograms are re-read every ``refresh_interval``."""
+
+    factor: float = 1.5
+    floor: float = 1.0
+    min_samples: int = 200
+    refresh_interval: float = 60.0
+
+    def __post_init__(self) -> None:
+        _positive(self, "factor", "floor", "refresh_interval")
+        if isinstance(self.min_samples, bool) or not (
+            isinstance(self.min_samples, int) and self.min_samples >= 1
+        ):
+            raise ConfigError(
+                f"AdaptiveBudgets.min_samples: must be an integer >= 1 (got {self.min_samples!r})"
+            )

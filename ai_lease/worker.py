@@ -108,6 +108,7 @@ class Worker:
                 await self._pause()
             await self._drain()
             beat.cancel()
+        await self.runner.flush_history()
         with contextlib.suppress(AiLeaseError):
             await self.queue.worker_gone(self.worker_id)
         self._say("worker_stopped", f"{self.completed} jobs completed")

@@ -1,6 +1,10 @@
 """The lease-store contract, run against SQLite and Redis (see ai_lease.testing.contract)."""
 
-from ai_lease.testing.contract import JobQueueContract, LeaseStoreContract
+from ai_lease.testing.contract import (
+    DurationHistoryContract,
+    JobQueueContract,
+    LeaseStoreContract,
+)
 
 
 class TestStoreContract(LeaseStoreContract):
@@ -9,3 +13,7 @@ class TestStoreContract(LeaseStoreContract):
 
 class TestQueueContract(JobQueueContract):
     """Both built-in stores keep a job queue for workers."""
+
+
+class TestHistoryContract(DurationHistoryContract):
+    """Both built-in stores keep duration histograms."""

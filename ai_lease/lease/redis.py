@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -297,6 +298,28 @@ class RedisStore:
             )
             if blob:
                 out.append(WorkerInfo(**orjson.loads(blob)))
+        return out
+
+    # -- duration history: one hash per (pipeline, kind, stage), plus an index set -----------
+
+    async def add_durations(self, counts: Mapping[tuple[str, str, str], Mapping[int, int]]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for series, buckets in counts.items():
+            name = orjson.dumps(list(series)).decode()
+            pipe.sadd(f"{self._ns}:hists", name)
+            for bucket, n in buckets.items():
+                pipe.hincrby(f"{self._ns}:hist:{name}", str(bucket), n)
+        await self._plain("add_durations", pipe.execute())
+
+    async def load_durations(self) -> dict[tuple[str, str, str], dict[int, int]]:
+        names = await self._plain("load_durations", self._client.smembers(f"{self._ns}:hists"))
+        out: dict[tuple[str, str, str], dict[int, int]] = {}
+        for name in sorted(names):
+            raw = await self._plain(
+                "load_durations", self._client.hgetall(f"{self._ns}:hist:{name}")
+            )
+            pipeline, kind, stage = orjson.loads(name)
+            out[(pipeline, kind, stage)] = {int(b): int(n) for b, n in raw.items()}
         return out
 
     async def wait(self, key: str, timeout: float) -> None:

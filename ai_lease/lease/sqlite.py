@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -46,6 +46,14 @@ CREATE TABLE IF NOT EXISTS ai_lease_queue (
     due_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ai_lease_queue_by_due ON ai_lease_queue (due_at);
+CREATE TABLE IF NOT EXISTS ai_lease_durations (
+    pipeline TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    bucket INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, kind, stage, bucket)
+);
 CREATE TABLE IF NOT EXISTS ai_lease_workers (
     worker_id TEXT PRIMARY KEY,
     expires_at REAL NOT NULL,
@@ -331,6 +339,41 @@ class SQLiteStore:
             return [WorkerInfo(**orjson.loads(blob)) for (blob,) in rows]
 
         return await self._run("list_workers", work)
+
+    # -- duration history ------------------------------------------------------------------
+
+    async def add_durations(self, counts: Mapping[tuple[str, str, str], Mapping[int, int]]) -> None:
+        rows = [
+            (*series, bucket, n)
+            for series, buckets in counts.items()
+            for bucket, n in buckets.items()
+        ]
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(
+                    "INSERT INTO ai_lease_durations VALUES (?, ?, ?, ?, ?) ON CONFLICT"
+                    " (pipeline, kind, stage, bucket) DO UPDATE SET count = count + excluded.count",
+                    rows,
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+        await self._run("add_durations", work)
+
+    async def load_durations(self) -> dict[tuple[str, str, str], dict[int, int]]:
+        def work(conn: sqlite3.Connection) -> dict[tuple[str, str, str], dict[int, int]]:
+            out: dict[tuple[str, str, str], dict[int, int]] = {}
+            for pipeline, kind, stage, bucket, n in conn.execute(
+                "SELECT pipeline, kind, stage, bucket, count FROM ai_lease_durations"
+            ):
+                out.setdefault((pipeline, kind, stage), {})[bucket] = n
+            return out
+
+        return await self._run("load_durations", work)
 
     async def wait(self, key: str, timeout: float) -> None:
         """Return when the job's record changes, or after ``timeout`` seconds (polling)."""

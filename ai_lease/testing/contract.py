@@ -35,7 +35,7 @@ from ..job import Status
 from ..lease.base import Acquired, Fence, Finished, Following, LeaseStore
 from ..lease.follow import acquire_or_follow
 
-__all__ = ["JobQueueContract", "LeaseStoreContract"]
+__all__ = ["DurationHistoryContract", "JobQueueContract", "LeaseStoreContract"]
 
 _ids = itertools.count()
 
@@ -442,3 +442,17 @@ class JobQueueContract:
         assert alive.worker_id in ids and brief.worker_id not in ids
         await store.worker_gone(alive.worker_id)
         assert alive.worker_id not in {w.worker_id for w in await store.list_workers()}
+
+
+class DurationHistoryContract:
+    """Duration histograms kept by the store (``ai_lease.history.DurationHistory``)."""
+
+    async def test_durations_add_up_across_writers(self, store: Any) -> None:
+        """Counts added by several nodes for one series are summed; series stay apart."""
+        series = ("default", "stage", _key("stage"))
+        other = ("default", "first_token", "call_ai")
+        await store.add_durations({series: {3: 2, 10: 1}})
+        await store.add_durations({series: {3: 5}, other: {1: 1}})
+        loaded = await store.load_durations()
+        assert loaded[series] == {3: 7, 10: 1}
+        assert loaded[other][1] >= 1
