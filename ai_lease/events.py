@@ -7,7 +7,7 @@ files, metrics). They are emitted per lease operation and per stage, never per c
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,8 @@ class Event:
 
     ``kind`` is one of: ``acquired``, ``takeover``, ``following``, ``stage``, ``stage_done``
     (``value``: seconds), ``first_token`` (``value``: seconds to the first content),
-    ``stream_timeout`` (``detail``: which), ``renewed`` (``value``: progress events since the
+    ``stream_timeout`` (``detail``: which), ``model_call`` (``attrs``: chunks and token
+    counts), ``renewed`` (``value``: progress events since the
     last renewal), ``renew_skipped`` (no progress within budget), ``renew_refused``,
     ``renew_failed`` (store unreachable), ``stalled``, ``self_fenced``, ``released``,
     ``committed`` (``value``: seconds from acquiring to committing), ``fenced`` (a write
@@ -36,6 +37,7 @@ class Event:
     detail: str = ""
     at: float = field(default_factory=time.time)
     value: float | None = None
+    attrs: Mapping[str, float | int | str] | None = None  # e.g. token counts of a model call
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -100,9 +100,15 @@ class StageContext:
     emit: EventSink | None = None
 
     def say(
-        self, kind: str, detail: str = "", *, stage: str | None = None, value: float | None = None
+        self,
+        kind: str,
+        detail: str = "",
+        *,
+        stage: str | None = None,
+        value: float | None = None,
+        attrs: dict[str, float | int | str] | None = None,
     ) -> None:
-        """Emit an event about this job (for logs, metrics, the live view)."""
+        """Emit an event about this job (for logs, metrics, traces, the live view)."""
         if self.emit is not None:
             fence = self.fence
             self.emit(
@@ -115,6 +121,7 @@ class StageContext:
                     self.tracker.idle(),
                     detail,
                     value=value,
+                    attrs=attrs,
                 )
             )
 
@@ -316,7 +323,19 @@ async def call_ai(ctx: StageContext) -> Completion:
             if guard.chunks > 1:
                 ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
 
-    return await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
+    completion = await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
+    usage = completion.usage
+    ctx.say(
+        "model_call",
+        provider.name,
+        attrs={
+            "provider": provider.name,
+            "chunks": completion.chunks,
+            "prompt_tokens": usage.prompt_tokens if usage else 0,
+            "completion_tokens": usage.completion_tokens if usage else 0,
+        },
+    )
+    return completion
 
 
 async def parse(ctx: StageContext) -> Any:

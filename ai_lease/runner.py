@@ -59,6 +59,7 @@ from .timeouts import (
     StallPolicy,
     StreamTimeouts,
 )
+from .tracing import tracing_sink
 
 __all__ = ["Runner"]
 
@@ -110,6 +111,7 @@ class Runner:
         record_history: bool = True,
         adaptive: AdaptiveBudgets | None = None,
         pipeline_name: str = "default",
+        trace: bool = True,
     ) -> None:
         self.store, self.provider = store, provider
         self.pipeline = pipeline or Pipeline.default()
@@ -130,6 +132,7 @@ class Runner:
             else None
         )
         self.configured_timings, self.adaptive = self.timings, adaptive
+        self.tracing = tracing_sink() if trace else None
         self._budgets_read_at = -math.inf
 
     def _emit(
@@ -379,6 +382,8 @@ class Runner:
     def _emit_event(self, event: Event) -> None:
         if self.history is not None:
             self.history(event)
+        if self.tracing is not None:
+            self.tracing(event)
         if self._sink is not None:
             self._sink(event)
 

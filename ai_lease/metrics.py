@@ -1,0 +1,317 @@
+"""Prometheus metrics with the seed's names, fed by the runner's events.
+
+:class:`Metrics` is an event sink: pass it as ``on_event`` and it turns each
+:class:`~ai_lease.events.Event` into the seed's counters and histograms on its own
+``CollectorRegistry`` (never the global one), which you can serve or mount:
+
+>>> metrics = Metrics()
+>>> runner = Runner(store, provider=provider, on_event=metrics)     # doctest: +SKIP
+>>> app = prometheus_client.make_asgi_app(metrics.registry)          # doctest: +SKIP
+>>> server = serve_metrics(metrics, 9464)   # or: http://127.0.0.1:9464/metrics   # doctest: +SKIP
+
+Events come per lease operation and per stage, never per streamed chunk: progress is counted
+locally and published with each renewal (``renewed``'s ``value``), so metrics cost nothing on
+the hot path. Label values come from small fixed sets (reasons), or are capped (stage,
+provider, pipeline names: past :data:`MAX_LABEL_VALUES` distinct values they read ``other``);
+a job key, owner id or token never becomes a label.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from functools import partial
+from types import TracebackType
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import start_http_server
+
+from .errors import ConfigError
+from .events import Event, EventSink
+
+__all__ = ["DEFAULT_STAGES", "MAX_LABEL_VALUES", "Metrics", "MetricsServer", "serve_metrics"]
+
+DEFAULT_STAGES = ("load", "build_prompt", "call_ai", "parse", "persist")
+MAX_LABEL_VALUES = 64
+OTHER = "other"
+
+STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TASK_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 15, 30, 60, 120)
+
+RENEW_REASONS = ("missing", "not_owner", "not_running", "expired", "no_progress", OTHER)
+# FencingRejected's reasons (the same on both stores) -> a label value.
+FENCE_REASONS = {
+    "(a newer owner took the job over)": "newer_owner",
+    "(another owner already committed its result)": "already_committed",
+    "(the job already ended": "already_finished",
+    "(the store holds no record for this job)": "missing",
+}
+STREAM_TIMEOUTS = {
+    "FirstTokenTimeout": "first_token",
+    "StreamIdleTimeout": "idle",
+    "StreamTotalTimeout": "total",
+}
+# Keeper ticks: one of these per renew interval while a job is owned.
+HEARTBEAT_KINDS = frozenset({"renewed", "renew_skipped", "renew_refused", "renew_failed"})
+
+
+class _Capped:
+    """A label value from an open set, capped at ``limit`` distinct values."""
+
+    def __init__(self, limit: int = MAX_LABEL_VALUES, initial: Iterable[str] = ()) -> None:
+        self.limit, self.seen = limit, set(initial)
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str | None) -> str:
+        value = value or "unknown"
+        if value in self.seen:
+            return value
+        with self._lock:
+            if len(self.seen) >= self.limit:
+                return OTHER
+            self.seen.add(value)
+        return value
+
+
+class Metrics:
+    """The seed's metrics on one registry; call it with events (it is an ``EventSink``).
+
+    >>> metrics = Metrics(pipeline="summaries")
+    >>> metrics(Event("takeover", "job-1", "node-b#2", 7))
+    >>> metrics.registry.get_sample_value("owner_takeover_total", {"pipeline": "summaries"})
+    1.0
+
+    ``pipeline`` labels every sample; runners of other pipelines can share the registry
+    through :meth:`for_pipeline`. ``stages`` are pre-created with zero counts so alerts on
+    ``rate()`` see the first stall.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        pipeline: str = "default",
+        stages: Iterable[str] = DEFAULT_STAGES,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.pipeline = pipeline
+        self._pipelines = _Capped(initial=[pipeline])
+        self._stages = _Capped(initial=stages)
+        self._providers = _Capped()
+        self._declare()
+        self._zero(pipeline, stages)
+
+    def _declare(self) -> None:
+        r, p = self.registry, ["pipeline"]
+        # prometheus_client drops a trailing "_total" from a counter's name and adds it back
+        # in the exposition: these are exactly the seed's names.
+        self.heartbeat = Counter(
+            "owner_heartbeat_total", "Lease keeper ticks (renewal decisions).", p, registry=r
+        )
+        self.renewed = Counter(
+            "owner_lease_renew_total", "Lease renewals the store accepted.", p, registry=r
+        )
+        self.renew_rejected = Counter(
+            "owner_lease_renew_rejected_total",
+            "Lease renewals the store refused, by reason.",
+            [*p, "reason"],
+            registry=r,
+        )
+        self.progress = Counter(
+            "owner_progress_update_total",
+            "Real progress events, published with each renewal.",
+            p,
+            registry=r,
+        )
+        self.no_progress = Counter(
+            "owner_no_progress_timeout_total",
+            "Owners that stalled: no progress within the stage's max_no_progress.",
+            [*p, "stage"],
+            registry=r,
+        )
+        self.takeover = Counter(
+            "owner_takeover_total", "Jobs acquired from a previous owner.", p, registry=r
+        )
+        self.fencing_rejected = Counter(
+            "owner_fencing_rejected_total",
+            "Writes rejected for a stale (token, owner) fence, by reason.",
+            [*p, "reason"],
+            registry=r,
+        )
+        self.stage_duration = Histogram(
+            "owner_stage_duration",
+            "Seconds each stage took (completed stages).",
+            [*p, "stage"],
+            registry=r,
+            buckets=STAGE_BUCKETS,
+        )
+        self.task_duration = Histogram(
+            "owner_task_total_duration",
+            "Seconds from acquiring a job to committing its result.",
+            p,
+            registry=r,
+            buckets=TASK_BUCKETS,
+        )
+        self.first_token = Histogram(
+            "owner_ai_first_token_duration",
+            "Seconds from the model call to its first content.",
+            [*p, "provider"],
+            registry=r,
+            buckets=FIRST_TOKEN_BUCKETS,
+        )
+        self.stream_idle = Counter(
+            "owner_stream_idle_timeout_total",
+            "Model streams that went quiet for longer than the idle budget.",
+            p,
+            registry=r,
+        )
+        self.stream_timeout = Counter(
+            "owner_stream_timeout_total",
+            "Model stream timeouts of every kind (first_token, idle, total).",
+            [*p, "kind"],
+            registry=r,
+        )
+
+    def _zero(self, pipeline: str, stages: Iterable[str]) -> None:
+        """Create the fixed-set series at 0, so the first increment shows in ``rate()``."""
+        for metric in (self.heartbeat, self.renewed, self.progress, self.takeover):
+            metric.labels(pipeline)
+        self.task_duration.labels(pipeline)
+        self.stream_idle.labels(pipeline)
+        for reason in RENEW_REASONS:
+            self.renew_rejected.labels(pipeline, reason)
+        for reason in {*FENCE_REASONS.values(), OTHER}:
+            self.fencing_rejected.labels(pipeline, reason)
+        for kind in {*STREAM_TIMEOUTS.values(), OTHER}:
+            self.stream_timeout.labels(pipeline, kind)
+        for stage in stages:
+            self.no_progress.labels(pipeline, stage)
+            self.stage_duration.labels(pipeline, stage)
+
+    # -- the sink -------------------------------------------------------------------------------
+
+    def __call__(self, event: Event) -> None:
+        self.observe(event, self.pipeline)
+
+    def for_pipeline(self, name: str) -> EventSink:
+        """A sink for the same registry that labels samples with pipeline ``name``."""
+        pipeline = self._pipelines(name)
+        self._zero(pipeline, ())
+        return partial(self.observe, pipeline=pipeline)
+
+    def observe(self, event: Event, pipeline: str) -> None:
+        """Count one event (anything that is not about the seed's metrics is ignored)."""
+        if event.kind in HEARTBEAT_KINDS and event.idle_s is not None:  # from the keeper
+            self.heartbeat.labels(pipeline).inc()
+        handler = _HANDLERS.get(event.kind)
+        if handler is not None:
+            handler(self, event, pipeline)
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format (what ``GET /metrics`` returns)."""
+        return generate_latest(self.registry)
+
+    # -- one handler per event kind -------------------------------------------------------------
+
+    def _renewed(self, event: Event, pipeline: str) -> None:
+        self.renewed.labels(pipeline).inc()
+        if event.value:  # progress since the last renewal, counted locally
+            self.progress.labels(pipeline).inc(event.value)
+
+    def _renew_refused(self, event: Event, pipeline: str) -> None:
+        reason = event.detail if event.detail in RENEW_REASONS else OTHER
+        self.renew_rejected.labels(pipeline, reason).inc()
+
+    def _stalled(self, event: Event, pipeline: str) -> None:
+        self.no_progress.labels(pipeline, self._stages(event.stage)).inc()
+
+    def _takeover(self, event: Event, pipeline: str) -> None:
+        self.takeover.labels(pipeline).inc()
+
+    def _fenced(self, event: Event, pipeline: str) -> None:
+        reason = next((r for text, r in FENCE_REASONS.items() if text in event.detail), OTHER)
+        self.fencing_rejected.labels(pipeline, reason).inc()
+
+    def _stage_done(self, event: Event, pipeline: str) -> None:
+        if event.value is not None:
+            self.stage_duration.labels(pipeline, self._stages(event.stage)).observe(event.value)
+
+    def _committed(self, event: Event, pipeline: str) -> None:
+        if event.value is not None:
+            self.task_duration.labels(pipeline).observe(event.value)
+
+    def _first_token(self, event: Event, pipeline: str) -> None:
+        if event.value is not None:
+            provider = self._providers(event.detail)
+            self.first_token.labels(pipeline, provider).observe(event.value)
+
+    def _stream_timeout(self, event: Event, pipeline: str) -> None:
+        kind = STREAM_TIMEOUTS.get(event.detail, OTHER)
+        self.stream_timeout.labels(pipeline, kind).inc()
+        if kind == "idle":
+            self.stream_idle.labels(pipeline).inc()
+
+
+_HANDLERS: dict[str, Callable[[Metrics, Event, str], None]] = {
+    "renewed": Metrics._renewed,
+    "renew_refused": Metrics._renew_refused,
+    "stalled": Metrics._stalled,
+    "takeover": Metrics._takeover,
+    "fenced": Metrics._fenced,
+    "stage_done": Metrics._stage_done,
+    "committed": Metrics._committed,
+    "first_token": Metrics._first_token,
+    "stream_timeout": Metrics._stream_timeout,
+}
+
+
+# -- serving --------------------------------------------------------------------------------------
+
+
+class MetricsServer:
+    """A running ``/metrics`` HTTP server (a daemon thread); :meth:`close` stops it."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread, host: str) -> None:
+        self._server, self._thread = server, thread
+        self.host, self.port = host, int(server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def serve_metrics(metrics: Metrics, port: int, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve ``metrics`` at ``http://host:port/metrics`` from a daemon thread.
+
+    >>> with serve_metrics(Metrics(), 0) as server:     # port 0: any free port
+    ...     print(server.url)                             # doctest: +ELLIPSIS
+    http://127.0.0.1:.../metrics
+
+    Binds only to loopback by default; pass ``host="0.0.0.0"`` for a scraper on another host.
+    """
+    try:
+        server, thread = start_http_server(port, host, registry=metrics.registry)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {host}:{port} ({exc.strerror or exc}): "
+            "choose another port or host"
+        ) from None
+    return MetricsServer(server, thread, host)
