@@ -377,6 +377,19 @@ def demo(obj: Context, as_json: bool) -> None:
 )
 @click.option("--provider", help="Provider for jobs (default: the settings').")
 @click.option("--worker-id", help="Name shown by `ai-lease workers` (default host:pid).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (see docs/observability.md).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics server binds (0.0.0.0: every interface).",
+)
+@click.option("--log-json", is_flag=True, help="Log every event as one JSON line on stderr.")
 @click.pass_obj
 def worker(
     obj: Context,
@@ -385,6 +398,9 @@ def worker(
     grace: float,
     provider: str | None,
     worker_id: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_json: bool,
 ) -> None:
     """Run submitted jobs: discover them, compete for them, recover abandoned ones.
 
@@ -392,9 +408,13 @@ def worker(
     first SIGTERM/SIGINT drains (running jobs get --grace seconds, then hand over); a
     second stops at once. Jobs submitted with `ai-lease submit --detach` are picked up.
     """
+    from .logs import JobLogger, configure_logging, fan_out
+    from .metrics import Metrics, serve_metrics
     from .worker import Worker
 
     settings = obj.settings
+    metrics = Metrics() if metrics_port is not None else None
+    json_log = JobLogger(configure_logging(json=True), json=True) if log_json else None
 
     def log(event: Event) -> None:
         who = f" {event.owner_id} token {event.token}" if event.token else ""
@@ -410,7 +430,9 @@ def worker(
             timings=settings.lease_timings(),
             retry=settings.retry_policy(),
             stream_timeouts=settings.stream_timeouts(),
-            on_event=lambda e: log(e) if e.kind in _WORKER_LOGGED else None,
+            on_event=fan_out(
+                metrics, json_log or (lambda e: log(e) if e.kind in _WORKER_LOGGED else None)
+            ),
         )
         node = Worker(
             store,
@@ -419,7 +441,7 @@ def worker(
             sweep_interval=sweep_interval,
             grace=grace,
             worker_id=worker_id,
-            on_event=log,
+            on_event=json_log or log,
         )
         undo = node.install_signal_handlers()
         try:
@@ -428,7 +450,12 @@ def worker(
             undo()
             await model_provider.aclose()
 
-    obj.run(work)
+    server = None if metrics is None else serve_metrics(metrics, metrics_port or 0, metrics_host)
+    try:
+        obj.run(work)
+    finally:
+        if server is not None:
+            server.close()
 
 
 _WORKER_LOGGED = {"acquired", "stalled", "committed", "fenced", "failed", "retry", "released"}

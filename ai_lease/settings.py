@@ -35,7 +35,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .errors import ConfigError
-from .lease.urls import mask_url
+from .lease.urls import SCHEMES, mask_url
 from .timeouts import (
     DEFAULT_STAGE_BUDGETS,
     AdaptiveBudgets,
@@ -66,7 +66,7 @@ ENV_PREFIX = "AI_LEASE_"
 ENV_DELIMITER = "__"
 CONFIG_ENV_VAR = "AI_LEASE_CONFIG"
 DEFAULT_CONFIG_PATH = Path("config/ai-lease.toml")
-STORE_SCHEMES = ("sqlite", "redis", "rediss", "unix")
+STORE_SCHEMES = SCHEMES
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 """A positive, finite duration in seconds."""

@@ -65,6 +65,7 @@ class RedisStore:
         where: str = "redis",
     ) -> None:
         self._client, self._ns, self._op_timeout, self.where = client, namespace, op_timeout, where
+        self._prepared, self._prepare_lock = False, asyncio.Lock()
         self._scripts = {
             name: client.register_script(getattr(lua, name))
             for name in ("ACQUIRE", "RENEW", "RELEASE", "FINISH", "REPORT_STALL", "GET", "SUBMIT")
@@ -74,24 +75,41 @@ class RedisStore:
     def from_url(
         cls, url: str, *, namespace: str = "ai_lease", op_timeout: float = 2.0
     ) -> RedisStore:
-        """Connect to ``redis://``, ``rediss://`` or ``unix://`` with retries off."""
-        client = aioredis.from_url(
-            url,
+        """Connect to ``redis://``, ``rediss://``, ``unix://`` or, for Redis Cluster,
+        ``redis+cluster://`` / ``rediss+cluster://`` — with redis-py's retries off."""
+        options: dict[str, Any] = dict(
             decode_responses=True,
             socket_timeout=op_timeout,
             socket_connect_timeout=op_timeout,
             retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
         )
+        if url.startswith(("redis+cluster://", "rediss+cluster://")):
+            from redis.asyncio.cluster import RedisCluster
+
+            plain = url.replace("+cluster://", "://", 1)
+            client: Any = RedisCluster.from_url(plain, **options)
+        else:
+            client = aioredis.from_url(url, retry_on_timeout=False, **options)
         return cls(client, namespace=namespace, op_timeout=op_timeout, where=mask_url(url))
 
     def keys(self, key: str) -> list[str]:
         """The Redis keys of one job: its hash and its event channel."""
         return [f"{self._ns}:{{{key}}}:job", f"{self._ns}:{{{key}}}:events"]
 
+    async def _prepare(self) -> None:
+        """Load every script once per client (on Cluster: on every primary), so that many
+        first operations at once do not all meet NOSCRIPT and reload concurrently."""
+        async with self._prepare_lock:
+            if not self._prepared:
+                for script in self._scripts.values():
+                    await self._client.script_load(script.script)
+                self._prepared = True
+
     async def _call(self, op: str, key: str, script: str, args: list[Any]) -> Any:
         try:
             async with asyncio.timeout(self._op_timeout):
+                if not self._prepared:
+                    await self._prepare()
                 try:
                     return await self._scripts[script](keys=self.keys(key), args=args)
                 except RedisConnectionError:
@@ -326,6 +344,9 @@ class RedisStore:
         """Return on the job's next event (commit, fail, release) or after ``timeout``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        if not hasattr(self._client, "pubsub"):  # redis-py's asyncio Cluster client: poll
+            await asyncio.sleep(timeout)
+            return
         pubsub = self._client.pubsub()
         try:
             async with asyncio.timeout(timeout):

@@ -13,7 +13,7 @@ from .base import LeaseStore
 
 __all__ = ["SCHEMES", "mask_url", "open_store"]
 
-SCHEMES = ("sqlite", "redis", "rediss", "unix")
+SCHEMES = ("sqlite", "redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 
 
 def mask_url(url: str) -> str:
@@ -41,13 +41,14 @@ def open_store(
     url: str, *, namespace: str = "ai_lease", op_timeout: float = 2.0, poll_interval: float = 0.05
 ) -> LeaseStore:
     """Open the store a URL names: ``sqlite:///…`` (embedded), ``redis://``, ``rediss://``,
-    ``unix://`` (Redis). Opening does no I/O; the first operation connects."""
+    ``unix://`` (Redis), ``redis+cluster://`` / ``rediss+cluster://`` (Redis Cluster, any
+    node as the seed). Opening does no I/O; the first operation connects."""
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme == "sqlite":
         from .sqlite import SQLiteStore
 
         return SQLiteStore(sqlite_path(url), op_timeout=op_timeout, poll_interval=poll_interval)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         from .redis import RedisStore
 
         return RedisStore.from_url(url, namespace=namespace, op_timeout=op_timeout)

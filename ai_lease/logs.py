@@ -1,0 +1,212 @@
+"""Structured log lines from events: key, token, stage and idle time on every line, no secrets.
+
+:class:`JobLogger` is an event sink that writes one line per event to a ``logging`` logger,
+as compact text or (``json=True``) one JSON object per line:
+
+>>> configure_logging(json=True)                                    # doctest: +SKIP
+>>> runner = Runner(store, on_event=fan_out(JobLogger(json=True), metrics))  # doctest: +SKIP
+
+    {"ts":"2026-11-05T09:14:02.117Z","level":"WARNING","event":"stalled","key":"report-42",
+     "token":7,"owner":"node-a:311#1.9f2c","stage":"call_ai","idle_s":90.41,"value":null,
+     "detail":"expire: stage 'call_ai' made no progress for 90.41s (budget 90s)"}
+
+Details pass through :func:`redact` first: API keys, bearer tokens and passwords in URLs
+never reach a log line. Lease renewals log at DEBUG, trouble (stalls, refusals, fencing,
+timeouts, failures) at WARNING, everything else at INFO; a follower's repeated polls log
+once per owner and stage.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import orjson
+
+from .events import Event, EventSink
+
+__all__ = ["JobLogger", "configure_logging", "event_fields", "fan_out", "redact"]
+
+LOGGER_NAME = "ai_lease.events"
+
+_SECRETS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{6,}"), "sk-***"),
+    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 ***"),
+    # user:password@ in any URL; the password may itself hold "@" (greedy up to the last one)
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]*):\S*@"), r"\1:***@"),
+    (re.compile(r"(?i)([?&](?:password|passwd|api_key|apikey|token)=)[^&#\s]*"), r"\1***"),
+    (
+        re.compile(r"(?i)\b(api[_-]?key|password|secret)([\"']?\s*[:=]\s*[\"']?)[^\s\"',&]+"),
+        r"\1\2***",
+    ),
+]
+
+WARNING_KINDS = frozenset(
+    {
+        "renew_refused",
+        "renew_failed",
+        "stalled",
+        "self_fenced",
+        "fenced",
+        "stream_timeout",
+        "failed",
+        "job_failed",
+        "job_error",
+        "store_unavailable",
+    }
+)
+DEBUG_KINDS = frozenset({"renewed"})
+_FORGET_KINDS = frozenset({"acquired", "done", "failed", "committed"})
+_MAX_FOLLOWED = 4096
+
+
+def redact(text: str) -> str:
+    """``text`` without secrets: API keys, bearer tokens, URL passwords, ``password=…``.
+
+    >>> redact("401 from https://bob:hunter2@api.example/v1 with key sk-abc123def456")
+    '401 from https://bob:***@api.example/v1 with key sk-***'
+    """
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def event_fields(event: Event) -> dict[str, Any]:
+    """The fields of one log line (the same in text and JSON), secrets redacted."""
+    return {
+        "event": event.kind,
+        "key": event.key or None,
+        "token": event.token,
+        "owner": event.owner_id,
+        "stage": event.stage,
+        "idle_s": None if event.idle_s is None else round(event.idle_s, 2),
+        "value": None if event.value is None else round(event.value, 4),
+        "detail": redact(event.detail),
+    }
+
+
+def _level(kind: str) -> int:
+    if kind in WARNING_KINDS:
+        return logging.WARNING
+    return logging.DEBUG if kind in DEBUG_KINDS else logging.INFO
+
+
+def _timestamp(at: float) -> str:
+    when = dt.datetime.fromtimestamp(at, dt.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def _text_value(value: object) -> str:
+    text = str(value)
+    if not text or any(c.isspace() or c in "=\"'" for c in text):
+        return orjson.dumps(text).decode()
+    return text
+
+
+def text_line(fields: dict[str, Any]) -> str:
+    """``stalled key=report-42 token=7 owner=… stage=call_ai idle=90.41s value=… detail``."""
+    parts = [fields["event"]]
+    for name in ("key", "token", "owner", "stage"):
+        if fields[name] is not None:
+            parts.append(f"{name}={_text_value(fields[name])}")
+    if fields["idle_s"] is not None:
+        parts.append(f"idle={fields['idle_s']:.2f}s")
+    if fields["value"] is not None:
+        parts.append(f"value={fields['value']:g}")
+    if fields["detail"]:
+        parts.append(fields["detail"])
+    return " ".join(parts)
+
+
+def json_line(fields: dict[str, Any], level: int, at: float) -> str:
+    """One JSON object: ``ts``, ``level``, then the event's fields."""
+    head = {"ts": _timestamp(at), "level": logging.getLevelName(level)}
+    return orjson.dumps(head | fields).decode()
+
+
+class JobLogger:
+    """An event sink writing one line per event to ``logger`` (default ``ai_lease.events``).
+
+    >>> log = JobLogger(json=True)
+    >>> runner = Runner(store, on_event=log)                          # doctest: +SKIP
+
+    The event's fields also ride on each record as ``record.ai_lease`` (a dict), for your
+    own formatter.
+    """
+
+    def __init__(self, logger: logging.Logger | None = None, *, json: bool = False) -> None:
+        self.logger = logger or logging.getLogger(LOGGER_NAME)
+        self.json = json
+        self._following: dict[str, tuple[object, ...]] = {}
+
+    def __call__(self, event: Event) -> None:
+        level = _level(event.kind)
+        if not self.logger.isEnabledFor(level) or self._repeated(event):
+            return
+        fields = event_fields(event)
+        line = json_line(fields, level, event.at) if self.json else text_line(fields)
+        self.logger.log(level, line, extra={"ai_lease": fields})
+
+    def _repeated(self, event: Event) -> bool:
+        """A follower's poll that says nothing new (same owner, token and stage)."""
+        if event.kind in _FORGET_KINDS:
+            self._following.pop(event.key, None)
+        if event.kind != "following":
+            return False
+        seen = (event.owner_id, event.token, event.stage)
+        if self._following.get(event.key) == seen:
+            return True
+        if len(self._following) >= _MAX_FOLLOWED:
+            self._following.clear()
+        self._following[event.key] = seen
+        return False
+
+
+class _JsonFormatter(logging.Formatter):
+    """A JSON line for every record: an event's fields, or the message of any other log."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = getattr(record, "ai_lease", None)
+        if not isinstance(fields, dict):
+            fields = {"event": "log", "logger": record.name, "detail": redact(record.getMessage())}
+        return json_line(fields, record.levelno, record.created)
+
+
+def configure_logging(
+    *, json: bool = False, level: int | str = logging.INFO, stream: TextIO | None = None
+) -> logging.Logger:
+    """Send ``ai_lease`` logs to ``stream`` (default stderr), one line each; returns the
+    events logger. Calling it again replaces the handler it installed before."""
+    root = logging.getLogger("ai_lease")
+    for handler in [h for h in root.handlers if getattr(h, "_ai_lease", False)]:
+        root.removeHandler(handler)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(_JsonFormatter() if json else logging.Formatter("%(message)s"))
+    handler._ai_lease = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False
+    return logging.getLogger(LOGGER_NAME)
+
+
+def fan_out(*sinks: EventSink | None) -> EventSink:
+    """One sink that passes each event to every given sink (None entries are skipped).
+
+    >>> on_event = fan_out(Metrics(), JobLogger(), view.on_event)    # doctest: +SKIP
+
+    A failing sink is logged and skipped: observability never breaks a job.
+    """
+    active: list[Callable[[Event], None]] = [s for s in sinks if s is not None]
+
+    def emit(event: Event) -> None:
+        for sink in active:
+            try:
+                sink(event)
+            except Exception:
+                logging.getLogger(LOGGER_NAME).exception("event sink %r failed", sink)
+
+    return emit
