@@ -29,7 +29,7 @@ import threading
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -49,6 +49,9 @@ from .prompts import PromptLibrary
 from .providers.base import ChatRequest, Completion, Provider
 from .providers.retry import CALL_RETRY, call_with_retries
 from .streaming import StreamGuard
+
+if TYPE_CHECKING:
+    from .testing.faults import FaultPlan
 from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamTimeouts
 
 __all__ = ["Pipeline", "Stage", "StageContext"]
@@ -96,6 +99,7 @@ class StageContext:
     call_retry: RetryPolicy = CALL_RETRY
     outputs: dict[str, Any] = field(default_factory=dict)
     committed: JobState | None = None
+    faults: FaultPlan | None = None  # tests only: see ai_lease.testing.faults
     deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
     emit: EventSink | None = None
 
@@ -136,6 +140,11 @@ class StageContext:
         except KeyError:
             raise JobSpecError(f"stage output {stage!r} is not available yet") from None
 
+    async def fault(self, point: str) -> None:
+        """A named fault point (a no-op unless a test installed a FaultPlan)."""
+        if self.faults is not None:
+            await self.faults.hit(point)
+
     def ensure_lease(self) -> None:
         """Raise LeaseLost if our lease may have lapsed: call before any side effect."""
         self.keeper.ensure_lease()
@@ -149,9 +158,11 @@ class StageContext:
                 await pending
             self.ensure_lease()
         blob = orjson.dumps(value).decode()
+        await self.fault("before_commit")
         for attempt in range(3):  # a commit repeated after a lost reply returns the same record
             try:
                 self.committed = await self.store.commit(self.fence, blob)
+                await self.fault("after_commit")
                 return self.committed
             except StoreUnavailable:
                 if attempt == 2:
@@ -205,8 +216,10 @@ class Pipeline:
             ctx.tracker.enter(stage.name, budget)
             started = ctx.tracker.clock()
             ctx.say("stage", f"max_no_progress {budget.max_no_progress:g}s", stage=stage.name)
+            await ctx.fault(f"before:{stage.name}")
             value = await self._run_stage(stage, budget, ctx)
             ctx.outputs[stage.name] = value
+            await ctx.fault(f"after:{stage.name}")
             ctx.say("stage_done", stage=stage.name, value=ctx.tracker.clock() - started)
         return value
 

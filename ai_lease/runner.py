@@ -51,6 +51,7 @@ from .progress import Progress
 from .prompts import PromptLibrary
 from .providers.base import Provider
 from .providers.retry import CALL_RETRY
+from .testing.faults import FaultPlan
 from .timeouts import (
     AdaptiveBudgets,
     LeaseTimings,
@@ -112,6 +113,7 @@ class Runner:
         adaptive: AdaptiveBudgets | None = None,
         pipeline_name: str = "default",
         trace: bool = True,
+        faults: FaultPlan | None = None,
     ) -> None:
         self.store, self.provider = store, provider
         self.pipeline = pipeline or Pipeline.default()
@@ -133,6 +135,7 @@ class Runner:
         )
         self.configured_timings, self.adaptive = self.timings, adaptive
         self.tracing = tracing_sink() if trace else None
+        self.faults = faults  # tests only
         self._budgets_read_at = -math.inf
 
     def _emit(
@@ -362,6 +365,7 @@ class Runner:
             stream_timeouts=self.stream_timeouts,
             persist_hook=self.persist_hook,
             call_retry=self.call_retry,
+            faults=self.faults,
         )
         deadline = asyncio.timeout(max(left, 0.0))
         try:
