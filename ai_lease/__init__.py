@@ -38,6 +38,8 @@ from .lease import (
     mask_url,
     open_store,
 )
+from .logs import JobLogger, configure_logging, fan_out
+from .metrics import Metrics, serve_metrics
 from .pipeline import Pipeline, Stage, StageContext
 from .progress import Progress
 from .providers import (
@@ -52,12 +54,21 @@ from .providers import (
 from .runner import Runner
 from .settings import Settings, load_settings
 from .streaming import StreamGuard
-from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StallPolicy, StreamTimeouts
+from .timeouts import (
+    AdaptiveBudgets,
+    LeaseTimings,
+    RetryPolicy,
+    StageBudget,
+    StallPolicy,
+    StreamTimeouts,
+)
+from .worker import Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Acquired",
+    "AdaptiveBudgets",
     "AiLeaseError",
     "ChatRequest",
     "Completion",
@@ -76,12 +87,14 @@ __all__ = [
     "JobConflict",
     "JobDeadlineExceeded",
     "JobFailed",
+    "JobLogger",
     "JobSpecError",
     "JobState",
     "LeaseError",
     "LeaseLost",
     "LeaseStore",
     "LeaseTimings",
+    "Metrics",
     "Pipeline",
     "Progress",
     "Provider",
@@ -105,10 +118,14 @@ __all__ = [
     "StreamTimeouts",
     "StreamTotalTimeout",
     "Usage",
+    "Worker",
     "__version__",
     "available_providers",
+    "configure_logging",
     "create_provider",
+    "fan_out",
     "load_settings",
     "mask_url",
     "open_store",
+    "serve_metrics",
 ]

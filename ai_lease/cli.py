@@ -100,7 +100,25 @@ class Context:
 
 
 class _Group(click.Group):
-    """Turns ai_lease errors into one clear line and an exit code."""
+    """Turns ai_lease errors into one clear line and an exit code; lists commands in the
+    order people need them."""
+
+    ORDER = (
+        "submit",
+        "status",
+        "result",
+        "ls",
+        "worker",
+        "workers",
+        "tune",
+        "demo",
+        "providers",
+        "config",
+    )
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: (self.ORDER.index(n) if n in self.ORDER else 99, n))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -124,7 +142,8 @@ class _Group(click.Group):
     "--store",
     "store_url",
     metavar="URL",
-    help="Store URL: sqlite:///path.db (default), redis://host:6379/0, rediss://, unix://.",
+    help="Store URL: sqlite:///path.db (default), redis://host:6379/0, rediss://, unix://, "
+    "redis+cluster://.",
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.version_option(package_name="ai_lease")
@@ -147,7 +166,7 @@ def _print_result(record: JobState) -> None:
     click.echo(value if isinstance(value, str) else _json(value))
 
 
-@main.command()
+@main.command(short_help="Run a job file here (or --detach it for workers).")
 @click.argument("job_file", type=click.Path(path_type=Path))
 @click.option("--key", help="Override the job's key.")
 @click.option("--input", "input_text", metavar="TEXT", help="Override the job's input text.")
@@ -267,7 +286,7 @@ def _get(obj: Context, key: str) -> JobState:
     return job
 
 
-@main.command()
+@main.command(short_help="Show job KEY's record and health.")
 @click.argument("key")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
 @click.pass_obj
@@ -317,7 +336,7 @@ def list_jobs(
         )
 
 
-@main.command()
+@main.command(short_help="Print the result of job KEY.")
 @click.argument("key")
 @click.pass_obj
 def result(obj: Context, key: str) -> None:
@@ -332,7 +351,7 @@ def result(obj: Context, key: str) -> None:
         sys.exit(EXIT_TIMED_OUT)
 
 
-@main.command()
+@main.command(short_help="List the provider names (built-in and plug-ins).")
 def providers() -> None:
     """List the providers that can be named (built-in and installed plug-ins)."""
     from .providers import available_providers
@@ -348,7 +367,7 @@ def show_config(obj: Context) -> None:
     click.echo(obj.settings.model_dump_json(indent=2))
 
 
-@main.command()
+@main.command(short_help="Watch a zombie owner lose its job (about 15 s).")
 @click.option("--json", "as_json", is_flag=True, help="Emit every node's events as JSON lines.")
 @click.pass_obj
 def demo(obj: Context, as_json: bool) -> None:
@@ -379,7 +398,7 @@ def demo(obj: Context, as_json: bool) -> None:
 @click.option("--worker-id", help="Name shown by `ai-lease workers` (default host:pid).")
 @click.option(
     "--metrics-port",
-    type=click.IntRange(0, 65535),
+    type=click.IntRange(1, 65535),
     metavar="PORT",
     help="Serve Prometheus metrics at http://HOST:PORT/metrics (see docs/observability.md).",
 )
@@ -486,7 +505,7 @@ def workers(obj: Context, as_json: bool) -> None:
             )
 
 
-@main.command()
+@main.command(short_help="Suggest budgets from recorded stage durations.")
 @click.option("--factor", default=1.5, show_default=True, help="Safety factor over the P99.")
 @click.option("--floor", default=1.0, show_default=True, help="Never suggest less (seconds).")
 @click.option(

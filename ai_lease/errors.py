@@ -28,7 +28,7 @@ Messages say what happened and what to do; they never carry secrets.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "AiLeaseError",
@@ -85,8 +85,17 @@ class FencingRejected(LeaseError):
     job 'job-1': fence token 11 of 'a' is stale, the store holds token 12 of 'b': result not written
     """
 
+    CODES: ClassVar[dict[str, str]] = {  # the store's reasons -> codes for metrics and logs
+        "a newer owner took the job over": "newer_owner",
+        "another owner already committed its result": "already_committed",
+        "the job already ended FAILED": "already_finished",
+        "the job already ended DONE": "already_finished",
+        "the store holds no record for this job": "missing",
+    }
+
     def __init__(self, key: str, held: Fence, current: Fence | None, reason: str = "") -> None:
         self.key, self.held, self.current, self.reason = key, held, current, reason
+        self.code = self.CODES.get(reason, "other")
         why = f" ({reason})" if reason else ""
         super().__init__(
             f"job {key!r}: fence {_fence_text(held)} is stale, the store holds "

@@ -139,7 +139,7 @@ class LeaseKeeper:
             else:
                 await self.store.report_stall(self.fence, self.progress.stage, text)
         except StoreUnavailable as exc:  # the lease lapses anyway; the snapshot is best effort
-            self._event("renew_failed", detail=str(exc))
+            self._event("store_unavailable", detail=f"stall report: {exc}")
         self._event(
             "stalled", detail=f"{self.policy.value}: {_stall_text(self.progress, idle, budget)}"
         )
@@ -156,7 +156,7 @@ class LeaseKeeper:
                 self.fence, self.progress.stage, self._snapshot(idle, budget)
             )
         except StoreUnavailable as exc:
-            self._event("renew_failed", detail=str(exc))
+            self._event("store_unavailable", detail=f"stall report: {exc}")
 
     def _snapshot(self, idle: float, budget: float) -> str:
         header = (

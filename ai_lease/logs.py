@@ -77,7 +77,7 @@ def redact(text: str) -> str:
 
 def event_fields(event: Event) -> dict[str, Any]:
     """The fields of one log line (the same in text and JSON), secrets redacted."""
-    return {
+    fields: dict[str, Any] = {
         "event": event.kind,
         "key": event.key or None,
         "token": event.token,
@@ -87,6 +87,12 @@ def event_fields(event: Event) -> dict[str, Any]:
         "value": None if event.value is None else round(event.value, 4),
         "detail": redact(event.detail),
     }
+    if event.attrs:  # e.g. a model call's token counts
+        fields["attrs"] = {
+            name: redact(value) if isinstance(value, str) else value
+            for name, value in event.attrs.items()
+        }
+    return fields
 
 
 def _level(kind: str) -> int:
@@ -117,6 +123,8 @@ def text_line(fields: dict[str, Any]) -> str:
         parts.append(f"idle={fields['idle_s']:.2f}s")
     if fields["value"] is not None:
         parts.append(f"value={fields['value']:g}")
+    for name, value in (fields.get("attrs") or {}).items():
+        parts.append(f"{name}={_text_value(value)}")
     if fields["detail"]:
         parts.append(fields["detail"])
     return " ".join(parts)

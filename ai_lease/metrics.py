@@ -27,7 +27,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
 
-from .errors import ConfigError
+from .errors import ConfigError, FencingRejected
 from .events import Event, EventSink
 
 __all__ = ["DEFAULT_STAGES", "MAX_LABEL_VALUES", "Metrics", "MetricsServer", "serve_metrics"]
@@ -42,12 +42,7 @@ FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 15, 30, 60, 120)
 
 RENEW_REASONS = ("missing", "not_owner", "not_running", "expired", "no_progress", OTHER)
 # FencingRejected's reasons (the same on both stores) -> a label value.
-FENCE_REASONS = {
-    "(a newer owner took the job over)": "newer_owner",
-    "(another owner already committed its result)": "already_committed",
-    "(the job already ended": "already_finished",
-    "(the store holds no record for this job)": "missing",
-}
+FENCE_CODES = frozenset(FencingRejected.CODES.values())
 STREAM_TIMEOUTS = {
     "FirstTokenTimeout": "first_token",
     "StreamIdleTimeout": "idle",
@@ -98,10 +93,11 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.pipeline = pipeline
         self._pipelines = _Capped(initial=[pipeline])
-        self._stages = _Capped(initial=stages)
+        self._stage_names = tuple(stages)
+        self._stages = _Capped(initial=self._stage_names)
         self._providers = _Capped()
         self._declare()
-        self._zero(pipeline, stages)
+        self._zero(pipeline, self._stage_names)
 
     def _declare(self) -> None:
         r, p = self.registry, ["pipeline"]
@@ -167,6 +163,12 @@ class Metrics:
             p,
             registry=r,
         )
+        self.false_takeover = Counter(
+            "owner_false_takeover_total",
+            "Stalled thread stages that finished after all: slow, not stuck (budget too tight).",
+            [*p, "stage"],
+            registry=r,
+        )
         self.stream_timeout = Counter(
             "owner_stream_timeout_total",
             "Model stream timeouts of every kind (first_token, idle, total).",
@@ -182,12 +184,13 @@ class Metrics:
         self.stream_idle.labels(pipeline)
         for reason in RENEW_REASONS:
             self.renew_rejected.labels(pipeline, reason)
-        for reason in {*FENCE_REASONS.values(), OTHER}:
+        for reason in {*FENCE_CODES, OTHER}:
             self.fencing_rejected.labels(pipeline, reason)
         for kind in {*STREAM_TIMEOUTS.values(), OTHER}:
             self.stream_timeout.labels(pipeline, kind)
         for stage in stages:
             self.no_progress.labels(pipeline, stage)
+            self.false_takeover.labels(pipeline, stage)
             self.stage_duration.labels(pipeline, stage)
 
     # -- the sink -------------------------------------------------------------------------------
@@ -198,7 +201,7 @@ class Metrics:
     def for_pipeline(self, name: str) -> EventSink:
         """A sink for the same registry that labels samples with pipeline ``name``."""
         pipeline = self._pipelines(name)
-        self._zero(pipeline, ())
+        self._zero(pipeline, self._stage_names)
         return partial(self.observe, pipeline=pipeline)
 
     def observe(self, event: Event, pipeline: str) -> None:
@@ -230,8 +233,12 @@ class Metrics:
     def _takeover(self, event: Event, pipeline: str) -> None:
         self.takeover.labels(pipeline).inc()
 
+    def _false_takeover(self, event: Event, pipeline: str) -> None:
+        self.false_takeover.labels(pipeline, self._stages(event.stage)).inc()
+
     def _fenced(self, event: Event, pipeline: str) -> None:
-        reason = next((r for text, r in FENCE_REASONS.items() if text in event.detail), OTHER)
+        code = (event.attrs or {}).get("reason")
+        reason = code if code in FENCE_CODES else OTHER
         self.fencing_rejected.labels(pipeline, reason).inc()
 
     def _stage_done(self, event: Event, pipeline: str) -> None:
@@ -241,6 +248,10 @@ class Metrics:
     def _committed(self, event: Event, pipeline: str) -> None:
         if event.value is not None:
             self.task_duration.labels(pipeline).observe(event.value)
+        # Progress after the last renewal, when the runner reports it (attrs["progress"]).
+        unreported = (event.attrs or {}).get("progress")
+        if isinstance(unreported, int | float) and unreported > 0:
+            self.progress.labels(pipeline).inc(unreported)
 
     def _first_token(self, event: Event, pipeline: str) -> None:
         if event.value is not None:
@@ -259,6 +270,7 @@ _HANDLERS: dict[str, Callable[[Metrics, Event, str], None]] = {
     "renew_refused": Metrics._renew_refused,
     "stalled": Metrics._stalled,
     "takeover": Metrics._takeover,
+    "false_takeover": Metrics._false_takeover,
     "fenced": Metrics._fenced,
     "stage_done": Metrics._stage_done,
     "committed": Metrics._committed,

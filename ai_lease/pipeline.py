@@ -328,7 +328,12 @@ async def call_ai(ctx: StageContext) -> Completion:
         try:
             return await guard.collect(provider.stream(request))
         except StageTimeout as exc:
-            ctx.say("stream_timeout", type(exc).__name__, value=exc.budget_s)
+            ctx.say(
+                "stream_timeout",
+                type(exc).__name__,
+                value=exc.budget_s,
+                attrs={"provider": provider.name},
+            )
             raise
         finally:
             if guard.first_token_s is not None:

@@ -193,7 +193,7 @@ class Runner:
         try:
             await self.history.flush(force=force)
         except (StoreUnavailable, AiLeaseError) as exc:
-            self._emit("renew_failed", "", detail=f"history not saved: {exc}")
+            self._emit("store_unavailable", "", detail=f"history not saved: {exc}")
 
     async def _learn_budgets(self) -> None:
         """Adaptive mode: stage budgets from the recorded P99s (see AdaptiveBudgets)."""
@@ -227,7 +227,7 @@ class Runner:
             except StoreUnavailable as exc:
                 if not reached_store:  # never reached: a configuration problem, say so now
                     raise
-                self._emit("renew_failed", job.key, detail=str(exc))
+                self._emit("store_unavailable", job.key, detail=str(exc))
                 await asyncio.sleep(self.timings.poll_interval)
                 continue
             reached_store = True
@@ -303,7 +303,7 @@ class Runner:
             await self._step_down(fence)  # e.g. a worker shutting down: hand over at once
             raise
         except FencingRejected as exc:
-            self._emit("fenced", job.key, fence, str(exc))
+            self._fenced(fence, exc)
             return 0.0  # someone else owns it now: follow them
         except Stalled as exc:
             # Our work was stuck: let the other nodes take over first, rather than racing
@@ -378,8 +378,18 @@ class Runner:
                 raise JobDeadlineExceeded(job.key, self.timings.job_deadline) from None
             raise
         committed = ctx.committed or await ctx.commit(value)
-        self._emit(
-            "committed", job.key, fence, "one result stored", value=progress.clock() - started
+        self._emit_event(
+            Event(
+                "committed",
+                job.key,
+                fence.owner_id,
+                fence.token,
+                progress.stage,
+                progress.idle(),
+                "one result stored",
+                value=progress.clock() - started,
+                attrs={"progress": progress.version - keeper.reported_version},
+            )
         )
         return committed
 
@@ -391,6 +401,21 @@ class Runner:
         if self._sink is not None:
             self._sink(event)
 
+    def _fenced(self, fence: Fence, exc: FencingRejected) -> None:
+        reason = exc.code
+        self._emit_event(
+            Event(
+                "fenced",
+                fence.key,
+                fence.owner_id,
+                fence.token,
+                None,
+                None,
+                str(exc),
+                attrs={"reason": reason},
+            )
+        )
+
     async def _step_down(self, fence: Fence) -> None:
         """Release after a cancellation, bounded by the store's op timeout."""
         try:
@@ -398,21 +423,23 @@ class Runner:
                 await self.store.release(fence, error="the owner was cancelled (shutdown)")
             self._emit("released", fence.key, fence, "cancelled: stepped down")
         except (StoreUnavailable, TimeoutError) as exc:
-            self._emit("renew_failed", fence.key, fence, f"could not step down: {exc}")
+            self._emit("store_unavailable", fence.key, fence, f"could not step down: {exc}")
 
     async def _release(self, fence: Fence, error: str) -> None:
         try:
             await self.store.release(fence, error=error)
             self._emit("released", fence.key, fence, error)
         except StoreUnavailable as exc:  # the lease lapses on its own
-            self._emit("renew_failed", fence.key, fence, str(exc))
+            self._emit("store_unavailable", fence.key, fence, str(exc))
 
     async def _fail(self, fence: Fence, reason: str) -> None:
         try:
             await self.store.fail(fence, reason)
             self._emit("failed", fence.key, fence, reason)
-        except (StoreUnavailable, FencingRejected) as exc:
-            self._emit("fenced", fence.key, fence, str(exc))
+        except StoreUnavailable as exc:  # the lease lapses; the next attempt records it
+            self._emit("store_unavailable", fence.key, fence, str(exc))
+        except FencingRejected as exc:
+            self._fenced(fence, exc)
 
 
 async def _alongside(work: Any, keeper: LeaseKeeper) -> Any:

@@ -12,6 +12,11 @@ by the store's own clock:
 ``release``  step down; ``commit`` the one result (fenced, idempotent); ``fail`` terminally;
 ``report_stall`` store where the work is stuck; ``get``; ``wait`` for a change;
 ``list_jobs`` for people (not a hot path).
+
+The records that ``acquire`` (when it grants or refuses a lease) and ``commit``/``fail``
+(on a fresh write) return may leave the big fields out — ``spec``, other owners'
+``result``, ``stall_snapshot`` — so an input or a result never crosses the network twice;
+``get`` and a ``Finished`` answer always carry everything.
 """
 
 from __future__ import annotations

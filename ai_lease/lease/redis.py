@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -211,7 +212,10 @@ class RedisStore:
         if reply[0] == "rejected":
             current = (int(reply[2]), reply[3]) if reply[2] else None
             raise FencingRejected(fence.key, fence.pair, current, reply[1])
-        return self._decode(fence.key, reply[2:], reply[1])
+        job = self._decode(fence.key, reply[2:], reply[1])
+        if field == "result" and job.result is None:  # a fresh write: the reply is lean
+            job = dataclasses.replace(job, result=value)
+        return job
 
     async def commit(self, fence: Fence, result: str) -> JobState:
         return await self._finish("commit", fence, "DONE", "result", result)

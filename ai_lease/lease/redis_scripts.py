@@ -25,6 +25,21 @@ local function num(v)
   if n == nil then error('AILEASE_CORRUPT a number field holds ' .. string.sub(v, 1, 40)) end
   return n
 end
+-- Every field but the big ones (spec, result, stall_snapshot): what acquire and a fresh
+-- commit send back, so an input or a result never crosses the network twice.
+local LEAN = {'schema', 'status', 'owner_id', 'token', 'stage', 'progress_version',
+  'heartbeat_at', 'last_progress_at', 'lease_expires_at', 'max_no_progress', 'stall_policy',
+  'attempts', 'takeovers', 'missed_renewals', 'last_error', 'fingerprint', 'created_at',
+  'updated_at'}
+local function lean(k)
+  local v = redis.call('HMGET', k, unpack(LEAN))
+  local out = {}
+  for i, name in ipairs(LEAN) do
+    out[#out + 1] = name
+    out[#out + 1] = v[i] or ''
+  end
+  return out
+end
 local function check(k)
   if redis.call('EXISTS', k) == 0 then return false end
   local s = redis.call('HGET', k, 'schema')
@@ -54,8 +69,8 @@ if ok then
     return {'finished', fmt(now), unpack(redis.call('HGETALL', k))}
   end
   if v[1] == 'RUNNING' and num(v[4]) > now then
-    if v[2] == owner then return {'acquired', fmt(now), 0, unpack(redis.call('HGETALL', k))} end
-    return {'following', fmt(now), unpack(redis.call('HGETALL', k))}
+    if v[2] == owner then return {'acquired', fmt(now), 0, unpack(lean(k))} end
+    return {'following', fmt(now), unpack(lean(k))}
   end
   prev, attempts, takeovers = num(v[3]), num(v[6]), num(v[7])
   had_owner, last_error = (v[2] and v[2] ~= ''), (v[8] or '')
@@ -76,7 +91,7 @@ redis.call('HSET', k, 'status', 'RUNNING', 'owner_id', owner, 'token', fmt(token
   'stage', '', 'progress_version', '0', 'heartbeat_at', fmt(now), 'last_progress_at', fmt(now),
   'lease_expires_at', fmt(now + ttl), 'max_no_progress', ARGV[3], 'stall_policy', ARGV[4],
   'attempts', fmt(attempts + 1), 'takeovers', fmt(takeovers), 'updated_at', fmt(now))
-return {'acquired', fmt(now), had_owner and 1 or 0, unpack(redis.call('HGETALL', k))}
+return {'acquired', fmt(now), had_owner and 1 or 0, unpack(lean(k))}
 """
 )
 
@@ -150,7 +165,7 @@ if not mine then return {'rejected', 'a newer owner took the job over', v[3], v[
 redis.call('HSET', k, 'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '',
   'updated_at', fmt(now))
 redis.call('PUBLISH', KEYS[2], ARGV[3])
-return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
+return {'ok', fmt(now), unpack(lean(k))}
 """
 )
 

@@ -422,8 +422,9 @@ class JobQueueContract:
         key = _key("run-submitted")
         await store.submit(key, '{"k": 1}', "fp")
         fence = await _own(store, key, fingerprint="fp")
-        done = await store.commit(fence, "r")
-        assert done.spec == '{"k": 1}' and done.fingerprint == "fp"
+        await store.commit(fence, "r")
+        done = await store.get(key)  # acquire/commit answers may leave the big fields out
+        assert done is not None and done.spec == '{"k": 1}' and done.fingerprint == "fp"
         again = await store.submit(key, '{"k": 1}', "fp")
         assert again.status is Status.DONE and again.result == "r"
 
