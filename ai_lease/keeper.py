@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from .errors import LeaseLost, Stalled, StoreUnavailable
 from .events import Event, EventSink
-from .lease.base import Fence, LeaseStore
+from .lease.base import Fence, JobQueue, LeaseStore
 from .progress import Progress
 from .snapshot import snapshot
 from .timeouts import LeaseTimings, StallPolicy
@@ -135,6 +135,8 @@ class LeaseKeeper:
                 await self.store.release(
                     self.fence, error=_stall_text(self.progress, idle, budget), snapshot=text
                 )
+                if isinstance(self.store, JobQueue):  # free at once for the workers too
+                    await self.store.reschedule(self.fence.key, 0.0)
                 self._event("released", detail="stalled: stepped down")
             else:
                 await self.store.report_stall(self.fence, self.progress.stage, text)
