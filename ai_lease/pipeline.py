@@ -76,11 +76,13 @@ class Stage:
             self.deadline if self.deadline is not None else base.deadline,
         )
 
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
+    def __post_init__(self) -> None:
+        is_async = inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
             getattr(self.fn, "__call__", None)  # noqa: B004 - async callable objects
         )
+        object.__setattr__(self, "is_async", is_async)  # decided once, not per job
+
+    is_async: bool = field(init=False, repr=False, compare=False, default=False)
 
 
 @dataclass

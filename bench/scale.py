@@ -1,0 +1,251 @@
+"""1,000 concurrent guarded streams in one process on one core: deadlines, CPU and memory per job.
+
+    .venv/bin/python bench/scale.py                    # 1000 streams x 50 chunks/s x 5 s
+    .venv/bin/python bench/scale.py --streams 2000 --rate 25
+
+Nothing to start: the provider is in-process. The process pins itself to one core.
+
+Each stream is an async generator that yields one content delta (a fresh string) every
+1 / ``--rate`` seconds on an absolute schedule, phases spread over one period, for
+``--seconds``. Phases, all on one event loop, same streams:
+
+* ``raw``      every stream consumed bare (``async for``, texts kept in a list);
+* ``guarded``  every stream through ``StreamGuard(StreamTimeouts(first_token=1, idle=0.5,
+  total=30), Progress()).collect()``, as the call_ai stage runs it.
+
+Both phases also run ``--canaries`` streams that go silent (hang) at a random moment
+between 0.5 s and ``--seconds`` - 1 s. Under the guard each canary must end with
+``StreamIdleTimeout``: its lateness is the moment the consumer sees the error minus the
+deadline it missed (last content + idle). A healthy stream must never time out. CPU is this
+process's CPU time over wall time (one core). Memory: ``tracemalloc`` with every stream in
+flight, per stream, minus the stream's own buffers (the list of texts and the strings),
+for raw and guarded consumers; the difference is what the guard itself holds per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ai_lease import Progress, StreamGuard, StreamIdleTimeout, StreamTimeouts
+from ai_lease.errors import StageTimeout
+from ai_lease.providers.base import Delta
+
+TIMEOUTS = StreamTimeouts(first_token=1, idle=0.5, total=30)
+LATE_TARGET_MS, MEM_TARGET_KIB = 50.0, 20.0
+
+
+async def ticking(
+    chunks: int, period: float, hang_after: int | None = None
+) -> AsyncIterator[Delta]:
+    """One content delta per ``period`` (absolute schedule); hang after ``hang_after``."""
+    loop = asyncio.get_running_loop()
+    at = loop.time() + random.uniform(0, period)
+    for i in range(chunks):
+        if i == hang_after:
+            await asyncio.Event().wait()
+        await asyncio.sleep(max(0.0, at - loop.time()))
+        at += period
+        yield Delta(f"t{i} ")
+    yield Delta(finish_reason="stop")
+
+
+class Consumer:
+    """One stream's consumer; ``parts`` is the stream's own buffer (for the memory sums)."""
+
+    def __init__(self, guarded: bool) -> None:
+        self.guard = StreamGuard(TIMEOUTS, Progress()) if guarded else None
+        self.parts: list[str] = self.guard.text_parts if self.guard else []
+        self.error: StageTimeout | None = None
+        self.late: float | None = None
+
+    async def run(self, stream: AsyncIterator[Delta]) -> None:
+        if self.guard is None:
+            async for delta in stream:
+                if delta.text:
+                    self.parts.append(delta.text)
+            return
+        try:
+            await self.guard.collect(stream)
+        except StageTimeout as exc:
+            self.error = exc
+            if isinstance(exc, StreamIdleTimeout) and self.guard.last_content_at is not None:
+                deadline = self.guard.last_content_at + TIMEOUTS.idle
+                self.late = self.guard.clock() - deadline
+
+    def buffer_bytes(self) -> int:
+        return sys.getsizeof(self.parts) + sum(sys.getsizeof(p) for p in self.parts)
+
+
+async def phase(args: argparse.Namespace, guarded: bool) -> dict[str, Any]:
+    """Run the streams and canaries once; CPU, lateness, false timeouts, delivered rate."""
+    period, chunks = 1 / args.rate, round(args.seconds * args.rate)
+    healthy = [Consumer(guarded) for _ in range(args.streams)]
+    canaries = [Consumer(guarded) for _ in range(args.canaries)]
+    gc.collect()
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
+    lags: list[float] = []
+    probe = asyncio.create_task(loop_lag(lags))
+    t0, c0 = time.perf_counter(), time.process_time()
+    streams = [asyncio.create_task(c.run(ticking(chunks, period))) for c in healthy]
+    lo, hi = round(0.5 * args.rate), round((args.seconds - 1) * args.rate)
+    hung = [
+        asyncio.create_task(c.run(ticking(chunks, period, random.randint(lo, hi))))
+        for c in canaries
+    ]
+    await asyncio.gather(*streams)  # every guarded canary has fired by now (or it never will)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    gc.callbacks.remove(pauses)
+    for task in [*hung, probe]:  # raw canaries hang for ever
+        task.cancel()
+    await asyncio.gather(*hung, probe, return_exceptions=True)
+    late = [c.late for c in canaries if c.late is not None]
+    return {
+        "wall": wall,
+        "cpu": cpu / wall,
+        "chunks_per_s": sum(len(c.parts) for c in healthy) / wall,
+        "false_timeouts": sum(c.error is not None for c in healthy),
+        "canaries_fired": len(late),
+        "late": late,
+        "gc_ms": pauses.longest * 1000,
+        "lag_p99_ms": pct(lags, 0.99) * 1000,
+    }
+
+
+async def memory(args: argparse.Namespace, guarded: bool) -> tuple[float, float]:
+    """(bytes per in-flight stream, of which the stream's own buffers) under tracemalloc."""
+    consumers = [Consumer(guarded) for _ in range(args.streams)]
+    period, chunks = 1 / args.rate, round(10 * args.seconds * args.rate)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    tasks = [asyncio.create_task(c.run(ticking(chunks, period))) for c in consumers]
+    await asyncio.sleep(1.0)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    buffers = sum(c.buffer_bytes() for c in consumers)
+    tracemalloc.stop()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return held / args.streams, buffers / args.streams
+
+
+class GcPauses:
+    """The longest garbage-collector pause while active (a pause delays every timer)."""
+
+    def __init__(self) -> None:
+        self.started, self.longest = 0.0, 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        else:
+            self.longest = max(self.longest, time.perf_counter() - self.started)
+
+
+async def loop_lag(lags: list[float], every: float = 0.01) -> None:
+    """How late a plain 10 ms timer fires: the loop's own lateness, with or without guards."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + every
+        await asyncio.sleep(every)
+        lags.append(loop.time() - due)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+async def run(args: argparse.Namespace) -> None:
+    raw, guarded = await phase(args, guarded=False), await phase(args, guarded=True)
+    (raw_mem, raw_buf), (g_mem, g_buf) = await memory(args, False), await memory(args, True)
+    late_ms = [x * 1000 for x in guarded["late"]]
+    heads = f"{'chunks/s':>9} {'CPU':>6} {'false t/o':>9} {'GC max ms':>9} {'lag p99 ms':>10}"
+    print(f"\n{'phase':<8} {heads}  canary lateness ms")
+    for name, r in (("raw", raw), ("guarded", guarded)):
+        lat = "-"
+        if r["late"]:
+            ms = [x * 1000 for x in r["late"]]
+            lat = f"p50 {statistics.median(ms):.1f} p99 {pct(ms, 0.99):.1f} max {max(ms):.1f}"
+        print(
+            f"{name:<8} {r['chunks_per_s']:9.0f} {r['cpu']:6.1%} {r['false_timeouts']:9d} "
+            f"{r['gc_ms']:9.1f} {r['lag_p99_ms']:10.1f}  {lat}"
+            f" ({r['canaries_fired']}/{args.canaries} fired)"
+        )
+    print(
+        f"memory per in-flight stream: raw {raw_mem / 1024:.2f} KiB ({raw_buf / 1024:.2f} KiB "
+        f"buffers), guarded {g_mem / 1024:.2f} KiB ({g_buf / 1024:.2f} KiB buffers)\n"
+    )
+    beyond = (g_mem - g_buf) / 1024
+    out = {
+        "guarded_chunks_per_s": guarded["chunks_per_s"],
+        "raw_chunks_per_s": raw["chunks_per_s"],
+        "guarded_cpu_utilisation": guarded["cpu"],
+        "raw_cpu_utilisation": raw["cpu"],
+        "ratio_cpu_guarded_vs_raw": guarded["cpu"] / raw["cpu"],
+        "false_timeouts": guarded["false_timeouts"],
+        "canaries_fired": guarded["canaries_fired"],
+        "lateness_p50_ms": statistics.median(late_ms) if late_ms else float("nan"),
+        "lateness_p99_ms": pct(late_ms, 0.99),
+        "lateness_max_ms": max(late_ms, default=float("nan")),
+        "longest_gc_pause_ms": guarded["gc_ms"],
+        "loop_lag_p99_ms_raw": raw["lag_p99_ms"],
+        "loop_lag_p99_ms_guarded": guarded["lag_p99_ms"],
+        "memory_per_job_kib": g_mem / 1024,
+        "memory_per_job_beyond_buffers_kib": beyond,
+        "memory_guard_only_kib": (g_mem - g_buf - raw_mem + raw_buf) / 1024,
+        "memory_raw_beyond_buffers_kib": (raw_mem - raw_buf) / 1024,
+    }
+    for k, v in out.items():
+        print(f"RESULT {k} {v:.3f}")
+    p99, every = out["lateness_p99_ms"], guarded["canaries_fired"] == args.canaries
+    no_miss = p99 < LATE_TARGET_MS and every and guarded["false_timeouts"] == 0
+    verdicts = [
+        (
+            no_miss,
+            f"no_missed_deadline: lateness_p99<{LATE_TARGET_MS:g}ms ({p99:.1f}), "
+            f"canaries {guarded['canaries_fired']}/{args.canaries}, "
+            f"false timeouts {guarded['false_timeouts']}",
+        ),
+        (
+            beyond < MEM_TARGET_KIB,
+            f"memory_per_job_beyond_buffers<{MEM_TARGET_KIB:g}KiB ({beyond:.2f})",
+        ),
+    ]
+    print()
+    for ok, text in verdicts:
+        print(f"VERDICT {'ok' if ok else 'miss'} {text}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--streams", type=int, default=1000, help="healthy concurrent streams")
+    p.add_argument("--rate", type=float, default=50.0, help="content chunks per second each")
+    p.add_argument("--seconds", type=float, default=5.0, help="how long each stream runs")
+    p.add_argument("--canaries", type=int, default=200, help="streams that go silent")
+    args = p.parse_args()
+    os.sched_setaffinity(0, {0})
+    random.seed(8)
+    print(
+        f"scale: {args.streams} streams x {args.rate:g} chunks/s x {args.seconds:g} s + "
+        f"{args.canaries} canaries, one core (affinity {sorted(os.sched_getaffinity(0))}); "
+        f"Python {sys.version.split()[0]}, {TIMEOUTS}"
+    )
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
