@@ -206,8 +206,10 @@ class StoreUnavailable(StoreError):
     ``where`` names the store with any password masked.
     """
 
-    def __init__(self, where: str, op: str, detail: str) -> None:
-        self.where, self.op = where, op
+    def __init__(self, where: str, op: str, detail: str, *, maybe_applied: bool = True) -> None:
+        # maybe_applied: the request may have reached the store (a timeout, a lost reply);
+        # False only when it surely did not (connection refused, authentication failed).
+        self.where, self.op, self.maybe_applied = where, op, maybe_applied
         super().__init__(f"lease store {where} unavailable during {op}: {detail}")
 
 

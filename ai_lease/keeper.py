@@ -104,16 +104,18 @@ class LeaseKeeper:
     async def _renew(self, budget: float) -> None:
         sent = self.clock()
         try:
-            answer = await self.store.renew(
-                self.fence,
-                ttl=self.timings.ttl,
-                stage=self.progress.stage,
-                progress_version=self.progress.version,
-                max_no_progress=budget,
-                grace=self.timings.renew_interval,
-            )
-        except StoreUnavailable as exc:
-            self._event("renew_failed", detail=str(exc))
+            # Never let a hung renewal carry us past the self-fence point.
+            async with asyncio.timeout(max(0.0, self.fence_at - sent)):
+                answer = await self.store.renew(
+                    self.fence,
+                    ttl=self.timings.ttl,
+                    stage=self.progress.stage,
+                    progress_version=self.progress.version,
+                    max_no_progress=budget,
+                    grace=self.timings.renew_interval,
+                )
+        except (StoreUnavailable, TimeoutError) as exc:
+            self._event("renew_failed", detail=str(exc) or "no answer before the self-fence point")
             return
         if not answer.ok:
             self._event("renew_refused", detail=answer.reason or "")

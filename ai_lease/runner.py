@@ -67,6 +67,25 @@ __all__ = ["Runner"]
 _attempts = itertools.count(1)
 
 
+class _Contact:
+    """Whether this run has heard from the store yet, and how many errors it forgave
+    before that: a store never reached is a configuration problem (report it at once),
+    unless the error may hide a request that landed (a lost reply), which is retried a
+    few times first."""
+
+    FIRST_CONTACT_RETRIES = 3
+
+    def __init__(self) -> None:
+        self.reached = False
+        self.forgiven = 0
+
+    def tolerate(self, exc: StoreUnavailable) -> bool:
+        if self.reached:
+            return True
+        self.forgiven += 1
+        return exc.maybe_applied and self.forgiven <= self.FIRST_CONTACT_RETRIES
+
+
 def default_node_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -216,36 +235,44 @@ class Runner:
 
     async def _loop(self, job: Job, follow: bool) -> JobState | None:
         started = time.monotonic()
-        reached_store = False
+        contact = _Contact()
+        owner_id = self._new_owner_id()
         while True:
             left = self.timings.job_deadline - (time.monotonic() - started)
             try:
                 async with asyncio.timeout(max(left, 0.0)):
-                    outcome = await self._compete(job, follow)
+                    outcome = await self._compete(job, follow, owner_id, contact)
             except TimeoutError:
                 raise JobDeadlineExceeded(job.key, self.timings.job_deadline) from None
             except StoreUnavailable as exc:
-                if not reached_store:  # never reached: a configuration problem, say so now
+                if not contact.tolerate(exc):  # never reached: a configuration problem
                     raise
+                # Same owner id next time: if the lost acquire did land, the repeat returns
+                # our own lease instead of making us follow it for a whole TTL.
                 self._emit("store_unavailable", job.key, detail=str(exc))
                 await asyncio.sleep(self.timings.poll_interval)
                 continue
-            reached_store = True
+            contact.reached = True
             if outcome is None:
                 return None
             if isinstance(outcome, Finished):
                 return self._finished(outcome.job)
             attempt = await self._attempt(job, outcome)
+            owner_id = self._new_owner_id()  # the next attempt gets a fence of its own
             if isinstance(attempt, JobState):
                 return attempt
             finished = await self._stand_aside(job.key, attempt) if attempt > 0 else None
             if finished is not None:
                 return self._finished(finished)
 
-    async def _compete(self, job: Job, follow: bool) -> Acquired | Finished | None:
-        """Acquire the job under a fresh owner id; meanwhile follow whoever holds it, or
+    def _new_owner_id(self) -> str:
+        return f"{self.node_id}#{next(_attempts)}.{secrets.token_hex(2)}"
+
+    async def _compete(
+        self, job: Job, follow: bool, owner_id: str, contact: _Contact
+    ) -> Acquired | Finished | None:
+        """Acquire the job as ``owner_id``; meanwhile follow whoever holds it, or
         (``follow=False``) return None at once."""
-        owner_id = f"{self.node_id}#{next(_attempts)}.{secrets.token_hex(2)}"
         kwargs: dict[str, Any] = dict(
             ttl=self.timings.ttl,
             max_no_progress=self.pipeline.stages[0].budget(self.timings).max_no_progress,
@@ -254,12 +281,17 @@ class Runner:
             max_attempts=self.retry.attempts,
         )
         if follow:
+
+            def on_follow(following: Following) -> None:
+                contact.reached = True  # an answer: later store errors are blips
+                self._on_follow(following)
+
             return await acquire_or_follow(
                 self.store,
                 job.key,
                 owner_id,
                 poll_interval=self.timings.poll_interval,
-                on_follow=self._on_follow,
+                on_follow=on_follow,
                 **kwargs,
             )
         outcome = await self.store.acquire(job.key, owner_id, **kwargs)

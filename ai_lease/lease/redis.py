@@ -22,8 +22,8 @@ import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
 
 from ..errors import CorruptRecord, FencingRejected, JobConflict, StoreUnavailable
 from ..job import JobState
@@ -44,6 +44,26 @@ _TIME_FIELDS = frozenset(
         "updated_at",
     }
 )
+
+
+# No CLIENT SETINFO on connect: two extra round trips per new connection, which a slow
+# link pays inside the first operation's deadline.
+try:
+    from redis.driver_info import DriverInfo
+
+    _NO_SETINFO: dict[str, Any] = {"driver_info": DriverInfo(name=None, lib_version=None)}
+except ImportError:  # redis-py before 7.1
+    _NO_SETINFO = {"lib_name": None, "lib_version": None}
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """True when the error proves the command never reached the server."""
+    text = str(exc)
+    return (
+        isinstance(exc, AuthenticationError)
+        or "Connection refused" in text
+        or ("Error connecting" in text)
+    )
 
 
 def _us(seconds: float) -> str:
@@ -83,6 +103,7 @@ class RedisStore:
             socket_timeout=op_timeout,
             socket_connect_timeout=op_timeout,
             retry=Retry(NoBackoff(), 0),
+            **_NO_SETINFO,
         )
         if url.startswith(("redis+cluster://", "rediss+cluster://")):
             from redis.asyncio.cluster import RedisCluster
@@ -99,18 +120,31 @@ class RedisStore:
 
     async def _prepare(self) -> None:
         """Load every script once per client (on Cluster: on every primary), so that many
-        first operations at once do not all meet NOSCRIPT and reload concurrently."""
+        first operations at once do not all meet NOSCRIPT and reload concurrently. The loads
+        go out together (one round trip), under a deadline of their own before the
+        operation's; if they fail, EVALSHA's own NOSCRIPT fallback still works."""
         async with self._prepare_lock:
-            if not self._prepared:
-                for script in self._scripts.values():
-                    await self._client.script_load(script.script)
+            if self._prepared:
+                return
+            texts = [s.script for s in self._scripts.values()]
+            try:
+                async with asyncio.timeout(2 * self._op_timeout):  # once per client
+                    if hasattr(self._client, "get_nodes"):  # Cluster: every primary
+                        await asyncio.gather(*(self._client.script_load(t) for t in texts))
+                    else:  # one connection, one round trip
+                        pipe = self._client.pipeline(transaction=False)
+                        for text in texts:
+                            pipe.script_load(text)
+                        await pipe.execute()
                 self._prepared = True
+            except (TimeoutError, RedisError, OSError):
+                return
 
     async def _call(self, op: str, key: str, script: str, args: list[Any]) -> Any:
+        if not self._prepared:
+            await self._prepare()
         try:
             async with asyncio.timeout(self._op_timeout):
-                if not self._prepared:
-                    await self._prepare()
                 try:
                     return await self._scripts[script](keys=self.keys(key), args=args)
                 except RedisConnectionError:
@@ -131,7 +165,10 @@ class RedisStore:
                 self.where, op, f"no answer within {self._op_timeout:g}s"
             ) from None
         except (RedisError, OSError) as exc:
-            raise StoreUnavailable(self.where, op, type(exc).__name__ + ": " + str(exc)) from exc
+            detail = type(exc).__name__ + ": " + str(exc)
+            raise StoreUnavailable(
+                self.where, op, detail, maybe_applied=not _never_sent(exc)
+            ) from exc
 
     def _decode(self, key: str, flat: list[Any], now_us: Any) -> JobState:
         data: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))

@@ -13,7 +13,8 @@ silently short answer. SSE comments (``: ping``) are skipped and are never progr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -98,26 +99,30 @@ class OpenAICompatProvider:
                 "POST", self._url, content=body, headers=self._stream_headers
             ) as response:
                 await self._check(response, expect="text/event-stream")
-                async for batch in _sse_batches(response):
-                    for data in batch:
-                        if data == b"[DONE]":
-                            return
-                        # Fast path, once per streamed token: one choice, text, no finish.
-                        try:
-                            choice = loads(data)["choices"][0]
-                            text = choice["delta"]["content"]
-                            fast = (
-                                text.__class__ is str and text and choice["finish_reason"] is None
-                            )
-                        except (ValueError, LookupError, TypeError):
-                            fast = False
-                        if fast:
-                            chunks += 1
-                            yield Delta(text)
-                            continue
-                        for delta in self._deltas(data, chunks):
-                            chunks += bool(delta.text)
-                            yield delta
+                batches = contextlib.aclosing(_sse_batches(response))
+                async with batches as reader:
+                    async for batch in reader:
+                        for data in batch:
+                            if data == b"[DONE]":
+                                return
+                            # Fast path, once per streamed token: one choice, text, no finish.
+                            try:
+                                choice = loads(data)["choices"][0]
+                                text = choice["delta"]["content"]
+                                fast = (
+                                    text.__class__ is str
+                                    and text
+                                    and choice["finish_reason"] is None
+                                )
+                            except (ValueError, LookupError, TypeError):
+                                fast = False
+                            if fast:
+                                chunks += 1
+                                yield Delta(text)
+                                continue
+                            for delta in self._deltas(data, chunks):
+                                chunks += bool(delta.text)
+                                yield delta
                 raise self._error("the stream ended before [DONE]", chunks)
         except httpx.HTTPError as exc:
             raise self._error(f"{type(exc).__name__}: {exc}", chunks) from exc
@@ -194,7 +199,7 @@ class OpenAICompatProvider:
         return ProviderError(message, retryable=True, provider=self.name, partial=chunks > 0)
 
 
-async def _sse_batches(response: httpx.Response) -> AsyncIterator[list[bytes]]:
+async def _sse_batches(response: httpx.Response) -> AsyncGenerator[list[bytes], None]:
     """Per network read, the ``data:`` payloads of the events it completed; comments skipped.
 
     A small bytes-level parser (measured against httpx-sse in docs/benchmarks.md): events end
