@@ -203,7 +203,8 @@ class Worker:
             if current is not None and current.lease_expires_at is not None:
                 await self.queue.reschedule(key, current.lease_expires_at)
             return
-        self.completed += 1
+        if (done.owner_id or "").startswith(f"{self.runner.node_id}#"):  # ours, not a follow
+            self.completed += 1
         await self.queue.reschedule(key, None)
 
     def _say(self, kind: str, detail: str, key: str = "") -> None:

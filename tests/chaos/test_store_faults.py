@@ -143,14 +143,14 @@ async def test_black_holed_owner_fences_itself_and_is_taken_over(
     last = of_kind(histories["A"], "acquired", "renewed", owner_id=owner)[-1]
     failed = [e for e in of_kind(histories["A"], "renew_failed", owner_id=owner)]
     assert failed, "no renewal failed"
-    assert all(f"no answer within {OP:g}s" in e["detail"] for e in failed), failed
-    # The keeper tried on schedule: each try ended at the op timeout, none hung past it.
+    # Each try gave up at the op timeout, or earlier at the self-fence point; none hung.
     gaps = [later["at"] - earlier["at"] for earlier, later in itertools.pairwise(failed)]
-    assert all(RENEW - 0.1 <= gap <= RENEW + 0.15 for gap in gaps), gaps
+    assert all(gap <= RENEW + 0.15 for gap in gaps), gaps
+    assert all(RENEW - 0.1 <= gap for gap in gaps[:-1]), gaps
     fenced_after = fenced["at"] - last["at"]
-    # Due at TTL - MARGIN after the renewal was sent; it can be up to one op timeout late
-    # (see test_keeper_faults.py::test_self_fence_is_not_delayed_by_a_hung_renewal).
-    assert fenced_after <= TTL - MARGIN + OP + 0.05, f"self-fenced {fenced_after:.2f}s late"
+    # Due at TTL - MARGIN after the renewal was sent; a hung renewal cannot delay it
+    # (each renewal is bounded by the self-fence point too).
+    assert fenced_after <= TTL - MARGIN + 0.15, f"self-fenced {fenced_after:.2f}s late"
     assert fenced["at"] < last["at"] + TTL - 0.05, "the owner worked past its lease"
     after = taken["at"] - last["at"]
     assert TTL - 0.1 <= after <= DEAD_OWNER_BOUND, f"takeover {after:.2f}s after A's renewal"
