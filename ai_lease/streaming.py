@@ -108,18 +108,20 @@ class StreamGuard:
         usage: Usage | None = None
         self._arm()
         clock, parts, progress = self.clock, self.text_parts, self.progress
+        last: float | None = None  # local mirrors of the hot fields: attribute reads cost
+        max_gap = 0.0
         try:
             async for text, finish_reason, delta_usage in stream:
                 if text:  # content: the only thing that moves the deadlines and the job
                     now = clock()
                     parts.append(text)
-                    if self.last_content_at is None:  # once per stream
+                    if last is None:  # once per stream
                         self.first_token_s = now - self.started_at
                         self.last_content_at = now
                         self._rearm()  # the idle deadline may be nearer than the first-token one
-                    if now - self.last_content_at > self.max_gap_s:
-                        self.max_gap_s = now - self.last_content_at
-                    self.last_content_at = now
+                    elif now - last > max_gap:
+                        max_gap = self.max_gap_s = now - last
+                    last = self.last_content_at = now  # the watchdog reads the attribute
                     if progress is not None:  # Progress.advance(now), inlined: hot path
                         progress.version += 1
                         progress.last_at = now

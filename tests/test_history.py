@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ai_lease import LeaseStore, LeaseTimings, StageBudget, Stalled
+from ai_lease import LeaseStore, LeaseTimings, StageBudget
 from ai_lease.events import Event
 from ai_lease.history import Histogram, HistoryRecorder, bucket_of, bucket_upper, suggest
 from ai_lease.job import Job
@@ -155,8 +155,7 @@ async def test_thread_stage_finishing_after_its_stall_is_a_false_takeover(
         if any(e.kind == "stalled" for e in events):
             break
         await asyncio.sleep(0.05)
-    task.cancel()
-    release.set()
+    release.set()  # the "stuck" thread finishes after all: it was slow, not stuck
     for _ in range(100):
         if any(e.kind == "false_takeover" for e in events):
             break
@@ -164,8 +163,8 @@ async def test_thread_stage_finishing_after_its_stall_is_a_false_takeover(
     late = [e for e in events if e.kind == "false_takeover"]
     assert len(late) == 1 and late[0].stage == "work" and (late[0].value or 0) > 0
     assert "slow_not_stuck" in late[0].detail
-    with pytest.raises((asyncio.CancelledError, Stalled)):
-        await task
+    record = await asyncio.wait_for(task, 30)  # a later attempt finishes the job
+    assert record.status.value == "DONE" and record.attempts == 2
 
 
 def test_tune_prints_suggestions_from_a_test_run(tmp_path: Path) -> None:
