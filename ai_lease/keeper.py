@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from .errors import LeaseLost, Stalled, StoreUnavailable
 from .events import Event, EventSink
-from .lease.base import Fence, JobQueue, LeaseStore
+from .lease.base import Fence, LeaseStore, due_now
 from .progress import Progress
 from .snapshot import snapshot
 from .timeouts import LeaseTimings, StallPolicy
@@ -133,21 +133,24 @@ class LeaseKeeper:
         self.stalled_at = self.clock()
         text = self._snapshot(idle, budget)
         try:
-            if self.policy is StallPolicy.RELEASE:
-                await self.store.release(
-                    self.fence, error=_stall_text(self.progress, idle, budget), snapshot=text
-                )
-                if isinstance(self.store, JobQueue):  # free at once for the workers too
-                    await self.store.reschedule(self.fence.key, 0.0)
-                self._event("released", detail="stalled: stepped down")
-            else:
-                await self.store.report_stall(self.fence, self.progress.stage, text)
-        except StoreUnavailable as exc:  # the lease lapses anyway; the snapshot is best effort
-            self._event("store_unavailable", detail=f"stall report: {exc}")
+            async with asyncio.timeout(max(0.0, self.fence_at - self.clock())):
+                await self._report(text, idle, budget)
+        except (StoreUnavailable, TimeoutError) as exc:  # the lease lapses anyway
+            self._event("store_unavailable", detail=f"stall report: {exc or 'too late'}")
         self._event(
             "stalled", detail=f"{self.policy.value}: {_stall_text(self.progress, idle, budget)}"
         )
         raise Stalled(self.fence.key, self.progress.stage, idle, budget)
+
+    async def _report(self, text: str, idle: float, budget: float) -> None:
+        """Store the snapshot (expire) or step down with it (release)."""
+        if self.policy is not StallPolicy.RELEASE:
+            await self.store.report_stall(self.fence, self.progress.stage, text)
+            return
+        error = _stall_text(self.progress, idle, budget)
+        await self.store.release(self.fence, error=error, snapshot=text)
+        await due_now(self.store, self.fence.key)  # free at once for the workers too
+        self._event("released", detail="stalled: stepped down")
 
     async def _alert(self, idle: float, budget: float) -> None:
         """Alert policy: record the stall once per episode, keep the lease."""
@@ -156,11 +159,12 @@ class LeaseKeeper:
         self.alerted_version = self.progress.version
         self._event("stalled", detail=f"alert: {_stall_text(self.progress, idle, budget)}")
         try:
-            await self.store.report_stall(
-                self.fence, self.progress.stage, self._snapshot(idle, budget)
-            )
-        except StoreUnavailable as exc:
-            self._event("store_unavailable", detail=f"stall report: {exc}")
+            async with asyncio.timeout(max(0.0, self.fence_at - self.clock())):
+                await self.store.report_stall(
+                    self.fence, self.progress.stage, self._snapshot(idle, budget)
+                )
+        except (StoreUnavailable, TimeoutError) as exc:
+            self._event("store_unavailable", detail=f"stall report: {exc or 'too late'}")
 
     def _snapshot(self, idle: float, budget: float) -> str:
         header = (

@@ -27,6 +27,7 @@ import inspect
 import math
 import threading
 from collections.abc import Awaitable, Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -241,13 +242,18 @@ class Pipeline:
             raise
 
 
+# Sync stages get threads of their own: a stuck one keeps its thread (Python cannot cancel
+# it), and must not starve the default pool that file reads and other to_thread calls use.
+_STAGE_THREADS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="ai-lease-stage")
+
+
 async def _threaded(stage: Stage, ctx: StageContext) -> Any:
     """Run a sync stage in a worker thread. The thread cannot be cancelled: if the job
     gives it up (stall, lost lease) and it then finishes after all, the owner was slow, not
     stuck — a ``false_takeover`` event says so, to show budgets that are too tight."""
     loop = asyncio.get_running_loop()
     context = contextvars.copy_context()
-    future = loop.run_in_executor(None, context.run, _in_thread, stage.fn, ctx)
+    future = loop.run_in_executor(_STAGE_THREADS, context.run, _in_thread, stage.fn, ctx)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

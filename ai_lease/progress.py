@@ -58,12 +58,6 @@ class Progress:
         self.last_at = self.clock()
         return True
 
-    def advance(self, now: float) -> None:
-        """Record a step forward at ``now`` (this tracker's clock), with no marker check:
-        for callers that already read the clock, like the stream guard once per token."""
-        self.version += 1
-        self.last_at = now
-
     def idle(self, now: float | None = None) -> float:
         """Seconds since the last real progress."""
         return (self.clock() if now is None else now) - self.last_at

@@ -44,7 +44,7 @@ from .events import Event, EventSink
 from .history import DurationHistory, Histogram, HistoryRecorder
 from .job import Job, JobState, Status
 from .keeper import LeaseKeeper
-from .lease.base import Acquired, Fence, Finished, Following, JobQueue, LeaseStore
+from .lease.base import Acquired, Fence, Finished, Following, JobQueue, LeaseStore, due_now
 from .lease.follow import acquire_or_follow
 from .pipeline import PersistHook, Pipeline, StageContext
 from .progress import Progress
@@ -453,21 +453,15 @@ class Runner:
         try:
             async with asyncio.timeout(self.timings.op_timeout * 2):
                 await self.store.release(fence, error="the owner was cancelled (shutdown)")
-                await self._due_now(fence.key)
+                await due_now(self.store, fence.key)
             self._emit("released", fence.key, fence, "cancelled: stepped down")
         except (StoreUnavailable, TimeoutError) as exc:
             self._emit("store_unavailable", fence.key, fence, f"could not step down: {exc}")
 
-    async def _due_now(self, key: str) -> None:
-        """A released job is free at once: tell the workers' queue, so another worker takes
-        it after one sweep instead of at the time it was next due."""
-        if isinstance(self.store, JobQueue):
-            await self.store.reschedule(key, 0.0)
-
     async def _release(self, fence: Fence, error: str) -> None:
         try:
             await self.store.release(fence, error=error)
-            await self._due_now(fence.key)
+            await due_now(self.store, fence.key)
             self._emit("released", fence.key, fence, error)
         except StoreUnavailable as exc:  # the lease lapses on its own
             self._emit("store_unavailable", fence.key, fence, str(exc))

@@ -122,7 +122,7 @@ class StreamGuard:
                     elif now - last > max_gap:
                         max_gap = self.max_gap_s = now - last
                     last = self.last_content_at = now  # the watchdog reads the attribute
-                    if progress is not None:  # Progress.advance(now), inlined: hot path
+                    if progress is not None:  # Progress.progress(), inlined: one clock read
                         progress.version += 1
                         progress.last_at = now
                 if finish_reason:

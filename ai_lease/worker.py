@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import time
@@ -118,10 +119,13 @@ class Worker:
         if free <= 0:
             return
         try:
-            keys = await self.queue.due(free + len(self._running))
+            keys = await self.queue.due(4 * free + len(self._running))
         except StoreUnavailable as exc:
             self._say("store_unavailable", str(exc))
             return
+        # Every worker sees the same oldest due keys; taking a random few of a wider window
+        # spreads workers over different jobs instead of racing them all for the same one.
+        random.shuffle(keys)
         for key in keys:
             if free <= 0 or self._stopping.is_set():
                 break

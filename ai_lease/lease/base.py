@@ -186,3 +186,10 @@ class JobQueue(Protocol):
     async def worker_gone(self, worker_id: str) -> None: ...
 
     async def list_workers(self) -> list[WorkerInfo]: ...
+
+
+async def due_now(store: object, key: str) -> None:
+    """Tell the workers' queue (if the store keeps one) that ``key`` is free at once: a
+    released job is then taken after one sweep, not when it was next due."""
+    if isinstance(store, JobQueue):
+        await store.reschedule(key, 0.0)

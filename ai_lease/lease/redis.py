@@ -136,9 +136,9 @@ class RedisStore:
                         for text in texts:
                             pipe.script_load(text)
                         await pipe.execute()
-                self._prepared = True
             except (TimeoutError, RedisError, OSError):
-                return
+                pass  # EVALSHA reloads a missing script itself; do not try again per op
+            self._prepared = True
 
     async def _call(self, op: str, key: str, script: str, args: list[Any]) -> Any:
         if not self._prepared:

@@ -107,20 +107,22 @@ class OpenAICompatProvider:
                                 return
                             # Fast path, once per streamed token: one choice, text, no finish.
                             try:
-                                choice = loads(data)["choices"][0]
+                                obj = loads(data)
+                                choice = obj["choices"][0]
                                 text = choice["delta"]["content"]
                                 fast = (
                                     text.__class__ is str
                                     and text
                                     and choice["finish_reason"] is None
+                                    and obj.get("usage") is None
                                 )
-                            except (ValueError, LookupError, TypeError):
-                                fast = False
+                            except (ValueError, LookupError, TypeError, AttributeError):
+                                obj, fast = None, False
                             if fast:
                                 chunks += 1
                                 yield Delta(text)
                                 continue
-                            for delta in self._deltas(data, chunks):
+                            for delta in self._deltas(data, chunks, obj):
                                 chunks += bool(delta.text)
                                 yield delta
                 raise self._error("the stream ended before [DONE]", chunks)
@@ -168,9 +170,11 @@ class OpenAICompatProvider:
                 f"expected {expect}, got {kind or 'no content type'}: {response.content[:80]!r}", 0
             )
 
-    def _deltas(self, data: bytes, chunks: int) -> list[Delta]:
+    def _deltas(self, data: bytes, chunks: int, obj: Any = None) -> list[Delta]:
+        """Every delta of one chunk (the slow path); ``obj`` is the chunk already parsed."""
         try:
-            obj = orjson.loads(data)
+            if obj is None:
+                obj = orjson.loads(data)
             if "error" in obj:
                 raise self._error(f"error in stream: {obj['error']}", chunks)
             out = []
