@@ -158,48 +158,33 @@ def _reject(rec: JobState | None, fence: Fence, reason: str) -> FencingRejected:
     return FencingRejected(fence.key, fence.pair, current, reason)
 
 
-def commit(rec: JobState | None, fence: Fence, now: float, result: str) -> tuple[Change, JobState]:
+def finish(
+    rec: JobState | None, fence: Fence, now: float, status: Status, value: str
+) -> tuple[Change, JobState]:
+    """End the job DONE (``value`` is the result) or FAILED (``value`` is the reason), fenced;
+    the same call repeated by the same owner returns the stored record (the FINISH script)."""
     if rec is None:
         raise _reject(rec, fence, "the store holds no record for this job")
     mine = (rec.token, rec.owner_id) == fence.pair
-    if rec.status is Status.DONE:
-        if mine:  # a repeated commit (e.g. after a lost reply) returns the stored result
-            return None, rec
-        raise _reject(rec, fence, "another owner already committed its result")
-    if rec.status is Status.FAILED:
-        raise _reject(rec, fence, "the job already ended FAILED")
-    if not mine:
-        raise _reject(rec, fence, "a newer owner took the job over")
-    new = replace(
-        rec,
-        status=Status.DONE,
-        result=result,
-        lease_expires_at=None,
-        updated_at=now,
-        read_at=now,
-    )
-    return new, new
-
-
-def fail(rec: JobState | None, fence: Fence, now: float, reason: str) -> tuple[Change, JobState]:
-    if rec is None:
-        raise _reject(rec, fence, "the store holds no record for this job")
-    mine = (rec.token, rec.owner_id) == fence.pair
-    if rec.status is Status.FAILED and mine:
-        return None, rec
     if rec.status.terminal:
+        if mine and rec.status is status:  # repeated after a lost reply: the stored record
+            return None, rec
+        if rec.status is Status.DONE and status is Status.DONE:
+            raise _reject(rec, fence, "another owner already committed its result")
         raise _reject(rec, fence, f"the job already ended {rec.status.value}")
     if not mine:
         raise _reject(rec, fence, "a newer owner took the job over")
-    new = replace(
-        rec,
-        status=Status.FAILED,
-        last_error=clip(reason),
-        lease_expires_at=None,
-        updated_at=now,
-        read_at=now,
-    )
+    field = {"result": value} if status is Status.DONE else {"last_error": clip(value)}
+    new = replace(rec, status=status, lease_expires_at=None, updated_at=now, read_at=now, **field)
     return new, new
+
+
+def commit(rec: JobState | None, fence: Fence, now: float, result: str) -> tuple[Change, JobState]:
+    return finish(rec, fence, now, Status.DONE, result)
+
+
+def fail(rec: JobState | None, fence: Fence, now: float, reason: str) -> tuple[Change, JobState]:
+    return finish(rec, fence, now, Status.FAILED, reason)
 
 
 def report_stall(

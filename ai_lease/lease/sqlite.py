@@ -146,18 +146,13 @@ class SQLiteStore:
             (job.key, job.status.value, job.lease_expires_at, orjson.dumps(data)),
         )
 
-    async def _transact(
-        self, op: str, key: str, rule: Callable[[JobState | None, float], tuple[JobState | None, T]]
-    ) -> T:
-        """Read, decide and write one job's record in one write transaction."""
+    async def _write(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one write transaction (``BEGIN IMMEDIATE``: processes queue here)."""
 
         def work(conn: sqlite3.Connection) -> T:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                now = self._clock()
-                new, answer = rule(self._load(conn, key, now), now)
-                if new is not None:
-                    self._save(conn, new)
+                answer = fn(conn)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -165,6 +160,20 @@ class SQLiteStore:
             return answer
 
         return await self._run(op, work)
+
+    async def _transact(
+        self, op: str, key: str, rule: Callable[[JobState | None, float], tuple[JobState | None, T]]
+    ) -> T:
+        """Read, decide and write one job's record in one write transaction."""
+
+        def work(conn: sqlite3.Connection) -> T:
+            now = self._clock()
+            new, answer = rule(self._load(conn, key, now), now)
+            if new is not None:
+                self._save(conn, new)
+            return answer
+
+        return await self._write(op, work)
 
     # -- the protocol -------------------------------------------------------------------------
 
@@ -265,27 +274,21 @@ class SQLiteStore:
 
     async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
         def work(conn: sqlite3.Connection) -> JobState:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                now = self._clock()
-                new, job = rules.submit(
-                    self._load(conn, key, now), key, now, spec=spec, fingerprint=fingerprint
+            now = self._clock()
+            new, job = rules.submit(
+                self._load(conn, key, now), key, now, spec=spec, fingerprint=fingerprint
+            )
+            if new is not None:
+                self._save(conn, new)
+            if not job.status.terminal:
+                conn.execute(
+                    "INSERT INTO ai_lease_queue VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
+                    " SET due_at = min(due_at, excluded.due_at)",
+                    (key, now),
                 )
-                if new is not None:
-                    self._save(conn, new)
-                if not job.status.terminal:
-                    conn.execute(
-                        "INSERT INTO ai_lease_queue VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
-                        " SET due_at = min(due_at, excluded.due_at)",
-                        (key, now),
-                    )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
             return job
 
-        return await self._run("submit", work)
+        return await self._write("submit", work)
 
     async def due(self, limit: int) -> list[str]:
         def work(conn: sqlite3.Connection) -> list[str]:
@@ -349,20 +352,14 @@ class SQLiteStore:
             for bucket, n in buckets.items()
         ]
 
-        def work(conn: sqlite3.Connection) -> None:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.executemany(
-                    "INSERT INTO ai_lease_durations VALUES (?, ?, ?, ?, ?) ON CONFLICT"
-                    " (pipeline, kind, stage, bucket) DO UPDATE SET count = count + excluded.count",
-                    rows,
-                )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-
-        await self._run("add_durations", work)
+        await self._write(
+            "add_durations",
+            lambda conn: conn.executemany(
+                "INSERT INTO ai_lease_durations VALUES (?, ?, ?, ?, ?) ON CONFLICT"
+                " (pipeline, kind, stage, bucket) DO UPDATE SET count = count + excluded.count",
+                rows,
+            ),
+        )
 
     async def load_durations(self) -> dict[tuple[str, str, str], dict[int, int]]:
         def work(conn: sqlite3.Connection) -> dict[tuple[str, str, str], dict[int, int]]:
