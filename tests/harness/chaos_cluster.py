@@ -18,11 +18,9 @@ lease-window check for a store that lost its data.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
-import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +29,7 @@ from typing import Any
 
 from ai_lease import JobState, Status
 from tests.harness.history import check_acquisitions, of_kind, read_record
-from tests.harness.node import REPO_ROOT, NodeProcess
+from tests.harness.node import NodeProcess, spawn
 
 __all__ = ["PROFILE", "ChaosCluster", "Verdict", "check_job", "key_view", "report"]
 
@@ -90,22 +88,7 @@ class ChaosCluster:
             args += [f"--{option.replace('_', '-')}", str(value)]
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_")}
         child_env.update(env or {})
-        out = log.open("wb")  # the child inherits the descriptor; ours is closed at once
-        try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "tests.harness.chaos_node",
-                *args,
-                cwd=REPO_ROOT,
-                env=child_env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-            )
-        finally:
-            out.close()
-        node = NodeProcess(name, process, history, log)
+        node = await spawn("tests.harness.chaos_node", name, args, history, log, child_env)
         self.nodes[name] = node
         return node
 

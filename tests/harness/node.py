@@ -457,21 +457,7 @@ class Cluster:
             *(("--go-file", str(self.go_file)) if wait_for_go else ()),
             *extra,
         ]
-        out = log.open("wb")  # the child inherits the descriptor; ours is closed at once
-        try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "tests.harness.node",
-                *args,
-                cwd=REPO_ROOT,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-            )
-        finally:
-            out.close()
-        node = NodeProcess(name, process, history, log)
+        node = await spawn("tests.harness.node", name, args, history, log)
         self.nodes[name] = node
         return node
 
@@ -494,6 +480,33 @@ class Cluster:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+async def spawn(
+    module: str,
+    name: str,
+    args: Sequence[str],
+    history: Path,
+    log: Path,
+    env: dict[str, str] | None = None,
+) -> NodeProcess:
+    """Start ``python -m module *args`` from the repository root, output to ``log``."""
+    out = log.open("wb")  # the child inherits the descriptor; ours is closed at once
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            module,
+            *args,
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
+    finally:
+        out.close()
+    return NodeProcess(name, process, history, log)
 
 
 if __name__ == "__main__":

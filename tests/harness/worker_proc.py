@@ -48,7 +48,7 @@ from ai_lease.providers.base import ChatRequest, Completion, Delta
 from ai_lease.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step
 from ai_lease.worker import Worker
-from tests.harness.node import REPO_ROOT, History, NodeProcess, wait_for_go
+from tests.harness.node import History, NodeProcess, spawn, wait_for_go
 
 __all__ = ["CHUNK_EVERY_S", "WorkerOptions", "Workers", "main"]
 
@@ -244,21 +244,7 @@ class Workers:
             *(("--go-file", str(self.go_file)) if wait_for_go else ()),
             *extra,
         ]
-        out = log.open("wb")  # the child inherits the descriptor; ours is closed at once
-        try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "tests.harness.worker_proc",
-                *args,
-                cwd=REPO_ROOT,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-            )
-        finally:
-            out.close()
-        proc = NodeProcess(name, process, history, log)
+        proc = await spawn("tests.harness.worker_proc", name, args, history, log)
         self.procs[name] = proc
         return proc
 
