@@ -12,8 +12,11 @@ import orjson
 def test_demo_shows_takeover_and_rejected_late_write(tmp_path: Path) -> None:
     """The demo's three nodes: one stall, one takeover with a higher token, one result."""
     out = subprocess.run(
-        [sys.executable, "-m", "ai_lease", "demo", "--json"], cwd=tmp_path,
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "ai_lease", "demo", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     events = [orjson.loads(line) for line in out.stdout.splitlines()]

@@ -169,9 +169,7 @@ async def test_black_holed_owner_fences_itself_and_is_taken_over(
     "drops",
     [
         1,
-        pytest.param(
-            2
-        ),
+        pytest.param(2),
     ],
 )
 async def test_lost_acquire_reply_leaves_no_orphan_lease(
