@@ -334,7 +334,7 @@ async def call_ai(ctx: StageContext) -> Completion:
             return await provider.complete(request)
         guard = StreamGuard(ctx.stream_timeouts, ctx.tracker)
         try:
-            return await guard.collect(provider.stream(request))
+            return await guard.call(provider, request)
         except StageTimeout as exc:
             ctx.say(
                 "stream_timeout",

@@ -10,6 +10,9 @@ earliest one or cancels the consuming task, which then raises the typed timeout:
 * :class:`StreamIdleTimeout`: no content delta within ``idle`` of the previous one;
 * :class:`StreamTotalTimeout`: the stream ran past ``total``.
 
+A provider that can (:class:`~.providers.base.BatchStreaming`) hands over the deltas of one
+network read together; the guard then reads the clock and marks progress once per read.
+
 Only a delta with text is content: role-only chunks, empty deltas and SSE keep-alive
 comments neither count as progress nor hold the idle timer off. When a timeout fires the
 provider's stream is closed, which closes its upstream connection.
@@ -19,12 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 from .errors import FirstTokenTimeout, StreamIdleTimeout, StreamTotalTimeout
 from .progress import Progress
-from .providers.base import ChatRequest, Completion, Delta, Provider, Usage
+from .providers.base import BatchStreaming, ChatRequest, Completion, Delta, Provider, Usage
 from .timeouts import StreamTimeouts
 
 __all__ = ["StreamGuard", "guarded_completion"]
@@ -97,8 +100,23 @@ class StreamGuard:
 
     # -- consuming ------------------------------------------------------------------------------
 
+    async def call(self, provider: Provider, request: ChatRequest) -> Completion:
+        """Stream ``request`` from ``provider`` whole, by batches where it offers them."""
+        if isinstance(provider, BatchStreaming):
+            return await self.collect_batches(provider.stream_batches(request))
+        return await self.collect(provider.stream(request))
+
     async def collect(self, stream: AsyncIterator[Delta]) -> Completion:
         """Consume ``stream`` whole; return the joined text, finish reason and usage."""
+        try:
+            return await self.collect_batches(_one_by_one(stream))
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def collect_batches(self, batches: AsyncIterator[Sequence[Delta]]) -> Completion:
+        """:meth:`collect` for a stream of batches (deltas that arrived together)."""
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         assert self._task is not None
@@ -111,24 +129,28 @@ class StreamGuard:
         last: float | None = None  # local mirrors of the hot fields: attribute reads cost
         max_gap = 0.0
         try:
-            async for text, finish_reason, delta_usage in stream:
-                if text:  # content: the only thing that moves the deadlines and the job
-                    now = clock()
-                    parts.append(text)
-                    if last is None:  # once per stream
-                        self.first_token_s = now - self.started_at
-                        self.last_content_at = now
-                        self._rearm()  # the idle deadline may be nearer than the first-token one
-                    elif now - last > max_gap:
-                        max_gap = self.max_gap_s = now - last
-                    last = self.last_content_at = now  # the watchdog reads the attribute
-                    if progress is not None:  # Progress.progress(), inlined: one clock read
-                        progress.version += 1
-                        progress.last_at = now
-                if finish_reason:
-                    finish = finish_reason
-                if delta_usage is not None:
-                    usage = delta_usage
+            async for batch in batches:
+                content = len(parts)
+                for text, finish_reason, delta_usage in batch:
+                    if text:
+                        parts.append(text)
+                    if finish_reason:
+                        finish = finish_reason
+                    if delta_usage is not None:
+                        usage = delta_usage
+                if len(parts) == content:
+                    continue  # no content: moves neither the deadlines nor the job
+                now = clock()
+                if last is None:  # once per stream
+                    self.first_token_s = now - self.started_at
+                    self.last_content_at = now
+                    self._rearm()  # the idle deadline may be nearer than the first-token one
+                elif now - last > max_gap:
+                    max_gap = self.max_gap_s = now - last
+                last = self.last_content_at = now  # the watchdog reads the attribute
+                if progress is not None:  # Progress.progress(), inlined: one clock read
+                    progress.version += 1
+                    progress.last_at = now
         except asyncio.CancelledError:
             if self._fired is not None and self._task.uncancel() <= cancelling:
                 raise self._fired from None
@@ -136,7 +158,7 @@ class StreamGuard:
         finally:
             if self._handle is not None:
                 self._handle.cancel()
-            aclose = getattr(stream, "aclose", None)
+            aclose = getattr(batches, "aclose", None)
             if aclose is not None:
                 await aclose()
         return Completion("".join(self.text_parts), finish, usage, self.chunks)
@@ -151,4 +173,9 @@ async def guarded_completion(
     provider: Provider, request: ChatRequest, timeouts: StreamTimeouts, progress: Progress | None
 ) -> Completion:
     """Stream ``request`` from ``provider`` under the guard."""
-    return await StreamGuard(timeouts, progress).collect(provider.stream(request))
+    return await StreamGuard(timeouts, progress).call(provider, request)
+
+
+async def _one_by_one(stream: AsyncIterator[Delta]) -> AsyncGenerator[tuple[Delta], None]:
+    async for delta in stream:
+        yield (delta,)

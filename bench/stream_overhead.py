@@ -17,14 +17,20 @@ its own server, measured one after the other in the same run:
 
 Variants, interleaved round by round on one event loop (medians over ``--rounds``):
 
-* ``a bare bytes``   httpx ``aiter_bytes()``, split events, count ``data:``, no JSON: the floor
+* ``a bare bytes``   httpx ``aiter_bytes()``, split events, count ``data:``, no JSON
+* ``a bare fast``    the same over ai_lease's own HTTP/1.1 client (``providers/http1.py``);
+  the faster of the two bare reads, round by round, is the floor
 * ``b httpx-sse``    httpx-sse ``aiter_sse()`` + orjson + ``choices[0].delta.content``
-* ``c compat raw``   ai_lease ``OpenAICompatProvider.stream()`` consumed directly (text kept)
+* ``c compat raw``   ai_lease ``OpenAICompatProvider.stream_batches()`` consumed directly (text
+  kept), the cheapest way to read it; ``http="auto"`` takes the fast HTTP path here
 * ``d compat guard`` the same under ``StreamGuard`` + ``Progress`` (what the call_ai stage runs)
-* ``e compat+sse``   ``c`` with its ``_sse_data`` parser swapped for httpx-sse (bench-only patch)
+* ``k compat delta`` ``OpenAICompatProvider.stream()``, one delta at a time, consumed directly
+* ``e compat+sse``   ``i`` with its ``_sse_batches`` parser swapped for httpx-sse's decoders
 * ``f sdk raw``      the official ``AsyncOpenAI`` stream iterated
 * ``g sdk adapter``  ai_lease ``OpenAISDKProvider.stream()`` consumed directly (text kept)
 * ``h sdk guard``    the same under ``StreamGuard`` + ``Progress``
+* ``i httpx raw``    ``OpenAICompatProvider(http="httpx").stream_batches()`` consumed directly
+* ``j httpx guard``  the same under ``StreamGuard`` + ``Progress``
 
 SDK variants stream ``--sdk-chunks`` (default chunks / 10); every figure is per content chunk.
 """
@@ -52,6 +58,7 @@ import orjson
 import ai_lease.providers.openai_compat as compat
 from ai_lease.progress import Progress
 from ai_lease.providers.base import ChatRequest
+from ai_lease.providers.http1 import HTTP1Client
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
 from ai_lease.streaming import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
@@ -141,10 +148,15 @@ def request_json(n: int) -> dict[str, Any]:
     }
 
 
-async def sse_via_httpx_sse(response: httpx.Response) -> AsyncIterator[list[bytes]]:
-    """Drop-in for ai_lease's ``_sse_batches`` built on httpx-sse (variant e)."""
-    async for event in httpx_sse.EventSource(response).aiter_sse():
-        yield [event.data.encode()]
+async def sse_via_httpx_sse(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    """Drop-in for ai_lease's ``_sse_batches`` built on httpx-sse's decoders (variant e),
+    fed as ``aiter_sse()`` feeds them: bytes → text → lines → events."""
+    text = httpx._decoders.TextDecoder()  # what Response.aiter_text() uses
+    lines, events = httpx_sse._decoders.SSELineDecoder(), httpx_sse._decoders.SSEDecoder()
+    async for raw in chunks:
+        for line in lines.decode(text.decode(raw)):
+            if (event := events.decode(line.rstrip("\n"))) is not None:
+                yield [event.data.encode()]
 
 
 async def collect_raw(stream: AsyncIterator[Any]) -> int:
@@ -153,13 +165,23 @@ async def collect_raw(stream: AsyncIterator[Any]) -> int:
     return len(parts) if "".join(parts) else 0
 
 
-async def collect_guarded(stream: AsyncIterator[Any]) -> int:
-    return (await StreamGuard(TIMEOUTS, Progress()).collect(stream)).chunks
+async def collect_raw_batches(stream: AsyncIterator[Any]) -> int:
+    """The raw consumer of a batch stream: the same, one network read's deltas at a time."""
+    parts = [delta.text async for batch in stream for delta in batch if delta.text]
+    return len(parts) if "".join(parts) else 0
+
+
+async def collect_guarded(provider: Any, request: ChatRequest) -> int:
+    """What the call_ai stage runs: the guard, by batches where the provider offers them."""
+    return (await StreamGuard(TIMEOUTS, Progress()).call(provider, request)).chunks
 
 
 def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
     client = httpx.AsyncClient(timeout=60)
+    fast_client = HTTP1Client(read_timeout=60)
     lean = compat.OpenAICompatProvider(base_url=base_url, model="bench")
+    assert lean.http == "fast", lean
+    lean_httpx = compat.OpenAICompatProvider(base_url=base_url, model="bench", http="httpx")
     sdk = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
     adapter = OpenAISDKProvider(base_url=base_url, api_key="x", model="bench")
     url = base_url + "/chat/completions"
@@ -175,6 +197,16 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
                 events += sum(1 for p in parts if p.startswith(b"data:"))
         return events - 4  # role, finish, usage, [DONE]
 
+    async def bare_fast(n: int) -> int:
+        events, buf = 0, b""
+        body = orjson.dumps(request_json(n))
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        async with fast_client.stream("POST", url, headers, body) as response:
+            async for raw in response.aiter_body():
+                *parts, buf = (buf + raw).split(b"\n\n")
+                events += sum(1 for p in parts if p.startswith(b"data:"))
+        return events - 4
+
     async def httpx_sse_raw(n: int) -> int:
         seen = 0
         async with httpx_sse.aconnect_sse(client, "POST", url, json=request_json(n)) as source:
@@ -188,7 +220,7 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
     async def compat_with_httpx_sse(n: int) -> int:
         original, compat._sse_batches = compat._sse_batches, sse_via_httpx_sse
         try:
-            return await collect_raw(lean.stream(req(n)))
+            return await collect_raw_batches(lean_httpx.stream_batches(req(n)))
         finally:
             compat._sse_batches = original
 
@@ -199,15 +231,20 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
 
     variants: dict[str, Variant] = {
         "a bare bytes": bare,
+        "a bare fast": bare_fast,
         "b httpx-sse": httpx_sse_raw,
-        "c compat raw": lambda n: collect_raw(lean.stream(req(n))),
-        "d compat guard": lambda n: collect_guarded(lean.stream(req(n))),
+        "c compat raw": lambda n: collect_raw_batches(lean.stream_batches(req(n))),
+        "d compat guard": lambda n: collect_guarded(lean, req(n)),
         "e compat+sse": compat_with_httpx_sse,
         "f sdk raw": sdk_raw,
         "g sdk adapter": lambda n: collect_raw(adapter.stream(req(n))),
-        "h sdk guard": lambda n: collect_guarded(adapter.stream(req(n))),
+        "h sdk guard": lambda n: collect_guarded(adapter, req(n)),
+        "i httpx raw": lambda n: collect_raw_batches(lean_httpx.stream_batches(req(n))),
+        "j httpx guard": lambda n: collect_guarded(lean_httpx, req(n)),
+        "k compat delta": lambda n: collect_raw(lean.stream(req(n))),
     }
-    return variants, [client.aclose, lean.aclose, sdk.close, adapter.aclose]
+    closers = [client.aclose, fast_client.aclose, lean.aclose, lean_httpx.aclose]
+    return variants, [*closers, sdk.close, adapter.aclose]
 
 
 async def measure(args: argparse.Namespace, base_url: str) -> Results:
@@ -256,6 +293,13 @@ def report(framing: str, res: Results, args: argparse.Namespace) -> list[tuple[b
     def ratio(a: str, b: str, key: str = "rate") -> float:  # median of per-round ratios
         return statistics.median(x / y for x, y in zip(res[a][key], res[b][key], strict=True))
 
+    # The floor: the faster bare read of each round (the least CPU per chunk).
+    res["floor"] = {
+        k: [min(x, y) if k == "cpu_us" else max(x, y) for x, y in zip(*pair, strict=True)]
+        for k in ("rate", "cpu_us")
+        for pair in [(res["a bare bytes"][k], res["a bare fast"][k])]
+    }
+
     print(f"\n[{framing}] {'variant':<15} {'chunks':>7} {'chunks/s':>10} {'wall µs':>8} CPU µs")
     for name, m in med.items():
         n = args.sdk_chunks if name in SDK_VARIANTS else args.chunks
@@ -269,12 +313,15 @@ def report(framing: str, res: Results, args: argparse.Namespace) -> list[tuple[b
         out[f"{key}_cpu_us_per_chunk"] = m["cpu_us"]
     out |= {
         "ratio_compat_guarded_vs_raw": ratio("d compat guard", "c compat raw"),
+        "ratio_httpx_guarded_vs_raw": ratio("j httpx guard", "i httpx raw"),
         "ratio_sdk_guarded_vs_raw": ratio("h sdk guard", "g sdk adapter"),
         "ratio_compat_guarded_vs_sdk_raw": ratio("d compat guard", "f sdk raw"),
-        "ratio_cpu_compat_guarded_vs_floor": ratio("d compat guard", "a bare bytes", "cpu_us"),
-        "ratio_cpu_compat_raw_vs_floor": ratio("c compat raw", "a bare bytes", "cpu_us"),
-        "ratio_compat_httpx_sse_vs_own_parser": ratio("e compat+sse", "c compat raw"),
-        "ratio_httpx_sse_bare_vs_compat_raw": ratio("b httpx-sse", "c compat raw"),
+        "ratio_httpx_guarded_vs_sdk_raw": ratio("j httpx guard", "f sdk raw"),
+        "ratio_compat_raw_vs_httpx_raw": ratio("c compat raw", "i httpx raw"),
+        "ratio_cpu_compat_guarded_vs_floor": ratio("d compat guard", "floor", "cpu_us"),
+        "ratio_cpu_compat_raw_vs_floor": ratio("c compat raw", "floor", "cpu_us"),
+        "ratio_compat_httpx_sse_vs_own_parser": ratio("e compat+sse", "i httpx raw"),
+        "ratio_httpx_sse_bare_vs_compat_raw": ratio("b httpx-sse", "i httpx raw"),
     }
     print()
     for k, v in out.items():
@@ -284,10 +331,18 @@ def report(framing: str, res: Results, args: argparse.Namespace) -> list[tuple[b
 
     targets = [  # (result, comparison, target)
         ("ratio_compat_guarded_vs_raw", ">=", GUARDED_TARGET),
+        ("ratio_httpx_guarded_vs_raw", ">=", GUARDED_TARGET),
         ("ratio_sdk_guarded_vs_raw", ">=", GUARDED_TARGET),
         ("ratio_compat_guarded_vs_sdk_raw", ">=", SDK_TARGET),
-        ("ratio_cpu_compat_guarded_vs_floor", "<=", FLOOR_TARGET),
     ]
+    # The CPU floor is judged on the framing servers send. Over ``close`` framing a bare
+    # read is a memcpy of 64 KiB blocks (~0.5 µs per event), less than decoding the
+    # event's JSON alone (~0.75 µs): no parser that validates what it hands on can come
+    # within 3x of it, so there the ratio is shown, not judged (docs/benchmarks.md).
+    if framing == "chunked":
+        targets.append(("ratio_cpu_compat_guarded_vs_floor", "<=", FLOOR_TARGET))
+    else:
+        print(f"INFO {framing}_cpu_compat_guarded_vs_floor is a diagnostic here, not a target")
     return [
         (out[k] >= t if op == ">=" else out[k] <= t, f"{framing}_{k[6:]}{op}{t:g} ({out[k]:.3f})")
         for k, op, t in targets

@@ -5,6 +5,7 @@ lean adapter's HTTP exchange under respx: stalls, drips, pings, cuts, resets, st
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -51,7 +52,8 @@ REQUEST = ChatRequest([{"role": "user", "content": "hi"}])
 FAST_RETRY = RetryPolicy(attempts=3, initial=0.01, max_backoff=0.05)
 RELAXED = StreamTimeouts(first_token=5.0, idle=5.0, total=10.0)
 ADAPTERS: dict[str, Callable[..., Provider]] = {
-    "compat": OpenAICompatProvider,
+    "compat": functools.partial(OpenAICompatProvider, http="fast"),
+    "compat-httpx": functools.partial(OpenAICompatProvider, http="httpx"),
     "sdk": OpenAISDKProvider,
 }
 
@@ -85,7 +87,7 @@ async def collect(
     provider: Provider, limits: StreamTimeouts = RELAXED, progress: Progress | None = None
 ) -> Completion:
     """One guarded streamed call, as the call_ai stage makes it."""
-    return await StreamGuard(limits, progress or Progress()).collect(provider.stream(REQUEST))
+    return await StreamGuard(limits, progress or Progress()).call(provider, REQUEST)
 
 
 async def timed(call: Awaitable[Any]) -> tuple[float, BaseException | None]:
@@ -134,7 +136,8 @@ def retrying(
 async def test_stream_reassembles_text_finish_and_usage(
     provider: Provider, server: SSEServer
 ) -> None:
-    """Content is joined in order, finish reason and usage arrive, one progress per chunk."""
+    """Content is joined in order, finish reason and usage arrive; progress is marked once
+    per network read that brought content (at most once per chunk, at least once)."""
     server.enqueue(sse(*chat_chunks(["Hel", "lo", " world"], usage=(3, 3))))
     progress = Progress()
     before = progress.version
@@ -143,7 +146,7 @@ async def test_stream_reassembles_text_finish_and_usage(
     assert completion.finish_reason == "stop"
     assert completion.usage == Usage(3, 3)
     assert completion.chunks == 3
-    assert progress.version - before == 3
+    assert 1 <= progress.version - before <= 3
 
 
 async def test_stream_request_asks_for_usage_with_the_bearer_key(
@@ -506,7 +509,9 @@ RESPX_BASE = "http://llm.test/v1"
 
 @pytest.fixture
 async def compat() -> AsyncIterator[OpenAICompatProvider]:
-    provider = OpenAICompatProvider(base_url=RESPX_BASE + "/", api_key=CANARY, model="m")
+    provider = OpenAICompatProvider(
+        base_url=RESPX_BASE + "/", api_key=CANARY, model="m", http="httpx"
+    )
     yield provider
     await provider.aclose()
 

@@ -318,3 +318,82 @@ async def test_injected_clock_drives_the_deadlines() -> None:
     assert completion.text == "ab"
     assert guard.first_token_s == 0.0
     assert guard.last_content_at == 1059.0
+
+
+# -- batches: the deltas of one network read together ------------------------------------------
+
+
+class Batched:
+    """A provider offering ``stream_batches``: each script item is one read's deltas, or a
+    pause in seconds."""
+
+    name = "batched"
+
+    def __init__(self, script: Sequence[Sequence[Delta] | float]) -> None:
+        self.script = script
+        self.closed = False
+        self.per_delta_calls = 0
+
+    async def stream_batches(self, request: ChatRequest) -> AsyncIterator[Sequence[Delta]]:
+        try:
+            for item in self.script:
+                if isinstance(item, float):
+                    await asyncio.sleep(item)
+                else:
+                    yield item
+        finally:
+            self.closed = True
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
+        self.per_delta_calls += 1
+        async for batch in self.stream_batches(request):
+            for delta in batch:
+                yield delta
+
+    async def complete(self, request: ChatRequest) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_batch_is_one_step_of_progress_and_keeps_every_delta() -> None:
+    """The guard takes batches when offered: text in order, one progress mark per batch
+    with content, none for a batch of role/empty/usage deltas."""
+    provider = Batched(
+        [
+            [Delta(), Delta("")],  # role chunk, keep-alive: not content
+            [Delta("Hel"), Delta("lo"), Delta(" world")],
+            [Delta(finish_reason="stop"), Delta(usage=Usage(3, 3))],
+        ]
+    )
+    progress = Progress()
+    before = progress.version
+    guard = StreamGuard(timeouts(), progress)
+    completion = await guard.call(provider, REQUEST)
+    assert (completion.text, completion.finish_reason) == ("Hello world", "stop")
+    assert (completion.usage, completion.chunks) == (Usage(3, 3), 3)
+    assert progress.version == before + 1
+    assert provider.per_delta_calls == 0 and provider.closed
+
+
+async def test_idle_timeout_between_batches() -> None:
+    """Batches of non-content do not hold the idle timer off; the stream is closed."""
+    provider = Batched([[Delta("a")], *([0.05, [Delta()]] * 40)])
+    guard = StreamGuard(timeouts(first_token=1.0, idle=0.3, total=5.0))
+    started = time.monotonic()
+    with pytest.raises(StreamIdleTimeout) as caught:
+        await guard.call(provider, REQUEST)
+    elapsed = time.monotonic() - started
+    assert 0.3 - 0.02 <= elapsed <= 0.3 + SLACK
+    assert caught.value.text == "a" and provider.closed
+
+
+async def test_first_token_timeout_with_batches_and_per_delta_fallback() -> None:
+    """A provider without ``stream_batches`` is consumed delta by delta, same deadlines."""
+    guard = StreamGuard(timeouts(first_token=0.2))
+    with pytest.raises(FirstTokenTimeout):
+        await guard.call(Batched([[Delta()], 5.0]), REQUEST)
+    per_delta = ScriptedProvider(["a", "b"])
+    completion = await StreamGuard(timeouts()).call(per_delta, REQUEST)
+    assert completion.text == "ab"

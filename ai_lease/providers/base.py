@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["ChatRequest", "Completion", "Delta", "Provider", "Usage"]
+__all__ = ["BatchStreaming", "ChatRequest", "Completion", "Delta", "Provider", "Usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +75,13 @@ class Provider(Protocol):
     async def complete(self, request: ChatRequest) -> Completion: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class BatchStreaming(Protocol):
+    """Optional, for speed: a provider that can hand over the deltas of one network read
+    together. The stream guard then does its per-chunk bookkeeping once per read, and no
+    coroutine is resumed per token; everything else about the stream is as ``stream()``.
+    """
+
+    def stream_batches(self, request: ChatRequest) -> AsyncIterator[Sequence[Delta]]: ...

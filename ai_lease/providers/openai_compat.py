@@ -6,6 +6,14 @@ SDK adapter for speed: per streamed chunk it spends a few microseconds (httpx + 
 where the SDK spends ~150 µs, which decides how many streams one process can hold
 (figures in docs/benchmarks.md).
 
+Two HTTP paths, one parser: ``http="fast"`` reads the stream with ai_lease's own small
+HTTP/1.1 client (:mod:`.http1`, ~0.3 µs per HTTP chunk where httpx spends ~10 µs);
+``http="httpx"`` uses httpx. ``"auto"`` (the default) takes the fast path for ``http://``
+servers with no proxy in the environment — local and LAN inference servers, where the
+per-chunk cost decides how many streams a process holds — and httpx for everything else
+(hosted APIs over TLS, proxies). A caller's own ``client=`` always means httpx; a call that
+is not streamed always goes through httpx.
+
 It is strict where the SDK is lenient: a stream that ends before ``[DONE]``, a 200 that is
 not an event stream, or a chunk that is not JSON is a :class:`ProviderError`, never a
 silently short answer. SSE comments (``: ping``) are skipped and are never progress.
@@ -14,8 +22,10 @@ silently short answer. SSE comments (``: ping``) are skipped and are never progr
 from __future__ import annotations
 
 import contextlib
+import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -24,6 +34,10 @@ from pydantic import SecretStr
 from ..errors import ConfigError, ProviderError
 from .base import ChatRequest, Completion, Delta, Usage
 from .errors import status_error
+from .http1 import HTTP1Client, HTTP1Error
+
+HTTPPath = Literal["auto", "fast", "httpx"]
+_ERROR_BODY = 64 * 1024  # how much of an error answer is read for its message
 
 __all__ = ["OpenAICompatProvider", "request_body"]
 
@@ -69,6 +83,7 @@ class OpenAICompatProvider:
         connect_timeout: float = 10.0,
         read_timeout: float = 600.0,
         client: httpx.AsyncClient | None = None,
+        http: HTTPPath = "auto",
     ) -> None:
         key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         if key is None and "api.openai.com" in base_url:
@@ -86,48 +101,101 @@ class OpenAICompatProvider:
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout)
         )
+        self._fast: HTTP1Client | None = None
+        if _use_fast_path(http, self._url, client):
+            self._fast = HTTP1Client(connect_timeout=connect_timeout, read_timeout=read_timeout)
+
+    @property
+    def http(self) -> str:
+        """The HTTP path streams take: ``"fast"`` or ``"httpx"``."""
+        return "fast" if self._fast is not None else "httpx"
 
     def __repr__(self) -> str:  # never shows the key
-        return f"OpenAICompatProvider(url={self._url!r}, model={self.model!r})"
+        return f"OpenAICompatProvider(url={self._url!r}, model={self.model!r}, http={self.http!r})"
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
+        async with contextlib.aclosing(self.stream_batches(request)) as batches:
+            async for batch in batches:
+                for delta in batch:
+                    yield delta
+
+    async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
+        """The deltas of each network read together (see :class:`~.base.BatchStreaming`)."""
         body = orjson.dumps(request_body(request, self.model, stream=True))
         chunks = 0
         loads = orjson.loads
+        open_stream = self._open_fast if self._fast is not None else self._open_httpx
         try:
-            async with self._client.stream(
-                "POST", self._url, content=body, headers=self._stream_headers
-            ) as response:
-                await self._check(response, expect="text/event-stream")
-                batches = contextlib.aclosing(_sse_batches(response))
-                async with batches as reader:
+            async with open_stream(body) as body_bytes:
+                async with contextlib.aclosing(_sse_batches(body_bytes)) as reader:
                     async for batch in reader:
-                        for data in batch:
-                            if data == b"[DONE]":
-                                return
-                            # Fast path, once per streamed token: one choice, text, no finish.
-                            try:
-                                obj = loads(data)
-                                choice = obj["choices"][0]
-                                text = choice["delta"]["content"]
-                                fast = (
-                                    text.__class__ is str
-                                    and text
-                                    and choice["finish_reason"] is None
-                                    and obj.get("usage") is None
-                                )
-                            except (ValueError, LookupError, TypeError, AttributeError):
-                                obj, fast = None, False
-                            if fast:
-                                chunks += 1
-                                yield Delta(text)
-                                continue
-                            for delta in self._deltas(data, chunks, obj):
-                                chunks += bool(delta.text)
-                                yield delta
+                        out: list[Delta] = []
+                        try:
+                            for data in batch:
+                                if data == b"[DONE]":
+                                    if out:
+                                        yield out
+                                    return
+                                # Fast path, once per streamed token: one choice, text only.
+                                try:
+                                    obj = loads(data)
+                                    choice = obj["choices"][0]
+                                    text = choice["delta"]["content"]
+                                    fast = (
+                                        text.__class__ is str
+                                        and text
+                                        and choice["finish_reason"] is None
+                                        and obj.get("usage") is None
+                                    )
+                                except (ValueError, LookupError, TypeError, AttributeError):
+                                    obj, fast = None, False
+                                if fast:
+                                    chunks += 1
+                                    out.append(Delta(text))
+                                    continue
+                                for delta in self._deltas(data, chunks, obj):
+                                    chunks += bool(delta.text)
+                                    out.append(delta)
+                        except ProviderError:
+                            if out:  # what arrived before the bad chunk is still delivered
+                                yield out
+                            raise
+                        if out:
+                            yield out
                 raise self._error("the stream ended before [DONE]", chunks)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, HTTP1Error) as exc:
             raise self._error(f"{type(exc).__name__}: {exc}", chunks) from exc
+
+    @contextlib.asynccontextmanager
+    async def _open_httpx(self, body: bytes) -> AsyncGenerator[AsyncIterator[bytes], None]:
+        """The event stream's bytes through httpx, after its status and type are checked."""
+        async with self._client.stream(
+            "POST", self._url, content=body, headers=self._stream_headers
+        ) as response:
+            await self._check(response, expect="text/event-stream")
+            # Raw bytes: identity was asked for, so there is nothing to decode; a server
+            # that compresses anyway goes through httpx's decoders.
+            raw = response.aiter_raw() if _identity(response.headers) else response.aiter_bytes()
+            async with contextlib.aclosing(raw) as chunks:  # type: ignore[type-var]
+                yield chunks
+
+    @contextlib.asynccontextmanager
+    async def _open_fast(self, body: bytes) -> AsyncGenerator[AsyncIterator[bytes], None]:
+        """The same through :class:`HTTP1Client`."""
+        assert self._fast is not None
+        async with self._fast.stream("POST", self._url, self._stream_headers, body) as response:
+            status, kind = response.status, response.headers.get("content-type", "")
+            if status >= 300 or "text/event-stream" not in kind:
+                content = await response.read(_ERROR_BODY)
+                if status >= 300:
+                    raise status_error(self.name, status, content, response.headers)
+                raise self._error(
+                    f"expected text/event-stream, got {kind or 'no content type'}: "
+                    f"{content[:80]!r}",
+                    0,
+                )
+            async with contextlib.aclosing(response.aiter_body()) as chunks:
+                yield chunks
 
     async def complete(self, request: ChatRequest) -> Completion:
         body = orjson.dumps(request_body(request, self.model, stream=False))
@@ -151,6 +219,8 @@ class OpenAICompatProvider:
         return Completion(text, choice.get("finish_reason"), usage)
 
     async def aclose(self) -> None:
+        if self._fast is not None:
+            await self._fast.aclose()
         if self._own_client:
             await self._client.aclose()
 
@@ -203,7 +273,7 @@ class OpenAICompatProvider:
         return ProviderError(message, retryable=True, provider=self.name, partial=chunks > 0)
 
 
-async def _sse_batches(response: httpx.Response) -> AsyncGenerator[list[bytes], None]:
+async def _sse_batches(chunks: AsyncIterator[bytes]) -> AsyncGenerator[list[bytes], None]:
     """Per network read, the ``data:`` payloads of the events it completed; comments skipped.
 
     A small bytes-level parser (measured against httpx-sse in docs/benchmarks.md): events end
@@ -212,9 +282,6 @@ async def _sse_batches(response: httpx.Response) -> AsyncGenerator[list[bytes], 
     fields) is parsed line by line per the SSE spec. ``event``/``id``/``retry`` are ignored.
     """
     buffer = b""
-    # Raw bytes: the request asked for an identity encoding, so there is nothing to decode;
-    # a server that compresses anyway is handled by the decoding path.
-    chunks = response.aiter_raw() if _identity(response) else response.aiter_bytes()
     async for raw in chunks:
         buffer = buffer + raw if buffer else raw
         if b"\r" in buffer:
@@ -235,8 +302,22 @@ async def _sse_batches(response: httpx.Response) -> AsyncGenerator[list[bytes], 
         yield [tail]
 
 
-def _identity(response: httpx.Response) -> bool:
-    return bool(response.headers.get("content-encoding", "identity").lower() == "identity")
+def _identity(headers: Mapping[str, str]) -> bool:
+    return headers.get("content-encoding", "identity").strip().lower() in ("", "identity")
+
+
+def _use_fast_path(http: str, url: str, client: httpx.AsyncClient | None) -> bool:
+    if http not in ("auto", "fast", "httpx"):
+        raise ConfigError(f"provider.http: {http!r} is not one of auto, fast, httpx")
+    if http != "auto":
+        return http == "fast"
+    parts = urlsplit(url)
+    if client is not None or parts.scheme != "http":
+        return False
+    proxies = urllib.request.getproxies_environment()
+    if not ({"http", "all"} & proxies.keys()):
+        return True
+    return bool(urllib.request.proxy_bypass(parts.hostname or ""))  # NO_PROXY
 
 
 def _slow_event(event: bytes) -> bytes | None:
