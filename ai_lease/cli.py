@@ -96,7 +96,10 @@ class Context:
             "base_url": overrides.get("base_url", cfg.base_url),
             "api_key": cfg.api_key or os.environ.get("OPENAI_API_KEY") or None,
         }
-        return create_provider(overrides.get("name", cfg.name), **options)
+        name = overrides.get("name", cfg.name)
+        if name == "openai-compatible":
+            options["http"] = cfg.http
+        return create_provider(name, **options)
 
 
 class _Group(click.Group):

@@ -20,7 +20,7 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -163,6 +163,9 @@ class ProviderSettings(_Section):
     api_key: SecretStr | None = None
     temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
+    # openai-compatible only: "fast" (ai_lease's own HTTP/1.1 stream reader), "httpx", or
+    # "auto" (fast for http:// servers with no proxy in the environment, httpx otherwise).
+    http: Literal["auto", "fast", "httpx"] = "auto"
 
 
 def _budget_fields(budget: StageBudget) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """Chunks per second through ai_lease's guarded stream against the same stream read raw.
 
-    .venv/bin/python bench/stream_overhead.py               # 20000 chunks, 5 rounds, 2 framings
+    .venv/bin/python bench/stream_overhead.py               # 20000 chunks, 7 rounds, 2 framings
     .venv/bin/python bench/stream_overhead.py --chunks 50000 --rounds 7 --framing close
 
 A local OpenAI-compatible server runs in a child process (its CPU is not the client's) and
@@ -38,6 +38,7 @@ SDK variants stream ``--sdk-chunks`` (default chunks / 10); every figure is per 
 from __future__ import annotations
 
 import argparse
+import gc
 import asyncio
 import json
 import multiprocessing
@@ -256,9 +257,12 @@ async def measure(args: argparse.Namespace, base_url: str) -> Results:
         for _ in range(args.rounds):
             for name, fn in variants.items():
                 n = args.sdk_chunks if name in SDK_VARIANTS else args.chunks
+                gc.collect()  # every variant starts from the same heap; no collection mid-run
+                gc.disable()
                 t0, c0 = time.perf_counter(), time.process_time()
                 seen = await fn(n)
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                gc.enable()
                 if seen != n:
                     raise RuntimeError(f"bench: {name} saw {seen} content chunks, expected {n}")
                 res[name]["rate"].append(n / wall)
@@ -353,7 +357,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--chunks", type=int, default=20000, help="content chunks per stream")
     p.add_argument("--sdk-chunks", type=int, help="content chunks per SDK stream (chunks / 10)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians reported)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians reported)")
     p.add_argument("--framing", choices=("both", "chunked", "close"), default="both")
     args = p.parse_args()
     args.sdk_chunks = args.sdk_chunks or max(1, args.chunks // 10)

@@ -152,3 +152,31 @@ def test_result_of_unknown_and_failed_jobs(workdir: Path) -> None:
     assert run_cli("result", "never", cwd=workdir).returncode == 2
     listed = run_cli("providers", cwd=workdir)
     assert {"local-extractive", "openai", "openai-compatible"} <= set(listed.stdout.split())
+
+
+@pytest.mark.parametrize("http", ["auto", "httpx"])
+async def test_submit_streams_from_an_openai_compatible_server(workdir: Path, http: str) -> None:
+    """The README's OpenAI-compatible setup, end to end over loopback, on either HTTP path."""
+    from tests.harness.sse_server import SSEServer, chat_chunks, sse
+
+    async with SSEServer() as server:
+        server.enqueue(sse(*chat_chunks(["A short ", "summary."], usage=(12, 3))))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
+        env |= {
+            "AI_LEASE_PROVIDER__NAME": "openai-compatible",
+            "AI_LEASE_PROVIDER__BASE_URL": server.base_url,
+            "AI_LEASE_PROVIDER__MODEL": "qwen2.5:7b",
+            "AI_LEASE_PROVIDER__HTTP": http,
+        }
+        proc = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "ai_lease", "submit", "job.toml", "--quiet"],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "A short summary." in out.decode()
+    [request] = server.requests
+    assert request.json["model"] == "qwen2.5:7b" and request.json["stream"] is True
