@@ -38,8 +38,8 @@ SDK variants stream ``--sdk-chunks`` (default chunks / 10); every figure is per 
 from __future__ import annotations
 
 import argparse
-import gc
 import asyncio
+import gc
 import json
 import multiprocessing
 import socket
