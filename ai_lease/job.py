@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,12 +177,15 @@ class JobState:
     def from_fields(cls, key: str, data: Mapping[str, Any], read_at: float) -> JobState:
         """Build a record from stored fields, checking every type; raise :class:`CorruptRecord`."""
         kwargs: dict[str, Any] = {"key": key, "read_at": read_at}
-        for name, kind in _FIELD_KINDS.items():
-            value = data.get(name)
-            try:
-                kwargs[name] = _convert(kind, value)
-            except (TypeError, ValueError):
-                raise CorruptRecord(key, f"field {name!r} holds {str(value)[:40]!r}") from None
+        get = data.get
+        try:
+            for name, convert in _CONVERTERS:
+                value = get(name)
+                if value.__class__ is bytes:
+                    value = value.decode()
+                kwargs[name] = convert(value)
+        except (TypeError, ValueError, UnicodeDecodeError):
+            raise CorruptRecord(key, f"field {name!r} holds {str(value)[:40]!r}") from None
         if kwargs["status"] is None:
             raise CorruptRecord(key, "no status field")
         return cls(**kwargs)
@@ -223,30 +226,56 @@ _FIELD_KINDS: dict[str, str] = {
 }
 
 
-def _convert(kind: str, value: Any) -> Any:
-    if isinstance(value, bytes):
-        value = value.decode()
-    empty = value is None or value == ""
-    if kind == "status":
-        return None if empty else Status(value)
-    if kind == "policy":
-        if empty:
-            return "expire"
-        if value not in ("expire", "release", "alert"):
-            raise ValueError(value)
-        return value
-    if kind == "str":
-        if empty:
-            return None
-        if not isinstance(value, str):
-            raise TypeError(value)
-        return value
-    if kind == "int":
-        if isinstance(value, float) or isinstance(value, bool):
-            raise TypeError(value)
-        return 0 if empty else int(value)
+def _status(value: Any) -> Status | None:
+    return None if value is None or value == "" else Status(value)
+
+
+def _policy(value: Any) -> str:
+    if value is None or value == "":
+        return "expire"
+    if value not in ("expire", "release", "alert"):
+        raise ValueError(value)
+    return str(value)
+
+
+def _str(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if value.__class__ is not str:
+        raise TypeError(value)
+    return str(value)
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, float | bool):
+        raise TypeError(value)
+    return 0 if value is None or value == "" else int(value)
+
+
+def _time(value: Any) -> float | None:
     if isinstance(value, bool):
         raise TypeError(value)
-    if empty:
-        return 0.0 if kind == "time0" else None
-    return float(value)
+    return None if value is None or value == "" else float(value)
+
+
+def _time0(value: Any) -> float:
+    if isinstance(value, bool):
+        raise TypeError(value)
+    return 0.0 if value is None or value == "" else float(value)
+
+
+# Each stored field with the function that checks and converts it (hot: two records per job).
+_CONVERTERS: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
+    (
+        name,
+        {
+            "status": _status,
+            "policy": _policy,
+            "str": _str,
+            "int": _int,
+            "time": _time,
+            "time0": _time0,
+        }[kind],
+    )
+    for name, kind in _FIELD_KINDS.items()
+)

@@ -182,6 +182,14 @@ class Pipeline:
         if not stages or len(set(names)) != len(names):
             raise JobSpecError(f"a pipeline needs stages with unique names, got {names}")
         self.stages = tuple(stages)
+        self._budgets_for: tuple[LeaseTimings, tuple[StageBudget, ...]] | None = None
+
+    def budgets(self, timings: LeaseTimings) -> tuple[StageBudget, ...]:
+        """Each stage's budget under ``timings`` (worked out once per timings object)."""
+        cached = self._budgets_for
+        if cached is None or cached[0] is not timings:
+            cached = self._budgets_for = (timings, tuple(s.budget(timings) for s in self.stages))
+        return cached[1]
 
     @classmethod
     def default(cls) -> Pipeline:
@@ -209,21 +217,26 @@ class Pipeline:
             raise JobSpecError(f"no stage {name!r} in {[s.name for s in self.stages]}")
         return Pipeline([stage if s.name == name else s for s in self.stages])
 
-    async def run(self, ctx: StageContext, timings: LeaseTimings, emit: EventSink) -> Any:
-        """Run every stage in order; return the last stage's output."""
+    async def run(self, ctx: StageContext, timings: LeaseTimings, emit: EventSink | None) -> Any:
+        """Run every stage in order; return the last stage's output. ``emit`` None: no
+        events are built at all."""
         value: Any = None
         ctx.emit = emit
-        for stage in self.stages:
+        faults = ctx.faults is not None
+        for stage, budget in zip(self.stages, self.budgets(timings), strict=True):
             ctx.ensure_lease()
-            budget = stage.budget(timings)
             ctx.tracker.enter(stage.name, budget)
-            started = ctx.tracker.clock()
-            ctx.say("stage", f"max_no_progress {budget.max_no_progress:g}s", stage=stage.name)
-            await ctx.fault(f"before:{stage.name}")
+            started = ctx.tracker.last_at
+            if emit is not None:
+                ctx.say("stage", f"max_no_progress {budget.max_no_progress:g}s", stage=stage.name)
+            if faults:
+                await ctx.fault(f"before:{stage.name}")
             value = await self._run_stage(stage, budget, ctx)
             ctx.outputs[stage.name] = value
-            await ctx.fault(f"after:{stage.name}")
-            ctx.say("stage_done", stage=stage.name, value=ctx.tracker.clock() - started)
+            if faults:
+                await ctx.fault(f"after:{stage.name}")
+            if emit is not None:
+                ctx.say("stage_done", stage=stage.name, value=ctx.tracker.clock() - started)
         return value
 
     @staticmethod

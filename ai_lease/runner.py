@@ -157,6 +157,11 @@ class Runner:
         self.faults = faults  # tests only
         self._budgets_read_at = -math.inf
 
+    @property
+    def _listening(self) -> bool:
+        """Whether any sink takes events (none: no Event is built at all)."""
+        return self.history is not None or self.tracing is not None or self._sink is not None
+
     def _emit(
         self,
         kind: str,
@@ -166,6 +171,8 @@ class Runner:
         stage: str | None = None,
         value: float | None = None,
     ) -> None:
+        if not self._listening:
+            return
         owner, token = (fence.owner_id, fence.token) if fence else (None, None)
         self._emit_event(Event(kind, key, owner, token, stage, None, detail, value=value))
 
@@ -402,14 +409,15 @@ class Runner:
         deadline = asyncio.timeout(max(left, 0.0))
         try:
             async with deadline:
-                value = await _alongside(
-                    self.pipeline.run(ctx, self.timings, self._emit_event), keeper
-                )
+                emit = self._emit_event if self._listening else None
+                value = await _alongside(self.pipeline.run(ctx, self.timings, emit), keeper)
         except TimeoutError:
             if deadline.expired():
                 raise JobDeadlineExceeded(job.key, self.timings.job_deadline) from None
             raise
         committed = ctx.committed or await ctx.commit(value)
+        if not self._listening:
+            return committed
         self._emit_event(
             Event(
                 "committed",

@@ -10,8 +10,9 @@ earliest one or cancels the consuming task, which then raises the typed timeout:
 * :class:`StreamIdleTimeout`: no content delta within ``idle`` of the previous one;
 * :class:`StreamTotalTimeout`: the stream ran past ``total``.
 
-A provider that can (:class:`~.providers.base.BatchStreaming`) hands over the deltas of one
-network read together; the guard then reads the clock and marks progress once per read.
+A provider that can (``BatchStreaming`` in :mod:`ai_lease.providers.base`) hands over the
+deltas of one network read together; the guard then reads the clock and marks progress once
+per read.
 
 Only a delta with text is content: role-only chunks, empty deltas and SSE keep-alive
 comments neither count as progress nor hold the idle timer off. When a timeout fires the
@@ -27,7 +28,7 @@ from typing import Any
 
 from .errors import FirstTokenTimeout, StreamIdleTimeout, StreamTotalTimeout
 from .progress import Progress
-from .providers.base import BatchStreaming, ChatRequest, Completion, Delta, Provider, Usage
+from .providers.base import ChatRequest, Completion, Delta, Provider, Usage
 from .timeouts import StreamTimeouts
 
 __all__ = ["StreamGuard", "guarded_completion"]
@@ -102,8 +103,10 @@ class StreamGuard:
 
     async def call(self, provider: Provider, request: ChatRequest) -> Completion:
         """Stream ``request`` from ``provider`` whole, by batches where it offers them."""
-        if isinstance(provider, BatchStreaming):
-            return await self.collect_batches(provider.stream_batches(request))
+        # BatchStreaming, checked by attribute: isinstance() on a runtime Protocol costs ~5 µs
+        stream_batches = getattr(provider, "stream_batches", None)
+        if stream_batches is not None:
+            return await self.collect_batches(stream_batches(request))
         return await self.collect(provider.stream(request))
 
     async def collect(self, stream: AsyncIterator[Delta]) -> Completion:
