@@ -13,7 +13,8 @@ clock) with the current stage's ``max_no_progress``:
   lapsed (``self_fence_margin`` ahead, on the local monotonic clock, counted from when the
   last successful renewal was *sent*): the owner fences itself.
 
-It runs beside the work in one ``asyncio.TaskGroup``; raising is how it stops the work.
+It runs beside the work, started only when its first renewal is due (most short jobs end
+before: they never pay for a task); raising is how it stops the work.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class LeaseKeeper:
         self.reported_version = progress.version  # progress counted into "renewed" events
         self.alerted_version: int | None = None
         self.work: asyncio.Task[Any] | None = None  # the task to snapshot when stalled
+        self.started_at = self.clock()  # renewals are due every renew_interval from here
         self._emit = on_event or (lambda event: None)
 
     # -- local checks (cheap; used by the pipeline before any side effect) ---------------------
@@ -77,9 +79,14 @@ class LeaseKeeper:
 
     # -- the loop -----------------------------------------------------------------------------
 
+    def first_wake(self) -> float:
+        """When :meth:`run` first has something to do (its clock): the first renewal, or
+        the self-fence point if that comes first. Until then the keeper need not exist."""
+        return min(self.started_at + self.timings.renew_interval, self.fence_at)
+
     async def run(self) -> NoReturn:
         """Tick every renew interval until something raises (never returns)."""
-        next_tick = self.clock() + self.timings.renew_interval
+        next_tick = self.started_at + self.timings.renew_interval
         while True:
             wake = min(next_tick, self.fence_at)
             await asyncio.sleep(max(0.0, wake - self.clock()))

@@ -26,11 +26,11 @@ import contextvars
 import inspect
 import math
 import threading
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -105,6 +105,7 @@ class StageContext:
     faults: FaultPlan | None = None  # tests only: see ai_lease.testing.faults
     deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
     emit: EventSink | None = None
+    prepared: Mapping[str, Any] = field(default_factory=dict)  # outputs preflight worked out
 
     def say(
         self,
@@ -204,12 +205,15 @@ class Pipeline:
             ]
         )
 
-    async def preflight(self, job: Job, prompts: PromptLibrary) -> None:
+    async def preflight(self, job: Job, prompts: PromptLibrary) -> dict[str, Any]:
         """Catch bad input before the job is recorded: with the default load and
-        build_prompt stages, read the input and render the prompt once."""
+        build_prompt stages, read the input and render the prompt once. Returns what it
+        worked out, by stage name, for those stages to take instead of doing it again."""
         fns = {s.name: s.fn for s in self.stages}
         if fns.get("load") is load and fns.get("build_prompt") is build_prompt:
-            render_request(job, prompts, await read_input(job))
+            data = await read_input(job)
+            return {"load": data, "build_prompt": render_request(job, prompts, data)}
+        return {}
 
     def replace(self, name: str, stage: Stage) -> Pipeline:
         """A copy with stage ``name`` swapped for ``stage``."""
@@ -223,36 +227,48 @@ class Pipeline:
         value: Any = None
         ctx.emit = emit
         faults = ctx.faults is not None
-        for stage, budget in zip(self.stages, self.budgets(timings), strict=True):
-            ctx.ensure_lease()
-            ctx.tracker.enter(stage.name, budget)
-            started = ctx.tracker.last_at
-            if emit is not None:
-                ctx.say("stage", f"max_no_progress {budget.max_no_progress:g}s", stage=stage.name)
-            if faults:
-                await ctx.fault(f"before:{stage.name}")
-            value = await self._run_stage(stage, budget, ctx)
-            ctx.outputs[stage.name] = value
-            if faults:
-                await ctx.fault(f"after:{stage.name}")
-            if emit is not None:
-                ctx.say("stage_done", stage=stage.name, value=ctx.tracker.clock() - started)
-        return value
-
-    @staticmethod
-    async def _run_stage(stage: Stage, budget: StageBudget, ctx: StageContext) -> Any:
-        deadline = None if math.isinf(budget.deadline) else budget.deadline
-        ctx.deadline_at = None if deadline is None else ctx.tracker.clock() + deadline
-        cm = asyncio.timeout(deadline)
+        tracker, loop = ctx.tracker, asyncio.get_running_loop()
+        stage, budget = self.stages[0], self.budgets(timings)[0]
+        # One hard-deadline timer for the whole run, moved to each stage's deadline as the
+        # stage starts (cheaper than a timeout context per stage; same semantics).
+        hard = asyncio.timeout(None)
         try:
-            async with cm:
-                if stage.is_async:
-                    return await stage.fn(ctx)
-                return await _threaded(stage, ctx)
+            async with hard:
+                for stage, budget in zip(self.stages, self.budgets(timings), strict=True):
+                    ctx.ensure_lease()
+                    tracker.enter(stage.name, budget)
+                    started = tracker.last_at
+                    if math.isinf(budget.deadline):
+                        hard.reschedule(None)
+                        ctx.deadline_at = None
+                    else:
+                        hard.reschedule(loop.time() + budget.deadline)
+                        ctx.deadline_at = started + budget.deadline
+                    if emit is not None:
+                        ctx.say(
+                            "stage",
+                            f"max_no_progress {budget.max_no_progress:g}s",
+                            stage=stage.name,
+                        )
+                    if faults:
+                        await ctx.fault(f"before:{stage.name}")
+                    if stage.is_async:
+                        value = await stage.fn(ctx)
+                    else:
+                        value = await _threaded(stage, ctx)
+                    if hard.expired():  # the stage swallowed the deadline's cancellation
+                        raise StageDeadlineExceeded(stage.name, budget.deadline)
+                    ctx.outputs[stage.name] = value
+                    hard.reschedule(None)
+                    if faults:
+                        await ctx.fault(f"after:{stage.name}")
+                    if emit is not None:
+                        ctx.say("stage_done", stage=stage.name, value=tracker.clock() - started)
         except TimeoutError:
-            if cm.expired():
+            if hard.expired():
                 raise StageDeadlineExceeded(stage.name, budget.deadline) from None
             raise
+        return value
 
 
 # Sync stages get threads of their own: a stuck one keeps its thread (Python cannot cancel
@@ -324,13 +340,20 @@ def render_request(job: Job, prompts: PromptLibrary, data: Any) -> ChatRequest:
 
 
 async def load(ctx: StageContext) -> Any:
-    """The job's input: ``job.input``, or the text of ``job.input_file``."""
+    """The job's input: ``job.input``, or the text of ``job.input_file`` (as the preflight
+    read it, when this node ran one)."""
+    if "load" in ctx.prepared:
+        return ctx.prepared["load"]
     return await read_input(ctx.job)
 
 
 async def build_prompt(ctx: StageContext) -> ChatRequest:
-    """Render the job's template with ``input`` and the job's variables into a request."""
-    return render_request(ctx.job, ctx.prompts, ctx.output("load"))
+    """Render the job's template with ``input`` and the job's variables into a request
+    (the preflight's rendering, when it rendered this very input)."""
+    data = ctx.output("load")
+    if "build_prompt" in ctx.prepared and data is ctx.prepared.get("load"):
+        return cast(ChatRequest, ctx.prepared["build_prompt"])
+    return render_request(ctx.job, ctx.prompts, data)
 
 
 async def call_ai(ctx: StageContext) -> Completion:

@@ -21,6 +21,7 @@ from .timeouts import StageBudget
 __all__ = ["Progress"]
 
 _NO_MARKER = object()
+_BEFORE_ANY_STAGE = StageBudget(60.0)
 
 
 class Progress:
@@ -36,7 +37,7 @@ class Progress:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.stage: str | None = None
-        self.budget = StageBudget(60.0)
+        self.budget = _BEFORE_ANY_STAGE
         self.version = 0
         self.last_at = clock()
         self.thread_ident: int | None = None  # set while a sync stage runs in a worker thread

@@ -3,9 +3,10 @@
 ``await Runner(store, provider=…).run(Job(key, …))``:
 
 1. a stored result is returned at once (DONE), a FAILED job raises :class:`JobFailed`;
-2. otherwise the runner competes for the lease. As **owner** it runs the lease keeper and
-   the pipeline side by side in one ``asyncio.TaskGroup``: the keeper renews only while the
-   job makes progress, and a lost lease or a stall cancels the work. As **follower** it waits
+2. otherwise the runner competes for the lease. As **owner** it runs the pipeline with the
+   lease keeper beside it (the keeper's task starts when its first renewal is due): the
+   keeper renews only while the job makes progress, and a lost lease or a stall cancels the
+   work. As **follower** it waits
    for the owner's result, or for its lease to lapse, and competes again;
 3. a failed attempt (timeout, provider error, crash) is released with its error and retried
    after an exponential backoff (1 s, 2 s, 4 s…); the store counts attempts across nodes and
@@ -25,8 +26,8 @@ import secrets
 import socket
 import time
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
 
 from .errors import (
     AiLeaseError,
@@ -61,6 +62,8 @@ from .timeouts import (
     StreamTimeouts,
 )
 from .tracing import tracing_sink
+
+T = TypeVar("T")
 
 __all__ = ["Runner"]
 
@@ -205,10 +208,10 @@ class Runner:
         return await self.store.submit(job.key, job.to_spec(), job.fingerprint())
 
     async def _run(self, job: Job, *, follow: bool) -> JobState | None:
-        await self.pipeline.preflight(job, self.prompts)
+        prepared = await self.pipeline.preflight(job, self.prompts)
         await self._learn_budgets()
         try:
-            return await self._loop(job, follow)
+            return await self._loop(job, follow, prepared)
         finally:
             await self.flush_history(force=False)
 
@@ -240,7 +243,7 @@ class Runner:
             self.history.pipeline if self.history else "default",
         )
 
-    async def _loop(self, job: Job, follow: bool) -> JobState | None:
+    async def _loop(self, job: Job, follow: bool, prepared: Mapping[str, Any]) -> JobState | None:
         started = time.monotonic()
         contact = _Contact()
         owner_id = self._new_owner_id()
@@ -264,7 +267,7 @@ class Runner:
                 return None
             if isinstance(outcome, Finished):
                 return self._finished(outcome.job)
-            attempt = await self._attempt(job, outcome)
+            attempt = await self._attempt(job, outcome, prepared)
             owner_id = self._new_owner_id()  # the next attempt gets a fence of its own
             if isinstance(attempt, JobState):
                 return attempt
@@ -322,7 +325,9 @@ class Runner:
         self._emit("failed", record.key, detail=record.last_error or "")
         raise JobFailed(record.key, record.last_error)
 
-    async def _attempt(self, job: Job, acquired: Acquired) -> JobState | float:
+    async def _attempt(
+        self, job: Job, acquired: Acquired, prepared: Mapping[str, Any]
+    ) -> JobState | float:
         """One attempt as owner. Returns the DONE record, or how long to stand aside
         (following only) before competing again."""
         fence, record = acquired.fence, acquired.job
@@ -337,7 +342,7 @@ class Runner:
         left = self.timings.job_deadline - (record.read_at - record.created_at)
         backoff = self.retry.backoff(record.attempts)
         try:
-            return await self._own(job, acquired, left)
+            return await self._own(job, acquired, left, prepared)
         except asyncio.CancelledError:
             await self._step_down(fence)  # e.g. a worker shutting down: hand over at once
             raise
@@ -380,7 +385,9 @@ class Runner:
                 await asyncio.sleep(min(left, self.timings.poll_interval))
         return None
 
-    async def _own(self, job: Job, acquired: Acquired, left: float) -> JobState:
+    async def _own(
+        self, job: Job, acquired: Acquired, left: float, prepared: Mapping[str, Any]
+    ) -> JobState:
         fence = acquired.fence
         progress = Progress()
         started = progress.clock()
@@ -405,6 +412,7 @@ class Runner:
             persist_hook=self.persist_hook,
             call_retry=self.call_retry,
             faults=self.faults,
+            prepared=prepared,
         )
         deadline = asyncio.timeout(max(left, 0.0))
         try:
@@ -484,40 +492,50 @@ class Runner:
             self._fenced(fence, exc)
 
 
-async def _alongside(work: Any, keeper: LeaseKeeper) -> Any:
-    """Run ``work`` with ``keeper`` beside it; the first to fail cancels the other."""
+async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
+    """Run ``work`` in this task with ``keeper`` beside it; the first to fail stops the other.
 
-    async def keep() -> NoReturn:
-        await keeper.run()
-
+    The keeper's task is created only when its first renewal (or the self-fence point) is
+    due: a timer until then, so a job shorter than one renew interval runs no extra task.
+    If the keeper fails (lease lost, stalled, self-fenced) it cancels this task and its
+    error is raised here; a cancellation from outside (the job deadline, a shutdown) wins.
+    """
+    loop = asyncio.get_running_loop()
     this = asyncio.current_task()
-    cancelling = this.cancelling() if this is not None else 0
-    try:
-        async with asyncio.TaskGroup() as tg:
-            keeper_task = tg.create_task(keep())
-            task = tg.create_task(_then_cancel(work, keeper_task))
-            keeper.work = task
-            # Wait inside the body: in Python 3.11 a TaskGroup only restores its parent's
-            # cancellation count correctly when a failing child interrupts the body.
-            await asyncio.wait([task])
-    except BaseExceptionGroup as group:
-        errors = [e for e in group.exceptions if not isinstance(e, asyncio.CancelledError)]
-        if this is not None and this.cancelling() > cancelling:
-            # Python 3.11's TaskGroup drops our own cancellation when a child failed too;
-            # being cancelled (e.g. the job deadline) wins over the child's error.
-            raise asyncio.CancelledError from group
-        if not errors:
-            raise
-        lease = [e for e in errors if isinstance(e, LeaseError)]
-        raise (lease or errors)[0] from None
-    return task.result()
+    assert this is not None
+    keeper.work = this
+    cancelling = this.cancelling()
+    keeper_task: asyncio.Task[Any] | None = None
+    failure: list[BaseException] = []  # the keeper's error, once it has stopped the work
+    finished = False
 
+    def keeper_done(task: asyncio.Task[Any]) -> None:
+        if finished or task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            failure.append(error)
+            this.cancel()
 
-async def _then_cancel(work: Any, other: asyncio.Task[Any]) -> Any:
+    def start_keeper() -> None:
+        nonlocal keeper_task
+        keeper_task = loop.create_task(keeper.run(), name=f"ai-lease keeper {keeper.fence.key}")
+        keeper_task.add_done_callback(keeper_done)
+
+    # The keeper's clock and the loop's are both monotonic, possibly offset: convert.
+    timer = loop.call_at(loop.time() + (keeper.first_wake() - keeper.clock()), start_keeper)
     try:
         return await work
+    except asyncio.CancelledError:
+        if failure and this.uncancel() <= cancelling:
+            raise failure[0] from None
+        raise
     finally:
-        other.cancel()
+        finished = True
+        timer.cancel()
+        if keeper_task is not None and not keeper_task.done():
+            keeper_task.cancel()
+            await asyncio.wait([keeper_task])  # never leave the renewal loop running
 
 
 def learned_timings(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -29,6 +28,7 @@ from ..errors import CorruptRecord, FencingRejected, JobConflict, StoreUnavailab
 from ..job import JobState
 from . import redis_scripts as lua
 from .base import Acquired, AcquireOutcome, Fence, Finished, Following, Renewal, WorkerInfo
+from .resp import Multiplexed
 from .rules import clip
 from .urls import mask_url
 
@@ -84,6 +84,7 @@ class RedisStore:
         namespace: str = "ai_lease",
         op_timeout: float = 2.0,
         where: str = "redis",
+        multiplex: bool = True,
     ) -> None:
         self._client, self._ns, self._op_timeout, self.where = client, namespace, op_timeout, where
         self._prepared, self._prepare_lock = False, asyncio.Lock()
@@ -91,10 +92,24 @@ class RedisStore:
             name: client.register_script(getattr(lua, name))
             for name in ("ACQUIRE", "RENEW", "RELEASE", "FINISH", "REPORT_STALL", "GET", "SUBMIT")
         }
+        # The lease scripts' fast path: one shared connection, replies matched in order
+        # (lease/resp.py); TLS and Cluster keep redis-py for them too.
+        self._fast = (
+            Multiplexed.for_client(
+                client, {s.sha: s.script for s in self._scripts.values()}, 2 * op_timeout
+            )
+            if multiplex
+            else None
+        )
 
     @classmethod
     def from_url(
-        cls, url: str, *, namespace: str = "ai_lease", op_timeout: float = 2.0
+        cls,
+        url: str,
+        *,
+        namespace: str = "ai_lease",
+        op_timeout: float = 2.0,
+        multiplex: bool = True,
     ) -> RedisStore:
         """Connect to ``redis://``, ``rediss://``, ``unix://`` or, for Redis Cluster,
         ``redis+cluster://`` / ``rediss+cluster://`` — with redis-py's retries off."""
@@ -112,7 +127,13 @@ class RedisStore:
             client: Any = RedisCluster.from_url(plain, **options)
         else:
             client = aioredis.from_url(url, retry_on_timeout=False, **options)
-        return cls(client, namespace=namespace, op_timeout=op_timeout, where=mask_url(url))
+        return cls(
+            client,
+            namespace=namespace,
+            op_timeout=op_timeout,
+            where=mask_url(url),
+            multiplex=multiplex,
+        )
 
     def keys(self, key: str) -> list[str]:
         """The Redis keys of one job: its hash and its event channel."""
@@ -141,17 +162,30 @@ class RedisStore:
             self._prepared = True
 
     async def _call(self, op: str, key: str, script: str, args: list[Any]) -> Any:
-        if not self._prepared:
+        fast, keys = self._fast, self.keys(key)
+        if fast is None and not self._prepared:
             await self._prepare()
+        elif fast is not None and not fast.connected:
+            try:  # its own deadline (the connect timeout), as _prepare has
+                await fast.connect()
+            except (RedisError, OSError) as exc:
+                detail = type(exc).__name__ + ": " + str(exc)
+                raise StoreUnavailable(self.where, op, detail, maybe_applied=False) from exc
+
+        def send() -> Any:
+            if fast is not None:
+                return fast.evalsha(self._scripts[script].sha, keys, args)
+            return self._scripts[script](keys=keys, args=args)
+
         try:
             async with asyncio.timeout(self._op_timeout):
                 try:
-                    return await self._scripts[script](keys=self.keys(key), args=args)
+                    return await send()
                 except RedisConnectionError:
-                    # A pooled connection went stale (e.g. the server restarted). One resend
-                    # on a fresh connection, inside the same deadline: every script is safe
-                    # to run twice, so a command that did land is not applied differently.
-                    return await self._scripts[script](keys=self.keys(key), args=args)
+                    # The connection went stale (e.g. the server restarted). One resend on
+                    # a fresh connection, inside the same deadline: every script is safe to
+                    # run twice, so a command that did land is not applied differently.
+                    return await send()
         except ResponseError as exc:
             text = str(exc)
             if "AILEASE_CORRUPT" in text:
@@ -161,6 +195,8 @@ class RedisStore:
                 raise CorruptRecord(key, "the key holds a non-hash value") from None
             raise StoreUnavailable(self.where, op, text[:200]) from exc
         except TimeoutError:
+            if fast is not None:  # a black hole or a paused server: start afresh next time
+                fast.reset()
             raise StoreUnavailable(
                 self.where, op, f"no answer within {self._op_timeout:g}s"
             ) from None
@@ -170,8 +206,14 @@ class RedisStore:
                 self.where, op, detail, maybe_applied=not _never_sent(exc)
             ) from exc
 
-    def _decode(self, key: str, flat: list[Any], now_us: Any) -> JobState:
+    def _decode(
+        self, key: str, flat: list[Any], now_us: Any, extra: dict[str, Any] | None = None
+    ) -> JobState:
         data: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))
+        if extra:  # values the reply left out (or empty) that the caller knows
+            for name, value in extra.items():
+                if not data.get(name):
+                    data[name] = value
         try:
             for name in _TIME_FIELDS & data.keys():
                 if data[name] != "":
@@ -249,10 +291,9 @@ class RedisStore:
         if reply[0] == "rejected":
             current = (int(reply[2]), reply[3]) if reply[2] else None
             raise FencingRejected(fence.key, fence.pair, current, reply[1])
-        job = self._decode(fence.key, reply[2:], reply[1])
-        if field == "result" and job.result is None:  # a fresh write: the reply is lean
-            job = dataclasses.replace(job, result=value)
-        return job
+        # A fresh write's reply is lean (no result): the record holds the value just written.
+        extra = {"result": value} if field == "result" else None
+        return self._decode(fence.key, reply[2:], reply[1], extra)
 
     async def commit(self, fence: Fence, result: str) -> JobState:
         return await self._finish("commit", fence, "DONE", "result", result)
@@ -405,6 +446,8 @@ class RedisStore:
                 await pubsub.aclose()
 
     async def aclose(self) -> None:
+        if self._fast is not None:
+            await self._fast.aclose()
         await self._client.aclose()
 
     def __repr__(self) -> str:
