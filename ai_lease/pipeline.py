@@ -230,7 +230,9 @@ class Pipeline:
         tracker, loop = ctx.tracker, asyncio.get_running_loop()
         stage, budget = self.stages[0], self.budgets(timings)[0]
         # One hard-deadline timer for the whole run, moved to each stage's deadline as the
-        # stage starts (cheaper than a timeout context per stage; same semantics).
+        # stage starts (cheaper than a timeout context per stage; same semantics). Between
+        # two stages only ensure_lease() and enter() run, with no await, so the previous
+        # stage's deadline cannot fire there.
         hard = asyncio.timeout(None)
         try:
             async with hard:
@@ -238,20 +240,21 @@ class Pipeline:
                     ctx.ensure_lease()
                     tracker.enter(stage.name, budget)
                     started = tracker.last_at
-                    if math.isinf(budget.deadline):
-                        hard.reschedule(None)
-                        ctx.deadline_at = None
-                    else:
-                        hard.reschedule(loop.time() + budget.deadline)
-                        ctx.deadline_at = started + budget.deadline
                     if emit is not None:
                         ctx.say(
                             "stage",
                             f"max_no_progress {budget.max_no_progress:g}s",
                             stage=stage.name,
                         )
-                    if faults:
+                    if faults:  # fault points stand between stages, under no deadline
+                        hard.reschedule(None)
                         await ctx.fault(f"before:{stage.name}")
+                    if math.isinf(budget.deadline):
+                        hard.reschedule(None)
+                        ctx.deadline_at = None
+                    else:
+                        hard.reschedule(loop.time() + budget.deadline)
+                        ctx.deadline_at = tracker.clock() + budget.deadline
                     if stage.is_async:
                         value = await stage.fn(ctx)
                     else:
@@ -259,8 +262,8 @@ class Pipeline:
                     if hard.expired():  # the stage swallowed the deadline's cancellation
                         raise StageDeadlineExceeded(stage.name, budget.deadline)
                     ctx.outputs[stage.name] = value
-                    hard.reschedule(None)
                     if faults:
+                        hard.reschedule(None)
                         await ctx.fault(f"after:{stage.name}")
                     if emit is not None:
                         ctx.say("stage_done", stage=stage.name, value=tracker.clock() - started)

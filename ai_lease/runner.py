@@ -285,7 +285,7 @@ class Runner:
         (``follow=False``) return None at once."""
         kwargs: dict[str, Any] = dict(
             ttl=self.timings.ttl,
-            max_no_progress=self.pipeline.stages[0].budget(self.timings).max_no_progress,
+            max_no_progress=self.pipeline.budgets(self.timings)[0].max_no_progress,
             stall_policy=self.stall_policy.value,
             fingerprint=job.fingerprint(),
             max_attempts=self.retry.attempts,

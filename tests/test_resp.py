@@ -164,6 +164,28 @@ async def test_a_reply_whose_caller_gave_up_is_not_handed_to_the_next_caller(
             await mux.aclose()
 
 
+async def test_a_deadline_ends_the_wait_and_the_late_reply_is_dropped(
+    redis_server: RedisServer, parser: str
+) -> None:
+    """``deadline`` (what the store passes) ends the wait with TimeoutError on time; the
+    late reply is read and dropped in turn, not handed to the next caller."""
+    async with FaultProxy("127.0.0.1", redis_server.port) as proxy:
+        mux = Multiplexed(host="127.0.0.1", port=proxy.port, scripts={SHA: ECHO})
+        try:
+            await mux.connect()
+            proxy.delay(0.3)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(TimeoutError):
+                await mux.evalsha(SHA, ["late"], ["first"], deadline=started + 0.1)
+            assert 0.09 <= loop.time() - started < 0.25
+            proxy.heal()
+            reply = await mux.evalsha(SHA, ["next"], ["second"], deadline=loop.time() + 2)
+            assert reply[:2] == ["next", "second"]
+        finally:
+            await mux.aclose()
+
+
 async def test_reset_abandons_a_connection_stuck_in_set_up(
     redis_server: RedisServer, parser: str
 ) -> None:

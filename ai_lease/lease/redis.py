@@ -172,20 +172,22 @@ class RedisStore:
                 detail = type(exc).__name__ + ": " + str(exc)
                 raise StoreUnavailable(self.where, op, detail, maybe_applied=False) from exc
 
-        def send() -> Any:
-            if fast is not None:
-                return fast.evalsha(self._scripts[script].sha, keys, args)
-            return self._scripts[script](keys=keys, args=args)
-
         try:
+            if fast is not None:  # the op's deadline is a timer on its reply (lease/resp.py)
+                deadline = asyncio.get_running_loop().time() + self._op_timeout
+                sha = self._scripts[script].sha
+                try:
+                    return await fast.evalsha(sha, keys, args, deadline)
+                except RedisConnectionError:  # see below
+                    return await fast.evalsha(sha, keys, args, deadline)
             async with asyncio.timeout(self._op_timeout):
                 try:
-                    return await send()
+                    return await self._scripts[script](keys=keys, args=args)
                 except RedisConnectionError:
                     # The connection went stale (e.g. the server restarted). One resend on
                     # a fresh connection, inside the same deadline: every script is safe to
                     # run twice, so a command that did land is not applied differently.
-                    return await send()
+                    return await self._scripts[script](keys=keys, args=args)
         except ResponseError as exc:
             text = str(exc)
             if "AILEASE_CORRUPT" in text:

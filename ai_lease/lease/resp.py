@@ -51,6 +51,19 @@ def pack(*args: str | bytes | int) -> bytes:
     return b"".join(out)
 
 
+def _bulks(keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+    out = []
+    for arg in (*keys, *args):
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 class RespParser:
     """An incremental RESP2 reply parser with hiredis' interface (``feed``/``gets``).
 
@@ -189,6 +202,7 @@ class Multiplexed:
         self._db, self._username, self._password = db, username, password
         self._scripts = dict(scripts or {})
         self._connect_timeout = connect_timeout
+        self._heads: dict[tuple[str, int], bytes] = {}
         self._conn: _Conn | None = None
         self._connecting: asyncio.Future[_Conn] | None = None
 
@@ -225,19 +239,45 @@ class Multiplexed:
         if not self.connected:
             await self._connect()
 
-    async def evalsha(self, sha: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run a loaded script; ``EVAL`` it in full if the server lost its script cache."""
+    async def evalsha(
+        self, sha: str, keys: Sequence[str], args: Sequence[Any], deadline: float | None = None
+    ) -> Any:
+        """Run a loaded script; ``EVAL`` it in full if the server lost its script cache.
+        ``deadline`` (the loop's clock): past it, :class:`TimeoutError` — one timer on the
+        reply, cheaper than a timeout context per operation."""
         conn = self._conn
         if conn is None or conn.lost is not None:
-            conn = await self._connect()
-        reply = await conn.send(pack("EVALSHA", sha, len(keys), *keys, *args))
+            async with asyncio.timeout_at(deadline):
+                conn = await self._connect()
+        count = b"*%d\r\n" % (3 + len(keys) + len(args))
+        command = count + self._evalsha_head(sha, len(keys)) + _bulks(keys, args)
+        reply = await self._ask(conn, command, deadline)
         if isinstance(reply, ResponseError):
             if not str(reply).startswith("NOSCRIPT") or sha not in self._scripts:
                 raise reply
-            reply = await conn.send(pack("EVAL", self._scripts[sha], len(keys), *keys, *args))
+            command = pack("EVAL", self._scripts[sha], len(keys), *keys, *args)
+            reply = await self._ask(conn, command, deadline)
             if isinstance(reply, ResponseError):
                 raise reply
         return reply
+
+    def _evalsha_head(self, sha: str, nkeys: int) -> bytes:
+        """``$7 EVALSHA $40 <sha> $k <nkeys>`` (no array count), cached per script."""
+        head = self._heads.get((sha, nkeys))
+        if head is None:
+            head = self._heads[(sha, nkeys)] = pack("EVALSHA", sha, nkeys).split(b"\r\n", 1)[1]
+        return head
+
+    @staticmethod
+    async def _ask(conn: _Conn, command: bytes, deadline: float | None) -> Any:
+        waiter = conn.send(command)
+        if deadline is None:
+            return await waiter
+        timer = asyncio.get_running_loop().call_at(deadline, _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
 
     def reset(self) -> None:
         """Drop the connection (after a timeout): what is in flight fails, a connection
