@@ -37,6 +37,7 @@ from .errors import (
     JobDeadlineExceeded,
     JobFailed,
     LeaseError,
+    LeaseLost,
     ProviderError,
     Stalled,
     StoreUnavailable,
@@ -510,12 +511,15 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
     finished = False
 
     def keeper_done(task: asyncio.Task[Any]) -> None:
-        if finished or task.cancelled():
+        if finished:
             return
-        error = task.exception()
-        if error is not None:
-            failure.append(error)
-            this.cancel()
+        # Only we cancel the keeper, and only once the work is over: a keeper that ended
+        # any other way (even by a stray CancelledError) means nobody keeps the lease.
+        error = task.exception() if not task.cancelled() else None
+        failure.append(
+            error or LeaseLost(keeper.fence.key, "the lease keeper stopped", keeper.fence.pair)
+        )
+        this.cancel()
 
     def start_keeper() -> None:
         nonlocal keeper_task
@@ -525,11 +529,16 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
     # The keeper's clock and the loop's are both monotonic, possibly offset: convert.
     timer = loop.call_at(loop.time() + (keeper.first_wake() - keeper.clock()), start_keeper)
     try:
-        return await work
-    except asyncio.CancelledError:
-        if failure and this.uncancel() <= cancelling:
-            raise failure[0] from None
-        raise
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            if failure and this.uncancel() <= cancelling:
+                raise failure[0] from None
+            raise
+        if failure:  # the work swallowed the keeper's cancellation: the lease is gone anyway
+            this.uncancel()
+            raise failure[0]
+        return result
     finally:
         finished = True
         timer.cancel()

@@ -226,16 +226,56 @@ async def test_keep_alive_reuses_one_connection(wire: Wire, client: HTTP1Client)
     assert wire.connections == 1
 
 
-async def test_an_idle_connection_the_server_closed_is_replaced(
+async def test_an_idle_connection_the_server_closed_is_not_reused(
     wire: Wire, client: HTTP1Client
 ) -> None:
-    """The server closes after answering; the next request goes out again on a new one."""
-    wire.scripts += [[*ok(b"one"), 0.05, None], ok(b"two")]
+    """The server closes after answering; once its FIN is in, the pool drops that
+    connection and the next request goes out once, on a new one."""
+    wire.scripts += [[*ok(b"one"), None], ok(b"two")]
     assert await fetch(client, wire.url) == b"one"
-    await asyncio.sleep(0.01)  # the request may leave before or after the FIN arrives
+    await asyncio.sleep(0.2)  # the FIN arrives
     assert await fetch(client, wire.url) == b"two"
     assert wire.connections == 2
     assert len(wire.bodies) == 2
+
+
+async def test_a_request_lost_on_a_reused_connection_is_never_sent_again(
+    wire: Wire, client: HTTP1Client
+) -> None:
+    """The server takes the second request and closes without answering (it may have acted
+    on it): an error for the caller's retry policy, not a silent second POST."""
+    wire.scripts += [ok(b"one"), [0.05, None], ok(b"never")]
+    assert await fetch(client, wire.url) == b"one"
+    with pytest.raises(HTTP1Error, match="closed the connection without answering"):
+        await fetch(client, wire.url)
+    assert wire.bodies == [b'{"q":1}', b'{"q":1}']
+    assert wire.connections == 1
+
+
+async def test_idle_connections_expire_before_servers_drop_them(wire: Wire) -> None:
+    quick = HTTP1Client(keep_alive=0.05)
+    wire.scripts += [ok(b"one"), ok(b"two"), ok(b"three")]
+    assert await fetch(quick, wire.url) == b"one"
+    assert await fetch(quick, wire.url) == b"two"  # at once: reused
+    await asyncio.sleep(0.1)
+    assert await fetch(quick, wire.url) == b"three"  # idle too long: a new connection
+    assert wire.connections == 2
+    await quick.aclose()
+
+
+async def test_a_reader_stopping_at_the_last_data_leaves_the_connection_reusable(
+    wire: Wire, client: HTTP1Client
+) -> None:
+    """An SSE reader stops at ``[DONE]``, before asking for more: the terminating chunk
+    in the same read has been taken already, so the connection carries the next call."""
+    wire.scripts += [ok(b"data: 1\n\n", b"data: [DONE]\n\n"), ok(b"next")]
+    async with client.stream("POST", wire.url, {}, b"{}") as resp:
+        async for piece in resp.aiter_body():
+            if piece.endswith(b"data: [DONE]\n\n"):
+                break
+        assert resp.reusable
+    assert await fetch(client, wire.url) == b"next"
+    assert wire.connections == 1
 
 
 async def test_a_new_connection_closed_without_an_answer_is_an_error(

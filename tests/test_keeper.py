@@ -23,6 +23,7 @@ from ai_lease.keeper import LeaseKeeper
 from ai_lease.lease import Acquired, Following, Renewal
 from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.progress import Progress
+from ai_lease.runner import _alongside
 
 
 class FakeClock:
@@ -199,3 +200,62 @@ async def test_run_loop_stops_a_blocked_owner_on_wake(store: SQLiteStore) -> Non
     clock.now += 29  # as if a sync sleep had blocked everything for 29 s
     with pytest.raises(LeaseLost):
         await asyncio.wait_for(keeper.run(), 5)
+
+
+# -- the keeper beside the work (runner._alongside) ------------------------------------------
+
+
+async def _short_lived_keeper(
+    store: SQLiteStore, store_for_keeper: object = None, valid_for: float = 0.3
+) -> LeaseKeeper:
+    """A real keeper whose lease is good for ``valid_for`` s more (self-fence 0.2 s before);
+    its first renewal is due after 0.4 s."""
+    won = await store.acquire("job", "A", ttl=30, max_no_progress=5)
+    assert isinstance(won, Acquired)
+    progress = Progress()
+    timings = LeaseTimings(ttl=1.0, renew_interval=0.4, op_timeout=0.1, self_fence_margin=0.2)
+    return LeaseKeeper(
+        store_for_keeper or store,  # type: ignore[arg-type]
+        won.fence,
+        progress,
+        timings,
+        valid_until=progress.clock() + valid_for,
+    )
+
+
+async def test_keeper_failure_wins_even_if_the_work_swallows_its_cancellation(
+    store: SQLiteStore,
+) -> None:
+    """A stage that turns cancellation into a fallback answer cannot keep a lost lease: the
+    keeper's error is raised, and the task is not left counting a cancellation."""
+    keeper = await _short_lived_keeper(store)
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(5)
+            return "full answer"
+        except asyncio.CancelledError:
+            return "fallback answer"
+
+    with pytest.raises(LeaseLost, match="self-fenced"):
+        await _alongside(stubborn(), keeper)
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+
+
+async def test_a_keeper_ended_by_a_stray_cancellation_stops_the_work(store: SQLiteStore) -> None:
+    """Fault injection: a store call that raises CancelledError (nobody cancelled the keeper)
+    ends the keeper; the work must not go on without anyone keeping its lease."""
+
+    class StrayCancel:
+        def __getattr__(self, name: str) -> object:
+            async def op(*args: object, **kwargs: object) -> None:
+                raise asyncio.CancelledError
+
+            return op
+
+    keeper = await _short_lived_keeper(store, StrayCancel(), valid_for=5.0)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(LeaseLost, match="keeper stopped"):
+        await _alongside(asyncio.sleep(5), keeper)
+    assert asyncio.get_running_loop().time() - started < 1.0

@@ -12,9 +12,12 @@ from typing import Any
 import hiredis
 import pytest
 import redis
+import redis.asyncio as aioredis
+from redis.credentials import UsernamePasswordCredentialProvider
 from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from ai_lease import CorruptRecord, StoreUnavailable
 from ai_lease.lease.redis import RedisStore
 from ai_lease.lease.resp import Multiplexed, RespParser, pack
 from ai_lease.testing.contract import LeaseStoreContract
@@ -227,11 +230,62 @@ async def test_connection_refused_names_the_address() -> None:
         await mux.connect()
 
 
+async def test_a_timeout_fails_other_waiters_with_a_connection_error_not_a_cancellation() -> None:
+    """A paused server: the first operation times out and drops the connection; operations
+    waiting on the reconnection get StoreUnavailable, never a CancelledError nobody asked
+    for (which would silently end a lease keeper)."""
+    with RedisServer() as server:
+        store = RedisStore.from_url(server.url, op_timeout=0.5)
+        await store.get("warm")
+
+        async def op(name: str, delay: float) -> str:
+            await asyncio.sleep(delay)
+            try:
+                await store.get(name)
+                return "ok"
+            except StoreUnavailable as exc:
+                return "unavailable" + (" (never sent)" if not exc.maybe_applied else "")
+
+        server.pause()
+        try:
+            results = await asyncio.gather(op("A", 0.0), op("B", 0.1), op("C", 0.2))
+        finally:
+            server.resume()
+        assert results[:2] == ["unavailable", "unavailable"]
+        assert results[2].startswith("unavailable")
+        assert await store.get("after") is None  # and then it works again
+        await store.aclose()
+
+
+async def test_a_record_that_is_not_utf8_is_corrupt_alone(redis_server: RedisServer) -> None:
+    """Bytes that are not UTF-8 in one job's hash make that record corrupt; the connection
+    every job shares goes on serving the others."""
+    redis_server.flushall()
+    store = RedisStore.from_url(redis_server.url, op_timeout=1.0)
+    raw = redis.Redis(port=redis_server.port)
+    try:
+        await store.get("warm")
+        raw.hset(
+            store.keys("bad")[0],
+            mapping={"schema": "1", "status": "RUNNING", "result": b"\xff\xfe"},
+        )
+        bad, good = await asyncio.gather(
+            store.get("bad"), store.get("good"), return_exceptions=True
+        )
+        assert isinstance(bad, CorruptRecord) and "not valid UTF-8" in str(bad)
+        assert good is None
+    finally:
+        await store.aclose()
+        raw.close()
+
+
 def test_only_plain_tcp_and_unix_sockets_take_the_fast_path() -> None:
     assert RedisStore.from_url("redis://127.0.0.1:6379/0")._fast is not None
     assert RedisStore.from_url("unix:///tmp/redis.sock?db=2")._fast is not None
     assert RedisStore.from_url("rediss://127.0.0.1:6380/0")._fast is None
     assert RedisStore.from_url("redis://127.0.0.1:6379/0", multiplex=False)._fast is None
+    provided = aioredis.Redis(credential_provider=UsernamePasswordCredentialProvider(None, "pw"))
+    assert RedisStore(provided)._fast is None  # credentials that may change: redis-py's job
 
 
 # -- the contract once more, over redis-py's pooled connections --------------------------------

@@ -96,7 +96,7 @@ class RedisStore:
         # (lease/resp.py); TLS and Cluster keep redis-py for them too.
         self._fast = (
             Multiplexed.for_client(
-                client, {s.sha: s.script for s in self._scripts.values()}, 2 * op_timeout
+                client, {s.sha: s.script for s in self._scripts.values()}, op_timeout
             )
             if multiplex
             else None
@@ -166,7 +166,9 @@ class RedisStore:
         if fast is None and not self._prepared:
             await self._prepare()
         elif fast is not None and not fast.connected:
-            try:  # its own deadline (the connect timeout), as _prepare has
+            # Connecting has a deadline of its own (op_timeout): an operation that must first
+            # connect may take up to twice op_timeout, never more.
+            try:
                 await fast.connect()
             except (RedisError, OSError) as exc:
                 detail = type(exc).__name__ + ": " + str(exc)
@@ -188,6 +190,8 @@ class RedisStore:
                     # a fresh connection, inside the same deadline: every script is safe to
                     # run twice, so a command that did land is not applied differently.
                     return await self._scripts[script](keys=keys, args=args)
+        except UnicodeDecodeError:  # redis-py's path decodes strictly
+            raise CorruptRecord(key, "a field is not valid UTF-8") from None
         except ResponseError as exc:
             text = str(exc)
             if "AILEASE_CORRUPT" in text:
@@ -211,6 +215,12 @@ class RedisStore:
     def _decode(
         self, key: str, flat: list[Any], now_us: Any, extra: dict[str, Any] | None = None
     ) -> JobState:
+        for value in flat:  # bytes that were not UTF-8 arrive as surrogate escapes
+            if value.__class__ is str and not value.isascii():
+                try:
+                    value.encode()
+                except UnicodeEncodeError:
+                    raise CorruptRecord(key, "a field is not valid UTF-8") from None
         data: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))
         if extra:  # values the reply left out (or empty) that the caller knows
             for name, value in extra.items():

@@ -18,8 +18,11 @@ Semantics the store relies on, kept as redis-py's:
 * ``NOSCRIPT`` (a server restarted without persistence) is answered by ``EVAL`` of the full
   script, which caches it again.
 
-Plain TCP and Unix sockets only: ``rediss://`` and Redis Cluster go through redis-py.
-Replies are parsed by hiredis when it is installed, else by a small RESP2 parser here.
+Plain TCP and Unix sockets only: ``rediss://``, Redis Cluster and clients with a credential
+provider go through redis-py. Replies are parsed by hiredis when it is installed, else by a
+small RESP2 parser here; bytes that are not UTF-8 are kept as surrogate escapes (one corrupt
+record must not break the connection every job shares), and the store reports such a
+record as corrupt.
 """
 
 from __future__ import annotations
@@ -94,9 +97,9 @@ class RespParser:
             raise _Incomplete
         kind, line, pos = buf[pos : pos + 1], buf[pos + 1 : eol], eol + 2
         if kind == b"+":
-            return line.decode(), pos
+            return line.decode(errors="surrogateescape"), pos
         if kind == b"-":
-            return ResponseError(line.decode()), pos
+            return ResponseError(line.decode(errors="surrogateescape")), pos
         if kind == b":":
             return int(line), pos
         if kind == b"$":
@@ -105,7 +108,7 @@ class RespParser:
                 return None, pos
             if len(buf) < pos + size + 2:
                 raise _Incomplete
-            return buf[pos : pos + size].decode(), pos + size + 2
+            return buf[pos : pos + size].decode(errors="surrogateescape"), pos + size + 2
         if kind == b"*":
             count = int(line)
             if count < 0:
@@ -124,7 +127,7 @@ class _Incomplete(Exception):
 
 def _reader() -> Any:
     if _HIREDIS:
-        return hiredis.Reader(encoding="utf-8", replyError=ResponseError)
+        return hiredis.Reader(encoding="utf-8", errors="surrogateescape", replyError=ResponseError)
     return RespParser()
 
 
@@ -202,22 +205,26 @@ class Multiplexed:
         self._db, self._username, self._password = db, username, password
         self._scripts = dict(scripts or {})
         self._connect_timeout = connect_timeout
+        self._where = path or f"{host}:{port}"
         self._heads: dict[tuple[str, int], bytes] = {}
         self._conn: _Conn | None = None
         self._connecting: asyncio.Future[_Conn] | None = None
+        self._attempt: asyncio.Task[_Conn] | None = None
 
     @classmethod
     def for_client(
         cls, client: Any, scripts: dict[str, str], connect_timeout: float = 2.0
     ) -> Multiplexed | None:
         """The fast path for a redis-py asyncio client's server, or None where it does not
-        apply (TLS, Cluster, a custom connection class)."""
+        apply (TLS, Cluster, a custom connection class, a credential provider)."""
         from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 
         pool = getattr(client, "connection_pool", None)
         if pool is None or pool.connection_class not in (Connection, UnixDomainSocketConnection):
             return None
         kw = pool.connection_kwargs
+        if kw.get("credential_provider") is not None:  # credentials change: redis-py's job
+            return None
         return cls(
             host=kw.get("host", "localhost") if "path" not in kw else None,
             port=int(kw.get("port", 6379)),
@@ -282,9 +289,15 @@ class Multiplexed:
     def reset(self) -> None:
         """Drop the connection (after a timeout): what is in flight fails, a connection
         being set up is abandoned, the next call connects again."""
-        if self._connecting is not None:
-            self._connecting.cancel()
-            self._connecting = None
+        if self._attempt is not None:
+            self._attempt.cancel()  # its waiters get ConnectionError (see _connect)
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.set_exception(
+                RedisConnectionError(
+                    f"Error connecting to {self._where}: abandoned after a timeout"
+                )
+            )
+        self._connecting = self._attempt = None
         if self._conn is not None:
             self._conn.close(RedisConnectionError("Connection reset after a timeout"))
             self._conn = None
@@ -295,17 +308,38 @@ class Multiplexed:
             self._conn = None
 
     async def _connect(self) -> _Conn:
-        """One connection attempt at a time; callers arriving meanwhile share it."""
+        """One connection attempt at a time; callers arriving meanwhile share it. The shared
+        outcome is a future of ours, not the attempt's task: :meth:`reset` abandons the
+        attempt and its waiters see ``ConnectionError``, never a cancellation of their own."""
         if self._connecting is None:
-            self._connecting = asyncio.ensure_future(self._open())
+            loop = asyncio.get_running_loop()
+            outcome: asyncio.Future[_Conn] = loop.create_future()
+            attempt = loop.create_task(self._open())
+
+            def settle(task: asyncio.Task[_Conn]) -> None:
+                if task.cancelled():
+                    error: BaseException | None = RedisConnectionError(
+                        f"Error connecting to {self._where}: abandoned after a timeout"
+                    )
+                else:
+                    error = task.exception()
+                if outcome.done():
+                    return
+                if error is not None:
+                    outcome.set_exception(error)
+                else:
+                    outcome.set_result(task.result())
+
+            attempt.add_done_callback(settle)
             # Its callers may all have given up (timeouts): the outcome is still consumed.
-            self._connecting.add_done_callback(lambda f: f.cancelled() or f.exception())
+            outcome.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._connecting, self._attempt = outcome, attempt
         connecting = self._connecting
         try:
             return await asyncio.shield(connecting)
         finally:
             if connecting.done() and self._connecting is connecting:
-                self._connecting = None
+                self._connecting = self._attempt = None
 
     async def _open(self) -> _Conn:
         try:

@@ -14,8 +14,9 @@ Deliberately narrow — what a streamed chat call needs and nothing more:
 * bodies framed by ``Transfer-Encoding: chunked``, ``Content-Length`` or the close of the
   connection; gzip and deflate decoded if a server compresses although identity was asked;
 * keep-alive: a connection whose answer was read to its end goes back to a small pool per
-  origin; a request that fails on a reused connection before any byte of an answer is sent
-  once more on a new one (the server had closed the idle connection);
+  origin for up to ``keep_alive`` seconds. A request is never sent twice by this client: one
+  that fails on a reused connection is a transport error for the caller's retry policy
+  (it may have reached the server, and a model call made twice costs twice);
 * timeouts: connecting, and each read (no byte for ``read_timeout``). The stream guard and
   the stage deadline bound the rest from outside.
 
@@ -247,9 +248,14 @@ class Response:
                     owed = _chunk_size(buf[pos:eol])
                     pos = eol + 2
                     if owed == 0:
+                        # The end is read before the last data is handed over: a reader
+                        # that stops at that data (an SSE [DONE]) still leaves a response
+                        # read to its end, whose connection can carry the next request.
+                        ended = self._end_of_trailers(buf[pos:])
                         if out:
                             yield b"".join(out)
-                        await self._trailers(buf[pos:])
+                        if not ended:
+                            await self._trailers(buf[pos:])
                         return
                 have = end - pos
                 if have >= owed + 2:  # the rest of the chunk and its CRLF are here
@@ -273,15 +279,21 @@ class Response:
             buf = buf[pos:] + more if pos < end else more
             pos = 0
 
+    def _end_of_trailers(self, tail: bytes) -> bool:
+        """If ``tail`` holds the whole trailer section (usually just CRLF), finish the body."""
+        if tail.startswith(b"\r\n"):
+            self._done(tail[2:])
+            return True
+        blank = tail.find(b"\r\n\r\n")
+        if blank >= 0:
+            self._done(tail[blank + 4 :])
+            return True
+        return False
+
     async def _trailers(self, tail: bytes) -> None:
-        """Skip the trailer section after the last chunk (usually just CRLF)."""
+        """Skip the trailer section after the last chunk."""
         while True:
-            if tail.startswith(b"\r\n"):
-                self._done(tail[2:])
-                return
-            blank = tail.find(b"\r\n\r\n")
-            if blank >= 0:
-                self._done(tail[blank + 4 :])
+            if self._end_of_trailers(tail):
                 return
             if len(tail) > _MAX_HEAD:
                 raise HTTP1Error("malformed chunked body: trailers too long")
@@ -344,12 +356,16 @@ class HTTP1Client:
         connect_timeout: float = 10.0,
         read_timeout: float = 600.0,
         max_idle_per_origin: int = 64,
+        keep_alive: float = 4.0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.max_idle_per_origin = max_idle_per_origin
+        # Below the usual server keep-alive timeouts (uvicorn 5 s): a connection idle longer
+        # may be closed by the server just as a request goes out on it.
+        self.keep_alive = keep_alive
         self._ssl = ssl_context
-        self._idle: dict[Origin, list[_Reader]] = {}
+        self._idle: dict[Origin, list[tuple[_Reader, float]]] = {}
 
     @contextlib.asynccontextmanager
     async def stream(
@@ -372,7 +388,7 @@ class HTTP1Client:
         """Close every idle connection."""
         idle, self._idle = self._idle, {}
         for readers in idle.values():
-            for reader in readers:
+            for reader, _ in readers:
                 if reader.transport is not None:
                     reader.transport.close()
 
@@ -408,20 +424,17 @@ class HTTP1Client:
         return (scheme, host, port), head + body
 
     async def _exchange(self, origin: Origin, request: bytes) -> tuple[_Reader, Response]:
-        while True:
-            pooled = self._checkout(origin)
-            reader = pooled or await self._connect(origin)
-            try:
-                assert reader.transport is not None
-                reader.transport.write(request)
-                return reader, await self._read_head(reader)
-            except _Stale:
-                self._discard(reader)
-                if pooled is None:
-                    raise HTTP1Error("the server closed the connection without answering") from None
-            except BaseException:
-                self._discard(reader)
-                raise
+        # Never sent twice here: a request that fails on a kept-alive connection may have
+        # reached the server (a model call made twice costs twice). The failure is a
+        # transport error the caller's retry policy decides on, visibly.
+        reader = self._checkout(origin) or await self._connect(origin)
+        try:
+            assert reader.transport is not None
+            reader.transport.write(request)
+            return reader, await self._read_head(reader)
+        except BaseException:
+            self._discard(reader)
+            raise
 
     async def _read_head(self, reader: _Reader) -> Response:
         buf = b""
@@ -440,17 +453,10 @@ class HTTP1Client:
                 )
             if len(buf) > _MAX_HEAD:
                 raise HTTP1Error("the answer's headers are too long")
-            try:
-                more = await reader.read(self.read_timeout)
-            except HTTP1Timeout:
-                raise
-            except HTTP1Error:
-                if not buf:
-                    raise _Stale from None
-                raise
+            more = await reader.read(self.read_timeout)
             if not more:
                 if not buf:
-                    raise _Stale
+                    raise HTTP1Error("the server closed the connection without answering")
                 raise HTTP1Error("the connection closed inside the answer's headers")
             buf += more
 
@@ -481,9 +487,10 @@ class HTTP1Client:
 
     def _checkout(self, origin: Origin) -> _Reader | None:
         idle = self._idle.get(origin)
+        now = asyncio.get_running_loop().time()
         while idle:
-            reader = idle.pop()
-            if reader.idle_and_open:
+            reader, since = idle.pop()
+            if reader.idle_and_open and now - since < self.keep_alive:
                 return reader
             self._discard(reader)
         return None
@@ -491,7 +498,7 @@ class HTTP1Client:
     def _release(self, origin: Origin, reader: _Reader, reusable: bool) -> None:
         idle = self._idle.setdefault(origin, [])
         if reusable and reader.idle_and_open and len(idle) < self.max_idle_per_origin:
-            idle.append(reader)
+            idle.append((reader, asyncio.get_running_loop().time()))
         else:
             self._discard(reader)
 
@@ -499,7 +506,3 @@ class HTTP1Client:
     def _discard(reader: _Reader) -> None:
         if reader.transport is not None and not reader.transport.is_closing():
             reader.transport.abort()
-
-
-class _Stale(Exception):
-    """A connection closed before a single byte of the answer (an idle one the server shut)."""
