@@ -1,6 +1,6 @@
 """Chunks per second through ai_lease's guarded stream against the same stream read raw.
 
-    .venv/bin/python bench/stream_overhead.py               # 20000 chunks, 7 rounds, 2 framings
+    .venv/bin/python bench/stream_overhead.py               # 40000 chunks, 7 rounds, 2 framings
     .venv/bin/python bench/stream_overhead.py --chunks 50000 --rounds 7 --framing close
 
 A local OpenAI-compatible server runs in a child process (its CPU is not the client's) and
@@ -355,7 +355,7 @@ def report(framing: str, res: Results, args: argparse.Namespace) -> list[tuple[b
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--chunks", type=int, default=20000, help="content chunks per stream")
+    p.add_argument("--chunks", type=int, default=40000, help="content chunks per stream")
     p.add_argument("--sdk-chunks", type=int, help="content chunks per SDK stream (chunks / 10)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians reported)")
     p.add_argument("--framing", choices=("both", "chunked", "close"), default="both")
