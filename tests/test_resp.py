@@ -149,62 +149,61 @@ async def test_a_lost_connection_fails_what_is_in_flight_then_reconnects(parser:
             await mux.aclose()
 
 
-async def test_a_reply_whose_caller_gave_up_is_not_handed_to_the_next_caller(
+@pytest.fixture
+async def proxied(
     redis_server: RedisServer, parser: str
-) -> None:
+) -> AsyncIterator[tuple[FaultProxy, Multiplexed]]:
+    """A connection to redis-server through a fault proxy."""
+    redis_server.flushall()
     async with FaultProxy("127.0.0.1", redis_server.port) as proxy:
-        mux = Multiplexed(host="127.0.0.1", port=proxy.port, scripts={SHA: ECHO})
-        try:
-            await mux.connect()
-            proxy.delay(0.3)
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.05):
-                    await mux.evalsha(SHA, ["late"], ["first"])
-            proxy.heal()
-            reply = await mux.evalsha(SHA, ["next"], ["second"])
-            assert reply[:2] == ["next", "second"]
-        finally:
-            await mux.aclose()
+        made = Multiplexed(host="127.0.0.1", port=proxy.port, scripts={SHA: ECHO})
+        yield proxy, made
+        await made.aclose()
+
+
+async def test_a_reply_whose_caller_gave_up_is_not_handed_to_the_next_caller(
+    proxied: tuple[FaultProxy, Multiplexed],
+) -> None:
+    proxy, mux = proxied
+    await mux.connect()
+    proxy.delay(0.3)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await mux.evalsha(SHA, ["late"], ["first"])
+    proxy.heal()
+    assert (await mux.evalsha(SHA, ["next"], ["second"]))[:2] == ["next", "second"]
 
 
 async def test_a_deadline_ends_the_wait_and_the_late_reply_is_dropped(
-    redis_server: RedisServer, parser: str
+    proxied: tuple[FaultProxy, Multiplexed],
 ) -> None:
     """``deadline`` (what the store passes) ends the wait with TimeoutError on time; the
     late reply is read and dropped in turn, not handed to the next caller."""
-    async with FaultProxy("127.0.0.1", redis_server.port) as proxy:
-        mux = Multiplexed(host="127.0.0.1", port=proxy.port, scripts={SHA: ECHO})
-        try:
-            await mux.connect()
-            proxy.delay(0.3)
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            with pytest.raises(TimeoutError):
-                await mux.evalsha(SHA, ["late"], ["first"], deadline=started + 0.1)
-            assert 0.09 <= loop.time() - started < 0.25
-            proxy.heal()
-            reply = await mux.evalsha(SHA, ["next"], ["second"], deadline=loop.time() + 2)
-            assert reply[:2] == ["next", "second"]
-        finally:
-            await mux.aclose()
+    proxy, mux = proxied
+    await mux.connect()
+    proxy.delay(0.3)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        await mux.evalsha(SHA, ["late"], ["first"], deadline=started + 0.1)
+    assert 0.09 <= loop.time() - started < 0.25
+    proxy.heal()
+    reply = await mux.evalsha(SHA, ["next"], ["second"], deadline=loop.time() + 2)
+    assert reply[:2] == ["next", "second"]
 
 
 async def test_reset_abandons_a_connection_stuck_in_set_up(
-    redis_server: RedisServer, parser: str
+    proxied: tuple[FaultProxy, Multiplexed],
 ) -> None:
-    async with FaultProxy("127.0.0.1", redis_server.port) as proxy:
-        mux = Multiplexed(host="127.0.0.1", port=proxy.port, scripts={SHA: ECHO})
-        try:
-            proxy.black_hole()
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.2):
-                    await mux.evalsha(SHA, ["k"], ["a"])
-            mux.reset()
-            proxy.heal()
-            async with asyncio.timeout(2):
-                assert (await mux.evalsha(SHA, ["k"], ["b"]))[:2] == ["k", "b"]
-        finally:
-            await mux.aclose()
+    proxy, mux = proxied
+    proxy.black_hole()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await mux.evalsha(SHA, ["k"], ["a"])
+    mux.reset()
+    proxy.heal()
+    async with asyncio.timeout(2):
+        assert (await mux.evalsha(SHA, ["k"], ["b"]))[:2] == ["k", "b"]
 
 
 async def test_password_and_database_are_set_up_on_connect(parser: str) -> None:
