@@ -228,7 +228,8 @@ class Pipeline:
         ctx.emit = emit
         faults = ctx.faults is not None
         tracker, loop = ctx.tracker, asyncio.get_running_loop()
-        stage, budget = self.stages[0], self.budgets(timings)[0]
+        budgets = self.budgets(timings)
+        stage, budget = self.stages[0], budgets[0]  # named for the deadline's error below
         # One hard-deadline timer for the whole run, moved to each stage's deadline as the
         # stage starts (cheaper than a timeout context per stage; same semantics). Between
         # two stages only ensure_lease() and enter() run, with no await, so the previous
@@ -236,7 +237,7 @@ class Pipeline:
         hard = asyncio.timeout(None)
         try:
             async with hard:
-                for stage, budget in zip(self.stages, self.budgets(timings), strict=True):
+                for stage, budget in zip(self.stages, budgets, strict=True):
                     ctx.ensure_lease()
                     tracker.enter(stage.name, budget)
                     started = tracker.last_at

@@ -160,6 +160,16 @@ async def sse_via_httpx_sse(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[
                 yield [event.data.encode()]
 
 
+async def count_data_events(chunks: AsyncIterator[bytes]) -> int:
+    """The floor: split the bytes into events and count the ``data:`` ones, no JSON.
+    Returns the content chunks (all events but role, finish, usage and ``[DONE]``)."""
+    events, buf = 0, b""
+    async for raw in chunks:
+        *parts, buf = (buf + raw).split(b"\n\n")
+        events += sum(1 for p in parts if p.startswith(b"data:"))
+    return events - 4
+
+
 async def collect_raw(stream: AsyncIterator[Any]) -> int:
     """The raw consumer: keeps the answer's text, as any caller must; no guard, no progress."""
     parts = [delta.text async for delta in stream if delta.text]
@@ -191,22 +201,14 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
         return ChatRequest(messages=MESSAGES, max_tokens=n)
 
     async def bare(n: int) -> int:
-        events, buf = 0, b""
         async with client.stream("POST", url, json=request_json(n)) as response:
-            async for raw in response.aiter_bytes():
-                *parts, buf = (buf + raw).split(b"\n\n")
-                events += sum(1 for p in parts if p.startswith(b"data:"))
-        return events - 4  # role, finish, usage, [DONE]
+            return await count_data_events(response.aiter_bytes())
 
     async def bare_fast(n: int) -> int:
-        events, buf = 0, b""
         body = orjson.dumps(request_json(n))
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         async with fast_client.stream("POST", url, headers, body) as response:
-            async for raw in response.aiter_body():
-                *parts, buf = (buf + raw).split(b"\n\n")
-                events += sum(1 for p in parts if p.startswith(b"data:"))
-        return events - 4
+            return await count_data_events(response.aiter_body())
 
     async def httpx_sse_raw(n: int) -> int:
         seen = 0

@@ -80,6 +80,16 @@ def test_parser_agrees_with_hiredis() -> None:
     assert replies(reader, [WIRE]) == replies(RespParser(), [WIRE])
 
 
+@pytest.mark.parametrize("make", [RespParser, lambda: hiredis.Reader(encoding="utf-8")])
+def test_a_reply_that_is_not_utf8_fails_alone_and_the_next_is_read(make: Any) -> None:
+    parser = make()
+    parser.feed(b"*2\r\n$2\r\n\xff\xfe\r\n$2\r\nok\r\n+NEXT\r\n")
+    with pytest.raises(UnicodeDecodeError):
+        parser.gets()
+    assert parser.gets() == "NEXT"
+    assert parser.gets() is False
+
+
 def test_pack_is_a_resp_array_of_bulk_strings() -> None:
     assert pack("EVALSHA", "ab", 1, b"k") == (
         b"*4\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$1\r\nk\r\n"
@@ -256,7 +266,9 @@ async def test_a_timeout_fails_other_waiters_with_a_connection_error_not_a_cance
         await store.aclose()
 
 
-async def test_a_record_that_is_not_utf8_is_corrupt_alone(redis_server: RedisServer) -> None:
+async def test_a_record_that_is_not_utf8_is_corrupt_alone(
+    redis_server: RedisServer, parser: str
+) -> None:
     """Bytes that are not UTF-8 in one job's hash make that record corrupt; the connection
     every job shares goes on serving the others."""
     redis_server.flushall()

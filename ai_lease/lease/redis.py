@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -174,23 +174,30 @@ class RedisStore:
                 detail = type(exc).__name__ + ": " + str(exc)
                 raise StoreUnavailable(self.where, op, detail, maybe_applied=False) from exc
 
+        if fast is not None:  # the op's deadline is a timer on its reply (lease/resp.py)
+            deadline = asyncio.get_running_loop().time() + self._op_timeout
+            sha = self._scripts[script].sha
+
+            def attempt() -> Awaitable[Any]:
+                return fast.evalsha(sha, keys, args, deadline)
+
+            bounded: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
+        else:
+
+            def attempt() -> Awaitable[Any]:
+                return self._scripts[script](keys=keys, args=args)  # type: ignore[no-any-return]
+
+            bounded = asyncio.timeout(self._op_timeout)
         try:
-            if fast is not None:  # the op's deadline is a timer on its reply (lease/resp.py)
-                deadline = asyncio.get_running_loop().time() + self._op_timeout
-                sha = self._scripts[script].sha
+            async with bounded:
                 try:
-                    return await fast.evalsha(sha, keys, args, deadline)
-                except RedisConnectionError:  # see below
-                    return await fast.evalsha(sha, keys, args, deadline)
-            async with asyncio.timeout(self._op_timeout):
-                try:
-                    return await self._scripts[script](keys=keys, args=args)
+                    return await attempt()
                 except RedisConnectionError:
                     # The connection went stale (e.g. the server restarted). One resend on
                     # a fresh connection, inside the same deadline: every script is safe to
                     # run twice, so a command that did land is not applied differently.
-                    return await self._scripts[script](keys=keys, args=args)
-        except UnicodeDecodeError:  # redis-py's path decodes strictly
+                    return await attempt()
+        except UnicodeDecodeError:  # both paths decode strictly, one reply at a time
             raise CorruptRecord(key, "a field is not valid UTF-8") from None
         except ResponseError as exc:
             text = str(exc)
@@ -215,12 +222,6 @@ class RedisStore:
     def _decode(
         self, key: str, flat: list[Any], now_us: Any, extra: dict[str, Any] | None = None
     ) -> JobState:
-        for value in flat:  # bytes that were not UTF-8 arrive as surrogate escapes
-            if value.__class__ is str and not value.isascii():
-                try:
-                    value.encode()
-                except UnicodeEncodeError:
-                    raise CorruptRecord(key, "a field is not valid UTF-8") from None
         data: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))
         if extra:  # values the reply left out (or empty) that the caller knows
             for name, value in extra.items():

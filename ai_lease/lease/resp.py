@@ -20,9 +20,9 @@ Semantics the store relies on, kept as redis-py's:
 
 Plain TCP and Unix sockets only: ``rediss://``, Redis Cluster and clients with a credential
 provider go through redis-py. Replies are parsed by hiredis when it is installed, else by a
-small RESP2 parser here; bytes that are not UTF-8 are kept as surrogate escapes (one corrupt
-record must not break the connection every job shares), and the store reports such a
-record as corrupt.
+small RESP2 parser here; a reply that is not UTF-8 fails its own caller with
+``UnicodeDecodeError`` (the store reports the record as corrupt) and the connection every
+job shares reads on.
 """
 
 from __future__ import annotations
@@ -47,16 +47,12 @@ __all__ = ["Multiplexed", "RespParser", "pack"]
 
 def pack(*args: str | bytes | int) -> bytes:
     """One command in RESP2: an array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
+    return b"*%d\r\n" % len(args) + _bulks(args)
 
 
-def _bulks(keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+def _bulks(args: Sequence[Any]) -> bytes:
     out = []
-    for arg in (*keys, *args):
+    for arg in args:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
         out.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
@@ -70,7 +66,9 @@ def _expire(waiter: asyncio.Future[Any]) -> None:
 class RespParser:
     """An incremental RESP2 reply parser with hiredis' interface (``feed``/``gets``).
 
-    Error replies are returned as :class:`ResponseError` objects, not raised, as hiredis does.
+    Error replies are returned as :class:`ResponseError` objects, not raised, as hiredis does;
+    a reply that is not UTF-8 raises ``UnicodeDecodeError`` once it has been read whole (the
+    next reply is read normally), as hiredis does.
     """
 
     def __init__(self) -> None:
@@ -88,7 +86,7 @@ class RespParser:
         except _Incomplete:
             return False
         self._pos = pos
-        return reply
+        return _decoded(reply)
 
     def _parse(self, pos: int) -> tuple[Any, int]:
         buf = self._buf
@@ -97,9 +95,9 @@ class RespParser:
             raise _Incomplete
         kind, line, pos = buf[pos : pos + 1], buf[pos + 1 : eol], eol + 2
         if kind == b"+":
-            return line.decode(errors="surrogateescape"), pos
+            return line, pos
         if kind == b"-":
-            return ResponseError(line.decode(errors="surrogateescape")), pos
+            return ResponseError(line.decode(errors="replace")), pos
         if kind == b":":
             return int(line), pos
         if kind == b"$":
@@ -108,7 +106,7 @@ class RespParser:
                 return None, pos
             if len(buf) < pos + size + 2:
                 raise _Incomplete
-            return buf[pos : pos + size].decode(errors="surrogateescape"), pos + size + 2
+            return buf[pos : pos + size], pos + size + 2
         if kind == b"*":
             count = int(line)
             if count < 0:
@@ -125,9 +123,17 @@ class _Incomplete(Exception):
     pass
 
 
+def _decoded(reply: Any) -> Any:
+    if isinstance(reply, bytes):
+        return reply.decode()
+    if isinstance(reply, list):
+        return [_decoded(item) for item in reply]
+    return reply
+
+
 def _reader() -> Any:
     if _HIREDIS:
-        return hiredis.Reader(encoding="utf-8", errors="surrogateescape", replyError=ResponseError)
+        return hiredis.Reader(encoding="utf-8", replyError=ResponseError)
     return RespParser()
 
 
@@ -148,9 +154,19 @@ class _Conn(asyncio.Protocol):
         reader, waiters = self.reader, self.waiters
         try:
             reader.feed(data)
-            while (reply := reader.gets()) is not False:
+            while True:
+                try:
+                    reply = reader.gets()
+                except UnicodeDecodeError as exc:  # one corrupt reply: its caller's alone
+                    reply = exc
+                if reply is False:
+                    break
                 waiter = waiters.popleft()
-                if not waiter.done():  # its caller may have given up (a timeout)
+                if waiter.done():  # its caller may have given up (a timeout)
+                    continue
+                if isinstance(reply, UnicodeDecodeError):
+                    waiter.set_exception(reply)
+                else:
                     waiter.set_result(reply)
         except Exception as exc:  # garbage on the wire, or a reply nobody asked for
             self.close(RedisConnectionError(f"Protocol error: {exc!r}"))
@@ -257,7 +273,7 @@ class Multiplexed:
             async with asyncio.timeout_at(deadline):
                 conn = await self._connect()
         count = b"*%d\r\n" % (3 + len(keys) + len(args))
-        command = count + self._evalsha_head(sha, len(keys)) + _bulks(keys, args)
+        command = count + self._evalsha_head(sha, len(keys)) + _bulks((*keys, *args))
         reply = await self._ask(conn, command, deadline)
         if isinstance(reply, ResponseError):
             if not str(reply).startswith("NOSCRIPT") or sha not in self._scripts:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import urllib.request
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -172,7 +172,9 @@ class OpenAICompatProvider:
         async with self._client.stream(
             "POST", self._url, content=body, headers=self._stream_headers
         ) as response:
-            await self._check(response, expect="text/event-stream")
+            await self._check(
+                response.status_code, response.headers, "text/event-stream", response.aread
+            )
             # Raw bytes: identity was asked for, so there is nothing to decode; a server
             # that compresses anyway goes through httpx's decoders.
             raw = response.aiter_raw() if _identity(response.headers) else response.aiter_bytes()
@@ -184,16 +186,12 @@ class OpenAICompatProvider:
         """The same through :class:`HTTP1Client`."""
         assert self._fast is not None
         async with self._fast.stream("POST", self._url, self._stream_headers, body) as response:
-            status, kind = response.status, response.headers.get("content-type", "")
-            if status >= 300 or "text/event-stream" not in kind:
-                content = await response.read(_ERROR_BODY)
-                if status >= 300:
-                    raise status_error(self.name, status, content, response.headers)
-                raise self._error(
-                    f"expected text/event-stream, got {kind or 'no content type'}: "
-                    f"{content[:80]!r}",
-                    0,
-                )
+            await self._check(
+                response.status,
+                response.headers,
+                "text/event-stream",
+                lambda: response.read(_ERROR_BODY),
+            )
             async with contextlib.aclosing(response.aiter_body()) as chunks:
                 yield chunks
 
@@ -203,7 +201,9 @@ class OpenAICompatProvider:
             response = await self._client.post(
                 self._url, content=body, headers=self._post_headers()
             )
-            await self._check(response, expect="application/json")
+            await self._check(
+                response.status_code, response.headers, "application/json", response.aread
+            )
         except httpx.HTTPError as exc:
             raise self._error(f"{type(exc).__name__}: {exc}", 0) from exc
         try:
@@ -229,16 +229,25 @@ class OpenAICompatProvider:
     def _post_headers(self) -> dict[str, str]:
         return {**self._headers, "Content-Type": "application/json"}
 
-    async def _check(self, response: httpx.Response, expect: str) -> None:
-        if response.status_code >= 400:
-            await response.aread()
-            raise status_error(self.name, response.status_code, response.content, response.headers)
-        kind = response.headers.get("content-type", "")
-        if expect not in kind:
-            await response.aread()
-            raise self._error(
-                f"expected {expect}, got {kind or 'no content type'}: {response.content[:80]!r}", 0
-            )
+    async def _check(
+        self,
+        status: int,
+        headers: Mapping[str, str],
+        expect: str,
+        read_body: Callable[[], Awaitable[bytes]],
+    ) -> None:
+        """Refuse an answer that is not a success of the ``expect``-ed content type; the
+        body (read only then) gives the error its message. A 3xx is refused too: it is a
+        wrong ``base_url``, which no retry mends."""
+        kind = headers.get("content-type", "")
+        if status < 300 and expect in kind:
+            return
+        content = await read_body()
+        if status >= 300:
+            raise status_error(self.name, status, content, headers)
+        raise self._error(
+            f"expected {expect}, got {kind or 'no content type'}: {content[:80]!r}", 0
+        )
 
     def _deltas(self, data: bytes, chunks: int, obj: Any = None) -> list[Delta]:
         """Every delta of one chunk (the slow path); ``obj`` is the chunk already parsed."""
