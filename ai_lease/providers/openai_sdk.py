@@ -23,7 +23,7 @@ from .openai_compat import request_body
 
 __all__ = ["OpenAISDKProvider"]
 
-_TRANSPORT_MODULES = ("httpx2", "httpcore", "httpcore2", "h11", "anyio")
+_TRANSPORT_MODULES = ("httpx", "httpx2", "httpcore", "httpcore2", "h11", "anyio")
 
 
 class OpenAISDKProvider:
