@@ -189,6 +189,9 @@ class Worker:
         window = 4 * free + len(self._running) + len(self.quarantined)
         recoveries = await self.queue.due_recoveries(window)
         fresh = await self.queue.due(window)
+        if len(fresh) < window:  # every due key is here: forget those no longer due
+            for key in self.quarantined.keys() - set(fresh):
+                del self.quarantined[key]
         # Every worker sees the same oldest due keys; taking a random few of a wider window
         # spreads workers over different jobs instead of racing them all for the same one.
         random.shuffle(recoveries)
@@ -259,18 +262,20 @@ class Worker:
                 self._slot_freed.set()
 
     def _quarantine(self, key: str, reason: str) -> None:
-        """Skip ``key`` until the next sweep interval; say so once per key."""
+        """Skip ``key`` until the next sweep interval; say so once per key (a key leaves the
+        quarantine when a look at it works, or when it is no longer due)."""
+        next_look = time.monotonic() + self.sweep_interval
         held = self.quarantined.get(key)
-        if held is None:
-            self.quarantined[key] = Quarantined(reason, next_look=time.monotonic())
-            self._say(
-                "job_quarantined",
-                f"{reason}; skipped, looked at again at most once per sweep "
-                f"({len(self.quarantined)} in quarantine)",
-                key,
-            )
-        held = self.quarantined[key]
-        held.next_look = max(held.next_look, time.monotonic() + self.sweep_interval)
+        if held is not None:
+            held.next_look = max(held.next_look, next_look)
+            return
+        self.quarantined[key] = Quarantined(reason, next_look=next_look)
+        self._say(
+            "job_quarantined",
+            f"{reason}; skipped, looked at again at most once per sweep "
+            f"({len(self.quarantined)} in quarantine)",
+            key,
+        )
 
     async def _look_at(self, key: str) -> None:
         record = await self.store.get(key)
