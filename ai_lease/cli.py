@@ -8,6 +8,7 @@ with another payload), 3 timed out, 4 store unavailable or corrupt. Errors print
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -383,18 +384,36 @@ def demo(obj: Context, as_json: bool) -> None:
     sys.exit(asyncio.run(run_demo(obj.store_url, as_json=as_json)))
 
 
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """Refuse nan and inf, which FloatRange lets through."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"must be a finite number of seconds (got {value!r})")
+    return value
+
+
 @main.command()
-@click.option("--concurrency", "-c", default=4, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--concurrency",
+    "-c",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Jobs run at once.",
+)
 @click.option(
     "--sweep-interval",
     default=1.0,
     show_default=True,
-    help="Seconds between looks at the queue for due jobs.",
+    type=click.FloatRange(min=0.01),
+    callback=_finite,
+    help="Seconds between looks at the queue for due jobs (at least 0.01).",
 )
 @click.option(
     "--grace",
     default=30.0,
     show_default=True,
+    type=click.FloatRange(min=0),
+    callback=_finite,
     help="On SIGTERM/SIGINT, seconds running jobs get to finish before stepping down.",
 )
 @click.option("--provider", help="Provider for jobs (default: the settings').")
@@ -452,6 +471,7 @@ def worker(
             timings=settings.lease_timings(),
             retry=settings.retry_policy(),
             stream_timeouts=settings.stream_timeouts(),
+            adaptive=settings.adaptive_budgets(),
             on_event=fan_out(
                 metrics, json_log or (lambda e: log(e) if e.kind in _WORKER_LOGGED else None)
             ),

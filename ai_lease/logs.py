@@ -56,6 +56,7 @@ WARNING_KINDS = frozenset(
         "failed",
         "job_failed",
         "job_error",
+        "job_quarantined",
         "store_unavailable",
     }
 )

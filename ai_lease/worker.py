@@ -7,7 +7,11 @@ decides who runs a job (single-flight), the keeper renews only on progress, the 
 is fenced. Any number of workers on any number of machines may look at the same job; only
 one acquires it, the others move it back to its owner's lease expiry. A job whose owner was
 killed, paused or stalled is therefore picked up within one lease TTL plus one sweep
-interval. Per-job failures never take a worker down.
+interval: those looks are *recovery* looks (``recover_at``), which every sweep asks for
+before fresh work, so a backlog never delays them. Per-job failures never take a worker
+down: a job that cannot be prepared (a bad stored spec, an unreadable input) ends FAILED
+with its reason at once, and a key whose look keeps failing (a corrupt record) is
+quarantined: reported once, then looked at no more than once per sweep interval.
 
 On the first SIGTERM/SIGINT a worker stops taking jobs, lets running jobs finish within a
 grace window, then steps down from the rest (release: another worker takes over at once)
@@ -18,20 +22,54 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import random
+import secrets
 import signal
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from .errors import AiLeaseError, JobConflict, JobFailed, StoreUnavailable
+from .errors import AiLeaseError, InputError, JobConflict, JobFailed, JobSpecError, StoreUnavailable
 from .events import Event, EventSink
 from .job import Job, Status
-from .lease.base import JobQueue, LeaseStore, WorkerInfo
+from .lease.base import Acquired, Following, JobQueue, LeaseStore, WorkerInfo
 from .runner import Runner
 
 __all__ = ["Worker"]
+
+MIN_SWEEP_INTERVAL = 0.01
+"""Seconds; a shorter sweep interval is a busy loop against the store."""
+
+
+@dataclass
+class Quarantined:
+    """A key whose look failed: why, how often it was looked at, when it may be again."""
+
+    reason: str
+    looks: int = 1
+    next_look: float = 0.0  # time.monotonic()
+
+
+def _check(concurrency: int, sweep_interval: float, grace: float) -> None:
+    """Refuse values a worker cannot run with, naming the field."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"Worker.concurrency: must be an integer >= 1 (got {concurrency!r})")
+    for name, value, low in (
+        ("sweep_interval", sweep_interval, MIN_SWEEP_INTERVAL),
+        ("grace", grace, 0.0),
+    ):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < low
+        ):
+            raise ValueError(
+                f"Worker.{name}: must be a finite number of seconds >= {low:g} (got {value!r})"
+            )
 
 
 class Worker:
@@ -54,6 +92,7 @@ class Worker:
     ) -> None:
         if not isinstance(store, JobQueue):
             raise TypeError(f"{store!r} keeps no job queue")
+        _check(concurrency, sweep_interval, grace)
         self.store, self.queue, self.runner = store, store, runner
         self.concurrency, self.sweep_interval, self.grace = concurrency, sweep_interval, grace
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
@@ -63,6 +102,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._emit: EventSink = on_event or (lambda event: None)
+        self.quarantined: dict[str, Quarantined] = {}
 
     # -- control ------------------------------------------------------------------------------
 
@@ -101,7 +141,12 @@ class Worker:
 
     async def run(self) -> None:
         """Take due jobs until stopped; then drain within the grace window."""
-        self._say("worker_started", f"concurrency {self.concurrency}")
+        adaptive = self.runner.adaptive
+        self._say(
+            "worker_started",
+            f"concurrency {self.concurrency}, adaptive budgets "
+            + (f"on ({adaptive})" if adaptive else "off"),
+        )
         async with asyncio.TaskGroup() as tg:
             beat = tg.create_task(self._beat())
             while not self._stopping.is_set():
@@ -119,19 +164,39 @@ class Worker:
         if free <= 0:
             return
         try:
-            keys = await self.queue.due(4 * free + len(self._running))
+            keys = await self._due(free)
         except StoreUnavailable as exc:
             self._say("store_unavailable", str(exc))
             return
-        # Every worker sees the same oldest due keys; taking a random few of a wider window
-        # spreads workers over different jobs instead of racing them all for the same one.
-        random.shuffle(keys)
+        now = time.monotonic()
         for key in keys:
             if free <= 0 or self._stopping.is_set():
                 break
+            held = self.quarantined.get(key)
+            if held is not None:
+                if held.next_look > now:
+                    continue
+                held.looks += 1
+                held.next_look = now + self.sweep_interval
             if key not in self._running:
                 self._running[key] = tg.create_task(self._work(key))
                 free -= 1
+
+    async def _due(self, free: int) -> list[str]:
+        """Due recovery looks first (an abandoned job must not wait behind the backlog),
+        then the rest. The window is wider than the free slots, and keys in quarantine do
+        not narrow it."""
+        window = 4 * free + len(self._running) + len(self.quarantined)
+        recoveries = await self.queue.due_recoveries(window)
+        fresh = await self.queue.due(window)
+        if len(fresh) < window:  # every due key is here: forget those no longer due
+            for key in self.quarantined.keys() - set(fresh):
+                del self.quarantined[key]
+        # Every worker sees the same oldest due keys; taking a random few of a wider window
+        # spreads workers over different jobs instead of racing them all for the same one.
+        random.shuffle(recoveries)
+        random.shuffle(fresh)
+        return list(dict.fromkeys([*recoveries, *fresh]))
 
     async def _pause(self) -> None:
         """Until the next sweep, a freed slot, or a stop."""
@@ -175,21 +240,42 @@ class Worker:
     # -- one job ------------------------------------------------------------------------------
 
     async def _work(self, key: str) -> None:
+        looked = False  # only a look that worked ends the sweep pause early
         try:
             await self._look_at(key)
+            looked = True
+            self.quarantined.pop(key, None)
         except asyncio.CancelledError:
             raise
         except (JobFailed, JobConflict) as exc:
+            looked = True
             self._say("job_failed", str(exc), key)
             with contextlib.suppress(AiLeaseError):
                 await self.queue.reschedule(key, None)
         except StoreUnavailable as exc:  # the key stays due; look again next sweep
             self._say("store_unavailable", str(exc), key)
-        except Exception as exc:  # a bug in one job must not take the worker down
-            self._say("job_error", f"{type(exc).__name__}: {exc}", key)
+        except Exception as exc:  # a bug or a corrupt record must not take the worker down
+            self._quarantine(key, f"{type(exc).__name__}: {exc}")
         finally:
             self._running.pop(key, None)
-            self._slot_freed.set()
+            if looked:
+                self._slot_freed.set()
+
+    def _quarantine(self, key: str, reason: str) -> None:
+        """Skip ``key`` until the next sweep interval; say so once per key (a key leaves the
+        quarantine when a look at it works, or when it is no longer due)."""
+        next_look = time.monotonic() + self.sweep_interval
+        held = self.quarantined.get(key)
+        if held is not None:
+            held.next_look = max(held.next_look, next_look)
+            return
+        self.quarantined[key] = Quarantined(reason, next_look=next_look)
+        self._say(
+            "job_quarantined",
+            f"{reason}; skipped, looked at again at most once per sweep "
+            f"({len(self.quarantined)} in quarantine)",
+            key,
+        )
 
     async def _look_at(self, key: str) -> None:
         record = await self.store.get(key)
@@ -197,18 +283,43 @@ class Worker:
             await self.queue.reschedule(key, None)
             return
         if record.status is Status.RUNNING and record.lease_live:
-            await self.queue.reschedule(key, record.lease_expires_at)
+            await self.queue.recover_at(key, record.lease_expires_at or record.read_at)
             return
         # Look again when our own lease could have lapsed, should this process die.
-        await self.queue.reschedule(key, record.read_at + self.runner.timings.ttl)
-        done = await self.runner.try_run(Job.from_spec(record.spec))
+        await self.queue.recover_at(key, record.read_at + self.runner.timings.ttl)
+        try:
+            job = Job.from_spec(record.spec)
+            if job.key != key:
+                raise JobSpecError(f"stored job spec names another key ({job.key!r})")
+            done = await self.runner.try_run(job)  # prepares (input, prompt), then acquires
+        except InputError as exc:  # the job cannot be prepared: that is its own failure
+            await self._fail_unprepared(key, f"the job could not be prepared: {exc}")
+            return
         if done is None:  # someone else won it: look again when their lease may lapse
             current = await self.store.get(key)
             if current is not None and current.lease_expires_at is not None:
-                await self.queue.reschedule(key, current.lease_expires_at)
+                await self.queue.recover_at(key, current.lease_expires_at)
             return
         if (done.owner_id or "").startswith(f"{self.runner.node_id}#"):  # ours, not a follow
             self.completed += 1
+        await self.queue.reschedule(key, None)
+
+    async def _fail_unprepared(self, key: str, reason: str) -> None:
+        """End a job FAILED before any attempt ran it: take its lease (the store's fence is
+        the only way to write a verdict), then fail it with ``reason``."""
+        timings = self.runner.timings
+        outcome = await self.store.acquire(
+            key,
+            f"{self.runner.node_id}#prepare.{secrets.token_hex(2)}",
+            ttl=timings.ttl,
+            max_no_progress=self.runner.pipeline.budgets(timings)[0].max_no_progress,
+        )
+        if isinstance(outcome, Following):  # another node got further: its lease decides
+            await self.queue.recover_at(key, outcome.job.lease_expires_at or outcome.job.read_at)
+            return
+        if isinstance(outcome, Acquired):
+            await self.store.fail(outcome.fence, reason)
+            self._say("job_failed", f"job {key!r} failed: {reason}", key)
         await self.queue.reschedule(key, None)
 
     def _say(self, kind: str, detail: str, key: str = "") -> None:

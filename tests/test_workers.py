@@ -414,3 +414,34 @@ async def test_stalled_job_is_recovered_by_another_worker(
     delay = taken["at"] - entered["at"]
     assert delay <= MNP + RENEW + TTL + SWEEP + SLACK, f"recovered {delay:.2f}s after the hang"
     report(workers.store_url, "stalled", recovered_after_hang=delay)
+
+
+async def test_killed_owners_job_is_recovered_ahead_of_a_backlog(
+    workers: Workers, store: LeaseStore
+) -> None:
+    """A SIGKILLed owner's job is taken within TTL + sweep, ahead of a 10x-capacity backlog."""
+    a = await workers.start_ready("A", concurrency=1, job_seconds=30.0)
+    await submit(store, ["orphan"])
+    await a.wait_for(in_flight, "A to stream the orphan", timeout=10)
+    b = await workers.start_ready("B", concurrency=4, job_seconds=1.0)
+    backlog = [f"backlog-{i:02d}" for i in range(40)]  # ~10 s of work for B
+    await submit(store, backlog)
+    await b.wait_for(lambda evs: len(in_flight(evs)) == 4, "B to fill its slots", timeout=10)
+    a.signal(signal.SIGKILL)
+    killed_at = time.time()
+    assert await a.exited() == -signal.SIGKILL
+    await wait_all_done(store, ["orphan"], workers)
+    b_events = b.events()
+    taken = first(b_events, "acquired", "orphan")
+    assert "(takeover)" in taken["detail"], taken
+    delay = taken["at"] - killed_at
+    before = {e["key"] for e in of_kind(b_events, "committed") if e["at"] <= taken["at"]}
+    assert len(before & set(backlog)) < len(backlog), "the backlog ran out before the takeover"
+    assert delay <= TTL + SWEEP + SLACK, (
+        f"the orphan was taken {delay:.2f}s after its owner was killed "
+        f"(bound {TTL + SWEEP + SLACK:g}s), behind {len(backlog) - len(before)} backlog jobs"
+    )
+    await wait_all_done(store, backlog, workers)
+    await stop_gracefully(b)
+    await assert_done_exactly_once(workers, ["orphan", *backlog])
+    report(workers.store_url, "kill+backlog", takeover_after_kill=delay)

@@ -179,7 +179,23 @@ class JobQueue(Protocol):
 
     async def due(self, limit: int) -> list[str]: ...
 
-    async def reschedule(self, key: str, at: float | None) -> None: ...
+    async def reschedule(self, key: str, at: float | None) -> None:
+        """Look at ``key`` again at ``at`` (store clock) as plain work, dropping any recovery
+        look set by :meth:`recover_at`; ``None`` takes the key off the schedule altogether."""
+        ...
+
+    async def recover_at(self, key: str, at: float) -> None:
+        """Look at ``key`` again at ``at`` (store clock) as a **recovery**: its owner holds a
+        lease that may lapse then (a worker sets this for every job it sees or starts
+        RUNNING). Once due, the key is handed out by :meth:`due_recoveries`, which workers
+        ask before :meth:`due`, so an abandoned job never waits behind fresh work; ``due()``
+        still includes it. A later :meth:`reschedule` replaces it."""
+        ...
+
+    async def due_recoveries(self, limit: int) -> list[str]:
+        """Up to ``limit`` keys whose recovery look (:meth:`recover_at`) is due, the
+        longest-due first."""
+        ...
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None: ...
 

@@ -377,10 +377,28 @@ class RedisStore:
         return list(keys)
 
     async def reschedule(self, key: str, at: float | None) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.zrem(f"{self._ns}:recovery", key)
         if at is None:
-            await self._plain("reschedule", self._client.zrem(self._queue, key))
+            pipe.zrem(self._queue, key)
         else:
-            await self._plain("reschedule", self._client.zadd(self._queue, {key: at}))
+            pipe.zadd(self._queue, {key: at})
+        await self._plain("reschedule", pipe.execute())
+
+    async def recover_at(self, key: str, at: float) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.zadd(self._queue, {key: at})
+        pipe.zadd(f"{self._ns}:recovery", {key: at})
+        await self._plain("recover_at", pipe.execute())
+
+    async def due_recoveries(self, limit: int) -> list[str]:
+        now = await self._plain("due_recoveries", self._client.time())
+        at = now[0] + now[1] / 1_000_000
+        index = f"{self._ns}:recovery"
+        keys = await self._plain(
+            "due_recoveries", self._client.zrangebyscore(index, "-inf", at, start=0, num=limit)
+        )
+        return list(keys)
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
         key = f"{self._ns}:worker:{info.worker_id}"

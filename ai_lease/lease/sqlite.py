@@ -46,6 +46,11 @@ CREATE TABLE IF NOT EXISTS ai_lease_queue (
     due_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ai_lease_queue_by_due ON ai_lease_queue (due_at);
+CREATE TABLE IF NOT EXISTS ai_lease_recovery (
+    key TEXT PRIMARY KEY,
+    due_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ai_lease_recovery_by_due ON ai_lease_recovery (due_at);
 CREATE TABLE IF NOT EXISTS ai_lease_durations (
     pipeline TEXT NOT NULL,
     kind TEXT NOT NULL,
@@ -302,6 +307,7 @@ class SQLiteStore:
 
     async def reschedule(self, key: str, at: float | None) -> None:
         def work(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
             if at is None:
                 conn.execute("DELETE FROM ai_lease_queue WHERE key = ?", (key,))
             else:
@@ -311,7 +317,28 @@ class SQLiteStore:
                     (key, at),
                 )
 
-        await self._run("reschedule", work)
+        await self._write("reschedule", work)
+
+    async def recover_at(self, key: str, at: float) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            for table in ("ai_lease_queue", "ai_lease_recovery"):
+                conn.execute(
+                    f"INSERT INTO {table} VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
+                    " SET due_at = excluded.due_at",
+                    (key, at),
+                )
+
+        await self._write("recover_at", work)
+
+    async def due_recoveries(self, limit: int) -> list[str]:
+        def work(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT key FROM ai_lease_recovery WHERE due_at <= ? ORDER BY due_at LIMIT ?",
+                (self._clock(), limit),
+            )
+            return [key for (key,) in rows]
+
+        return await self._run("due_recoveries", work)
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
         def work(conn: sqlite3.Connection) -> None:

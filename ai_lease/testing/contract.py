@@ -410,6 +410,25 @@ class JobQueueContract:
         await store.reschedule(key, job.read_at - 1)
         assert key in await store.due(1000)
 
+    async def test_recovery_looks_are_handed_out_apart(self, store: Any) -> None:
+        """A due recover_at() look is in due_recoveries() (and due()); a later one is not;
+        reschedule() replaces it, reschedule(None) drops it from both."""
+        orphan, later = _key("orphan"), _key("recover-later")
+        job = await store.submit(orphan, "{}", "fp")
+        await store.submit(later, "{}", "fp")
+        await store.recover_at(orphan, job.read_at - 1)
+        await store.recover_at(later, job.read_at + 3600)
+        recoveries = await store.due_recoveries(1000)
+        assert orphan in recoveries and later not in recoveries
+        assert orphan in await store.due(1000)
+        await store.reschedule(orphan, job.read_at - 1)  # a plain look replaces the recovery
+        assert orphan not in await store.due_recoveries(1000)
+        assert orphan in await store.due(1000)
+        await store.recover_at(orphan, job.read_at - 1)
+        await store.reschedule(orphan, None)
+        assert orphan not in await store.due_recoveries(1000)
+        assert orphan not in await store.due(1000)
+
     async def test_due_is_bounded_by_limit(self, store: Any) -> None:
         """due() returns at most ``limit`` keys, the longest-due first."""
         keys = [_key(f"limit{i}") for i in range(5)]
