@@ -41,6 +41,8 @@ from .settings import Settings, load_settings
 
 T = TypeVar("T")
 
+DEFAULT_CONFIG_TEXT = Path(__file__).resolve().parent / "data" / "ai-lease.toml"  # shipped
+
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_TIMED_OUT, EXIT_STORE = 0, 1, 2, 3, 4
 
 
@@ -416,9 +418,17 @@ def providers() -> None:
 
 
 @main.command("config")
+@click.option(
+    "--defaults",
+    is_flag=True,
+    help="Print the annotated default settings file instead (a start for your own).",
+)
 @click.pass_obj
-def show_config(obj: Context) -> None:
+def show_config(obj: Context, defaults: bool) -> None:
     """Print the effective settings (secrets masked) as JSON."""
+    if defaults:
+        click.echo(DEFAULT_CONFIG_TEXT.read_text(encoding="utf-8"), nl=False)
+        return
     click.echo(redact(obj.settings.model_dump_json(indent=2)))
 
 
