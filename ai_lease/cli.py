@@ -107,12 +107,12 @@ class Context:
         """The provider the settings name, with a job file's or the flags' overrides. The
         key goes only to the base URL it was configured for (or an allowed host)."""
         cfg = self.settings.provider
-        key = cfg.api_key or _ambient_key()
+        name = overrides.get("name", cfg.name)
+        key = None if name == "local-extractive" else cfg.api_key or _ambient_key()
         base_url = overrides.get("base_url", cfg.base_url)
         if key is not None and base_url is not None and base_url != cfg.base_url:
             check_key_destination(base_url, cfg.base_url, cfg.allowed_hosts)
         options = {"model": overrides.get("model", cfg.model), "base_url": base_url, "api_key": key}
-        name = overrides.get("name", cfg.name)
         if name == "openai-compatible":
             options["http"] = cfg.http
         return create_provider(name, **options)

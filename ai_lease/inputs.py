@@ -15,7 +15,9 @@ The file must be a regular file (not a FIFO, a device, a directory, or a pseudo-
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 import stat
 from pathlib import Path
@@ -36,6 +38,20 @@ _KINDS = {
 }
 
 
+@functools.cache
+def _pseudo_devices() -> frozenset[int]:
+    """The devices of /proc, /sys and /dev where they are mounts of their own (a file on
+    one of them is never an input); a plain folder on the root file system is not one."""
+    found = set()
+    with contextlib.suppress(OSError):
+        root_device = os.stat("/").st_dev
+        for root in _PSEUDO_ROOTS:
+            with contextlib.suppress(OSError):
+                found.add(os.stat(root).st_dev)
+        found.discard(root_device)
+    return frozenset(found)
+
+
 def _refuse(path: Path, why: str) -> JobSpecError:
     return JobSpecError(f"input_file {str(path)!r}: {why}")
 
@@ -52,6 +68,8 @@ def read_input_file(path: str | Path, max_bytes: int = DEFAULT_MAX_INPUT_BYTES) 
         raise _refuse(path, f"cannot open it ({exc.strerror})") from None
     try:
         info = os.fstat(fd)
+        if info.st_dev in _pseudo_devices():  # reached through a link swapped in meanwhile
+            raise _refuse(path, "it is a pseudo-file, not a regular file: give a text file")
         if not stat.S_ISREG(info.st_mode):
             kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
             raise _refuse(path, f"it is {kind}: give a regular text file")

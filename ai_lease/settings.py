@@ -193,6 +193,10 @@ class ProviderSettings(_Section):
     def _masked_base_url(self, url: str | None) -> str | None:
         return None if url is None else mask_url(url)
 
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, mask_url(value) if name == "base_url" and value else value
+
 
 class JobSettings(_Section):
     """Bounds on what preparing one job may take: its input, and its prompt's rendering."""

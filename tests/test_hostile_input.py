@@ -107,6 +107,18 @@ async def test_worker_never_opens_a_path_from_a_stored_spec(tmp_path: Path) -> N
     assert SECRET not in orjson.dumps(record.to_dict()).decode()
 
 
+@pytest.mark.parametrize("target", ["/proc/self/environ", "/dev/zero", "/sys/kernel/uevent_seqnum"])
+def test_pseudo_files_are_refused_even_behind_a_link(tmp_path: Path, target: str) -> None:
+    """read_input_file refuses /proc, /dev and /sys files, also reached through a symlink."""
+    from ai_lease.errors import JobSpecError
+    from ai_lease.inputs import read_input_file
+
+    link = tmp_path / "innocent.txt"
+    link.symlink_to(target)
+    with pytest.raises(JobSpecError, match="pseudo-file"):
+        read_input_file(link)
+
+
 def test_fifo_input_is_refused_at_once(workdir: Path) -> None:
     """A FIFO as --input-file: refused with exit 2 at once, no hang."""
     fifo = workdir / "pipe"
@@ -355,6 +367,12 @@ def test_keys_with_invisible_characters_are_refused(
     assert f"U+{ord(char):04X}" in out.stderr
     assert char not in out.stderr.replace("\n", "") or char == " "
     assert "zz-good" not in out.stderr
+
+
+def test_a_strange_ambient_key_does_not_break_the_offline_provider(workdir: Path) -> None:
+    """local-extractive sends no key: an odd OPENAI_API_KEY is neither read nor refused."""
+    out = run_cli("submit", "job.toml", "-q", cwd=workdir, env={"OPENAI_API_KEY": "a\u202eb"})
+    assert out.returncode == 0, out.stderr
 
 
 def test_a_huge_key_is_never_echoed_whole(workdir: Path) -> None:
