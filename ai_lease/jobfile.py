@@ -90,7 +90,7 @@ def _check_bounds(where: str, value: Any, at: str, depth: int) -> None:
     """Refuse what no job needs and no store can hold: deep nesting, integers past 64
     bits, non-finite floats."""
     if depth > _MAX_DEPTH:
-        raise JobSpecError(f"{where}: {at or 'the file'} is nested deeper than {_MAX_DEPTH} levels")
+        raise JobSpecError(f"{where}: {at!r} is nested deeper than {_MAX_DEPTH} levels")
     if isinstance(value, dict):
         for key, item in value.items():
             _check_bounds(where, item, f"{at}.{key}" if at else str(key), depth + 1)
@@ -98,9 +98,9 @@ def _check_bounds(where: str, value: Any, at: str, depth: int) -> None:
         for index, item in enumerate(value):
             _check_bounds(where, item, f"{at}[{index}]", depth + 1)
     elif isinstance(value, int) and not isinstance(value, bool) and value not in _INT_RANGE:
-        raise JobSpecError(f"{where}: {at} is an integer beyond 64 bits")
+        raise JobSpecError(f"{where}: {at!r} is an integer beyond 64 bits")
     elif isinstance(value, float) and not math.isfinite(value):
-        raise JobSpecError(f"{where}: {at} must be a finite number, got {value}")
+        raise JobSpecError(f"{where}: {at!r} must be a finite number, got {value}")
 
 
 def _check_types(where: str, data: Mapping[str, Any]) -> None:
