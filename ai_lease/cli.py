@@ -17,10 +17,12 @@ from typing import Any, TypeVar
 
 import click
 import orjson
+from pydantic import SecretStr
 
 from .console import JobView, TeeProvider
 from .errors import (
     AiLeaseError,
+    ConfigError,
     InputError,
     JobConflict,
     JobFailed,
@@ -31,11 +33,16 @@ from .events import Event
 from .job import JobState, Status
 from .jobfile import load_job_file
 from .lease import LeaseStore, mask_url, open_store
+from .prompts import PromptLibrary
 from .providers import Provider, create_provider
+from .providers.keys import check_api_key, check_key_destination
+from .redaction import redact, register_secret, register_url_secrets
 from .runner import Runner
 from .settings import Settings, load_settings
 
 T = TypeVar("T")
+
+DEFAULT_CONFIG_TEXT = Path(__file__).resolve().parent / "data" / "ai-lease.toml"  # shipped
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_TIMED_OUT, EXIT_STORE = 0, 1, 2, 3, 4
 
@@ -62,6 +69,7 @@ class Context:
         if self._settings is None:
             overrides: dict[str, Any] = {"store": {"url": self.store_url}} if self.store_url else {}
             self._settings = load_settings(self.config_path, **overrides)
+            _register_secrets(self._settings)
         return self._settings
 
     @property
@@ -89,18 +97,47 @@ class Context:
 
         return asyncio.run(main())
 
+    def prompts(self, folders: list[Path] | None = None) -> PromptLibrary:
+        """The prompt library, bounded by the settings' ``[job]`` limits."""
+        job = self.settings.job
+        return PromptLibrary(
+            folders or [], render_timeout=job.render_timeout, max_output_chars=job.max_prompt_chars
+        )
+
     def provider(self, overrides: dict[str, Any]) -> Provider:
-        """The provider the settings name, with a job file's or the flags' overrides."""
+        """The provider the settings name, with a job file's or the flags' overrides. The
+        key goes only to the base URL it was configured for (or an allowed host)."""
         cfg = self.settings.provider
-        options = {
-            "model": overrides.get("model", cfg.model),
-            "base_url": overrides.get("base_url", cfg.base_url),
-            "api_key": cfg.api_key or os.environ.get("OPENAI_API_KEY") or None,
-        }
         name = overrides.get("name", cfg.name)
+        key = None if name == "local-extractive" else cfg.api_key or _ambient_key()
+        base_url = overrides.get("base_url", cfg.base_url)
+        if key is not None and base_url is not None and base_url != cfg.base_url:
+            check_key_destination(base_url, cfg.base_url, cfg.allowed_hosts)
+        options = {"model": overrides.get("model", cfg.model), "base_url": base_url, "api_key": key}
         if name == "openai-compatible":
             options["http"] = cfg.http
         return create_provider(name, **options)
+
+
+def _ambient_key() -> SecretStr | None:
+    """``OPENAI_API_KEY``, checked like a configured key (and masked from then on)."""
+    key = os.environ.get("OPENAI_API_KEY") or None
+    if key is None:
+        return None
+    try:
+        check_api_key(key)
+    except ValueError as exc:
+        raise ConfigError(f"environment OPENAI_API_KEY: {exc}") from None
+    register_secret(key)
+    return SecretStr(key)
+
+
+def _register_secrets(settings: Settings) -> None:
+    """Every secret the settings hold, masked from every text that leaves the process."""
+    key = settings.provider.api_key
+    register_secret(key.get_secret_value() if key is not None else None)
+    register_url_secrets(settings.store.url)
+    register_url_secrets(settings.provider.base_url)
 
 
 class _Group(click.Group):
@@ -131,7 +168,7 @@ class _Group(click.Group):
             obj = ctx.obj
             if isinstance(obj, Context) and obj.debug:
                 raise
-            click.echo(f"ai-lease: error: {exc}", err=True)
+            click.echo(f"ai-lease: error: {redact(str(exc))}", err=True)
             sys.exit(_exit_code(exc))
 
 
@@ -174,7 +211,17 @@ def _print_result(record: JobState) -> None:
 @click.argument("job_file", type=click.Path(path_type=Path))
 @click.option("--key", help="Override the job's key.")
 @click.option("--input", "input_text", metavar="TEXT", help="Override the job's input text.")
-@click.option("--input-file", type=click.Path(path_type=Path), help="Read the input from a file.")
+@click.option(
+    "--input-file",
+    type=click.Path(path_type=Path),
+    help="Read the input from this file (read here, stored with the job).",
+)
+@click.option(
+    "--prompts",
+    "prompts_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Look for prompt templates here first (then in prompts/ beside the job file).",
+)
 @click.option("--provider", help="Override the provider (see `ai-lease providers`).")
 @click.option("--model", help="Override the model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
@@ -191,6 +238,7 @@ def submit(
     key: str | None,
     input_text: str | None,
     input_file: Path | None,
+    prompts_dir: Path | None,
     provider: str | None,
     model: str | None,
     as_json: bool,
@@ -218,8 +266,12 @@ def submit(
         **({"model": model} if model else {}),
     }
     settings = obj.settings
+    prompts = obj.prompts([*([prompts_dir] if prompts_dir else []), job_file.parent / "prompts"])
+    limit = settings.job.max_input_bytes
     if detach:
-        record = obj.run(lambda store: Runner(store).submit(spec.job))
+        record = obj.run(
+            lambda store: Runner(store, prompts=prompts, max_input_bytes=limit).submit(spec.job)
+        )
         click.echo(_json(record.to_dict()) if as_json else record.key)
         return
     view = JobView(spec.job.key, live=not (quiet or as_json) and sys.stderr.isatty())
@@ -235,6 +287,8 @@ def submit(
             stream_timeouts=settings.stream_timeouts(),
             adaptive=settings.adaptive_budgets(),
             on_event=view.on_event if chatty else None,
+            prompts=prompts,
+            max_input_bytes=limit,
         )
         try:
             return await runner.run(spec.job)
@@ -277,9 +331,9 @@ def _describe(job: JobState, grace: float) -> list[tuple[str, str]]:
         ),
     ]
     if job.last_error:
-        rows.append(("last error", job.last_error))
+        rows.append(("last error", redact(job.last_error)))
     if job.stall_snapshot:
-        rows.append(("stuck at", job.stall_snapshot))
+        rows.append(("stuck at", redact(job.stall_snapshot)))
     return rows
 
 
@@ -365,10 +419,18 @@ def providers() -> None:
 
 
 @main.command("config")
+@click.option(
+    "--defaults",
+    is_flag=True,
+    help="Print the annotated default settings file instead (a start for your own).",
+)
 @click.pass_obj
-def show_config(obj: Context) -> None:
+def show_config(obj: Context, defaults: bool) -> None:
     """Print the effective settings (secrets masked) as JSON."""
-    click.echo(obj.settings.model_dump_json(indent=2))
+    if defaults:
+        click.echo(DEFAULT_CONFIG_TEXT.read_text(encoding="utf-8"), nl=False)
+        return
+    click.echo(redact(obj.settings.model_dump_json(indent=2)))
 
 
 @main.command(short_help="Watch a zombie owner lose its job (about 15 s).")
@@ -460,7 +522,8 @@ def worker(
     def log(event: Event) -> None:
         who = f" {event.owner_id} token {event.token}" if event.token else ""
         click.echo(
-            f"ai-lease worker: {event.kind:<14} {event.key}{who} {event.detail}".rstrip(), err=True
+            f"ai-lease worker: {event.kind:<14} {event.key}{who} {redact(event.detail)}".rstrip(),
+            err=True,
         )
 
     async def work(store: LeaseStore) -> None:
@@ -472,6 +535,7 @@ def worker(
             retry=settings.retry_policy(),
             stream_timeouts=settings.stream_timeouts(),
             adaptive=settings.adaptive_budgets(),
+            prompts=obj.prompts(),
             on_event=fan_out(
                 metrics, json_log or (lambda e: log(e) if e.kind in _WORKER_LOGGED else None)
             ),

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from .redaction import redact
+
 __all__ = [
     "AiLeaseError",
     "ConfigError",
@@ -59,6 +61,10 @@ Fence = tuple[int, str]
 
 class AiLeaseError(Exception):
     """The root of every error ai_lease raises."""
+
+    def __str__(self) -> str:
+        # Provider errors quote server bodies, which may echo the key: mask it here, once.
+        return redact(super().__str__())
 
 
 class LeaseError(AiLeaseError):

@@ -85,6 +85,13 @@ class Job:
         """The job a stored spec describes."""
         try:
             data = orjson.loads(spec)
+            if isinstance(data, dict) and data.get("input_file") is not None:
+                # A worker never opens a path taken from the store: whoever submits reads
+                # the file and stores its text (see ai_lease.inputs).
+                raise JobSpecError(
+                    "stored job spec names an input_file: a worker never opens a path "
+                    "taken from the store; submit the job again so its text is stored"
+                )
             return cls(**data)
         except (orjson.JSONDecodeError, TypeError) as exc:
             raise JobSpecError(f"stored job spec is not valid: {exc}") from None

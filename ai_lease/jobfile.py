@@ -4,7 +4,7 @@
 
     key = "summary-2026-11-29"          # the job's idempotency key
     prompt = "summarize"                # prompts/summarize.j2
-    input_file = "examples/article.txt" # or: input = "text…"
+    input_file = "article.txt"          # beside the job file; or: input = "text…"
     [variables]
     sentences = 3
     [provider]                          # optional: overrides the settings' provider
@@ -13,12 +13,16 @@
     base_url = "http://127.0.0.1:11434/v1"
 
 Every problem is a :class:`JobSpecError` naming the file, and the line and column for a
-syntax error, or the field for a bad value.
+syntax error, or the field for a bad value. A relative ``input_file`` is read relative to
+the job file's folder (a ``--input-file`` flag, relative to the working directory). Job
+files are bounded: at most 32 MiB, nested at most 32 levels, integers within 64 bits.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -31,6 +35,9 @@ from .job import Job
 __all__ = ["JobFile", "load_job_file"]
 
 _PROVIDER_KEYS = {"name", "model", "base_url", "temperature", "max_tokens"}
+_MAX_FILE_BYTES = 32 * 2**20
+_MAX_DEPTH = 32
+_INT_RANGE = range(-(2**63), 2**63)
 _JOB_FIELDS = {f.name: f for f in fields(Job)}
 
 
@@ -45,9 +52,19 @@ class JobFile:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise JobSpecError(f"job file {str(path)!r}: not a regular file")
+        if info.st_size > _MAX_FILE_BYTES:
+            raise JobSpecError(
+                f"job file {str(path)!r}: over {_MAX_FILE_BYTES} bytes "
+                "(keep large inputs in an input_file)"
+            )
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise JobSpecError(f"job file {str(path)!r}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise JobSpecError(f"job file {str(path)!r}: not UTF-8 (byte {exc.start})") from None
     try:
         if path.suffix.lower() == ".json":
             data = json.loads(text)
@@ -59,9 +76,31 @@ def _read(path: Path) -> dict[str, Any]:
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise JobSpecError(f"job file {str(path)!r}: {exc}") from None
+    except RecursionError:
+        raise JobSpecError(
+            f"job file {str(path)!r}: nested deeper than {_MAX_DEPTH} levels"
+        ) from None
     if not isinstance(data, dict):
         raise JobSpecError(f"job file {str(path)!r}: expected a table/object at the top level")
+    _check_bounds(f"job file {str(path)!r}", data, "", 0)
     return data
+
+
+def _check_bounds(where: str, value: Any, at: str, depth: int) -> None:
+    """Refuse what no job needs and no store can hold: deep nesting, integers past 64
+    bits, non-finite floats."""
+    if depth > _MAX_DEPTH:
+        raise JobSpecError(f"{where}: {at!r} is nested deeper than {_MAX_DEPTH} levels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_bounds(where, item, f"{at}.{key}" if at else str(key), depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_bounds(where, item, f"{at}[{index}]", depth + 1)
+    elif isinstance(value, int) and not isinstance(value, bool) and value not in _INT_RANGE:
+        raise JobSpecError(f"{where}: {at!r} is an integer beyond 64 bits")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise JobSpecError(f"{where}: {at!r} must be a finite number, got {value}")
 
 
 def _check_types(where: str, data: Mapping[str, Any]) -> None:
@@ -125,5 +164,9 @@ def build_job_file(
 def load_job_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> JobFile:
     """Read and check a TOML (or ``.json``) job file."""
     path = Path(path)
-    built = build_job_file(_read(path), f"job file {str(path)!r}", overrides)
+    data = _read(path)
+    relative = data.get("input_file")
+    if isinstance(relative, str) and not Path(relative).is_absolute():
+        data["input_file"] = str(path.parent / relative)  # beside the job file, not the CWD
+    built = build_job_file(data, f"job file {str(path)!r}", overrides)
     return JobFile(built.job, built.provider, path)

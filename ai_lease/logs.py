@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -28,22 +27,11 @@ from typing import Any, TextIO
 import orjson
 
 from .events import Event, EventSink
+from .redaction import redact
 
 __all__ = ["JobLogger", "configure_logging", "event_fields", "fan_out", "redact"]
 
 LOGGER_NAME = "ai_lease.events"
-
-_SECRETS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{6,}"), "sk-***"),
-    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 ***"),
-    # user:password@ in any URL; the password may itself hold "@" (greedy up to the last one)
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]*):\S*@"), r"\1:***@"),
-    (re.compile(r"(?i)([?&](?:password|passwd|api_key|apikey|token)=)[^&#\s]*"), r"\1***"),
-    (
-        re.compile(r"(?i)\b(api[_-]?key|password|secret)([\"']?\s*[:=]\s*[\"']?)[^\s\"',&]+"),
-        r"\1\2***",
-    ),
-]
 
 WARNING_KINDS = frozenset(
     {
@@ -63,17 +51,6 @@ WARNING_KINDS = frozenset(
 DEBUG_KINDS = frozenset({"renewed"})
 _FORGET_KINDS = frozenset({"acquired", "done", "failed", "committed"})
 _MAX_FOLLOWED = 4096
-
-
-def redact(text: str) -> str:
-    """``text`` without secrets: API keys, bearer tokens, URL passwords, ``password=…``.
-
-    >>> redact("401 from https://bob:hunter2@api.example/v1 with key sk-abc123def456")
-    '401 from https://bob:***@api.example/v1 with key sk-***'
-    """
-    for pattern, replacement in _SECRETS:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 def event_fields(event: Event) -> dict[str, Any]:

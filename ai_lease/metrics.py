@@ -29,6 +29,7 @@ from prometheus_client.exposition import start_http_server
 
 from .errors import ConfigError, FencingRejected
 from .events import Event, EventSink
+from .redaction import redact
 
 __all__ = ["DEFAULT_STAGES", "MAX_LABEL_VALUES", "Metrics", "MetricsServer", "serve_metrics"]
 
@@ -63,6 +64,7 @@ class _Capped:
         value = value or "unknown"
         if value in self.seen:
             return value
+        value = redact(value)  # a label is text leaving the process: no secret in it
         with self._lock:
             if len(self.seen) >= self.limit:
                 return OTHER

@@ -29,7 +29,6 @@ import threading
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
@@ -212,7 +211,8 @@ class Pipeline:
         fns = {s.name: s.fn for s in self.stages}
         if fns.get("load") is load and fns.get("build_prompt") is build_prompt:
             data = await read_input(job)
-            return {"load": data, "build_prompt": render_request(job, prompts, data)}
+            request = await asyncio.to_thread(render_request, job, prompts, data)
+            return {"load": data, "build_prompt": request}
         return {}
 
     def replace(self, name: str, stage: Stage) -> Pipeline:
@@ -318,21 +318,22 @@ def _in_thread(fn: StageFn, ctx: StageContext) -> Any:
 
 
 async def read_input(job: Job) -> Any:
-    """The job's input: ``job.input``, or the text of ``job.input_file``."""
-    if job.input_file is None:
-        return job.input
-    path = Path(job.input_file)
-    try:
-        return await asyncio.to_thread(path.read_text, encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    """The job's input: ``job.input``. A job still naming an ``input_file`` is refused: the
+    submitter reads the file (:func:`ai_lease.inputs.resolve_input`), a worker never opens
+    a path it was handed."""
+    if job.input_file is not None:
         raise JobSpecError(
-            f"job {job.key!r}: cannot read input_file {str(path)!r}: {exc}"
-        ) from None
+            f"job {job.key!r}: input_file {job.input_file!r} was not read by its submitter; "
+            "a worker never opens a path it was handed (Runner.run and submit read it)"
+        )
+    return job.input
 
 
 def render_request(job: Job, prompts: PromptLibrary, data: Any) -> ChatRequest:
-    """Render the job's template with ``input`` and the job's variables into a request."""
-    variables = {**job.variables, "input": data}
+    """Render the job's template with ``input`` and the job's variables into a request
+    (in the calling thread, under the library's render deadline: call it off the loop).
+    A job with no input renders without ``input``: a template that uses it is refused."""
+    variables = {**job.variables, "input": data} if data is not None else {**job.variables}
     if job.prompt_text is not None:
         text = prompts.render_text(job.prompt_text, variables)
     else:
@@ -357,7 +358,7 @@ async def build_prompt(ctx: StageContext) -> ChatRequest:
     data = ctx.output("load")
     if "build_prompt" in ctx.prepared and data is ctx.prepared.get("load"):
         return cast(ChatRequest, ctx.prepared["build_prompt"])
-    return render_request(ctx.job, ctx.prompts, data)
+    return await asyncio.to_thread(render_request, ctx.job, ctx.prompts, data)
 
 
 async def call_ai(ctx: StageContext) -> Completion:

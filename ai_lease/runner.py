@@ -44,6 +44,7 @@ from .errors import (
 )
 from .events import Event, EventSink
 from .history import DurationHistory, Histogram, HistoryRecorder
+from .inputs import DEFAULT_MAX_INPUT_BYTES, resolve_input
 from .job import Job, JobState, Status
 from .keeper import LeaseKeeper
 from .lease.base import Acquired, Fence, Finished, Following, JobQueue, LeaseStore, due_now
@@ -53,6 +54,7 @@ from .progress import Progress
 from .prompts import PromptLibrary
 from .providers.base import Provider
 from .providers.retry import CALL_RETRY
+from .redaction import redact
 from .testing.faults import FaultPlan
 from .timeouts import (
     AdaptiveBudgets,
@@ -95,7 +97,7 @@ def default_node_id() -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:2000]
+    return redact(f"{type(exc).__name__}: {exc}")[:2000]
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -137,8 +139,10 @@ class Runner:
         pipeline_name: str = "default",
         trace: bool = True,
         faults: FaultPlan | None = None,
+        max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
     ) -> None:
         self.store, self.provider = store, provider
+        self.max_input_bytes = max_input_bytes
         self.pipeline = pipeline or Pipeline.default()
         self.timings = timings or LeaseTimings()
         self.retry = retry or RetryPolicy()
@@ -203,12 +207,20 @@ class Runner:
 
         The store must be a :class:`~ai_lease.lease.base.JobQueue` (both built-ins are).
         """
+        job = await self._read_input(job)
         await self.pipeline.preflight(job, self.prompts)
         if not isinstance(self.store, JobQueue):
             raise ConfigError(f"{self.store!r} keeps no job queue: workers cannot see jobs")
         return await self.store.submit(job.key, job.to_spec(), job.fingerprint())
 
+    async def _read_input(self, job: Job) -> Job:
+        """The caller's ``input_file`` read here, on the submitting side (bounded)."""
+        if job.input_file is None:
+            return job
+        return await asyncio.to_thread(resolve_input, job, self.max_input_bytes)
+
     async def _run(self, job: Job, *, follow: bool) -> JobState | None:
+        job = await self._read_input(job)
         prepared = await self.pipeline.preflight(job, self.prompts)
         await self._learn_budgets()
         try:
@@ -476,6 +488,7 @@ class Runner:
             self._emit("store_unavailable", fence.key, fence, f"could not step down: {exc}")
 
     async def _release(self, fence: Fence, error: str) -> None:
+        error = redact(error)  # stored: no secret leaves the process in a record
         try:
             await self.store.release(fence, error=error)
             await due_now(self.store, fence.key)
@@ -484,6 +497,7 @@ class Runner:
             self._emit("store_unavailable", fence.key, fence, str(exc))
 
     async def _fail(self, fence: Fence, reason: str) -> None:
+        reason = redact(reason)
         try:
             await self.store.fail(fence, reason)
             self._emit("failed", fence.key, fence, reason)

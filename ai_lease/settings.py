@@ -35,7 +35,10 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .errors import ConfigError
+from .inputs import DEFAULT_MAX_INPUT_BYTES
 from .lease.urls import SCHEMES, mask_url
+from .prompts import DEFAULT_MAX_PROMPT_CHARS
+from .providers.keys import check_api_key
 from .timeouts import (
     DEFAULT_STAGE_BUDGETS,
     AdaptiveBudgets,
@@ -51,6 +54,7 @@ __all__ = [
     "DEFAULT_CONFIG_PATH",
     "ENV_PREFIX",
     "AdaptiveSettings",
+    "JobSettings",
     "LeaseSettings",
     "ProviderSettings",
     "RetrySettings",
@@ -166,6 +170,40 @@ class ProviderSettings(_Section):
     # openai-compatible only: "fast" (ai_lease's own HTTP/1.1 stream reader), "httpx", or
     # "auto" (fast for http:// servers with no proxy in the environment, httpx otherwise).
     http: Literal["auto", "fast", "httpx"] = "auto"
+    # Hosts ("host" or "host:port") a job file's [provider] base_url may name and still be
+    # sent the configured (or ambient OPENAI_API_KEY) key; any other host is refused.
+    allowed_hosts: tuple[str, ...] = ()
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, hosts: Any) -> Any:
+        """``"a:8080, b"`` (an environment variable) or a TOML list."""
+        if isinstance(hosts, str):
+            return tuple(h.strip() for h in hosts.split(",") if h.strip())
+        return hosts
+
+    @field_validator("api_key")
+    @classmethod
+    def _plain_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None:
+            check_api_key(key.get_secret_value())  # raises ValueError, never echoing it
+        return key
+
+    @field_serializer("base_url")
+    def _masked_base_url(self, url: str | None) -> str | None:
+        return None if url is None else mask_url(url)
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, mask_url(value) if name == "base_url" and value else value
+
+
+class JobSettings(_Section):
+    """Bounds on what preparing one job may take: its input, and its prompt's rendering."""
+
+    max_input_bytes: int = Field(default=DEFAULT_MAX_INPUT_BYTES, ge=1, le=2**31)
+    render_timeout: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = 5.0
+    max_prompt_chars: int = Field(default=DEFAULT_MAX_PROMPT_CHARS, ge=1, le=2**31)
 
 
 def _budget_fields(budget: StageBudget) -> dict[str, float]:
@@ -195,6 +233,7 @@ class Settings(BaseSettings):
     retry: RetrySettings = RetrySettings()
     provider: ProviderSettings = ProviderSettings()
     adaptive: AdaptiveSettings = AdaptiveSettings()
+    job: JobSettings = JobSettings()
 
     @classmethod
     def settings_customise_sources(

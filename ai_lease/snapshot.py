@@ -10,6 +10,8 @@ import sys
 import types
 from typing import Any
 
+from .redaction import redact
+
 __all__ = ["snapshot"]
 
 MAX_FRAMES = 40
@@ -68,7 +70,7 @@ def _format(frames: list[types.FrameType]) -> list[str]:
 def snapshot(task: asyncio.Task[Any] | None, thread_ident: int | None, header: str) -> str:
     """``header``, then the stuck task's await chain and, if a sync stage is running in a
     worker thread, that thread's stack; innermost call last, at most ``MAX_CHARS``."""
-    lines = [header]
+    lines = [redact(header)]
     if task is not None and not task.done():
         lines += ["coroutine (innermost last):", *_format(_await_chain(task.get_coro()))]
     if thread_ident is not None:
@@ -80,5 +82,5 @@ def snapshot(task: asyncio.Task[Any] | None, thread_ident: int | None, header: s
     if len(text) <= MAX_CHARS:
         return text
     # Keep the start of the header and the innermost frames: the end is where it is stuck.
-    head = header[: MAX_CHARS // 4] + "\n  … (cut)\n"
+    head = lines[0][: MAX_CHARS // 4] + "\n  … (cut)\n"
     return head + text[-(MAX_CHARS - len(head)) :]

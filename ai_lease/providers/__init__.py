@@ -18,7 +18,10 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
+from pydantic import SecretStr
+
 from ..errors import ConfigError
+from ..redaction import register_secret
 from .base import ChatRequest, Completion, Delta, Provider, Usage
 
 __all__ = [
@@ -74,6 +77,8 @@ def available_providers() -> list[str]:
 def create_provider(name: str, **options: Any) -> Provider:
     """Build provider ``name`` with ``options`` (those left as None are not passed)."""
     given = {k: v for k, v in options.items() if v is not None}
+    key = given.get("api_key")
+    register_secret(key.get_secret_value() if isinstance(key, SecretStr) else key)
     factory = BUILTINS.get(name)
     if factory is None:
         plugin = _plugins().get(name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from .base import ChatRequest, Completion, Delta, Usage
 
@@ -19,23 +19,42 @@ __all__ = ["LocalExtractiveProvider", "extractive_summary"]
 
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 _WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
-_INPUT = re.compile(r"<input>\n(.*?)\n</input>", re.DOTALL)
 _HOW_MANY = re.compile(r"\bin (\d{1,2}) sentences?\b")
+
+
+def _sentences(text: str) -> Iterator[str]:
+    """The sentences of ``text``, whitespace collapsed, one small step at a time (so a
+    thread running this on a huge text lets the event loop's thread in between)."""
+    start = 0
+    for match in _SENTENCE.finditer(text):
+        if sentence := " ".join(text[start : match.start()].split()):
+            yield sentence
+        start = match.end()
+    if sentence := " ".join(text[start:].split()):
+        yield sentence
 
 
 def extractive_summary(text: str, sentences: int = 3) -> str:
     """The ``sentences`` most representative sentences of ``text``, in their original order."""
-    parts = [s for s in _SENTENCE.split(" ".join(text.split())) if s]
+    parts = list(_sentences(text))
     if len(parts) <= sentences:
         return " ".join(parts)
-    freq = Counter(w.lower() for w in _WORD.findall(text))
+    words = [[w.lower() for w in _WORD.findall(part)] for part in parts]
+    freq = Counter(w for ws in words for w in ws)
 
-    def score(sentence: str) -> float:
-        words = [w.lower() for w in _WORD.findall(sentence)]
-        return sum(freq[w] for w in words) / (len(words) + 2) if words else 0.0
+    def score(i: int) -> float:
+        return sum(freq[w] for w in words[i]) / (len(words[i]) + 2) if words[i] else 0.0
 
-    best = sorted(range(len(parts)), key=lambda i: (-score(parts[i]), i))[:sentences]
+    scores = [score(i) for i in range(len(parts))]
+    best = sorted(range(len(parts)), key=lambda i: (-scores[i], i))[:sentences]
     return " ".join(parts[i] for i in sorted(best))
+
+
+def _last_input(prompt: str) -> str | None:
+    """The text between the last ``<input>`` line and the ``</input>`` line after it."""
+    end = prompt.rfind("\n</input>")
+    start = prompt.rfind("<input>\n", 0, end) if end >= 0 else -1
+    return None if start < 0 else prompt[start + len("<input>\n") : end]
 
 
 class LocalExtractiveProvider:
@@ -50,14 +69,16 @@ class LocalExtractiveProvider:
 
     def _answer(self, request: ChatRequest) -> tuple[str, int]:
         prompt = request.messages[-1]["content"] if request.messages else ""
-        found = _INPUT.findall(prompt)
+        found = _last_input(prompt)
         asked = _HOW_MANY.search(prompt.rsplit("<input>\n", 1)[0])
         count = int(asked.group(1)) if asked else self.sentences
-        summary = extractive_summary(found[-1] if found else prompt, max(1, count))
+        summary = extractive_summary(prompt if found is None else found, max(1, count))
         return summary, len(prompt.split())
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
-        summary, prompt_words = self._answer(request)
+        # Off the event loop: a big input costs seconds of CPU, and the lease keeper
+        # sharing this loop must stay free to renew meanwhile.
+        summary, prompt_words = await asyncio.to_thread(self._answer, request)
         words = summary.split(" ")
         for i, word in enumerate(words):
             if self.pace_s:
@@ -67,7 +88,7 @@ class LocalExtractiveProvider:
         yield Delta(usage=Usage(prompt_tokens=prompt_words, completion_tokens=len(words)))
 
     async def complete(self, request: ChatRequest) -> Completion:
-        summary, prompt_words = self._answer(request)
+        summary, prompt_words = await asyncio.to_thread(self._answer, request)
         words = len(summary.split())
         return Completion(summary, "stop", Usage(prompt_words, words))
 
