@@ -20,6 +20,7 @@ import orjson
 from .console import JobView, TeeProvider
 from .errors import (
     AiLeaseError,
+    CorruptRecord,
     InputError,
     JobConflict,
     JobFailed,
@@ -165,8 +166,19 @@ def _json(value: Any) -> str:
 
 
 def _print_result(record: JobState) -> None:
-    value = record.output
+    try:
+        value = record.output
+    except orjson.JSONDecodeError:
+        raise CorruptRecord(record.key, "its stored result is not JSON") from None
     click.echo(value if isinstance(value, str) else _json(value))
+
+
+def _end_with_corrupt(found: list[CorruptRecord], marked: str) -> None:
+    """After a listing that skipped corrupt entries: one line saying so, exit 4."""
+    if found:
+        many = f"{len(found)} stored entries are" if len(found) > 1 else "1 stored entry is"
+        click.echo(f"ai-lease: error: {many} corrupt ({marked}); the rest is shown", err=True)
+        sys.exit(EXIT_STORE)
 
 
 @main.command(short_help="Run a job file here (or --detach it for workers).")
@@ -323,7 +335,10 @@ def list_jobs(
 ) -> None:
     """List jobs (newest first) with their status and health."""
     wanted = "RUNNING" if health else (status.upper() if status else None)
-    jobs = obj.run(lambda store: store.list_jobs(status=wanted, limit=limit))
+    corrupt: list[CorruptRecord] = []
+    jobs = obj.run(
+        lambda store: store.list_jobs(status=wanted, limit=limit, on_corrupt=corrupt.append)
+    )
     grace = obj.settings.lease.renew_interval
     if health:
         jobs = [j for j in jobs if (h := j.health(grace)) is not None and h.value == health]
@@ -337,6 +352,12 @@ def list_jobs(
             f"{job.key:<32} {job.status.value:<8} {state.value if state else '-':<10} "
             f"{job.stage or '-':<13} {'' if idle is None else f'idle {idle:.1f}s'}"
         )
+    for bad in corrupt:
+        if as_json:
+            click.echo(orjson.dumps({"key": bad.key, "corrupt": bad.detail}).decode())
+        else:
+            click.echo(f"{bad.key:<32} CORRUPT  {bad.detail}")
+    _end_with_corrupt(corrupt, "marked CORRUPT")
 
 
 @main.command(short_help="Print the result of job KEY.")
@@ -492,10 +513,12 @@ def workers(obj: Context, as_json: bool) -> None:
 
     from .lease.base import JobQueue
 
+    corrupt: list[CorruptRecord] = []
+
     async def fetch(store: LeaseStore) -> list[Any]:
         if not isinstance(store, JobQueue):
             raise InputError(f"{obj.where} keeps no job queue")
-        return await store.list_workers()
+        return await store.list_workers(on_corrupt=corrupt.append)
 
     for info in obj.run(fetch):
         if as_json:
@@ -506,6 +529,12 @@ def workers(obj: Context, as_json: bool) -> None:
                 f"running {info.running}/{info.concurrency}  "
                 f"last seen {info.last_seen:.0f} (store clock)"
             )
+    for bad in corrupt:
+        if as_json:
+            click.echo(orjson.dumps({"worker_id": bad.key, "corrupt": bad.detail}).decode())
+        else:
+            click.echo(f"{bad.key:<28} CORRUPT  {bad.detail}")
+    _end_with_corrupt(corrupt, "marked CORRUPT")
 
 
 @main.command(short_help="Suggest budgets from recorded stage durations.")
@@ -533,10 +562,12 @@ def tune(
     from .history import DurationHistory, suggest
     from .tuning import render_table, render_toml
 
+    corrupt: list[CorruptRecord] = []
+
     async def fetch(store: LeaseStore) -> Any:
         if not isinstance(store, DurationHistory):
             raise InputError(f"{obj.where} keeps no duration history")
-        return await store.load_durations()
+        return await store.load_durations(on_corrupt=corrupt.append)
 
     suggestions = suggest(obj.run(fetch), factor=factor, floor=floor, min_samples=min_samples)
     click.echo(render_table(suggestions, obj.settings))
@@ -545,3 +576,6 @@ def tune(
             raise InputError(f"{str(write_to)!r} exists: pass --force to overwrite it")
         write_to.write_text(render_toml(suggestions), encoding="utf-8")
         click.echo(f"wrote {write_to} (use it with --config, or copy its tables)", err=True)
+    for bad in corrupt:
+        click.echo(f"ai-lease: skipped: {bad}", err=True)
+    _end_with_corrupt(corrupt, "skipped, named above")
