@@ -1,14 +1,17 @@
 """The ``ai-lease`` command line.
 
 Exit codes: 0 done, 1 job failed, 2 bad input (config, job file, arguments, a key reused
-with another payload), 3 timed out, 4 store unavailable or corrupt. Errors print one line;
-``--debug`` shows the traceback.
+with another payload), 3 timed out (any timeout: a stream's first-token, idle or total
+budget, a stage's hard deadline, the job's deadline — also when the job ended FAILED for
+it), 4 store unavailable or corrupt. Errors print one line; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -40,14 +43,44 @@ T = TypeVar("T")
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_TIMED_OUT, EXIT_STORE = 0, 1, 2, 3, 4
 
 
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    direct: type
+    for direct in cls.__subclasses__():
+        found += [direct, *_subclasses(direct)]
+    return found
+
+
+# A FAILED job's reason starts with the error that ended its last attempt, by class name.
+_TIMED_OUT = re.compile(
+    r"(?:gave up after \d+ attempts: )?(?:"
+    + "|".join(sorted(c.__name__ for c in _subclasses(StageTimeout)))
+    + "): "
+)
+
+
 def _exit_code(exc: AiLeaseError) -> int:
     if isinstance(exc, InputError | JobConflict):
         return EXIT_BAD_INPUT
     if isinstance(exc, StageTimeout):
         return EXIT_TIMED_OUT
+    if isinstance(exc, JobFailed) and _TIMED_OUT.match(exc.reason or ""):
+        return EXIT_TIMED_OUT
     if isinstance(exc, StoreError):
         return EXIT_STORE
     return EXIT_FAILED
+
+
+def _finite(low: float, high: float) -> Callable[[click.Context, click.Parameter, float], float]:
+    """An option callback: a finite number in (low, high], else a usage error (exit 2)
+    naming the option and the range (click's FloatRange lets nan through)."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: float) -> float:
+        if not (math.isfinite(value) and low < value <= high):
+            raise click.BadParameter(f"{value:g} is not in the range {low:g} < x <= {high:g}")
+        return value
+
+    return check
 
 
 class Context:
@@ -157,6 +190,9 @@ def main(ctx: click.Context, config: Path | None, store_url: str | None, debug: 
 
     Start with `ai-lease submit JOB_FILE`; see `ai-lease demo` for a zombie owner being
     taken over.
+
+    Exit codes: 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream
+    first-token, idle or total; stage or job deadline), 4 store unavailable or corrupt.
     """
     ctx.obj = Context(config, store_url, debug)
 
@@ -212,7 +248,8 @@ def submit(
 
     If another node already runs the same key, follow it and print its result; if the key
     already has a result, print it at once. With --detach, only record it for workers.
-    Exit 0 done, 1 failed, 2 bad input, 3 timed out, 4 store unavailable.
+    Exit 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream first-token,
+    idle or total; stage or job deadline), 4 store unavailable or corrupt.
     """
     spec = load_job_file(
         job_file,
@@ -327,7 +364,13 @@ def status(obj: Context, key: str, as_json: bool) -> None:
     type=click.Choice(["healthy", "node lost", "zombie", "dead"]),
     help="Only RUNNING jobs in this health state.",
 )
-@click.option("--limit", default=50, show_default=True, help="At most this many jobs.")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="At most this many jobs.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON lines.")
 @click.pass_obj
 def list_jobs(
@@ -364,7 +407,8 @@ def list_jobs(
 @click.argument("key")
 @click.pass_obj
 def result(obj: Context, key: str) -> None:
-    """Print the result of job KEY (exit 1 if it failed, 3 if it has not finished)."""
+    """Print the result of job KEY (exit 1 if it failed, 3 if it failed by a timeout or
+    has not finished, 4 if its stored record is corrupt)."""
     job = _get(obj, key)
     if job.status is Status.DONE:
         _print_result(job)
@@ -538,18 +582,33 @@ def workers(obj: Context, as_json: bool) -> None:
 
 
 @main.command(short_help="Suggest budgets from recorded stage durations.")
-@click.option("--factor", default=1.5, show_default=True, help="Safety factor over the P99.")
-@click.option("--floor", default=1.0, show_default=True, help="Never suggest less (seconds).")
+@click.option(
+    "--factor",
+    default=1.5,
+    show_default=True,
+    type=float,
+    callback=_finite(0, 100),
+    help="Safety factor over the P99.",
+)
+@click.option(
+    "--floor",
+    default=1.0,
+    show_default=True,
+    type=float,
+    callback=_finite(0, 86_400),
+    help="Never suggest less (seconds).",
+)
 @click.option(
     "--min-samples",
     default=20,
     show_default=True,
+    type=click.IntRange(1, 1_000_000_000),
     help="Suggest nothing for stages with fewer recorded durations.",
 )
 @click.option(
     "--write",
     "write_to",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, dir_okay=False),
     help="Also write the suggestions as a TOML settings file (use with --config).",
 )
 @click.option("--force", is_flag=True, help="Overwrite the --write file if it exists.")
@@ -574,7 +633,10 @@ def tune(
     if write_to is not None:
         if write_to.exists() and not force:
             raise InputError(f"{str(write_to)!r} exists: pass --force to overwrite it")
-        write_to.write_text(render_toml(suggestions), encoding="utf-8")
+        try:
+            write_to.write_text(render_toml(suggestions), encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write {str(write_to)!r}: {exc.strerror}") from None
         click.echo(f"wrote {write_to} (use it with --config, or copy its tables)", err=True)
     for bad in corrupt:
         click.echo(f"ai-lease: skipped: {bad}", err=True)

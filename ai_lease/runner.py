@@ -363,7 +363,7 @@ class Runner:
             self._emit("retry", job.key, fence, str(exc))
             return self.timings.poll_interval
         except JobDeadlineExceeded as exc:
-            await self._fail(fence, str(exc))
+            await self._fail(fence, _describe(exc))  # named like every other failure
             raise
         except Exception as exc:
             if not _retryable(exc):
