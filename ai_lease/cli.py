@@ -16,6 +16,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import click
 import orjson
@@ -432,7 +433,36 @@ def providers() -> None:
 @click.pass_obj
 def show_config(obj: Context) -> None:
     """Print the effective settings (secrets masked) as JSON."""
-    click.echo(obj.settings.model_dump_json(indent=2))
+    click.echo(_json(_masked_urls(obj.settings.model_dump(mode="json"))))
+
+
+_SECRET_PARAMS = {"password", "pass", "api_key", "apikey", "key", "token", "access_token", "secret"}
+
+
+def _masked_urls(value: Any) -> Any:
+    """Every URL in a settings dump with its password (user info or a secret-named query
+    parameter) shown as ``***``: ``provider.base_url`` may carry ``user:password@``."""
+    if isinstance(value, dict):
+        return {name: _masked_urls(item) for name, item in value.items()}
+    if isinstance(value, str) and "://" in value:
+        return _masked_url(value)
+    return value
+
+
+def _masked_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not parseable as a URL: show nothing after the scheme
+        return url.partition("://")[0] + "://***"
+    netloc = parts.netloc
+    if password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    query = [
+        (name, "***" if name.lower() in _SECRET_PARAMS else item)
+        for name, item in parse_qsl(parts.query, keep_blank_values=True)
+    ]
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
 
 
 @main.command(short_help="Watch a zombie owner lose its job (about 15 s).")
