@@ -72,7 +72,7 @@ def _exit_code(exc: AiLeaseError) -> int:
     return EXIT_FAILED
 
 
-def _finite(low: float, high: float) -> Callable[[click.Context, click.Parameter, float], float]:
+def _in_range(low: float, high: float) -> Callable[[click.Context, click.Parameter, float], float]:
     """An option callback: a finite number in (low, high], else a usage error (exit 2)
     naming the option and the range (click's FloatRange lets nan through)."""
 
@@ -617,7 +617,7 @@ def workers(obj: Context, as_json: bool) -> None:
     default=1.5,
     show_default=True,
     type=float,
-    callback=_finite(0, 100),
+    callback=_in_range(0, 100),
     help="Safety factor over the P99.",
 )
 @click.option(
@@ -625,7 +625,7 @@ def workers(obj: Context, as_json: bool) -> None:
     default=1.0,
     show_default=True,
     type=float,
-    callback=_finite(0, 86_400),
+    callback=_in_range(0, 86_400),
     help="Never suggest less (seconds).",
 )
 @click.option(
