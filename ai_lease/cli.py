@@ -1,8 +1,9 @@
 """The ``ai-lease`` command line.
 
 Exit codes: 0 done, 1 job failed, 2 bad input (config, job file, arguments, a key reused
-with another payload), 3 timed out, 4 store unavailable or corrupt. Errors print one line;
-``--debug`` shows the traceback.
+with another payload), 3 timed out (any timeout: a stream's first-token, idle or total
+budget, a stage's hard deadline, the job's deadline — also when the job ended FAILED for
+it), 4 store unavailable or corrupt. Errors print one line; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import click
 import orjson
@@ -23,6 +26,7 @@ from .console import JobView, TeeProvider
 from .errors import (
     AiLeaseError,
     ConfigError,
+    CorruptRecord,
     InputError,
     JobConflict,
     JobFailed,
@@ -47,14 +51,44 @@ DEFAULT_CONFIG_TEXT = Path(__file__).resolve().parent / "data" / "ai-lease.toml"
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_TIMED_OUT, EXIT_STORE = 0, 1, 2, 3, 4
 
 
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    direct: type
+    for direct in cls.__subclasses__():
+        found += [direct, *_subclasses(direct)]
+    return found
+
+
+# A FAILED job's reason starts with the error that ended its last attempt, by class name.
+_TIMED_OUT = re.compile(
+    r"(?:gave up after \d+ attempts: )?(?:"
+    + "|".join(sorted(c.__name__ for c in _subclasses(StageTimeout)))
+    + "): "
+)
+
+
 def _exit_code(exc: AiLeaseError) -> int:
     if isinstance(exc, InputError | JobConflict):
         return EXIT_BAD_INPUT
     if isinstance(exc, StageTimeout):
         return EXIT_TIMED_OUT
+    if isinstance(exc, JobFailed) and _TIMED_OUT.match(exc.reason or ""):
+        return EXIT_TIMED_OUT
     if isinstance(exc, StoreError):
         return EXIT_STORE
     return EXIT_FAILED
+
+
+def _in_range(low: float, high: float) -> Callable[[click.Context, click.Parameter, float], float]:
+    """An option callback: a finite number in (low, high], else a usage error (exit 2)
+    naming the option and the range (click's FloatRange lets nan through)."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: float) -> float:
+        if not (math.isfinite(value) and low < value <= high):
+            raise click.BadParameter(f"{value:g} is not in the range {low:g} < x <= {high:g}")
+        return value
+
+    return check
 
 
 class Context:
@@ -194,6 +228,9 @@ def main(ctx: click.Context, config: Path | None, store_url: str | None, debug: 
 
     Start with `ai-lease submit JOB_FILE`; see `ai-lease demo` for a zombie owner being
     taken over.
+
+    Exit codes: 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream
+    first-token, idle or total; stage or job deadline), 4 store unavailable or corrupt.
     """
     ctx.obj = Context(config, store_url, debug)
 
@@ -203,8 +240,19 @@ def _json(value: Any) -> str:
 
 
 def _print_result(record: JobState) -> None:
-    value = record.output
+    try:
+        value = record.output
+    except orjson.JSONDecodeError:
+        raise CorruptRecord(record.key, "its stored result is not JSON") from None
     click.echo(value if isinstance(value, str) else _json(value))
+
+
+def _end_with_corrupt(found: list[CorruptRecord], marked: str) -> None:
+    """After a listing that skipped corrupt entries: one line saying so, exit 4."""
+    if found:
+        many = f"{len(found)} stored entries are" if len(found) > 1 else "1 stored entry is"
+        click.echo(f"ai-lease: error: {many} corrupt ({marked}); the rest is shown", err=True)
+        sys.exit(EXIT_STORE)
 
 
 @main.command(short_help="Run a job file here (or --detach it for workers).")
@@ -249,7 +297,8 @@ def submit(
 
     If another node already runs the same key, follow it and print its result; if the key
     already has a result, print it at once. With --detach, only record it for workers.
-    Exit 0 done, 1 failed, 2 bad input, 3 timed out, 4 store unavailable.
+    Exit 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream first-token,
+    idle or total; stage or job deadline), 4 store unavailable or corrupt.
     """
     spec = load_job_file(
         job_file,
@@ -370,7 +419,13 @@ def status(obj: Context, key: str, as_json: bool) -> None:
     type=click.Choice(["healthy", "node lost", "zombie", "dead"]),
     help="Only RUNNING jobs in this health state.",
 )
-@click.option("--limit", default=50, show_default=True, help="At most this many jobs.")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="At most this many jobs.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON lines.")
 @click.pass_obj
 def list_jobs(
@@ -378,7 +433,10 @@ def list_jobs(
 ) -> None:
     """List jobs (newest first) with their status and health."""
     wanted = "RUNNING" if health else (status.upper() if status else None)
-    jobs = obj.run(lambda store: store.list_jobs(status=wanted, limit=limit))
+    corrupt: list[CorruptRecord] = []
+    jobs = obj.run(
+        lambda store: store.list_jobs(status=wanted, limit=limit, on_corrupt=corrupt.append)
+    )
     grace = obj.settings.lease.renew_interval
     if health:
         jobs = [j for j in jobs if (h := j.health(grace)) is not None and h.value == health]
@@ -392,13 +450,20 @@ def list_jobs(
             f"{job.key:<32} {job.status.value:<8} {state.value if state else '-':<10} "
             f"{job.stage or '-':<13} {'' if idle is None else f'idle {idle:.1f}s'}"
         )
+    for bad in corrupt:
+        if as_json:
+            click.echo(orjson.dumps({"key": bad.key, "corrupt": bad.detail}).decode())
+        else:
+            click.echo(f"{bad.key:<32} CORRUPT  {bad.detail}")
+    _end_with_corrupt(corrupt, "marked CORRUPT")
 
 
 @main.command(short_help="Print the result of job KEY.")
 @click.argument("key")
 @click.pass_obj
 def result(obj: Context, key: str) -> None:
-    """Print the result of job KEY (exit 1 if it failed, 3 if it has not finished)."""
+    """Print the result of job KEY (exit 1 if it failed, 3 if it failed by a timeout or
+    has not finished, 4 if its stored record is corrupt)."""
     job = _get(obj, key)
     if job.status is Status.DONE:
         _print_result(job)
@@ -430,7 +495,36 @@ def show_config(obj: Context, defaults: bool) -> None:
     if defaults:
         click.echo(DEFAULT_CONFIG_TEXT.read_text(encoding="utf-8"), nl=False)
         return
-    click.echo(redact(obj.settings.model_dump_json(indent=2)))
+    click.echo(redact(_json(_masked_urls(obj.settings.model_dump(mode="json")))))
+
+
+_SECRET_PARAMS = {"password", "pass", "api_key", "apikey", "key", "token", "access_token", "secret"}
+
+
+def _masked_urls(value: Any) -> Any:
+    """Every URL in a settings dump with its password (user info or a secret-named query
+    parameter) shown as ``***``: ``provider.base_url`` may carry ``user:password@``."""
+    if isinstance(value, dict):
+        return {name: _masked_urls(item) for name, item in value.items()}
+    if isinstance(value, str) and "://" in value:
+        return _masked_url(value)
+    return value
+
+
+def _masked_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not parseable as a URL: show nothing after the scheme
+        return url.partition("://")[0] + "://***"
+    netloc = parts.netloc
+    if password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    query = [
+        (name, "***" if name.lower() in _SECRET_PARAMS else item)
+        for name, item in parse_qsl(parts.query, keep_blank_values=True)
+    ]
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
 
 
 @main.command(short_help="Watch a zombie owner lose its job (about 15 s).")
@@ -576,10 +670,12 @@ def workers(obj: Context, as_json: bool) -> None:
 
     from .lease.base import JobQueue
 
+    corrupt: list[CorruptRecord] = []
+
     async def fetch(store: LeaseStore) -> list[Any]:
         if not isinstance(store, JobQueue):
             raise InputError(f"{obj.where} keeps no job queue")
-        return await store.list_workers()
+        return await store.list_workers(on_corrupt=corrupt.append)
 
     for info in obj.run(fetch):
         if as_json:
@@ -590,21 +686,42 @@ def workers(obj: Context, as_json: bool) -> None:
                 f"running {info.running}/{info.concurrency}  "
                 f"last seen {info.last_seen:.0f} (store clock)"
             )
+    for bad in corrupt:
+        if as_json:
+            click.echo(orjson.dumps({"worker_id": bad.key, "corrupt": bad.detail}).decode())
+        else:
+            click.echo(f"{bad.key:<28} CORRUPT  {bad.detail}")
+    _end_with_corrupt(corrupt, "marked CORRUPT")
 
 
 @main.command(short_help="Suggest budgets from recorded stage durations.")
-@click.option("--factor", default=1.5, show_default=True, help="Safety factor over the P99.")
-@click.option("--floor", default=1.0, show_default=True, help="Never suggest less (seconds).")
+@click.option(
+    "--factor",
+    default=1.5,
+    show_default=True,
+    type=float,
+    callback=_in_range(0, 100),
+    help="Safety factor over the P99.",
+)
+@click.option(
+    "--floor",
+    default=1.0,
+    show_default=True,
+    type=float,
+    callback=_in_range(0, 86_400),
+    help="Never suggest less (seconds).",
+)
 @click.option(
     "--min-samples",
     default=20,
     show_default=True,
+    type=click.IntRange(1, 1_000_000_000),
     help="Suggest nothing for stages with fewer recorded durations.",
 )
 @click.option(
     "--write",
     "write_to",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, dir_okay=False),
     help="Also write the suggestions as a TOML settings file (use with --config).",
 )
 @click.option("--force", is_flag=True, help="Overwrite the --write file if it exists.")
@@ -617,15 +734,23 @@ def tune(
     from .history import DurationHistory, suggest
     from .tuning import render_table, render_toml
 
+    corrupt: list[CorruptRecord] = []
+
     async def fetch(store: LeaseStore) -> Any:
         if not isinstance(store, DurationHistory):
             raise InputError(f"{obj.where} keeps no duration history")
-        return await store.load_durations()
+        return await store.load_durations(on_corrupt=corrupt.append)
 
     suggestions = suggest(obj.run(fetch), factor=factor, floor=floor, min_samples=min_samples)
     click.echo(render_table(suggestions, obj.settings))
     if write_to is not None:
         if write_to.exists() and not force:
             raise InputError(f"{str(write_to)!r} exists: pass --force to overwrite it")
-        write_to.write_text(render_toml(suggestions), encoding="utf-8")
+        try:
+            write_to.write_text(render_toml(suggestions), encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write {str(write_to)!r}: {exc.strerror}") from None
         click.echo(f"wrote {write_to} (use it with --config, or copy its tables)", err=True)
+    for bad in corrupt:
+        click.echo(f"ai-lease: skipped: {bad}", err=True)
+    _end_with_corrupt(corrupt, "skipped, named above")

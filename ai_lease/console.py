@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, TextIO
 
@@ -25,6 +26,8 @@ from .providers.base import ChatRequest, Completion, Delta, Provider
 __all__ = ["JobView", "TeeProvider"]
 
 _QUIET_KINDS = {"renewed", "following"}
+TAIL_CHARS = 600
+"""How much of the streamed text the live view keeps and shows."""
 
 
 class TeeProvider:
@@ -35,7 +38,7 @@ class TeeProvider:
         self.name = inner.name
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
-        self.view.text = ""
+        self.view.reset_text()
         async for delta in self.inner.stream(request):
             if delta.text:
                 self.view.on_text(delta.text)
@@ -57,7 +60,11 @@ class JobView:
         self.key, self.live = key, live
         self.out = out or sys.stderr
         self.role, self.owner, self.token, self.stage = "starting", "-", 0, "-"
-        self.chunks, self.text, self.last_progress = 0, "", time.monotonic()
+        self.chunks, self.last_progress = 0, time.monotonic()
+        # Only the tail is ever shown: keep that much, so a long answer costs O(chunk) per
+        # chunk (a growing ``str +=`` re-copied the whole answer on every chunk).
+        self._tail: deque[str] = deque()
+        self._tail_chars = 0
         self.lines: list[str] = []
         self._live: Live | None = None
 
@@ -79,9 +86,25 @@ class JobView:
 
     def on_text(self, text: str) -> None:
         self.chunks += 1
-        self.text += text
+        self._keep(text)
         self.last_progress = time.monotonic()
         self.refresh()
+
+    @property
+    def text(self) -> str:
+        """The last :data:`TAIL_CHARS` characters of the streamed text (what is shown)."""
+        return "".join(self._tail)[-TAIL_CHARS:]
+
+    def reset_text(self) -> None:
+        self._tail.clear()
+        self._tail_chars = 0
+
+    def _keep(self, text: str) -> None:
+        text = text[-TAIL_CHARS:]
+        self._tail.append(text)
+        self._tail_chars += len(text)
+        while self._tail_chars - len(self._tail[0]) >= TAIL_CHARS:
+            self._tail_chars -= len(self._tail.popleft())
 
     def _log(self, event: Event) -> None:
         who = f"{event.owner_id} token {event.token}" if event.owner_id else ""
@@ -119,5 +142,5 @@ class JobView:
         facts.add_row("stage", self.stage, "token", str(self.token))
         facts.add_row("chunks", str(self.chunks), "since progress", f"{idle:.1f}s")
         events = Text("\n".join(self.lines[-6:]), style="dim")
-        tail = Text(self.text[-600:] or "…", style="bold")
+        tail = Text(self.text or "…", style="bold")
         return Panel(Group(facts, events, tail), title=f"job {self.key}", expand=True)

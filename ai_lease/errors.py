@@ -18,7 +18,7 @@ Grouped by what the caller will do about it::
     ├── ProviderError              the model call failed (``retryable`` says whether to retry)
     ├── StoreError                 the lease store could not answer
     │   ├── StoreUnavailable       unreachable or timed out: the outcome may be unknown
-    │   └── CorruptRecord          a value under a job's keys is not a job record
+    │   └── CorruptRecord          a stored value (job, worker, histogram) is not ours
     └── InputError                 fix the input and try again; nothing was changed
         ├── ConfigError            a bad setting, naming the field and the rule
         └── JobSpecError           a bad job file or job spec
@@ -28,6 +28,7 @@ Messages say what happened and what to do; they never carry secrets.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from .redaction import redact
@@ -222,12 +223,24 @@ class StoreUnavailable(StoreError):
 class CorruptRecord(StoreError):
     """A value stored under a job's keys is not a job record this version understands."""
 
-    def __init__(self, key: str, detail: str) -> None:
-        self.key = key
+    def __init__(self, key: str, detail: str, *, kind: str = "job") -> None:
+        # kind: what the key names ("job", "worker", "duration histogram").
+        self.key, self.detail, self.kind = key, detail, kind
         super().__init__(
-            f"job {key!r}: stored value is not an ai_lease job record ({detail}); "
+            f"{kind} {key!r}: stored value is not an ai_lease {kind} record ({detail}); "
             "it was left untouched"
         )
+
+
+CorruptSink = Callable[[CorruptRecord], None]
+"""Told about each corrupt entry a listing skipped (``on_corrupt=`` of the list calls)."""
+
+
+def skip_corrupt(exc: CorruptRecord, on_corrupt: CorruptSink | None) -> None:
+    """A listing met a corrupt entry: report it and go on, or raise it without a sink."""
+    if on_corrupt is None:
+        raise exc
+    on_corrupt(exc)
 
 
 class InputError(AiLeaseError):

@@ -25,7 +25,8 @@ class Event:
     last renewal), ``renew_skipped`` (no progress within budget), ``renew_refused``,
     ``renew_failed`` (store unreachable), ``stalled``, ``self_fenced``, ``released``,
     ``committed`` (``value``: seconds from acquiring to committing), ``fenced`` (a write
-    rejected), ``retry``, ``done``, ``failed``; workers add ``worker_*`` and ``job_*`` kinds.
+    rejected), ``retry``, ``done``, ``failed``, ``store_corrupt`` (a stored value that is not
+    ours was skipped: ``detail`` names it); workers add ``worker_*`` and ``job_*`` kinds.
     """
 
     kind: str

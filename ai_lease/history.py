@@ -19,8 +19,9 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from .errors import CorruptRecord, CorruptSink
 from .events import Event
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "HistoryRecorder",
     "Suggestion",
     "bucket_of",
+    "checked_histogram",
     "suggest",
 ]
 
@@ -82,13 +84,61 @@ class Histogram:
         return bucket_upper(max(self.counts))
 
 
+_MAX_COUNT = 2**62  # counts are added across nodes: leave head-room below 64 bits
+
+
+def checked_histogram(
+    name: str, series: Any, buckets: Iterable[tuple[Any, Any]]
+) -> tuple[Series, dict[int, int]]:
+    """A stored series and its (bucket, count) pairs, checked; :class:`CorruptRecord`
+    naming the series (``name``, as stored) when anything is not what ``add_durations``
+    writes: three strings, buckets 0..87, counts 0..2^62."""
+
+    def corrupt(detail: str) -> CorruptRecord:
+        return CorruptRecord(name, detail, kind="duration histogram")
+
+    if not (
+        isinstance(series, list | tuple)
+        and len(series) == 3
+        and all(isinstance(part, str) for part in series)
+    ):
+        raise corrupt("the name is not [pipeline, kind, stage]")
+    counts: dict[int, int] = {}
+    for bucket, n in buckets:
+        b, c = _small_int(bucket), _small_int(n)
+        if b is None or not 0 <= b < BUCKETS:
+            raise corrupt(f"bucket {str(bucket)[:20]!r} is not 0..{BUCKETS - 1}")
+        if c is None or not 0 <= c <= _MAX_COUNT:
+            raise corrupt(f"count {str(n)[:20]!r} of bucket {b} is not a count")
+        counts[b] = c
+    return (series[0], series[1], series[2]), counts
+
+
+def _small_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str | bytes) and len(value) <= 20:
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
 @runtime_checkable
 class DurationHistory(Protocol):
-    """Where histograms are kept (both built-in stores)."""
+    """Where histograms are kept (both built-in stores).
+
+    ``load_durations`` raises :class:`CorruptRecord` on a series that is not ours, unless
+    ``on_corrupt`` is given: then that series is skipped and reported to it."""
 
     async def add_durations(self, counts: Mapping[Series, Mapping[int, int]]) -> None: ...
 
-    async def load_durations(self) -> dict[Series, dict[int, int]]: ...
+    async def load_durations(
+        self, *, on_corrupt: CorruptSink | None = None
+    ) -> dict[Series, dict[int, int]]: ...
 
 
 class HistoryRecorder:

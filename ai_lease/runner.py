@@ -222,7 +222,7 @@ class Runner:
     async def _run(self, job: Job, *, follow: bool) -> JobState | None:
         job = await self._read_input(job)
         prepared = await self.pipeline.preflight(job, self.prompts)
-        await self._learn_budgets()
+        await self._learn_budgets(job.key)
         try:
             return await self._loop(job, follow, prepared)
         finally:
@@ -237,8 +237,9 @@ class Runner:
         except (StoreUnavailable, AiLeaseError) as exc:
             self._emit("store_unavailable", "", detail=f"history not saved: {exc}")
 
-    async def _learn_budgets(self) -> None:
-        """Adaptive mode: stage budgets from the recorded P99s (see AdaptiveBudgets)."""
+    async def _learn_budgets(self, key: str) -> None:
+        """Adaptive mode: stage budgets from the recorded P99s (see AdaptiveBudgets); a
+        corrupt histogram is skipped and reported, never a reason to fail the job."""
         adaptive = self.adaptive
         if adaptive is None or not isinstance(self.store, DurationHistory):
             return
@@ -246,7 +247,9 @@ class Runner:
             return
         self._budgets_read_at = time.monotonic()
         try:
-            histories = await self.store.load_durations()
+            histories = await self.store.load_durations(
+                on_corrupt=lambda exc: self._emit("store_corrupt", key, detail=str(exc))
+            )
         except StoreUnavailable:
             return
         self.timings = learned_timings(
@@ -372,7 +375,7 @@ class Runner:
             self._emit("retry", job.key, fence, str(exc))
             return self.timings.poll_interval
         except JobDeadlineExceeded as exc:
-            await self._fail(fence, str(exc))
+            await self._fail(fence, _describe(exc))  # named like every other failure
             raise
         except Exception as exc:
             if not _retryable(exc):

@@ -72,10 +72,18 @@ CONFIG_ENV_VAR = "AI_LEASE_CONFIG"
 DEFAULT_CONFIG_PATH = Path("config/ai-lease.toml")
 STORE_SCHEMES = SCHEMES
 
-Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-"""A positive, finite duration in seconds."""
-Bound = Annotated[float, Field(gt=0)]
-"""A positive duration in seconds that may be ``inf`` (no bound)."""
+DAY_S = 86_400.0
+WEEK_S = 7 * DAY_S
+# Every number has an upper bound: a value past it is a typo (or an attack), and the stores
+# write times as 64-bit microseconds, which a TTL of 1e13 s would overflow.
+Seconds = Annotated[float, Field(gt=0, le=DAY_S, allow_inf_nan=False)]
+"""A positive, finite duration in seconds, at most one day."""
+Bound = Seconds
+"""A hard bound in seconds: positive, finite, at most one day (a large value means "long")."""
+Count = Annotated[int, Field(ge=1, le=1000)]
+"""A small positive count (attempts, misses)."""
+Factor = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
+"""A positive, finite multiplier."""
 
 Loc = tuple[str | int, ...]
 Origins = Mapping[Loc, str]
@@ -118,19 +126,19 @@ class LeaseSettings(_Section):
 
     ttl: Seconds = 30.0
     renew_interval: Seconds = 5.0
-    stall_after_misses: int = Field(default=1, ge=1)
+    stall_after_misses: Count = 1
     stall_policy: StallPolicy = StallPolicy.EXPIRE
     self_fence_margin: Bound = 2.0
-    job_deadline: Bound = 3600.0
+    job_deadline: Annotated[float, Field(gt=0, le=WEEK_S, allow_inf_nan=False)] = 3600.0
 
 
 class AdaptiveSettings(_Section):
     """Learned budgets from recorded stage durations (see ``ai-lease tune``)."""
 
     enabled: bool = False
-    factor: Seconds = 1.5
+    factor: Factor = 1.5
     floor: Seconds = 1.0
-    min_samples: int = Field(default=200, ge=1)
+    min_samples: int = Field(default=200, ge=1, le=1_000_000_000)
     refresh_interval: Seconds = 60.0
 
 
@@ -152,9 +160,9 @@ class StreamSettings(_Section):
 class RetrySettings(_Section):
     """Attempts of a whole job, with exponential backoff between them."""
 
-    attempts: int = Field(default=3, ge=1)
+    attempts: Count = 3
     initial: Seconds = 1.0
-    multiplier: float = Field(default=2.0, ge=1, allow_inf_nan=False)
+    multiplier: float = Field(default=2.0, ge=1, le=100, allow_inf_nan=False)
     max_backoff: Seconds = 30.0
 
 
@@ -165,8 +173,8 @@ class ProviderSettings(_Section):
     model: str | None = None
     base_url: str | None = None
     api_key: SecretStr | None = None
-    temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     # openai-compatible only: "fast" (ai_lease's own HTTP/1.1 stream reader), "httpx", or
     # "auto" (fast for http:// servers with no proxy in the environment, httpx otherwise).
     http: Literal["auto", "fast", "httpx"] = "auto"
@@ -269,7 +277,9 @@ class Settings(BaseSettings):
             super().__init__(**values)
             problems = self._cross_field_problems()
         except ValidationError as exc:
-            problems = [(err["loc"], _rule(err)) for err in exc.errors(include_input=False)]
+            problems = [
+                (err["loc"], _rule(err) + _allowed(err)) for err in exc.errors(include_input=False)
+            ]
         # Raised outside the except block, so no __context__ carries the inputs along.
         if problems:
             raise ConfigError(_report((_where(_origins, loc), loc, r) for loc, r in problems))
@@ -335,6 +345,7 @@ _RULES = {
     "missing": "is required",
     "greater_than": "must be greater than {gt}",
     "greater_than_equal": "must be at least {ge}",
+    "less_than_equal": "must be at most {le}",
     "finite_number": "must be a finite number",
     "float_parsing": "must be a number",
     "float_type": "must be a number",
@@ -362,6 +373,54 @@ def _rule(err: ErrorDetails) -> str:
     if "expected" in words:  # "'expire', 'release' or 'alert'" -> "expire, release, alert"
         words["expected"] = words["expected"].replace("'", "").replace(" or ", ", ")
     return template.format(**words)
+
+
+_NUMBER_ERRORS = {
+    "greater_than",
+    "greater_than_equal",
+    "less_than_equal",
+    "finite_number",
+    "float_parsing",
+    "float_type",
+    "int_parsing",
+    "int_type",
+    "int_from_float",
+}
+
+
+def _allowed(err: ErrorDetails) -> str:
+    """For a number out of range: the range the field allows, e.g. " (allowed: 0 < x <= 86400)"."""
+    if err["type"] not in _NUMBER_ERRORS:
+        return ""
+    low = high = ""
+    for rule in _constraints(Settings, err["loc"]):
+        for name, sign in (("gt", "<"), ("ge", "<=")):
+            if (bound := getattr(rule, name, None)) is not None:
+                low = f"{_number(bound)} {sign} "
+        if (bound := getattr(rule, "le", None)) is not None:
+            high = f" <= {_number(bound)}"
+    return f" (allowed: {low}x{high})" if low or high else ""
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _constraints(model: type[BaseModel], loc: Loc) -> list[Any]:
+    """The annotated-types constraints (Gt, Le, ...) of the field at ``loc``, if any."""
+    field = model.model_fields.get(str(loc[0])) if loc else None
+    if field is None:
+        return []
+    kind, rest = field.annotation, loc[1:]
+    if get_origin(kind) is dict:
+        kind, rest = get_args(kind)[1], rest[1:]
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return _constraints(kind, rest)
+    found = list(field.metadata)
+    for arg in get_args(kind):  # Annotated[int, Field(...)] | None keeps them on the arg
+        found += getattr(arg, "__metadata__", ())
+        found += [m for f in getattr(arg, "__metadata__", ()) for m in getattr(f, "metadata", ())]
+    return found
 
 
 def _where(origins: Origins | None, loc: Loc) -> str:

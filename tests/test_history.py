@@ -195,3 +195,60 @@ def test_tune_prints_suggestions_from_a_test_run(tmp_path: Path) -> None:
     check = cli("--config", "tuned.toml", "config")
     assert check.returncode == 0, check.stderr
     assert Counter(tuned.split())["max_no_progress"] == 5
+
+
+@pytest.mark.parametrize(
+    ("series", "buckets", "why"),
+    [
+        ("not-a-series", [], "not [pipeline, kind, stage]"),
+        (["default", "stage"], [], "not [pipeline, kind, stage]"),
+        (["default", "stage", 7], [], "not [pipeline, kind, stage]"),
+        (["default", "stage", "load"], [("x", 1)], "bucket 'x'"),
+        (["default", "stage", "load"], [(88, 1)], "bucket '88'"),
+        (["default", "stage", "load"], [(3, "y")], "count 'y'"),
+        (["default", "stage", "load"], [(3, -1)], "count '-1'"),
+        (["default", "stage", "load"], [(3, 2**70)], "is not a count"),
+    ],
+)
+def test_checked_histogram_refuses_what_add_durations_never_writes(
+    series: object, buckets: list[tuple[object, object]], why: str
+) -> None:
+    """A stored series that is not ours is a CorruptRecord naming it, never a crash later."""
+    from ai_lease.errors import CorruptRecord
+    from ai_lease.history import checked_histogram
+
+    with pytest.raises(CorruptRecord) as caught:
+        checked_histogram("the-name", series, buckets)
+    assert "duration histogram 'the-name'" in str(caught.value) and why in str(caught.value)
+
+
+def test_checked_histogram_reads_both_stores_shapes() -> None:
+    """Redis's string buckets and counts and SQLite's integers read the same."""
+    from ai_lease.history import checked_histogram
+
+    assert checked_histogram("n", ["p", "stage", "load"], [("3", "7"), (4, 1)]) == (
+        ("p", "stage", "load"),
+        {3: 7, 4: 1},
+    )
+
+
+async def test_load_durations_raises_or_reports_a_corrupt_series(tmp_path: Path) -> None:
+    """Without on_corrupt a bad series raises CorruptRecord; with it, the rest loads."""
+    import sqlite3
+
+    from ai_lease.errors import CorruptRecord
+    from ai_lease.lease.sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "h.db")
+    try:
+        await store.add_durations({("default", "stage", "load"): {3: 5}})
+        with sqlite3.connect(tmp_path / "h.db") as conn:
+            conn.execute("INSERT INTO ai_lease_durations VALUES ('d', 'stage', 'x', 'b', 1)")
+        with pytest.raises(CorruptRecord):
+            await store.load_durations()
+        seen: list[CorruptRecord] = []
+        loaded = await store.load_durations(on_corrupt=seen.append)
+        assert loaded == {("default", "stage", "load"): {3: 5}}
+        assert [exc.key for exc in seen] == ["d/stage/x"]
+    finally:
+        await store.aclose()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import traceback
 from pathlib import Path
 
@@ -326,7 +325,7 @@ def test_conversion_to_value_objects(tmp_path: Path) -> None:
         tmp_path,
         "[store]\nop_timeout = 1.5\npoll_interval = 0.5\n"
         '[lease]\nttl = 20\nrenew_interval = 4\nstall_after_misses = 2\nstall_policy = "release"\n'
-        "self_fence_margin = 3\njob_deadline = inf\n"
+        "self_fence_margin = 3\njob_deadline = 86400\n"
         "[stream]\nfirst_token = 45\nidle = 15\ntotal = 300\n"
         "[retry]\nattempts = 5\ninitial = 0.5\nmultiplier = 3\nmax_backoff = 10\n",
     )
@@ -335,8 +334,87 @@ def test_conversion_to_value_objects(tmp_path: Path) -> None:
     assert (timings.ttl, timings.renew_interval) == (20.0, 4.0)
     assert (timings.op_timeout, timings.poll_interval) == (1.5, 0.5)
     assert (timings.stall_after_misses, timings.stall_policy) == (2, StallPolicy.RELEASE)
-    assert (timings.self_fence_margin, timings.job_deadline) == (3.0, math.inf)
+    assert (timings.self_fence_margin, timings.job_deadline) == (3.0, 86400.0)
     assert timings.stage_budgets == DEFAULT_STAGE_BUDGETS
     assert settings.stream_timeouts() == StreamTimeouts(first_token=45, idle=15, total=300)
     expected_retry = RetryPolicy(attempts=5, initial=0.5, multiplier=3, max_backoff=10)
     assert settings.retry_policy() == expected_retry
+
+
+# --- every number is bounded ---------------------------------------------------------------
+
+
+def _numeric_settings() -> list[str]:
+    """Every numeric setting's dotted name (stages through one named stage)."""
+    names = []
+    for section, field in Settings.model_fields.items():
+        model = field.annotation
+        if section == "stages":
+            names += ["stages.call_ai.max_no_progress", "stages.call_ai.deadline"]
+            continue
+        for name, sub in model.model_fields.items():  # type: ignore[union-attr]
+            text = str(sub.annotation)
+            if sub.annotation in (int, float) or "int" in text or "float" in text:
+                names.append(f"{section}.{name}")
+    return names
+
+
+NUMERIC_SETTINGS = _numeric_settings()
+BAD_NUMBERS = ["1e13", "nan", "inf", "-1", "0"]
+
+
+def _cli_config(env: dict[str, str], *args: str) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from ai_lease.cli import main
+
+    result = CliRunner().invoke(main, [*args, "config"], env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    return result.exit_code, result.output
+
+
+def test_the_numeric_settings_are_all_found() -> None:
+    """The bound table covers the settings that overflowed or busy-looped before."""
+    assert {"lease.ttl", "store.op_timeout", "retry.attempts", "provider.max_tokens"} <= set(
+        NUMERIC_SETTINGS
+    )
+    assert len(NUMERIC_SETTINGS) >= 20
+
+
+@pytest.mark.parametrize("value", BAD_NUMBERS)
+@pytest.mark.parametrize("name", NUMERIC_SETTINGS)
+def test_out_of_range_number_is_exit_2_naming_field_and_range(
+    tmp_path: Path, name: str, value: str
+) -> None:
+    """1e13, nan, inf, -1 and 0 (where 0 is invalid) are refused from the environment and
+    from a TOML file: exit 2, the dotted field named with the range it allows."""
+    if value == "0" and name == "provider.temperature":
+        return  # 0 is a valid temperature
+    variable = "AI_LEASE_" + name.upper().replace(".", "__")
+    code, output = _cli_config({variable: value})
+    assert code == 2, output
+    assert f"environment {variable}: {name}: " in output and "(allowed: " in output, output
+    assert "Traceback" not in output
+    *tables, leaf = name.split(".")
+    path = toml(tmp_path, f"[{'.'.join(tables)}]\n{leaf} = {value}\n")
+    code, output = _cli_config({}, "--config", str(path))
+    assert code == 2, output
+    assert f"{path}: {name}: " in output and "(allowed: " in output, output
+
+
+def test_ttl_1e13_is_refused_with_its_bound() -> None:
+    """The TTL that overflowed the stores' 64-bit microsecond times is refused at load."""
+    message = config_error(env={"AI_LEASE_LEASE__TTL": "1e13"})
+    assert "lease.ttl: must be at most 86400 (allowed: 0 < x <= 86400)" in message
+
+
+def test_values_at_the_bounds_are_accepted() -> None:
+    """The largest allowed values load (the bounds are inclusive)."""
+    settings = load_settings(
+        env={
+            "AI_LEASE_LEASE__TTL": "86400",
+            "AI_LEASE_LEASE__JOB_DEADLINE": str(7 * 86400),
+            "AI_LEASE_RETRY__ATTEMPTS": "1000",
+        }
+    )
+    assert settings.lease.ttl == 86400.0 and settings.retry.attempts == 1000

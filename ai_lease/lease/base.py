@@ -11,7 +11,8 @@ by the store's own clock:
               the lease live and progress fresh within the stage budget + grace)
 ``release``  step down; ``commit`` the one result (fenced, idempotent); ``fail`` terminally;
 ``report_stall`` store where the work is stuck; ``get``; ``wait`` for a change;
-``list_jobs`` for people (not a hot path).
+``list_jobs`` for people (not a hot path): with ``on_corrupt``, a record that is not ours
+is skipped and reported to it instead of failing the whole listing.
 
 The records that ``acquire`` (when it grants or refuses a lease) and ``commit``/``fail``
 (on a fresh write) return may leave the big fields out — ``spec``, other owners'
@@ -21,9 +22,12 @@ The records that ``acquire`` (when it grants or refuses a lease) and ``commit``/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, fields
+from typing import Any, Protocol, runtime_checkable
 
+import orjson
+
+from ..errors import CorruptRecord, CorruptSink
 from ..job import JobState
 
 __all__ = [
@@ -145,8 +149,12 @@ class LeaseStore(Protocol):
 
     async def wait(self, key: str, timeout: float) -> None: ...
 
-    async def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobState]:
-        """Up to ``limit`` jobs (newest first where the store knows), optionally one status."""
+    async def list_jobs(
+        self, *, status: str | None = None, limit: int = 100, on_corrupt: CorruptSink | None = None
+    ) -> list[JobState]:
+        """Up to ``limit`` jobs (newest first where the store knows), optionally one status;
+        a corrupt record raises :class:`CorruptRecord`, or with ``on_corrupt`` is skipped
+        and reported to it."""
         ...
 
     async def aclose(self) -> None: ...
@@ -163,6 +171,32 @@ class WorkerInfo:
     concurrency: int
     last_seen: float  # store clock
     started_at: float
+
+    @classmethod
+    def from_json(cls, worker_id: str, blob: str | bytes) -> WorkerInfo:
+        """A stored worker entry, checked field by field (:class:`CorruptRecord` if not ours)."""
+        try:
+            data: Any = orjson.loads(blob)
+        except orjson.JSONDecodeError:
+            raise CorruptRecord(worker_id, "the entry is not JSON", kind="worker") from None
+        if not isinstance(data, dict):
+            raise CorruptRecord(worker_id, "the entry is not a JSON object", kind="worker")
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            value, kind = data.get(spec.name), _WORKER_TYPES[spec.type]
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise CorruptRecord(
+                    worker_id, f"field {spec.name!r} holds {str(value)[:40]!r}", kind="worker"
+                )
+            values[spec.name] = value
+        return cls(**values)
+
+
+_WORKER_TYPES: dict[Any, type | tuple[type, ...]] = {
+    "str": str,
+    "int": int,
+    "float": (int, float),
+}
 
 
 @runtime_checkable
@@ -201,7 +235,9 @@ class JobQueue(Protocol):
 
     async def worker_gone(self, worker_id: str) -> None: ...
 
-    async def list_workers(self) -> list[WorkerInfo]: ...
+    async def list_workers(self, *, on_corrupt: CorruptSink | None = None) -> list[WorkerInfo]:
+        """Live workers; a corrupt entry raises, or with ``on_corrupt`` is skipped."""
+        ...
 
 
 async def due_now(store: object, key: str) -> None:

@@ -24,7 +24,15 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ..errors import CorruptRecord, FencingRejected, JobConflict, StoreUnavailable
+from ..errors import (
+    CorruptRecord,
+    CorruptSink,
+    FencingRejected,
+    JobConflict,
+    StoreUnavailable,
+    skip_corrupt,
+)
+from ..history import checked_histogram
 from ..job import JobState
 from . import redis_scripts as lua
 from .base import Acquired, AcquireOutcome, Fence, Finished, Following, Renewal, WorkerInfo
@@ -322,17 +330,25 @@ class RedisStore:
         reply = await self._call("get", key, "GET", [])
         return self._decode(key, reply[1:], reply[0]) if len(reply) > 1 else None
 
-    async def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobState]:
+    async def list_jobs(
+        self, *, status: str | None = None, limit: int = 100, on_corrupt: CorruptSink | None = None
+    ) -> list[JobState]:
         """Scans the namespace (O(keys): for people, not for hot paths); unordered."""
         prefix, found = f"{self._ns}:{{", []
         try:
             async for name in self._client.scan_iter(match=f"{prefix}*}}:job", count=500):
                 found.append(name[len(prefix) : -len("}:job")])
+        except UnicodeDecodeError:
+            raise CorruptRecord(f"{prefix}*", "a key name is not valid UTF-8") from None
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(self.where, "list_jobs", str(exc)) from exc
         jobs = []
         for key in found:
-            job = await self.get(key)
+            try:
+                job = await self.get(key)
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
+                continue
             if job is not None and (status is None or job.status.value == status):
                 jobs.append(job)
                 if len(jobs) >= limit:
@@ -416,20 +432,36 @@ class RedisStore:
         pipe.zrem(f"{self._ns}:workers", worker_id)
         await self._plain("worker_gone", pipe.execute())
 
-    async def list_workers(self) -> list[WorkerInfo]:
+    async def list_workers(self, *, on_corrupt: CorruptSink | None = None) -> list[WorkerInfo]:
         now = await self._plain("list_workers", self._client.time())
         seen = now[0] + now[1] / 1_000_000
         index = f"{self._ns}:workers"
         await self._plain("list_workers", self._client.zremrangebyscore(index, "-inf", seen))
-        ids = await self._plain("list_workers", self._client.zrange(index, 0, -1))
+        ids = await self._plain(
+            "list_workers", self._listed(index, self._client.zrange(index, 0, -1))
+        )
         out = []
         for worker_id in ids:
-            blob = await self._plain(
-                "list_workers", self._client.get(f"{self._ns}:worker:{worker_id}")
-            )
-            if blob:
-                out.append(WorkerInfo(**orjson.loads(blob)))
+            name = f"{self._ns}:worker:{worker_id}"
+            try:
+                blob = await self._plain("list_workers", self._listed(name, self._client.get(name)))
+                if blob:
+                    out.append(WorkerInfo.from_json(worker_id, blob))
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
         return out
+
+    @staticmethod
+    async def _listed(name: str, call: Awaitable[Any]) -> Any:
+        """A read of a listing: a value that is not ours is a :class:`CorruptRecord`."""
+        try:
+            return await call
+        except UnicodeDecodeError:
+            raise CorruptRecord(name, "it holds bytes that are not UTF-8", kind="key") from None
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            raise CorruptRecord(name, "the key holds a value of another type", kind="key") from None
 
     # -- duration history: one hash per (pipeline, kind, stage), plus an index set -----------
 
@@ -442,15 +474,29 @@ class RedisStore:
                 pipe.hincrby(f"{self._ns}:hist:{name}", str(bucket), n)
         await self._plain("add_durations", pipe.execute())
 
-    async def load_durations(self) -> dict[tuple[str, str, str], dict[int, int]]:
-        names = await self._plain("load_durations", self._client.smembers(f"{self._ns}:hists"))
+    async def load_durations(
+        self, *, on_corrupt: CorruptSink | None = None
+    ) -> dict[tuple[str, str, str], dict[int, int]]:
+        index = f"{self._ns}:hists"
+        names = await self._plain(
+            "load_durations", self._listed(index, self._client.smembers(index))
+        )
         out: dict[tuple[str, str, str], dict[int, int]] = {}
         for name in sorted(names):
-            raw = await self._plain(
-                "load_durations", self._client.hgetall(f"{self._ns}:hist:{name}")
-            )
-            pipeline, kind, stage = orjson.loads(name)
-            out[(pipeline, kind, stage)] = {int(b): int(n) for b, n in raw.items()}
+            hist = f"{self._ns}:hist:{name}"
+            try:
+                raw = await self._plain(
+                    "load_durations", self._listed(hist, self._client.hgetall(hist))
+                )
+                try:
+                    parts = orjson.loads(name)
+                except orjson.JSONDecodeError:
+                    parts = None
+                series, counts = checked_histogram(name, parts, raw.items())
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
+                continue
+            out[series] = counts
         return out
 
     async def wait(self, key: str, timeout: float) -> None:

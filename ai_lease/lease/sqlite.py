@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ..errors import CorruptRecord, StoreUnavailable
+from ..errors import CorruptRecord, CorruptSink, StoreUnavailable, skip_corrupt
+from ..history import checked_histogram
 from ..job import JobState
 from . import rules
 from .base import AcquireOutcome, Fence, Renewal, WorkerInfo
@@ -263,17 +264,33 @@ class SQLiteStore:
     async def get(self, key: str) -> JobState | None:
         return await self._run("get", lambda conn: self._load(conn, key, self._clock()))
 
-    async def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobState]:
-        def work(conn: sqlite3.Connection) -> list[JobState]:
+    async def list_jobs(
+        self, *, status: str | None = None, limit: int = 100, on_corrupt: CorruptSink | None = None
+    ) -> list[JobState]:
+        def work(conn: sqlite3.Connection) -> list[JobState | CorruptRecord]:
             where, args = ("WHERE status = ?", [status]) if status else ("", [])
             rows = conn.execute(
                 f"SELECT key FROM ai_lease_jobs {where} ORDER BY rowid DESC LIMIT ?",
                 [*args, limit],
             ).fetchall()
             now = self._clock()
-            return [job for (key,) in rows if (job := self._load(conn, key, now)) is not None]
+            return [job for (key,) in rows if (job := self._load_or_corrupt(conn, key, now))]
 
-        return await self._run("list_jobs", work)
+        jobs = []
+        for job in await self._run("list_jobs", work):
+            if isinstance(job, CorruptRecord):
+                skip_corrupt(job, on_corrupt)
+            else:
+                jobs.append(job)
+        return jobs
+
+    def _load_or_corrupt(
+        self, conn: sqlite3.Connection, key: str, now: float
+    ) -> JobState | CorruptRecord | None:
+        try:
+            return self._load(conn, key, now)
+        except CorruptRecord as exc:  # reported on the event loop's side, by the caller
+            return exc
 
     # -- the job queue -------------------------------------------------------------------------
 
@@ -360,15 +377,23 @@ class SQLiteStore:
             ),
         )
 
-    async def list_workers(self) -> list[WorkerInfo]:
-        def work(conn: sqlite3.Connection) -> list[WorkerInfo]:
-            rows = conn.execute(
-                "SELECT info FROM ai_lease_workers WHERE expires_at > ? ORDER BY worker_id",
+    async def list_workers(self, *, on_corrupt: CorruptSink | None = None) -> list[WorkerInfo]:
+        def work(conn: sqlite3.Connection) -> list[tuple[Any, Any]]:
+            return conn.execute(
+                "SELECT worker_id, info FROM ai_lease_workers WHERE expires_at > ?"
+                " ORDER BY worker_id",
                 (self._clock(),),
-            )
-            return [WorkerInfo(**orjson.loads(blob)) for (blob,) in rows]
+            ).fetchall()
 
-        return await self._run("list_workers", work)
+        out = []
+        for worker_id, blob in await self._run("list_workers", work):
+            try:
+                if not isinstance(blob, str | bytes):
+                    raise CorruptRecord(str(worker_id), "the entry is not JSON", kind="worker")
+                out.append(WorkerInfo.from_json(str(worker_id), blob))
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
+        return out
 
     # -- duration history ------------------------------------------------------------------
 
@@ -388,16 +413,27 @@ class SQLiteStore:
             ),
         )
 
-    async def load_durations(self) -> dict[tuple[str, str, str], dict[int, int]]:
-        def work(conn: sqlite3.Connection) -> dict[tuple[str, str, str], dict[int, int]]:
-            out: dict[tuple[str, str, str], dict[int, int]] = {}
+    async def load_durations(
+        self, *, on_corrupt: CorruptSink | None = None
+    ) -> dict[tuple[str, str, str], dict[int, int]]:
+        def work(conn: sqlite3.Connection) -> dict[tuple[Any, ...], list[tuple[Any, Any]]]:
+            rows: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {}
             for pipeline, kind, stage, bucket, n in conn.execute(
                 "SELECT pipeline, kind, stage, bucket, count FROM ai_lease_durations"
             ):
-                out.setdefault((pipeline, kind, stage), {})[bucket] = n
-            return out
+                rows.setdefault((pipeline, kind, stage), []).append((bucket, n))
+            return rows
 
-        return await self._run("load_durations", work)
+        out: dict[tuple[str, str, str], dict[int, int]] = {}
+        for parts, buckets in (await self._run("load_durations", work)).items():
+            name = "/".join(map(str, parts))[:120]
+            try:
+                series, counts = checked_histogram(name, parts, buckets)
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
+                continue
+            out[series] = counts
+        return out
 
     async def wait(self, key: str, timeout: float) -> None:
         """Return when the job's record changes, or after ``timeout`` seconds (polling)."""
