@@ -234,9 +234,9 @@ async def test_every_queue_call_stays_usable_under_latency(redis_server: RedisSe
             for round_ in range(4):
                 key = f"lat-{n}-{round_}"
                 calls = [
-                    lambda: store.submit(key, '{"key": "x"}', "fp"),
+                    lambda key=key: store.submit(key, '{"key": "x"}', "fp"),
                     lambda: store.due(8),
-                    lambda: store.reschedule(key, time.time() + 60),
+                    lambda key=key: store.reschedule(key, time.time() + 60),
                     lambda: store.worker_beat(_info(f"w{n}"), 5.0),
                     lambda: store.list_workers(),
                 ]
