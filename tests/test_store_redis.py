@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -387,3 +388,28 @@ def test_a_redis_url_database_must_be_a_number() -> None:
         open_store("redis://127.0.0.1:6379/abc")
     with pytest.raises(ConfigError, match="Cluster has only database 0"):
         open_store("redis+cluster://127.0.0.1:7000/3")
+
+
+def test_status_and_workers_print_the_data_loss(tmp_path: Path) -> None:
+    """After a worker noticed Redis lost its data, `ai-lease status` (which now finds no
+    job) and `ai-lease workers` say so on stderr, with the durable set-up to use."""
+    from tests.test_cli_basics import run_cli
+
+    async def notice(url: str, server: RedisServer) -> None:
+        store = RedisStore.from_url(url, op_timeout=1.0)
+        try:
+            await store.submit("gone", "{}", "fp")
+            await store.due(10)
+            server.restart()
+            await store.due(10)  # a worker's sweep
+        finally:
+            await store.aclose()
+
+    with RedisServer() as server:
+        asyncio.run(notice(server.url, server))
+        status = run_cli("--store", server.url, "status", "gone", cwd=tmp_path)
+        workers = run_cli("--store", server.url, "workers", cwd=tmp_path)
+    assert status.returncode == 2 and "no job 'gone'" in status.stderr
+    for out in (status, workers):
+        assert "lost its data" in out.stderr and "appendonly yes" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr

@@ -227,11 +227,12 @@ class RedisStore:
             previous, self._epoch = self._epoch, epoch
             self._lost(StoreDataLost(self.where, previous=previous, current=epoch))
             return
-        if note and self.lost_data is None:
+        if note and self.lost_data is None:  # another process noticed: data_lost() says it
             at, previous, current = note.split(" ", 2)
-            self._lost(StoreDataLost(self.where, previous, current, at=int(at) / 1_000_000))
+            self.lost_data = StoreDataLost(self.where, previous, current, at=int(at) / 1_000_000)
 
     def _lost(self, loss: StoreDataLost) -> None:
+        """This process saw the marker vanish: say so loudly, once per loss."""
         self.lost_data = loss
         log.error("%s", loss)
 
