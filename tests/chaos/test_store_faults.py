@@ -290,3 +290,31 @@ async def test_redis_restart_without_data_keeps_tokens_rising(
         reacquired_after=after[0]["at"] - restarted_at,
         done_after=verdict.committer["at"] - restarted_at,
     )
+
+
+async def test_four_workers_run_every_job_behind_latency(
+    redis_url: str, proxy: ChaosProxy, tmp_path: Path
+) -> None:
+    """Four worker processes reach Redis through 100 ms ± 50 ms each way (op timeout 0.4 s):
+    their queue calls (due, reschedule, worker_beat) keep working and every job ends DONE."""
+    from ai_lease import open_store
+    from ai_lease.job import Job
+    from ai_lease.runner import Runner
+    from tests.harness.worker_proc import Workers
+    from tests.test_workers import wait_all_done
+
+    keys = [f"latent-{n}" for n in range(12)]
+    store = open_store(redis_url)
+    try:
+        runner = Runner(store)
+        for key in keys:
+            await runner.submit(Job(key, input=key, prompt_text="{{ input }}"))
+        proxy.delay(0.1, 0.05)
+        started = time.monotonic()
+        async with Workers(proxy.url_for(), tmp_path) as workers:
+            for name in "ABCD":
+                await workers.start(name, concurrency=2)
+            await wait_all_done(store, keys, workers, timeout=60)
+        report("4 workers, redis latency 100±50ms", redis_url, all_done=time.monotonic() - started)
+    finally:
+        await store.aclose()
