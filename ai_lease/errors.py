@@ -231,6 +231,12 @@ class OutcomeUnknown(StoreUnavailable):
         super().__init__(where, op, f"{detail}; {hint}")
 
 
+def _utc(at: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 class StoreDataLost(StoreError):
     """The store lost its data: its epoch marker vanished or changed (a Redis restart
     without persistence). Jobs accepted, running or DONE before ``at`` may be gone; see
@@ -239,7 +245,7 @@ class StoreDataLost(StoreError):
 
     def __init__(self, where: str, previous: str, current: str, *, at: float | None = None) -> None:
         self.where, self.previous, self.current, self.at = where, previous, current, at
-        when = "" if at is None else f" at {at:.0f} (store clock)"
+        when = "" if at is None else f" at {_utc(at)}"
         super().__init__(
             f"lease store {where} lost its data{when} (epoch {previous} -> {current}): jobs "
             "recorded before then may be gone; run Redis with appendonly yes "

@@ -64,7 +64,8 @@ _SCRIPTS = (
 )
 # Scripts that also keep the namespace's lease index (and, for SUBMIT, the queue).
 _INDEXED = frozenset({"ACQUIRE", "RENEW", "RELEASE", "FINISH"})
-_SPECS_KEPT = 64  # specs remembered to write back into a record re-created after a data loss
+# Specs remembered to write back into a record re-created after a data loss.
+_SPECS_KEPT, _SPEC_CHARS_KEPT = 64, 32 * 1024 * 1024
 
 
 def hash_tag(key: str) -> str:
@@ -144,6 +145,7 @@ class RedisStore:
         self.lost_data: StoreDataLost | None = None
         """Set once this process has seen the store lose its data (or a recent note of it)."""
         self._specs: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._spec_chars = 0
         # Every call's fast path: one shared connection, replies matched in order
         # (lease/resp.py); TLS and Cluster keep redis-py.
         self._fast = (
@@ -448,7 +450,7 @@ class RedisStore:
             raise FencingRejected(fence.key, fence.pair, current, reply[1])
         # A fresh write's reply is lean (no result): the record holds the value just written.
         extra = {"result": value} if field == "result" else None
-        self._specs.pop(fence.key, None)
+        self._forget(fence.key)
         return self._decode(fence.key, reply[2:], reply[1], extra)
 
     async def commit(self, fence: Fence, result: str) -> JobState:
@@ -472,11 +474,16 @@ class RedisStore:
 
     def _remember(self, key: str, spec: str) -> None:
         """Keep the spec of a job this process may run: if the store loses its data, the
-        record its owner re-creates gets the spec back (and a worker can run it again)."""
-        self._specs[key] = spec
-        self._specs.move_to_end(key)
-        while len(self._specs) > _SPECS_KEPT:
-            self._specs.popitem(last=False)
+        record its owner re-creates gets the spec back (and a worker can run it again).
+        The newest few, bounded in number and in size."""
+        specs = self._specs
+        self._spec_chars += len(spec) - len(specs.pop(key, ""))
+        specs[key] = spec
+        while len(specs) > _SPECS_KEPT or self._spec_chars > _SPEC_CHARS_KEPT:
+            self._spec_chars -= len(specs.popitem(last=False)[1])
+
+    def _forget(self, key: str) -> None:
+        self._spec_chars -= len(self._specs.pop(key, ""))
 
     async def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobState]:
         """Scans the namespace (O(keys): for people, not for hot paths); unordered."""

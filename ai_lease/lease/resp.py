@@ -434,6 +434,7 @@ class Multiplexed:
         except BaseException:
             conn.close(RedisConnectionError("Connection setup did not finish"))
             raise
+        probed = replies.pop() if self._probe is not None else None
         for reply in replies:
             if isinstance(reply, ResponseError):
                 conn.close(RedisConnectionError("Connection setup failed"))
@@ -441,7 +442,8 @@ class Multiplexed:
                 if "WRONGPASS" in text or "NOAUTH" in text or "AUTH" in text:
                     raise AuthenticationError(text)
                 raise reply
-        if self._on_probe is not None:
-            self._on_probe(replies[-1])
+        # A probe that fails (a read-only replica, an ACL) costs the probe, not the connection.
+        if self._on_probe is not None and not isinstance(probed, ResponseError | None):
+            self._on_probe(probed)
         self._conn = conn
         return conn
