@@ -386,6 +386,19 @@ def _describe(job: JobState, grace: float) -> list[tuple[str, str]]:
     return rows
 
 
+async def _warn_data_lost(store: LeaseStore) -> None:
+    """Print the store's data-loss report (a Redis restart without persistence), if any."""
+    check = getattr(store, "data_lost", None)
+    if check is None:
+        return
+    try:
+        loss = await check()
+    except StoreError:
+        return
+    if loss is not None:
+        click.echo(f"ai-lease: warning: {loss}", err=True)
+
+
 def _get(obj: Context, key: str) -> JobState:
     job = obj.run(lambda store: store.get(key))
     if job is None:
@@ -400,7 +413,15 @@ def _get(obj: Context, key: str) -> JobState:
 def status(obj: Context, key: str, as_json: bool) -> None:
     """Show job KEY: its record and the seed's four-state health
     (healthy / node lost / zombie / dead)."""
-    job = _get(obj, key)
+
+    async def fetch(store: LeaseStore) -> JobState | None:
+        job = await store.get(key)
+        await _warn_data_lost(store)
+        return job
+
+    job = obj.run(fetch)
+    if job is None:
+        raise InputError(f"no job {key!r} in {obj.where}")
     if as_json:
         click.echo(_json(job.to_dict()))
         return
@@ -675,7 +696,9 @@ def workers(obj: Context, as_json: bool) -> None:
     async def fetch(store: LeaseStore) -> list[Any]:
         if not isinstance(store, JobQueue):
             raise InputError(f"{obj.where} keeps no job queue")
-        return await store.list_workers(on_corrupt=corrupt.append)
+        found = await store.list_workers(on_corrupt=corrupt.append)
+        await _warn_data_lost(store)
+        return found
 
     for info in obj.run(fetch):
         if as_json:

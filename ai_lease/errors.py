@@ -18,6 +18,8 @@ Grouped by what the caller will do about it::
     ├── ProviderError              the model call failed (``retryable`` says whether to retry)
     ├── StoreError                 the lease store could not answer
     │   ├── StoreUnavailable       unreachable or timed out: the outcome may be unknown
+    │   │   └── OutcomeUnknown     a write was sent, its answer lost: check ``status KEY``
+    │   ├── StoreDataLost          the store lost its data (Redis restarted without AOF)
     │   └── CorruptRecord          a stored value (job, worker, histogram) is not ours
     └── InputError                 fix the input and try again; nothing was changed
         ├── ConfigError            a bad setting, naming the field and the rule
@@ -46,10 +48,12 @@ __all__ = [
     "JobSpecError",
     "LeaseError",
     "LeaseLost",
+    "OutcomeUnknown",
     "ProviderError",
     "StageDeadlineExceeded",
     "StageTimeout",
     "Stalled",
+    "StoreDataLost",
     "StoreError",
     "StoreUnavailable",
     "StreamIdleTimeout",
@@ -218,6 +222,42 @@ class StoreUnavailable(StoreError):
         # False only when it surely did not (connection refused, authentication failed).
         self.where, self.op, self.maybe_applied = where, op, maybe_applied
         super().__init__(f"lease store {where} unavailable during {op}: {detail}")
+
+
+class OutcomeUnknown(StoreUnavailable):
+    """A write reached (or may have reached) the store, but its answer was lost: it may have
+    been applied. ``maybe_applied`` is always true; ``key`` names the job to check.
+
+    >>> str(OutcomeUnknown("redis://r/0", "submit", "no answer", key="j"))  # doctest: +SKIP
+    '... during submit: no answer; it may have been applied: check `ai-lease status j`'
+    """
+
+    def __init__(self, where: str, op: str, detail: str, *, key: str) -> None:
+        self.key = key
+        hint = f"it may have been applied: check `ai-lease status {key}`"
+        super().__init__(where, op, f"{detail}; {hint}")
+
+
+def _utc(at: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class StoreDataLost(StoreError):
+    """The store lost its data: its epoch marker vanished or changed (a Redis restart
+    without persistence). Jobs accepted, running or DONE before ``at`` may be gone; see
+    docs/redis-durability.md. A value the store reports (``store.data_lost()``), not raised
+    by operations."""
+
+    def __init__(self, where: str, previous: str, current: str, *, at: float | None = None) -> None:
+        self.where, self.previous, self.current, self.at = where, previous, current, at
+        when = "" if at is None else f" at {_utc(at)}"
+        super().__init__(
+            f"lease store {where} lost its data{when} (epoch {previous} -> {current}): jobs "
+            "recorded before then may be gone; run Redis with appendonly yes "
+            "(docs/redis-durability.md)"
+        )
 
 
 class CorruptRecord(StoreError):

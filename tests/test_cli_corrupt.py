@@ -97,8 +97,8 @@ def plant_corrupt_worker(url: str) -> None:
     else:
         client = redis_client(url)
         client.zadd(f"{NS}:workers", {"bad-worker": 1e12, "typed-worker": 1e12})
-        client.set(f"{NS}:worker:bad-worker", "garbage")
-        client.set(f"{NS}:worker:typed-worker", bad_type)
+        client.set(f"{{{NS}:workers}}:worker:bad-worker", "garbage")
+        client.set(f"{{{NS}:workers}}:worker:typed-worker", bad_type)
 
 
 def plant_corrupt_histogram(url: str) -> None:

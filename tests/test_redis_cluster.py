@@ -61,3 +61,21 @@ async def test_a_job_end_to_end_on_the_cluster(cluster: RedisCluster) -> None:
         await runners[0].flush_history()
     finally:
         await store.aclose()
+
+
+async def test_keys_with_braces_work_on_the_cluster(cluster: RedisCluster) -> None:
+    """A key starting with '}' (or holding braces anywhere) gets a whole hash tag: its
+    scripts run on one slot, and list_jobs names it back exactly."""
+    from ai_lease.lease import Acquired
+
+    store = open_store(cluster.url)
+    keys = ["}starts-with-brace", "{whole}", "mid}dle{", "per%7Dcent"]
+    try:
+        for key in keys:
+            won = await store.acquire(key, "A", ttl=30, max_no_progress=5)
+            assert isinstance(won, Acquired), key
+            assert (await store.commit(won.fence, f"r-{key}")).result == f"r-{key}"
+        listed = {job.key for job in await store.list_jobs(status="DONE", limit=1000)}
+        assert set(keys) <= listed
+    finally:
+        await store.aclose()

@@ -117,3 +117,100 @@ async def test_store_refuses_blind_renewal_by_its_clock(tmp_path: Path) -> None:
         assert not refused.ok and refused.reason == "no_progress"
     finally:
         await store.aclose()
+
+
+_READ_ONLY_PROBE = """
+import asyncio, os, sys
+from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.errors import StoreUnavailable
+if os.geteuid() == 0:  # root writes anything: become nobody (after the imports)
+    os.setgid(65534)
+    os.setuid(65534)
+
+async def main():
+    store = SQLiteStore(sys.argv[1])
+    try:
+        job = await store.get("k")
+        print("read", job.key, job.status.value)
+        try:
+            await store.submit("other", "{}", "fp")
+        except StoreUnavailable as exc:
+            print("write refused:", exc, exc.maybe_applied)
+    finally:
+        await store.aclose()
+
+asyncio.run(main())
+"""
+
+
+async def _seed(path: Path) -> None:
+    store = SQLiteStore(path)
+    await store.submit("k", "{}", "fp")
+    await store.aclose()
+
+
+def test_read_only_file_can_still_be_read() -> None:
+    """A database file (and directory) this user cannot write is opened read-only: reads
+    work, a write fails with a clear error (nothing applied)."""
+    import asyncio
+    import subprocess
+    import sys
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="ai-lease-ro-"))
+    path = folder / "ai-lease.db"
+    asyncio.run(_seed(path))
+    path.chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _READ_ONLY_PROBE, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parents[1],
+        )
+    finally:
+        folder.chmod(0o755)
+        path.chmod(0o644)
+        for file in folder.iterdir():
+            file.unlink()
+        folder.rmdir()
+    assert done.returncode == 0, done.stderr
+    assert "read k PENDING" in done.stdout, done.stdout
+    assert "write refused:" in done.stdout and "opened read-only" in done.stdout
+    assert done.stdout.strip().endswith("False"), "a refused write is not maybe-applied"
+
+
+async def test_aclose_does_not_block_the_event_loop(tmp_path: Path) -> None:
+    """aclose() waits for work queued behind it (here one held up by another process's
+    write lock) off the event loop: the loop keeps ticking."""
+    import asyncio
+    import time
+
+    path = tmp_path / "ai-lease.db"
+    store = SQLiteStore(path, op_timeout=1.0)
+    await store.get("warm-up")
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # holds the write lock
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.02)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+
+    tick = asyncio.create_task(ticker())
+    try:
+        closing = asyncio.create_task(store.aclose())
+        await asyncio.sleep(0)  # the close is queued first
+        with pytest.raises(StoreUnavailable):
+            await store.submit("late", "{}", "fp")  # queued behind it, waits for the lock
+        await closing
+    finally:
+        tick.cancel()
+        other.execute("ROLLBACK")
+        other.close()
+    assert max(gaps) < 0.5, f"the event loop stalled {max(gaps):.2f}s in aclose()"

@@ -12,8 +12,12 @@ sleeping out the poll interval when pub/sub is unavailable.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-from collections.abc import Awaitable, Mapping
+import logging
+import re
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -29,6 +33,8 @@ from ..errors import (
     CorruptSink,
     FencingRejected,
     JobConflict,
+    OutcomeUnknown,
+    StoreDataLost,
     StoreUnavailable,
     skip_corrupt,
 )
@@ -36,11 +42,50 @@ from ..history import checked_histogram
 from ..job import JobState
 from . import redis_scripts as lua
 from .base import Acquired, AcquireOutcome, Fence, Finished, Following, Renewal, WorkerInfo
-from .resp import Multiplexed
+from .resp import Multiplexed, pack
 from .rules import clip
 from .urls import mask_url
 
-__all__ = ["RedisStore"]
+__all__ = ["RedisStore", "hash_tag"]
+
+log = logging.getLogger("ai_lease.store")
+
+_SCRIPTS = (
+    "ACQUIRE",
+    "RENEW",
+    "RELEASE",
+    "FINISH",
+    "REPORT_STALL",
+    "GET",
+    "SUBMIT",
+    "EPOCH",
+    "DUE",
+    "RESCHEDULE",
+    "RECOVER_AT",
+    "DUE_RECOVERIES",
+    "BEAT",
+    "WORKER_GONE",
+    "LIST_WORKERS",
+)
+# Scripts that also keep the namespace's lease index (and, for SUBMIT, the queue).
+_INDEXED = frozenset({"ACQUIRE", "RENEW", "RELEASE", "FINISH"})
+# Specs remembered to write back into a record re-created after a data loss.
+_SPECS_KEPT, _SPEC_CHARS_KEPT = 64, 32 * 1024 * 1024
+
+
+def hash_tag(key: str) -> str:
+    """The Cluster hash tag of a job key: the key with ``%``, ``{`` and ``}`` escaped, so
+    that no key (not even one starting with ``}``) gives an empty or a cut tag.
+
+    >>> hash_tag("}abc{")
+    '%7Dabc%7B'
+    """
+    return key.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def _untag(tag: str) -> str:
+    return re.sub("%(25|7B|7D)", lambda m: chr(int(m[1], 16)), tag)
+
 
 _TIME_FIELDS = frozenset(
     {
@@ -96,15 +141,26 @@ class RedisStore:
     ) -> None:
         self._client, self._ns, self._op_timeout, self.where = client, namespace, op_timeout, where
         self._prepared, self._prepare_lock = False, asyncio.Lock()
-        self._scripts = {
-            name: client.register_script(getattr(lua, name))
-            for name in ("ACQUIRE", "RENEW", "RELEASE", "FINISH", "REPORT_STALL", "GET", "SUBMIT")
-        }
-        # The lease scripts' fast path: one shared connection, replies matched in order
-        # (lease/resp.py); TLS and Cluster keep redis-py for them too.
+        self._cluster = hasattr(client, "get_nodes")
+        self._scripts = {name: client.register_script(getattr(lua, name)) for name in _SCRIPTS}
+        tag = f"{{{namespace}:queue}}"  # the slot of "<ns>:queue" itself
+        self._queue, self._leases = f"{namespace}:queue", f"{tag}:leases"
+        self._marks = [f"{tag}:epoch", f"{tag}:data_lost"]
+        self._recovery = f"{tag}:recovery"  # the looks at RUNNING jobs, asked for first
+        self._epoch: str | None = None  # the epoch this process saw first
+        self.lost_data: StoreDataLost | None = None
+        """Set once this process has seen the store lose its data (or a recent note of it)."""
+        self._specs: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._spec_chars = 0
+        # Every call's fast path: one shared connection, replies matched in order
+        # (lease/resp.py); TLS and Cluster keep redis-py.
         self._fast = (
             Multiplexed.for_client(
-                client, {s.sha: s.script for s in self._scripts.values()}, op_timeout
+                client,
+                {s.sha: s.script for s in self._scripts.values()},
+                op_timeout,
+                probe=self._epoch_probe,
+                on_probe=self._saw_epoch,
             )
             if multiplex
             else None
@@ -144,8 +200,60 @@ class RedisStore:
         )
 
     def keys(self, key: str) -> list[str]:
-        """The Redis keys of one job: its hash and its event channel."""
-        return [f"{self._ns}:{{{key}}}:job", f"{self._ns}:{{{key}}}:events"]
+        """The Redis keys of one job: its hash and its event channel (one hash tag)."""
+        tag = hash_tag(key)
+        return [f"{self._ns}:{{{tag}}}:job", f"{self._ns}:{{{tag}}}:events"]
+
+    def _key_of(self, name: str) -> str:
+        """The job key of a job hash's name (the inverse of ``keys(key)[0]``)."""
+        return _untag(name[len(self._ns) + 2 : -len("}:job")])
+
+    def _script_keys(self, key: str, script: str) -> list[str]:
+        keys = self.keys(key)
+        if self._cluster:  # the namespace's keys are in another slot
+            return keys
+        if script in _INDEXED:
+            keys.append(self._leases)
+        elif script == "SUBMIT":
+            keys += [self._leases, self._queue]
+        return keys
+
+    # -- the data-loss marker ------------------------------------------------------------
+
+    def _epoch_args(self) -> list[str]:
+        return [self._epoch or "", secrets.token_hex(8)]
+
+    def _epoch_probe(self) -> bytes:
+        """Sent with every new connection's set-up: the marker is checked at each connect."""
+        return pack("EVALSHA", self._scripts["EPOCH"].sha, 2, *self._marks, *self._epoch_args())
+
+    def _saw_epoch(self, reply: Any) -> None:
+        epoch, note = reply[0], reply[1]
+        if self._epoch is None:
+            self._epoch = epoch
+        elif epoch != self._epoch:
+            previous, self._epoch = self._epoch, epoch
+            self._lost(StoreDataLost(self.where, previous=previous, current=epoch))
+            return
+        if note and self.lost_data is None:  # another process noticed: data_lost() says it
+            at, previous, current = note.split(" ", 2)
+            self.lost_data = StoreDataLost(self.where, previous, current, at=int(at) / 1_000_000)
+
+    def _lost(self, loss: StoreDataLost) -> None:
+        """This process saw the marker vanish: say so loudly, once per loss."""
+        self.lost_data = loss
+        log.error("%s", loss)
+
+    async def data_lost(self) -> StoreDataLost | None:
+        """Whether the store lost its data (a restart without persistence): this process saw
+        its epoch marker vanish, or another process left a note of it (kept 7 days). One
+        round trip.
+
+        >>> if (loss := await store.data_lost()) is not None:   # doctest: +SKIP
+        ...     print(loss)
+        """
+        self._saw_epoch(await self._eval("data_lost", "EPOCH", self._marks, self._epoch_args()))
+        return self.lost_data
 
     async def _prepare(self) -> None:
         """Load every script once per client (on Cluster: on every primary), so that many
@@ -168,9 +276,42 @@ class RedisStore:
             except (TimeoutError, RedisError, OSError):
                 pass  # EVALSHA reloads a missing script itself; do not try again per op
             self._prepared = True
+        if self._epoch is None:  # the marker, checked at the first contact
+            with contextlib.suppress(StoreUnavailable):
+                await self.data_lost()
 
     async def _call(self, op: str, key: str, script: str, args: list[Any]) -> Any:
-        fast, keys = self._fast, self.keys(key)
+        return await self._eval(op, script, self._script_keys(key, script), args, key)
+
+    async def _eval(
+        self, op: str, script: str, keys: list[str], args: list[Any], key: str = ""
+    ) -> Any:
+        sha = self._scripts[script].sha
+
+        def slow() -> Awaitable[Any]:
+            return self._scripts[script](keys=keys, args=args)  # type: ignore[no-any-return]
+
+        return await self._bounded(
+            op, key, lambda fast, at: fast.evalsha(sha, keys, args, at), slow
+        )
+
+    async def _cmd(self, op: str, *args: Any) -> Any:
+        """One plain command, on the shared connection where there is one."""
+        return await self._bounded(
+            op,
+            "",
+            lambda fast, at: fast.execute(*args, deadline=at),
+            lambda: self._client.execute_command(*args),
+        )
+
+    async def _bounded(
+        self,
+        op: str,
+        key: str,
+        fast_attempt: Callable[[Multiplexed, float], Awaitable[Any]],
+        slow_attempt: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        fast = self._fast
         if fast is None and not self._prepared:
             await self._prepare()
         elif fast is not None and not fast.connected:
@@ -184,17 +325,13 @@ class RedisStore:
 
         if fast is not None:  # the op's deadline is a timer on its reply (lease/resp.py)
             deadline = asyncio.get_running_loop().time() + self._op_timeout
-            sha = self._scripts[script].sha
 
             def attempt() -> Awaitable[Any]:
-                return fast.evalsha(sha, keys, args, deadline)
+                return fast_attempt(fast, deadline)
 
             bounded: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
         else:
-
-            def attempt() -> Awaitable[Any]:
-                return self._scripts[script](keys=keys, args=args)  # type: ignore[no-any-return]
-
+            attempt = slow_attempt
             bounded = asyncio.timeout(self._op_timeout)
         try:
             async with bounded:
@@ -216,16 +353,19 @@ class RedisStore:
                 raise CorruptRecord(key, "the key holds a non-hash value") from None
             raise StoreUnavailable(self.where, op, text[:200]) from exc
         except TimeoutError:
-            if fast is not None:  # a black hole or a paused server: start afresh next time
-                fast.reset()
-            raise StoreUnavailable(
-                self.where, op, f"no answer within {self._op_timeout:g}s"
-            ) from None
+            # The connection is kept for the late reply (lease/resp.py): a slow link does
+            # not make the next call pay a reconnect; a dead one is dropped soon after.
+            raise self._unavailable(op, key, f"no answer within {self._op_timeout:g}s") from None
         except (RedisError, OSError) as exc:
             detail = type(exc).__name__ + ": " + str(exc)
-            raise StoreUnavailable(
-                self.where, op, detail, maybe_applied=not _never_sent(exc)
-            ) from exc
+            raise self._unavailable(op, key, detail, maybe_applied=not _never_sent(exc)) from exc
+
+    def _unavailable(
+        self, op: str, key: str, detail: str, *, maybe_applied: bool = True
+    ) -> StoreUnavailable:
+        if maybe_applied and op == "submit":  # the caller must be told it may be stored
+            return OutcomeUnknown(self.where, op, detail, key=key)
+        return StoreUnavailable(self.where, op, detail, maybe_applied=maybe_applied)
 
     def _decode(
         self, key: str, flat: list[Any], now_us: Any, extra: dict[str, Any] | None = None
@@ -264,6 +404,8 @@ class RedisStore:
             stall_policy,
             fingerprint or "",
             "" if max_attempts is None else str(max_attempts),
+            # After a data loss, a record this acquire re-creates gets its spec back.
+            self._specs.get(key, "") if self.lost_data is not None else "",
         ]
         reply = await self._call("acquire", key, "ACQUIRE", args)
         kind = reply[0]
@@ -314,6 +456,7 @@ class RedisStore:
             raise FencingRejected(fence.key, fence.pair, current, reply[1])
         # A fresh write's reply is lean (no result): the record holds the value just written.
         extra = {"result": value} if field == "result" else None
+        self._forget(fence.key)
         return self._decode(fence.key, reply[2:], reply[1], extra)
 
     async def commit(self, fence: Fence, result: str) -> JobState:
@@ -328,20 +471,48 @@ class RedisStore:
 
     async def get(self, key: str) -> JobState | None:
         reply = await self._call("get", key, "GET", [])
-        return self._decode(key, reply[1:], reply[0]) if len(reply) > 1 else None
+        if len(reply) <= 1:
+            return None
+        job = self._decode(key, reply[1:], reply[0])
+        if job.spec and not job.status.terminal:
+            self._remember(key, job.spec)
+        return job
+
+    def _remember(self, key: str, spec: str) -> None:
+        """Keep the spec of a job this process may run: if the store loses its data, the
+        record its owner re-creates gets the spec back (and a worker can run it again).
+        The newest few, bounded in number and in size."""
+        specs = self._specs
+        self._spec_chars += len(spec) - len(specs.pop(key, ""))
+        specs[key] = spec
+        while len(specs) > _SPECS_KEPT or self._spec_chars > _SPEC_CHARS_KEPT:
+            self._spec_chars -= len(specs.popitem(last=False)[1])
+
+    def _forget(self, key: str) -> None:
+        self._spec_chars -= len(self._specs.pop(key, ""))
 
     async def list_jobs(
         self, *, status: str | None = None, limit: int = 100, on_corrupt: CorruptSink | None = None
     ) -> list[JobState]:
         """Scans the namespace (O(keys): for people, not for hot paths); unordered."""
-        prefix, found = f"{self._ns}:{{", []
-        try:
-            async for name in self._client.scan_iter(match=f"{prefix}*}}:job", count=500):
-                found.append(name[len(prefix) : -len("}:job")])
-        except UnicodeDecodeError:
-            raise CorruptRecord(f"{prefix}*", "a key name is not valid UTF-8") from None
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(self.where, "list_jobs", str(exc)) from exc
+        found, match = [], f"{self._ns}:{{*}}:job"
+        if self._fast is not None:  # the shared connection: bounded like every call
+            cursor = "0"
+            while True:
+                cursor, names = await self._cmd(
+                    "list_jobs", "SCAN", cursor, "MATCH", match, "COUNT", 500
+                )
+                found += [self._key_of(name) for name in names]
+                if cursor == "0":
+                    break
+        else:
+            try:
+                async for name in self._client.scan_iter(match=match, count=500):
+                    found.append(self._key_of(name))
+            except UnicodeDecodeError:
+                raise CorruptRecord(match, "a key name is not valid UTF-8", kind="key") from None
+            except (RedisError, OSError) as exc:
+                raise StoreUnavailable(self.where, "list_jobs", str(exc)) from exc
         jobs = []
         for key in found:
             try:
@@ -355,98 +526,66 @@ class RedisStore:
                     break
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
 
-    # -- the job queue: a sorted set of "look again at" times, worker hashes -------------------
-    # These keys are per namespace, not per job, so they are written next to (not inside)
-    # the job scripts; the schedule is a hint that workers correct, never the judge.
-
-    @property
-    def _queue(self) -> str:
-        return f"{self._ns}:queue"
-
-    async def _plain(self, op: str, call: Any) -> Any:
-        try:
-            async with asyncio.timeout(self._op_timeout):
-                return await call
-        except TimeoutError:
-            raise StoreUnavailable(
-                self.where, op, f"no answer within {self._op_timeout:g}s"
-            ) from None
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(self.where, op, f"{type(exc).__name__}: {exc}") from exc
+    # -- the job queue: a sorted set of "look again at" times, a lease index, worker keys ------
+    # One script each, one round trip, on the shared connection like the lease calls. The
+    # schedule is a hint that workers correct, never the judge.
 
     async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
-        reply = await self._call("submit", key, "SUBMIT", [spec, fingerprint])
+        """Record the job and its queue entry in one script (standalone): a lost reply is
+        :class:`~ai_lease.errors.OutcomeUnknown` (stored or not: check ``status``)."""
+        if self._cluster:  # the queue is in another slot: its entry first, then the record
+            await self._cmd("submit", "ZADD", self._queue, "LT", 0, key)
+        reply = await self._call("submit", key, "SUBMIT", [spec, fingerprint, key])
         if reply[0] == "conflict":
             raise JobConflict(key)
         job = self._decode(key, reply[2:], reply[1])
-        if not job.status.terminal:  # LT: add it, or bring its time forward, never back
-            zadd = self._client.zadd(self._queue, {key: job.read_at}, lt=True)
-            await self._plain("submit", zadd)
+        if not job.status.terminal:
+            self._remember(key, spec)
         return job
 
     async def due(self, limit: int) -> list[str]:
-        now = await self._plain("due", self._client.time())
-        at = now[0] + now[1] / 1_000_000
-        keys = await self._plain(
-            "due", self._client.zrangebyscore(self._queue, "-inf", at, start=0, num=limit)
-        )
-        return list(keys)
+        """Jobs whose lease lapsed first (recovery before fresh work; found through the lease
+        index even without a queue entry; at most ``limit``), then the queue's due keys. The
+        data-loss marker is checked in the same round trip."""
+        keys = [self._queue, self._leases, *self._marks]
+        reply = await self._eval("due", "DUE", keys, [limit, *self._epoch_args()])
+        self._saw_epoch(reply[:2])
+        lapsed = int(reply[2])
+        found = [self._key_of(name) for name in reply[3 : 3 + lapsed]] + reply[3 + lapsed :]
+        return list(dict.fromkeys(found))[:limit]
 
     async def reschedule(self, key: str, at: float | None) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        pipe.zrem(f"{self._ns}:recovery", key)
-        if at is None:
-            pipe.zrem(self._queue, key)
-        else:
-            pipe.zadd(self._queue, {key: at})
-        await self._plain("reschedule", pipe.execute())
+        args = [key, self.keys(key)[0], "" if at is None else repr(float(at))]
+        keys = [self._queue, self._leases, self._recovery]
+        await self._eval("reschedule", "RESCHEDULE", keys, args)
 
     async def recover_at(self, key: str, at: float) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        pipe.zadd(self._queue, {key: at})
-        pipe.zadd(f"{self._ns}:recovery", {key: at})
-        await self._plain("recover_at", pipe.execute())
+        keys = [self._queue, self._recovery]
+        await self._eval("recover_at", "RECOVER_AT", keys, [key, repr(float(at))])
 
     async def due_recoveries(self, limit: int) -> list[str]:
-        now = await self._plain("due_recoveries", self._client.time())
-        at = now[0] + now[1] / 1_000_000
-        index = f"{self._ns}:recovery"
-        keys = await self._plain(
-            "due_recoveries", self._client.zrangebyscore(index, "-inf", at, start=0, num=limit)
-        )
-        return list(keys)
+        return list(await self._eval("due_recoveries", "DUE_RECOVERIES", [self._recovery], [limit]))
+
+    def _worker_keys(self, worker_id: str) -> list[str]:
+        index = f"{self._ns}:workers"
+        return [f"{{{index}}}:worker:{worker_id}", index]
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
-        key = f"{self._ns}:worker:{info.worker_id}"
-        now = await self._plain("worker_beat", self._client.time())
-        seen = now[0] + now[1] / 1_000_000
-        blob = orjson.dumps({**asdict(info), "last_seen": seen})
-        pipe = self._client.pipeline(transaction=False)
-        pipe.set(key, blob, px=int(ttl * 1000))
-        pipe.zadd(f"{self._ns}:workers", {info.worker_id: seen + ttl})
-        await self._plain("worker_beat", pipe.execute())
+        blob = orjson.dumps({k: v for k, v in asdict(info).items() if k != "last_seen"})
+        args = [info.worker_id, blob.decode(), round(ttl * 1000)]
+        await self._eval("worker_beat", "BEAT", self._worker_keys(info.worker_id), args)
 
     async def worker_gone(self, worker_id: str) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        pipe.delete(f"{self._ns}:worker:{worker_id}")
-        pipe.zrem(f"{self._ns}:workers", worker_id)
-        await self._plain("worker_gone", pipe.execute())
+        keys = self._worker_keys(worker_id)
+        await self._eval("worker_gone", "WORKER_GONE", keys, [worker_id])
 
     async def list_workers(self, *, on_corrupt: CorruptSink | None = None) -> list[WorkerInfo]:
-        now = await self._plain("list_workers", self._client.time())
-        seen = now[0] + now[1] / 1_000_000
-        index = f"{self._ns}:workers"
-        await self._plain("list_workers", self._client.zremrangebyscore(index, "-inf", seen))
-        ids = await self._plain(
-            "list_workers", self._listed(index, self._client.zrange(index, 0, -1))
-        )
+        prefix, index = self._worker_keys("")
+        pairs = await self._eval("list_workers", "LIST_WORKERS", [index], [prefix])
         out = []
-        for worker_id in ids:
-            name = f"{self._ns}:worker:{worker_id}"
+        for worker_id, blob in zip(pairs[::2], pairs[1::2], strict=True):
             try:
-                blob = await self._plain("list_workers", self._listed(name, self._client.get(name)))
-                if blob:
-                    out.append(WorkerInfo.from_json(worker_id, blob))
+                out.append(WorkerInfo.from_json(worker_id, blob))
             except CorruptRecord as exc:
                 skip_corrupt(exc, on_corrupt)
         return out
@@ -466,33 +605,39 @@ class RedisStore:
     # -- duration history: one hash per (pipeline, kind, stage), plus an index set -----------
 
     async def add_durations(self, counts: Mapping[tuple[str, str, str], Mapping[int, int]]) -> None:
-        pipe = self._client.pipeline(transaction=False)
+        commands: list[tuple[Any, ...]] = []
         for series, buckets in counts.items():
             name = orjson.dumps(list(series)).decode()
-            pipe.sadd(f"{self._ns}:hists", name)
-            for bucket, n in buckets.items():
-                pipe.hincrby(f"{self._ns}:hist:{name}", str(bucket), n)
-        await self._plain("add_durations", pipe.execute())
+            commands.append(("SADD", f"{self._ns}:hists", name))
+            commands += [
+                ("HINCRBY", f"{self._ns}:hist:{name}", str(b), n) for b, n in buckets.items()
+            ]
+        # On the shared connection these go out together: one round trip.
+        await asyncio.gather(*(self._cmd("add_durations", *c) for c in commands))
 
     async def load_durations(
         self, *, on_corrupt: CorruptSink | None = None
     ) -> dict[tuple[str, str, str], dict[int, int]]:
         index = f"{self._ns}:hists"
-        names = await self._plain(
-            "load_durations", self._listed(index, self._client.smembers(index))
+        names = sorted(await self._listed(index, self._cmd("load_durations", "SMEMBERS", index)))
+        hists = [f"{self._ns}:hist:{name}" for name in names]
+        raws = await asyncio.gather(
+            *(self._listed(h, self._cmd("load_durations", "HGETALL", h)) for h in hists),
+            return_exceptions=True,
         )
         out: dict[tuple[str, str, str], dict[int, int]] = {}
-        for name in sorted(names):
-            hist = f"{self._ns}:hist:{name}"
+        for name, raw in zip(names, raws, strict=True):
             try:
-                raw = await self._plain(
-                    "load_durations", self._listed(hist, self._client.hgetall(hist))
+                if isinstance(raw, BaseException):
+                    raise raw
+                pairs = (
+                    raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=False)
                 )
                 try:
                     parts = orjson.loads(name)
                 except orjson.JSONDecodeError:
                     parts = None
-                series, counts = checked_histogram(name, parts, raw.items())
+                series, counts = checked_histogram(name, parts, pairs)
             except CorruptRecord as exc:
                 skip_corrupt(exc, on_corrupt)
                 continue

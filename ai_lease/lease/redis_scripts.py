@@ -1,12 +1,17 @@
 """The Redis store's Lua scripts: the rules of :mod:`ai_lease.lease.rules`, one round trip each.
 
-Every script touches only ``KEYS[1]`` (the job's hash, ``<ns>:{<key>}:job``) and publishes on
-``KEYS[2]`` (``<ns>:{<key>}:events``); both share the ``{<key>}`` hash tag, so each script is
-valid on Redis Cluster. Time is the Redis server's ``TIME`` in microseconds; durations arrive
-in microseconds. Numbers are written with ``%d`` because Lua's default number formatting
-(``%.14g``) would round 16-digit tokens. A hash without ``schema = 1`` is not ours: the
-scripts answer ``AILEASE_CORRUPT`` and change nothing. Each script is safe to run twice
-(redis-py may resend after a dropped reply).
+The job scripts touch ``KEYS[1]`` (the job's hash, ``<ns>:{<tag>}:job``) and publish on
+``KEYS[2]`` (``<ns>:{<tag>}:events``); both share one hash tag, so each script is valid on
+Redis Cluster. On a standalone server they also keep ``KEYS[3]``, the lease index (a sorted
+set of job hash -> lease expiry in microseconds), which ``DUE`` scans for lapsed leases even
+when a job has no queue entry; ``SUBMIT`` writes the queue entry (``KEYS[4]``) with the
+record. On Cluster those keys live in another slot and are left out (``KEYS[3]`` is nil).
+The namespace's own keys (queue, lease index, epoch marker) share the hash tag
+``{<ns>:queue}``; a worker's keys share ``{<ns>:workers}``. Time is the Redis server's
+``TIME`` in microseconds; durations arrive in microseconds. Numbers are written with ``%d``
+because Lua's default number formatting (``%.14g``) would round 16-digit tokens. A hash
+without ``schema = 1`` is not ours: the scripts answer ``AILEASE_CORRUPT`` and change
+nothing. Each script is safe to run twice (redis-py may resend after a dropped reply).
 """
 
 from __future__ import annotations
@@ -40,6 +45,13 @@ local function lean(k)
   end
   return out
 end
+-- The lease index (standalone only): where DUE finds leases that lapsed.
+local function index_lease(k, expires_us)
+  if KEYS[3] then redis.call('ZADD', KEYS[3], fmt(expires_us), k) end
+end
+local function unindex(k)
+  if KEYS[3] then redis.call('ZREM', KEYS[3], k) end
+end
 local function check(k)
   if redis.call('EXISTS', k) == 0 then return false end
   local s = redis.call('HGET', k, 'schema')
@@ -48,8 +60,9 @@ local function check(k)
 end
 """
 
-# KEYS: job, events · ARGV: owner, ttl_us, max_no_progress_us, stall_policy, fingerprint ('' none),
-# max_attempts ('' none)
+# KEYS: job, events[, lease index] · ARGV: owner, ttl_us, max_no_progress_us, stall_policy,
+# fingerprint ('' none), max_attempts ('' none), spec ('' none: written only into a record
+# this call creates, i.e. one re-created after the store lost its data)
 # returns {'acquired', now, takeover(0|1), fields...} | {'following', now, fields...}
 #       | {'finished', now, fields...} | {'conflict'} | error AILEASE_CORRUPT
 ACQUIRE = (
@@ -77,12 +90,14 @@ if ok then
   if fp ~= '' and (not v[5] or v[5] == '') then redis.call('HSET', k, 'fingerprint', fp) end
 else
   redis.call('HSET', k, 'schema', '1', 'created_at', fmt(now), 'fingerprint', fp)
+  if ARGV[7] and ARGV[7] ~= '' then redis.call('HSET', k, 'spec', ARGV[7]) end
 end
 if maxatt and attempts >= maxatt then
   if last_error == '' then last_error = 'lease lapsed' end
   redis.call('HSET', k, 'status', 'FAILED', 'lease_expires_at', '', 'updated_at', fmt(now),
     'last_error', 'gave up after ' .. fmt(attempts) .. ' attempts: ' .. last_error)
   redis.call('PUBLISH', KEYS[2], 'FAILED')
+  unindex(k)
   return {'finished', fmt(now), unpack(redis.call('HGETALL', k))}
 end
 local token = math.max(prev + 1, now)
@@ -91,6 +106,7 @@ redis.call('HSET', k, 'status', 'RUNNING', 'owner_id', owner, 'token', fmt(token
   'stage', '', 'progress_version', '0', 'heartbeat_at', fmt(now), 'last_progress_at', fmt(now),
   'lease_expires_at', fmt(now + ttl), 'max_no_progress', ARGV[3], 'stall_policy', ARGV[4],
   'attempts', fmt(attempts + 1), 'takeovers', fmt(takeovers), 'updated_at', fmt(now))
+index_lease(k, now + ttl)
 return {'acquired', fmt(now), had_owner and 1 or 0, unpack(lean(k))}
 """
 )
@@ -128,6 +144,7 @@ if stalled then
   if p[3] ~= 'alert' then return {'no_progress', fmt(expires - now), v[3], v[2]} end
 end
 redis.call('HSET', k, 'heartbeat_at', fmt(now), 'lease_expires_at', fmt(now + tonumber(ARGV[3])))
+index_lease(k, now + tonumber(ARGV[3]))
 return {'ok', ARGV[3], stalled and 1 or 0}
 """
 )
@@ -141,6 +158,7 @@ if not mine or v[1] ~= 'RUNNING' then return 0 end
 redis.call('HSET', k, 'status', 'PENDING', 'lease_expires_at', fmt(now), 'updated_at', fmt(now))
 if ARGV[3] ~= '' then redis.call('HSET', k, 'last_error', ARGV[3]) end
 if ARGV[4] ~= '' then redis.call('HSET', k, 'stall_snapshot', ARGV[4]) end
+index_lease(k, now)  -- free at once: the next sweep takes it first
 redis.call('PUBLISH', KEYS[2], 'PENDING')
 return 1
 """
@@ -164,6 +182,7 @@ end
 if not mine then return {'rejected', 'a newer owner took the job over', v[3], v[2]} end
 redis.call('HSET', k, 'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '',
   'updated_at', fmt(now))
+unindex(k)
 redis.call('PUBLISH', KEYS[2], ARGV[3])
 return {'ok', fmt(now), unpack(lean(k))}
 """
@@ -191,7 +210,9 @@ return {fmt(now_us()), unpack(redis.call('HGETALL', KEYS[1]))}
 """
 )
 
-# KEYS: job · ARGV: spec, fingerprint · returns {'ok', now, fields...} | {'conflict'}
+# KEYS: job, events[, lease index, queue] · ARGV: spec, fingerprint, job key (the queue's member)
+# returns {'ok', now, fields...} | {'conflict'}. The record and its queue entry are written
+# together: a job is never stored without the entry that makes a worker look at it.
 SUBMIT = (
     _PRELUDE
     + r"""
@@ -209,6 +230,131 @@ else
   redis.call('HSET', k, 'schema', '1', 'status', 'PENDING', 'token', '0', 'spec', ARGV[1],
     'fingerprint', ARGV[2], 'created_at', fmt(now), 'updated_at', fmt(now))
 end
+local status = redis.call('HGET', k, 'status')
+if KEYS[4] and status ~= 'DONE' and status ~= 'FAILED' then  -- add, or bring forward
+  redis.call('ZADD', KEYS[4], 'LT', string.format('%.6f', now / 1000000), ARGV[3])
+end
 return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
+"""
+)
+
+
+# -- the namespace's scripts: queue, lease index, epoch marker, workers ---------------------
+
+_EPOCH = r"""
+-- The data-loss marker: KEYS[e] holds this store's epoch id, written at first contact. A
+-- caller that saw epoch X and now finds none (or another) knows the data was lost; the
+-- first to notice writes a note (KEYS[n], kept 7 days) that later processes read.
+local function epoch(ke, kn, expected, fresh, now)
+  local e = redis.call('GET', ke)
+  if not e then
+    e = fresh
+    redis.call('SET', ke, e)
+    if expected ~= '' then
+      redis.call('SET', kn, fmt(now) .. ' ' .. expected .. ' ' .. e, 'PX', 604800000)
+    end
+  elseif expected ~= '' and e ~= expected and not redis.call('GET', kn) then
+    redis.call('SET', kn, fmt(now) .. ' ' .. expected .. ' ' .. e, 'PX', 604800000)
+  end
+  return {e, redis.call('GET', kn) or ''}
+end
+"""
+
+# KEYS: epoch, loss note · ARGV: expected epoch ('' none yet), fresh epoch id
+# returns {epoch, note ('' none)}
+EPOCH = (
+    _PRELUDE
+    + _EPOCH
+    + r"""
+return epoch(KEYS[1], KEYS[2], ARGV[1], ARGV[2], now_us())
+"""
+)
+
+# KEYS: queue, lease index, epoch, loss note · ARGV: limit, expected epoch, fresh epoch id
+# returns {epoch, note, n_lapsed, lapsed job hashes..., due job keys...}: jobs whose lease
+# lapsed first (at most limit, oldest lapse first; found even without a queue entry), then
+# the queue's due keys.
+DUE = (
+    _PRELUDE
+    + _EPOCH
+    + r"""
+local now, limit = now_us(), tonumber(ARGV[1])
+local e = epoch(KEYS[3], KEYS[4], ARGV[2], ARGV[3], now)
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', fmt(now), 'LIMIT', 0, limit)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now / 1000000),
+  'LIMIT', 0, limit)
+local out = {e[1], e[2], #lapsed}
+for _, name in ipairs(lapsed) do out[#out + 1] = name end
+for _, key in ipairs(due) do out[#out + 1] = key end
+return out
+"""
+)
+
+# KEYS: queue, lease index, recovery looks · ARGV: job key, job hash, at (seconds; '' = leave
+# the schedule) · returns 1. Any recovery look goes; leaving the schedule also leaves the lease
+# index: a worker gave the job up.
+RESCHEDULE = r"""
+redis.call('ZREM', KEYS[3], ARGV[1])
+if ARGV[3] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[2])
+else
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+end
+return 1
+"""
+
+# KEYS: queue, recovery looks · ARGV: job key, at (seconds) · returns 1: a look at a job
+# someone owns, when its lease may lapse; it stays visible to DUE as well.
+RECOVER_AT = r"""
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return 1
+"""
+
+# KEYS: recovery looks · ARGV: limit · returns the due recovery looks, longest-due first
+DUE_RECOVERIES = (
+    _PRELUDE
+    + r"""
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now_us() / 1000000),
+  'LIMIT', 0, tonumber(ARGV[1]))
+"""
+)
+
+# KEYS: worker, worker index · ARGV: worker id, info JSON (without last_seen), ttl_ms
+# returns 1; last_seen is the server's clock
+BEAT = (
+    _PRELUDE
+    + r"""
+local seen = now_us() / 1000000
+local blob = string.sub(ARGV[2], 1, -2) .. ',"last_seen":' .. string.format('%.6f', seen) .. '}'
+redis.call('SET', KEYS[1], blob, 'PX', ARGV[3])
+redis.call('ZADD', KEYS[2], string.format('%.6f', seen + tonumber(ARGV[3]) / 1000), ARGV[1])
+return 1
+"""
+)
+
+# KEYS: worker, worker index · ARGV: worker id · returns 1
+WORKER_GONE = r"""
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: worker index · ARGV: worker key prefix · returns id, info JSON, id, info JSON, ... of
+# the live workers
+LIST_WORKERS = (
+    _PRELUDE
+    + r"""
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now_us() / 1000000))
+local out = {}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local blob = redis.call('GET', ARGV[1] .. id)
+  if blob then
+    out[#out + 1] = id
+    out[#out + 1] = blob
+  end
+end
+return out
 """
 )

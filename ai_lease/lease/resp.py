@@ -13,8 +13,14 @@ Semantics the store relies on, kept as redis-py's:
 * a lost connection fails every operation in flight on it with ``ConnectionError``; the next
   operation connects again (AUTH, SELECT and SCRIPT LOAD go out with it);
 * an operation abandoned by its caller (a timeout) leaves its reply to be read and dropped
-  in turn; :meth:`Multiplexed.reset` drops the connection after a timeout, so a black hole
-  costs one op timeout, not one per operation queued behind it;
+  in turn, and the connection is kept: under latency the late reply arrives and the next
+  operation pays no reconnect. Only if that reply has not come one more timeout later is the
+  connection dropped (a black hole, a paused server), so a black hole costs about one op
+  timeout per caller, not one per operation queued behind it;
+* plain commands (:meth:`Multiplexed.execute`) share the connection, so the queue's calls
+  have the lease calls' robustness;
+* ``probe`` commands go out with the set-up of every connection (the store's data-loss
+  marker is checked there, in the same round trip);
 * ``NOSCRIPT`` (a server restarted without persistence) is answered by ``EVAL`` of the full
   script, which caches it again.
 
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import AuthenticationError, ResponseError
@@ -145,6 +151,7 @@ class _Conn(asyncio.Protocol):
         self.waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
         self.reader = _reader()
         self.lost: BaseException | None = None
+        self.sent = self.received = 0  # commands written / replies read, for late replies
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -162,6 +169,7 @@ class _Conn(asyncio.Protocol):
                 if reply is False:
                     break
                 waiter = waiters.popleft()
+                self.received += 1
                 if waiter.done():  # its caller may have given up (a timeout)
                     continue
                 if isinstance(reply, UnicodeDecodeError):
@@ -192,6 +200,7 @@ class _Conn(asyncio.Protocol):
         assert self.transport is not None
         waiter = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
+        self.sent += 1
         self.transport.write(command)
         return waiter
 
@@ -214,6 +223,8 @@ class Multiplexed:
         password: str | None = None,
         scripts: dict[str, str] | None = None,
         connect_timeout: float = 2.0,
+        probe: Callable[[], bytes] | None = None,
+        on_probe: Callable[[Any], None] | None = None,
     ) -> None:
         if (host is None) == (path is None):
             raise ValueError("Multiplexed: give host (and port) or a Unix socket path")
@@ -221,6 +232,7 @@ class Multiplexed:
         self._db, self._username, self._password = db, username, password
         self._scripts = dict(scripts or {})
         self._connect_timeout = connect_timeout
+        self._probe, self._on_probe = probe, on_probe
         self._where = path or f"{host}:{port}"
         self._heads: dict[tuple[str, int], bytes] = {}
         self._conn: _Conn | None = None
@@ -229,7 +241,11 @@ class Multiplexed:
 
     @classmethod
     def for_client(
-        cls, client: Any, scripts: dict[str, str], connect_timeout: float = 2.0
+        cls,
+        client: Any,
+        scripts: dict[str, str],
+        connect_timeout: float = 2.0,
+        **options: Any,
     ) -> Multiplexed | None:
         """The fast path for a redis-py asyncio client's server, or None where it does not
         apply (TLS, Cluster, a custom connection class, a credential provider)."""
@@ -250,6 +266,7 @@ class Multiplexed:
             password=kw.get("password"),
             scripts=scripts,
             connect_timeout=connect_timeout,
+            **options,
         )
 
     @property
@@ -268,10 +285,7 @@ class Multiplexed:
         """Run a loaded script; ``EVAL`` it in full if the server lost its script cache.
         ``deadline`` (the loop's clock): past it, :class:`TimeoutError` — one timer on the
         reply, cheaper than a timeout context per operation."""
-        conn = self._conn
-        if conn is None or conn.lost is not None:
-            async with asyncio.timeout_at(deadline):
-                conn = await self._connect()
+        conn = await self._ready(deadline)
         count = b"*%d\r\n" % (3 + len(keys) + len(args))
         command = count + self._evalsha_head(sha, len(keys)) + _bulks((*keys, *args))
         reply = await self._ask(conn, command, deadline)
@@ -284,6 +298,20 @@ class Multiplexed:
                 raise reply
         return reply
 
+    async def execute(self, *args: str | bytes | int, deadline: float | None = None) -> Any:
+        """One plain command on the shared connection; an error reply is raised."""
+        reply = await self._ask(await self._ready(deadline), pack(*args), deadline)
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
+    async def _ready(self, deadline: float | None) -> _Conn:
+        conn = self._conn
+        if conn is None or conn.lost is not None:
+            async with asyncio.timeout_at(deadline):
+                conn = await self._connect()
+        return conn
+
     def _evalsha_head(self, sha: str, nkeys: int) -> bytes:
         """``$7 EVALSHA $40 <sha> $k <nkeys>`` (no array count), cached per script."""
         head = self._heads.get((sha, nkeys))
@@ -291,16 +319,25 @@ class Multiplexed:
             head = self._heads[(sha, nkeys)] = pack("EVALSHA", sha, nkeys).split(b"\r\n", 1)[1]
         return head
 
-    @staticmethod
-    async def _ask(conn: _Conn, command: bytes, deadline: float | None) -> Any:
-        waiter = conn.send(command)
+    async def _ask(self, conn: _Conn, command: bytes, deadline: float | None) -> Any:
+        waiter, seq = conn.send(command), conn.sent
         if deadline is None:
             return await waiter
-        timer = asyncio.get_running_loop().call_at(deadline, _expire, waiter)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(deadline, _expire, waiter)
         try:
             return await waiter
+        except TimeoutError:
+            # Keep the connection for a late reply; drop it if even that does not come.
+            loop.call_later(self._connect_timeout, self._drop_if_silent, conn, seq)
+            raise
         finally:
             timer.cancel()
+
+    def _drop_if_silent(self, conn: _Conn, seq: int) -> None:
+        """The reply to command ``seq`` (1-based) has still not come: the link is dead."""
+        if conn is self._conn and conn.lost is None and conn.received < seq:
+            self.reset()
 
     def reset(self) -> None:
         """Drop the connection (after a timeout): what is in flight fails, a connection
@@ -389,12 +426,15 @@ class Multiplexed:
         if self._db:
             setup.append(pack("SELECT", self._db))
         setup += [pack("SCRIPT", "LOAD", text) for text in self._scripts.values()]
+        if self._probe is not None:
+            setup.append(self._probe())
         waiters = [conn.send(command) for command in setup]
         try:
             replies = await asyncio.gather(*waiters)
         except BaseException:
             conn.close(RedisConnectionError("Connection setup did not finish"))
             raise
+        probed = replies.pop() if self._probe is not None else None
         for reply in replies:
             if isinstance(reply, ResponseError):
                 conn.close(RedisConnectionError("Connection setup failed"))
@@ -402,5 +442,8 @@ class Multiplexed:
                 if "WRONGPASS" in text or "NOAUTH" in text or "AUTH" in text:
                     raise AuthenticationError(text)
                 raise reply
+        # A probe that fails (a read-only replica, an ACL) costs the probe, not the connection.
+        if self._on_probe is not None and not isinstance(probed, ResponseError | None):
+            self._on_probe(probed)
         self._conn = conn
         return conn

@@ -4,7 +4,8 @@ Each operation is one ``BEGIN IMMEDIATE`` transaction that reads the record, app
 pure rule from :mod:`ai_lease.lease.rules` and writes the result, so racing processes are
 serialised by SQLite's write lock. The store's clock is this machine's clock, read inside the
 transaction. All SQLite work runs on one thread per store, keeping the event loop free while
-another process holds the write lock.
+another process holds the write lock (closing too). A file this user cannot write is opened
+read-only: ``status``, ``ls`` and ``result`` work, a write fails saying why.
 
 >>> store = SQLiteStore(".ai-lease/ai-lease.db")          # doctest: +SKIP
 >>> outcome = await store.acquire("job-1", "node-a", ttl=30, max_no_progress=5)  # doctest: +SKIP
@@ -13,6 +14,7 @@ another process holds the write lock.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
@@ -88,10 +90,14 @@ class SQLiteStore:
         self._op_timeout, self._poll, self._clock = op_timeout, poll_interval, clock
         self._conn: sqlite3.Connection | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ai-lease-sqlite")
+        self.read_only = False
+        self.lost_data: None = None  # an embedded file does not lose data behind our back
 
     # -- plumbing -------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        if self._conn is None and self._not_writable():
+            self._conn, self.read_only = self._open_read_only(), True
         if self._conn is None:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -105,6 +111,28 @@ class SQLiteStore:
             self._setup(conn)
             self._conn = conn
         return self._conn
+
+    def _not_writable(self) -> bool:
+        return (
+            self.path != ":memory:"
+            and os.path.exists(self.path)
+            and not os.access(self.path, os.W_OK)
+        )
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """``mode=ro``; where WAL's shared-memory file cannot be made either (a read-only
+        directory), ``immutable=1``: nobody can write this file through us anyway."""
+        uri = Path(self.path).resolve().as_uri()
+        for query in ("mode=ro", "mode=ro&immutable=1"):
+            conn = sqlite3.connect(
+                f"{uri}?{query}", uri=True, timeout=self._op_timeout, check_same_thread=False
+            )
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return conn
+            except sqlite3.OperationalError:
+                conn.close()
+        raise sqlite3.OperationalError(f"cannot open {self.path} even read-only")
 
     def _setup(self, conn: sqlite3.Connection) -> None:
         """WAL mode and the schema. Switching a new file to WAL does not wait on SQLite's busy
@@ -126,7 +154,14 @@ class SQLiteStore:
         try:
             return await loop.run_in_executor(self._executor, lambda: fn(self._connect()))
         except (sqlite3.Error, OSError) as exc:
-            raise StoreUnavailable(self.where, op, str(exc)) from exc
+            # A failed statement or transaction is rolled back: nothing was applied.
+            detail = str(exc)
+            if self.read_only and "readonly" in detail:
+                detail = (
+                    f"the file is not writable by this user, so it was opened read-only: {op} "
+                    "needs write access (make the file and its directory writable)"
+                )
+            raise StoreUnavailable(self.where, op, detail, maybe_applied=False) from exc
 
     def _load(self, conn: sqlite3.Connection, key: str, now: float) -> JobState | None:
         row = conn.execute("SELECT record FROM ai_lease_jobs WHERE key = ?", (key,)).fetchone()
@@ -313,12 +348,22 @@ class SQLiteStore:
         return await self._write("submit", work)
 
     async def due(self, limit: int) -> list[str]:
+        """Queued jobs whose lease lapsed first (recovery before fresh work, however far back
+        in the queue they sort; at most ``limit``), then the queue's due keys."""
+
         def work(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute(
+            now = self._clock()
+            lapsed = conn.execute(
+                "SELECT j.key FROM ai_lease_jobs j JOIN ai_lease_queue q ON q.key = j.key"
+                " WHERE j.status = 'RUNNING' AND j.lease_expires_at <= ?"
+                " ORDER BY j.lease_expires_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            due = conn.execute(
                 "SELECT key FROM ai_lease_queue WHERE due_at <= ? ORDER BY due_at LIMIT ?",
-                (self._clock(), limit),
-            )
-            return [key for (key,) in rows]
+                (now, limit),
+            ).fetchall()
+            return list(dict.fromkeys(key for (key,) in lapsed + due))[:limit]
 
         return await self._run("due", work)
 
@@ -452,7 +497,13 @@ class SQLiteStore:
                 self._conn = None
 
         await asyncio.get_running_loop().run_in_executor(self._executor, close)
-        self._executor.shutdown(wait=True)
+        # Work queued behind the close may still run (seconds, on a held write lock):
+        # wait for it off the event loop.
+        await asyncio.to_thread(self._executor.shutdown, wait=True)
+
+    async def data_lost(self) -> None:
+        """Always None: an embedded file does not lose data behind its users' backs."""
+        return None
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"

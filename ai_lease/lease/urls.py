@@ -37,6 +37,26 @@ def sqlite_path(url: str) -> str:
     return path[1:]
 
 
+def check_redis_db(url: str) -> None:
+    """A Redis URL's database must be a number (``redis://host:6379/2``, ``?db=2`` for
+    ``unix://``), 0 on Cluster: redis-py would silently use database 0 for ``/abc``."""
+    scheme, _, rest = url.partition("://")
+    rest, _, query = rest.partition("?")
+    path = "" if scheme == "unix" else rest.rpartition("@")[2].partition("/")[2]
+    dbs = [path.rstrip("/")] if path.strip("/") else []
+    dbs += re.findall(r"(?:^|&)db=([^&#]*)", query)
+    for db in dbs:
+        if not db.isdigit():
+            raise ConfigError(
+                f"store.url {mask_url(url)!r}: the database {db!r} is not a number; "
+                "name it by number (redis://host:6379/N, or ?db=N for unix://; 0 by default)"
+            )
+        if "cluster" in scheme and int(db) != 0:
+            raise ConfigError(
+                f"store.url {mask_url(url)!r}: Redis Cluster has only database 0, not {db}"
+            )
+
+
 def open_store(
     url: str, *, namespace: str = "ai_lease", op_timeout: float = 2.0, poll_interval: float = 0.05
 ) -> LeaseStore:
@@ -51,6 +71,7 @@ def open_store(
     if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         from .redis import RedisStore
 
+        check_redis_db(url)
         return RedisStore.from_url(url, namespace=namespace, op_timeout=op_timeout)
     raise ConfigError(
         f"store.url {mask_url(url)!r}: unknown scheme {scheme or '(none)'!r}; "

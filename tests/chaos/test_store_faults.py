@@ -290,3 +290,79 @@ async def test_redis_restart_without_data_keeps_tokens_rising(
         reacquired_after=after[0]["at"] - restarted_at,
         done_after=verdict.committer["at"] - restarted_at,
     )
+
+
+async def test_four_workers_run_every_job_behind_latency(
+    redis_url: str, proxy: ChaosProxy, tmp_path: Path
+) -> None:
+    """Four worker processes reach Redis through 100 ms ± 50 ms each way (op timeout 0.4 s):
+    their queue calls (due, reschedule, worker_beat) keep working and every job ends DONE."""
+    from ai_lease import open_store
+    from ai_lease.job import Job
+    from ai_lease.runner import Runner
+    from tests.harness.worker_proc import Workers
+    from tests.test_workers import wait_all_done
+
+    keys = [f"latent-{n}" for n in range(12)]
+    store = open_store(redis_url)
+    try:
+        runner = Runner(store)
+        for key in keys:
+            await runner.submit(Job(key, input=key, prompt_text="{{ input }}"))
+        proxy.delay(0.1, 0.05)
+        started = time.monotonic()
+        async with Workers(proxy.url_for(), tmp_path) as workers:
+            for name in "ABCD":
+                await workers.start(name, concurrency=2)
+            await wait_all_done(store, keys, workers, timeout=60)
+        report("4 workers, redis latency 100±50ms", redis_url, all_done=time.monotonic() - started)
+    finally:
+        await store.aclose()
+
+
+async def test_job_survives_a_redis_restart_then_its_owners_death(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Redis restarts empty under a running worker job, then that job's owner is SIGKILLed:
+    the owner re-created the record with its spec (and lease index entry), so another worker
+    finds the lapsed lease without any queue entry and the job still ends DONE."""
+    from ai_lease import open_store
+    from ai_lease.job import Job, Status
+    from ai_lease.runner import Runner
+    from tests.harness.worker_proc import Workers
+    from tests.test_workers import wait_all_done
+
+    key = "survivor"
+    store = open_store(own_redis.url)
+    try:
+        await Runner(store).submit(Job(key, input=key, prompt_text="{{ input }}"))
+        async with Workers(own_redis.url, tmp_path) as workers:
+            procs = {n: await workers.start_ready(n, concurrency=1, job_seconds=6) for n in "AB"}
+
+            def acquired(after: float) -> str | None:
+                for name, proc in procs.items():
+                    if any(e["key"] == key and e["at"] > after for e in proc.events("acquired")):
+                        return name
+                return None
+
+            deadline = time.monotonic() + 15
+            while (owner := acquired(0.0)) is None:
+                assert time.monotonic() < deadline, workers.dump()
+                await asyncio.sleep(0.05)
+            restarted_at = time.time()
+            own_redis.restart()
+            while acquired(restarted_at) is None:  # the owner runs it again, re-creating it
+                assert time.monotonic() < deadline + 15, workers.dump()
+                await asyncio.sleep(0.05)
+            record = await store.get(key)
+            assert record is not None and record.spec, "the re-created record has no spec"
+            killed = acquired(restarted_at)
+            assert killed is not None
+            await procs[killed].kill()
+            await wait_all_done(store, [key], workers, timeout=20)
+            done = await store.get(key)
+            assert done is not None and done.status is Status.DONE
+            other = "B" if killed == "A" else "A"
+            assert done.output.endswith(f"{key} by {other}"), (owner, killed, done.output)
+    finally:
+        await store.aclose()
