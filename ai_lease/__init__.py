@@ -8,6 +8,7 @@ from .errors import (
     AiLeaseError,
     ConfigError,
     CorruptRecord,
+    EmptyEventStream,
     FencingRejected,
     FirstTokenTimeout,
     InputError,
@@ -24,6 +25,8 @@ from .errors import (
     StoreError,
     StoreUnavailable,
     StreamIdleTimeout,
+    StreamInterrupted,
+    StreamLimitExceeded,
     StreamTotalTimeout,
 )
 from .events import Event
@@ -60,6 +63,7 @@ from .timeouts import (
     RetryPolicy,
     StageBudget,
     StallPolicy,
+    StreamLimits,
     StreamTimeouts,
 )
 from .worker import Worker
@@ -75,6 +79,7 @@ __all__ = [
     "ConfigError",
     "CorruptRecord",
     "Delta",
+    "EmptyEventStream",
     "Event",
     "Fence",
     "FencingRejected",
@@ -115,6 +120,9 @@ __all__ = [
     "StoreUnavailable",
     "StreamGuard",
     "StreamIdleTimeout",
+    "StreamInterrupted",
+    "StreamLimitExceeded",
+    "StreamLimits",
     "StreamTimeouts",
     "StreamTotalTimeout",
     "Usage",

@@ -97,6 +97,11 @@ class Context:
             "api_key": cfg.api_key or os.environ.get("OPENAI_API_KEY") or None,
         }
         name = overrides.get("name", cfg.name)
+        if name in ("openai", "openai-compatible"):
+            # The settings' sampling values are the provider's defaults: a job's own win.
+            options["temperature"] = cfg.temperature
+            options["max_tokens"] = cfg.max_tokens
+            options["max_event_bytes"] = self.settings.stream.max_event_bytes
         if name == "openai-compatible":
             options["http"] = cfg.http
         return create_provider(name, **options)
@@ -232,6 +237,7 @@ def submit(
             timings=settings.lease_timings(),
             retry=settings.retry_policy(),
             stream_timeouts=settings.stream_timeouts(),
+            stream_limits=settings.stream_limits(),
             adaptive=settings.adaptive_budgets(),
             on_event=view.on_event if chatty else None,
         )
@@ -452,6 +458,7 @@ def worker(
             timings=settings.lease_timings(),
             retry=settings.retry_policy(),
             stream_timeouts=settings.stream_timeouts(),
+            stream_limits=settings.stream_limits(),
             on_event=fan_out(
                 metrics, json_log or (lambda e: log(e) if e.kind in _WORKER_LOGGED else None)
             ),

@@ -53,7 +53,7 @@ from .streaming import StreamGuard
 
 if TYPE_CHECKING:
     from .testing.faults import FaultPlan
-from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamTimeouts
+from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamLimits, StreamTimeouts
 
 __all__ = ["Pipeline", "Stage", "StageContext"]
 
@@ -98,6 +98,7 @@ class StageContext:
     provider: Provider | None = None
     prompts: PromptLibrary = field(default_factory=PromptLibrary)
     stream_timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
+    stream_limits: StreamLimits = field(default_factory=StreamLimits)
     persist_hook: PersistHook | None = None
     call_retry: RetryPolicy = CALL_RETRY
     outputs: dict[str, Any] = field(default_factory=dict)
@@ -372,7 +373,13 @@ async def call_ai(ctx: StageContext) -> Completion:
     async def once() -> Completion:
         if not ctx.job.stream:
             return await provider.complete(request)
-        guard = StreamGuard(ctx.stream_timeouts, ctx.tracker)
+        guard = StreamGuard(
+            ctx.stream_timeouts,
+            ctx.tracker,
+            limits=ctx.stream_limits,
+            # said as the first content arrives, so a watcher sees it while the answer streams
+            on_first_token=lambda s: ctx.say("first_token", provider.name, value=s),
+        )
         try:
             return await guard.call(provider, request)
         except StageTimeout as exc:
@@ -384,8 +391,6 @@ async def call_ai(ctx: StageContext) -> Completion:
             )
             raise
         finally:
-            if guard.first_token_s is not None:
-                ctx.say("first_token", provider.name, value=guard.first_token_s)
             if guard.chunks > 1:
                 ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
 
