@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
@@ -386,3 +389,82 @@ async def test_provider_sampling_defaults_reach_the_body_and_a_job_value_wins(
         await made.aclose()
     bodies = [r.json for r in server.requests]
     assert [(b["temperature"], b["max_tokens"]) for b in bodies] == [(0.25, 77), (1.0, 5)]
+
+
+# -- 16 / 18 through the CLI: settings and job files reach the request, or exit 2 -------------
+
+
+def _cli_env(server: SSEServer | None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
+    env |= {
+        "AI_LEASE_PROVIDER__NAME": "openai-compatible",
+        "AI_LEASE_PROVIDER__MODEL": "m",
+        "AI_LEASE_PROVIDER__BASE_URL": server.base_url if server else "http://127.0.0.1:9/v1",
+    }
+    return env | extra
+
+
+async def _submit(cwd: Path, env: dict[str, str], job: str) -> tuple[int, str, str]:
+    (cwd / "job.toml").write_text(job)
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "ai_lease", "--store", f"sqlite:///{cwd / 'a.db'}"],
+        *["submit", "job.toml", "--quiet"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+JOB = 'key = "j"\ninput = "x"\nprompt_text = "{{ input }}"\n'
+
+
+@pytest.mark.parametrize(
+    ("env", "job", "expected"),
+    [
+        ({"AI_LEASE_PROVIDER__TEMPERATURE": "0.3"}, JOB, {"temperature": 0.3}),
+        ({"AI_LEASE_PROVIDER__MAX_TOKENS": "42"}, JOB, {"max_tokens": 42}),
+        ({}, JOB + "[provider]\ntemperature = 0.7\n", {"temperature": 0.7}),
+        ({}, JOB + "[provider]\nmax_tokens = 9\n", {"max_tokens": 9}),
+        (
+            {"AI_LEASE_PROVIDER__TEMPERATURE": "0.3", "AI_LEASE_PROVIDER__MAX_TOKENS": "42"},
+            JOB + "temperature = 1.5\n[provider]\nmax_tokens = 8\n",
+            {"temperature": 1.5, "max_tokens": 8},
+        ),
+    ],
+    ids=["env-temperature", "env-max-tokens", "job-temperature", "job-max-tokens", "job-wins"],
+)
+async def test_provider_sampling_settings_reach_the_request(
+    server: SSEServer, tmp_path: Path, env: dict[str, str], job: str, expected: dict[str, Any]
+) -> None:
+    """[provider] temperature / max_tokens, from the environment or the job file, arrive in
+    the request body the server receives (a job's own value wins over the settings')."""
+    server.enqueue(sse(*chat_chunks(["ok"])))
+    code, out, err = await _submit(tmp_path, _cli_env(server, **env), job)
+    assert (code, out.strip()) == (0, "ok"), err
+    [request] = server.requests
+    assert {name: request.json.get(name) for name in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "job", "says"),
+    [
+        ({}, JOB + "[provider]\ntemperature = nan\n", "temperature"),
+        ({}, JOB + "temperature = -1\n", "temperature"),
+        ({}, JOB + "[provider]\nmax_tokens = 0\n", "max_tokens"),
+        ({"AI_LEASE_PROVIDER__TEMPERATURE": "nan"}, JOB, "provider.temperature"),
+        ({"AI_LEASE_PROVIDER__BASE_URL": "http://[bad"}, JOB, "provider.base_url"),
+        ({"AI_LEASE_PROVIDER__BASE_URL": "http://127.0.0.1:99999/v1"}, JOB, "provider.base_url"),
+    ],
+    ids=["nan", "negative", "zero-tokens", "env-nan", "bad-ipv6", "bad-port"],
+)
+async def test_bad_sampling_values_and_base_urls_exit_2(
+    tmp_path: Path, env: dict[str, str], job: str, says: str
+) -> None:
+    """Bad temperature / max_tokens / base_url: exit 2 with one clear line, no traceback."""
+    code, _, err = await _submit(tmp_path, _cli_env(None, **env), job)
+    assert code == 2, err
+    assert says in err and "Traceback" not in err, err
