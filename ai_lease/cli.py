@@ -228,6 +228,13 @@ def submit(
         return
     view = JobView(spec.job.key, live=not (quiet or as_json) and sys.stderr.isatty())
     chatty = not (quiet or as_json)
+    capped: list[Event] = []
+
+    def on_event(event: Event) -> None:
+        if event.kind == "answer_capped":
+            capped.append(event)
+        if chatty:
+            view.on_event(event)
 
     async def work(store: LeaseStore) -> JobState:
         model_provider = obj.provider(overrides)
@@ -239,7 +246,7 @@ def submit(
             stream_timeouts=settings.stream_timeouts(),
             stream_limits=settings.stream_limits(),
             adaptive=settings.adaptive_budgets(),
-            on_event=view.on_event if chatty else None,
+            on_event=on_event,
         )
         try:
             return await runner.run(spec.job)
@@ -250,9 +257,11 @@ def submit(
     with view if chatty else _nothing():
         record = obj.run(work)
     if as_json:
-        click.echo(_json(record.to_dict()))
+        click.echo(_json(record.to_dict() | ({"finish_reason": "length"} if capped else {})))
     else:
         _print_result(record)
+        if capped:
+            click.echo(f"ai-lease: note: {capped[-1].detail}", err=True)
 
 
 class _nothing:

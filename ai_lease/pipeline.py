@@ -55,7 +55,12 @@ if TYPE_CHECKING:
     from .testing.faults import FaultPlan
 from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamLimits, StreamTimeouts
 
-__all__ = ["Pipeline", "Stage", "StageContext"]
+__all__ = ["CAPPED_NOTE", "Pipeline", "Stage", "StageContext"]
+
+CAPPED_NOTE = (
+    "the model stopped at max_tokens (finish_reason length): the answer is whole but capped; "
+    "raise max_tokens for a longer one"
+)
 
 StageFn = Callable[["StageContext"], Any]
 PersistHook = Callable[["StageContext", Any], Awaitable[None] | None]
@@ -404,8 +409,11 @@ async def call_ai(ctx: StageContext) -> Completion:
             "chunks": completion.chunks,
             "prompt_tokens": usage.prompt_tokens if usage else 0,
             "completion_tokens": usage.completion_tokens if usage else 0,
+            "finish_reason": completion.finish_reason or "",
         },
     )
+    if completion.finish_reason == "length":  # a whole answer, but capped: say so
+        ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
     return completion
 
 

@@ -404,11 +404,13 @@ def _cli_env(server: SSEServer | None, **extra: str) -> dict[str, str]:
     return env | extra
 
 
-async def _submit(cwd: Path, env: dict[str, str], job: str) -> tuple[int, str, str]:
+async def _submit(
+    cwd: Path, env: dict[str, str], job: str, *, json: bool = False
+) -> tuple[int, str, str]:
     (cwd / "job.toml").write_text(job)
     proc = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "ai_lease", "--store", f"sqlite:///{cwd / 'a.db'}"],
-        *["submit", "job.toml", "--quiet"],
+        *["submit", "job.toml", *(["--json"] if json else ["--quiet"])],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -468,3 +470,20 @@ async def test_bad_sampling_values_and_base_urls_exit_2(
     code, _, err = await _submit(tmp_path, _cli_env(None, **env), job)
     assert code == 2, err
     assert says in err and "Traceback" not in err, err
+
+
+async def test_a_capped_answer_is_stored_and_the_cap_is_shown(
+    server: SSEServer, tmp_path: Path
+) -> None:
+    """finish_reason "length": exit 0 with the answer, and a note saying it stopped at
+    max_tokens (stderr; "finish_reason" in --json)."""
+    capped = sse(*chat_chunks(["Capped ", "answer"], finish_reason="length"))
+    server.enqueue(capped)
+    code, out, err = await _submit(tmp_path, _cli_env(server), JOB)
+    assert (code, out.strip()) == (0, "Capped answer"), err
+    assert "max_tokens" in err and "finish_reason length" in err, err
+    server.enqueue(capped)
+    job = JOB.replace('"j"', '"j2"')
+    code, out, err = await _submit(tmp_path, _cli_env(server), job, json=True)
+    assert code == 0, err
+    assert orjson.loads(out)["finish_reason"] == "length"
