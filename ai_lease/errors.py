@@ -212,7 +212,7 @@ class StreamInterrupted(ProviderError):
         self.chunks = chunks
         super().__init__(
             f"the stream was interrupted: {how} without a finish reason after {chunks} "
-            "content chunks (the partial answer was dropped; the call is made again)",
+            "content chunks (what arrived is not an answer and was not kept)",
             retryable=True,
             provider=provider,
             partial=chunks > 0,

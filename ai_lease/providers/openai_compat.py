@@ -44,6 +44,7 @@ from ..errors import (
     StreamLimitExceeded,
 )
 from ..job import sampling_problem
+from ..lease.urls import mask_url
 from ..timeouts import StreamLimits
 from .base import ChatRequest, Completion, Delta, Usage
 from .errors import status_error
@@ -84,18 +85,19 @@ def request_body(
 
 def check_base_url(base_url: str) -> str:
     """``base_url`` if it can name a server, else a :class:`ConfigError` (no retry mends it)."""
+    shown = mask_url(base_url[:200])  # never a password, never a whole 10 KB value
     try:
         parts = urlsplit(base_url)
         port = parts.port
     except ValueError as exc:
         raise ConfigError(
-            f"provider.base_url: {base_url[:200]!r} is not a valid URL ({exc}); "
+            f"provider.base_url: {shown!r} is not a valid URL ({exc}); "
             "give one like http://127.0.0.1:8080/v1"
         ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
         raise ConfigError(
-            f"provider.base_url: {base_url[:200]!r} is not an http(s) URL with a host and "
-            "port; give one like http://127.0.0.1:8080/v1"
+            f"provider.base_url: {shown!r} is not an http(s) URL with a host and a port "
+            "from 1 to 65535; give one like http://127.0.0.1:8080/v1"
         )
     return base_url
 
@@ -186,8 +188,8 @@ class OpenAICompatProvider:
         open_stream = self._open_fast if self._fast is not None else self._open_httpx
         try:
             async with open_stream(body) as body_bytes:
-                reader_ = _sse_batches(body_bytes, self.max_event_bytes)
-                async with contextlib.aclosing(reader_) as reader:
+                parser = _sse_batches(body_bytes, self.max_event_bytes)
+                async with contextlib.aclosing(parser) as reader:
                     async for batch in reader:
                         events += len(batch)
                         out: list[Delta] = []

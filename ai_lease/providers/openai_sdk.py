@@ -193,9 +193,14 @@ class OpenAISDKProvider:
                 retryable=True,
                 provider=self.name,
             )
-        done = isinstance(decoder, _Decoder) and decoder.done
-        how = "[DONE] came" if done else "the body ended before [DONE]"
-        return StreamInterrupted(how, provider=self.name, chunks=chunks)
+        if isinstance(decoder, _Decoder) and decoder.done:
+            return StreamInterrupted("[DONE] came", provider=self.name, chunks=chunks)
+        return ProviderError(  # cut: as the lean adapter says it
+            "the stream ended before [DONE]",
+            retryable=True,
+            provider=self.name,
+            partial=chunks > 0,
+        )
 
     def _deltas(self, chunk: Any, chunks: int) -> list[Delta]:
         """The deltas of one SDK chunk object; the SDK does not validate chunks, so a
