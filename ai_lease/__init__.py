@@ -8,6 +8,7 @@ from .errors import (
     AiLeaseError,
     ConfigError,
     CorruptRecord,
+    EmptyEventStream,
     FencingRejected,
     FirstTokenTimeout,
     InputError,
@@ -26,6 +27,8 @@ from .errors import (
     StoreError,
     StoreUnavailable,
     StreamIdleTimeout,
+    StreamInterrupted,
+    StreamLimitExceeded,
     StreamTotalTimeout,
 )
 from .events import Event
@@ -62,6 +65,7 @@ from .timeouts import (
     RetryPolicy,
     StageBudget,
     StallPolicy,
+    StreamLimits,
     StreamTimeouts,
 )
 from .worker import Worker
@@ -77,6 +81,7 @@ __all__ = [
     "ConfigError",
     "CorruptRecord",
     "Delta",
+    "EmptyEventStream",
     "Event",
     "Fence",
     "FencingRejected",
@@ -119,6 +124,9 @@ __all__ = [
     "StoreUnavailable",
     "StreamGuard",
     "StreamIdleTimeout",
+    "StreamInterrupted",
+    "StreamLimitExceeded",
+    "StreamLimits",
     "StreamTimeouts",
     "StreamTotalTimeout",
     "Usage",

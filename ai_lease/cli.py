@@ -148,6 +148,11 @@ class Context:
         if key is not None and base_url is not None and base_url != cfg.base_url:
             check_key_destination(base_url, cfg.base_url, cfg.allowed_hosts)
         options = {"model": overrides.get("model", cfg.model), "base_url": base_url, "api_key": key}
+        if name in ("openai", "openai-compatible"):
+            # The settings' sampling values are the provider's defaults: a job's own win.
+            options["temperature"] = cfg.temperature
+            options["max_tokens"] = cfg.max_tokens
+            options["max_event_bytes"] = self.settings.stream.max_event_bytes
         if name == "openai-compatible":
             options["http"] = cfg.http
         return create_provider(name, **options)
@@ -325,6 +330,13 @@ def submit(
         return
     view = JobView(spec.job.key, live=not (quiet or as_json) and sys.stderr.isatty())
     chatty = not (quiet or as_json)
+    capped: list[Event] = []
+
+    def on_event(event: Event) -> None:
+        if event.kind == "answer_capped":
+            capped.append(event)
+        if chatty:
+            view.on_event(event)
 
     async def work(store: LeaseStore) -> JobState:
         model_provider = obj.provider(overrides)
@@ -334,8 +346,9 @@ def submit(
             timings=settings.lease_timings(),
             retry=settings.retry_policy(),
             stream_timeouts=settings.stream_timeouts(),
+            stream_limits=settings.stream_limits(),
             adaptive=settings.adaptive_budgets(),
-            on_event=view.on_event if chatty else None,
+            on_event=on_event,
             prompts=prompts,
             max_input_bytes=limit,
         )
@@ -348,9 +361,11 @@ def submit(
     with view if chatty else _nothing():
         record = obj.run(work)
     if as_json:
-        click.echo(_json(record.to_dict()))
+        click.echo(_json(record.to_dict() | ({"finish_reason": "length"} if capped else {})))
     else:
         _print_result(record)
+        if capped:
+            click.echo(f"ai-lease: note: {capped[-1].detail}", err=True)
 
 
 class _nothing:
@@ -649,6 +664,7 @@ def worker(
             timings=settings.lease_timings(),
             retry=settings.retry_policy(),
             stream_timeouts=settings.stream_timeouts(),
+            stream_limits=settings.stream_limits(),
             adaptive=settings.adaptive_budgets(),
             prompts=obj.prompts(),
             on_event=fan_out(

@@ -16,6 +16,9 @@ Grouped by what the caller will do about it::
     │   ├── StreamIdleTimeout      a stream went quiet between content deltas
     │   └── StreamTotalTimeout     a stream ran past its total budget
     ├── ProviderError              the model call failed (``retryable`` says whether to retry)
+    │   ├── StreamInterrupted      the stream ended without a finish reason: retried, never a result
+    │   ├── EmptyEventStream       a 200 event stream with no events at all (not retried)
+    │   └── StreamLimitExceeded    an event or the answer outgrew its size limit (not retried)
     ├── StoreError                 the lease store could not answer
     │   ├── StoreUnavailable       unreachable or timed out: the outcome may be unknown
     │   │   └── OutcomeUnknown     a write was sent, its answer lost: check ``status KEY``
@@ -39,6 +42,7 @@ __all__ = [
     "AiLeaseError",
     "ConfigError",
     "CorruptRecord",
+    "EmptyEventStream",
     "FencingRejected",
     "FirstTokenTimeout",
     "InputError",
@@ -57,6 +61,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "StreamIdleTimeout",
+    "StreamInterrupted",
+    "StreamLimitExceeded",
     "StreamTotalTimeout",
 ]
 
@@ -205,6 +211,51 @@ class ProviderError(AiLeaseError):
         self.retry_after, self.partial = retry_after, partial
         where = f"provider {provider!r}: " if provider else ""
         super().__init__(f"{where}{message}")
+
+
+class StreamInterrupted(ProviderError):
+    """The stream ended (``[DONE]`` or the body's end) before any finish reason: the server
+    stopped this answer — llama.cpp's server does so to a running stream when another
+    request arrives. What arrived is not a result; the call may be made again within the
+    stage (see :func:`~ai_lease.providers.retry.is_transient`)."""
+
+    def __init__(self, how: str, *, provider: str = "", chunks: int = 0) -> None:
+        self.chunks = chunks
+        super().__init__(
+            f"the stream was interrupted: {how} without a finish reason after {chunks} "
+            "content chunks (what arrived is not an answer and was not kept)",
+            retryable=True,
+            provider=provider,
+            partial=chunks > 0,
+        )
+
+
+class EmptyEventStream(ProviderError):
+    """A 200 ``text/event-stream`` that ended without a single event. Not retried: the same
+    request gets the same answer."""
+
+    def __init__(self, *, provider: str = "") -> None:
+        super().__init__(
+            "the server answered 200 with no events — a prompt beyond the model's context "
+            "does this on llama.cpp (shorten the input, or raise the server's context size)",
+            retryable=False,
+            provider=provider,
+        )
+
+
+class StreamLimitExceeded(ProviderError):
+    """One event or the whole answer outgrew its limit (``stream.max_event_bytes``,
+    ``stream.max_answer_bytes``); the connection was closed. Not retried."""
+
+    def __init__(self, limit: str, size: int, *, provider: str = "", chunks: int = 0) -> None:
+        self.limit, self.size = limit, size
+        super().__init__(
+            f"the stream passed stream.{limit} ({size} bytes): the connection was closed "
+            f"after {chunks} content chunks; raise stream.{limit} if such answers are expected",
+            retryable=False,
+            provider=provider,
+            partial=chunks > 0,
+        )
 
 
 class StoreError(AiLeaseError):

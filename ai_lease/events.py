@@ -20,9 +20,10 @@ class Event:
 
     ``kind`` is one of: ``acquired``, ``takeover``, ``following``, ``stage``, ``stage_done``
     (``value``: seconds), ``first_token`` (``value``: seconds to the first content),
-    ``stream_timeout`` (``detail``: which), ``model_call`` (``attrs``: chunks and token
-    counts), ``renewed`` (``value``: progress events since the
-    last renewal), ``renew_skipped`` (no progress within budget), ``renew_refused``,
+    ``stream_timeout`` (``detail``: which), ``model_call`` (``attrs``: chunks, token
+    counts, finish reason), ``answer_capped`` (the answer stopped at max_tokens),
+    ``renewed`` (``value``: progress events since the last renewal), ``renew_skipped``
+    (no progress within budget), ``renew_refused``,
     ``renew_failed`` (store unreachable), ``stalled``, ``self_fenced``, ``released``,
     ``committed`` (``value``: seconds from acquiring to committing), ``fenced`` (a write
     rejected), ``retry``, ``done``, ``failed``, ``store_corrupt`` (a stored value that is not

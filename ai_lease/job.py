@@ -23,6 +23,31 @@ __all__ = ["Health", "Job", "JobState", "Status", "fingerprint", "validate_key"]
 _KEY = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
 
 
+MAX_TEMPERATURE = 2.0  # OpenAI's range; other servers accept the same or less
+MAX_TOKENS = 1 << 24
+
+
+def sampling_problem(temperature: object, max_tokens: object) -> str | None:
+    """What is wrong with a ``temperature`` / ``max_tokens`` pair (None: both fine or unset).
+
+    A NaN would vanish from the fingerprint (JSON has no NaN) and reach the server as null.
+    """
+    if temperature is not None and (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not 0 <= temperature <= MAX_TEMPERATURE  # False for NaN
+    ):
+        limit = f"{MAX_TEMPERATURE:g}"
+        return f"temperature: must be a number from 0 to {limit} (got {temperature!r:.40})"
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, int)
+        or not 1 <= max_tokens <= MAX_TOKENS
+    ):
+        return f"max_tokens: must be an integer from 1 to {MAX_TOKENS} (got {max_tokens!r:.40})"
+    return None
+
+
 def validate_key(key: str) -> str:
     """Return ``key`` if it can name a job (1-512 printable characters), else raise."""
     if not isinstance(key, str) or not _KEY.match(key):
@@ -62,6 +87,8 @@ class Job:
 
     def __post_init__(self) -> None:
         validate_key(self.key)
+        if problem := sampling_problem(self.temperature, self.max_tokens):
+            raise JobSpecError(f"job {self.key!r}: {problem}")
         if self.output not in ("text", "json"):
             raise JobSpecError(
                 f"job {self.key!r}: output must be 'text' or 'json', got {self.output!r}"

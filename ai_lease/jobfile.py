@@ -151,6 +151,14 @@ def build_job_file(
         if name in ("input", "input_file"):  # one source of input replaces the other
             data.pop("input_file" if name == "input" else "input", None)
         data[name] = value
+    for name in ("temperature", "max_tokens"):  # sampling is the job's: it travels in its spec
+        if name in provider:
+            if name in data:
+                raise JobSpecError(
+                    f"{where}: {name!r} is given both at the top level and in [provider]; "
+                    "keep one"
+                )
+            data[name] = provider.pop(name)
     if "key" not in data:
         raise JobSpecError(f"{where}: the job has no 'key' (give one in the file or with --key)")
     _check_types(where, data)

@@ -52,9 +52,14 @@ from .streaming import StreamGuard
 
 if TYPE_CHECKING:
     from .testing.faults import FaultPlan
-from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamTimeouts
+from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamLimits, StreamTimeouts
 
-__all__ = ["Pipeline", "Stage", "StageContext"]
+__all__ = ["CAPPED_NOTE", "Pipeline", "Stage", "StageContext"]
+
+CAPPED_NOTE = (
+    "the model stopped at max_tokens (finish_reason length): the answer is whole but capped; "
+    "raise max_tokens for a longer one"
+)
 
 StageFn = Callable[["StageContext"], Any]
 PersistHook = Callable[["StageContext", Any], Awaitable[None] | None]
@@ -97,6 +102,7 @@ class StageContext:
     provider: Provider | None = None
     prompts: PromptLibrary = field(default_factory=PromptLibrary)
     stream_timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
+    stream_limits: StreamLimits = field(default_factory=StreamLimits)
     persist_hook: PersistHook | None = None
     call_retry: RetryPolicy = CALL_RETRY
     outputs: dict[str, Any] = field(default_factory=dict)
@@ -373,7 +379,13 @@ async def call_ai(ctx: StageContext) -> Completion:
     async def once() -> Completion:
         if not ctx.job.stream:
             return await provider.complete(request)
-        guard = StreamGuard(ctx.stream_timeouts, ctx.tracker)
+        guard = StreamGuard(
+            ctx.stream_timeouts,
+            ctx.tracker,
+            limits=ctx.stream_limits,
+            # said as the first content arrives, so a watcher sees it while the answer streams
+            on_first_token=lambda s: ctx.say("first_token", provider.name, value=s),
+        )
         try:
             return await guard.call(provider, request)
         except StageTimeout as exc:
@@ -385,8 +397,6 @@ async def call_ai(ctx: StageContext) -> Completion:
             )
             raise
         finally:
-            if guard.first_token_s is not None:
-                ctx.say("first_token", provider.name, value=guard.first_token_s)
             if guard.chunks > 1:
                 ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
 
@@ -400,8 +410,11 @@ async def call_ai(ctx: StageContext) -> Completion:
             "chunks": completion.chunks,
             "prompt_tokens": usage.prompt_tokens if usage else 0,
             "completion_tokens": usage.completion_tokens if usage else 0,
+            "finish_reason": completion.finish_reason or "",
         },
     )
+    if completion.finish_reason == "length":  # a whole answer, but capped: say so
+        ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
     return completion
 
 

@@ -62,6 +62,7 @@ from .timeouts import (
     RetryPolicy,
     StageBudget,
     StallPolicy,
+    StreamLimits,
     StreamTimeouts,
 )
 from .tracing import tracing_sink
@@ -128,6 +129,7 @@ class Runner:
         timings: LeaseTimings | None = None,
         retry: RetryPolicy | None = None,
         stream_timeouts: StreamTimeouts | None = None,
+        stream_limits: StreamLimits | None = None,
         call_retry: RetryPolicy | None = None,
         stall_policy: StallPolicy | None = None,
         prompts: PromptLibrary | None = None,
@@ -147,6 +149,7 @@ class Runner:
         self.timings = timings or LeaseTimings()
         self.retry = retry or RetryPolicy()
         self.stream_timeouts = stream_timeouts or StreamTimeouts()
+        self.stream_limits = stream_limits or StreamLimits()
         self.call_retry = call_retry or CALL_RETRY
         self.stall_policy = StallPolicy(stall_policy or self.timings.stall_policy)
         self.prompts = prompts or PromptLibrary()
@@ -425,6 +428,7 @@ class Runner:
             provider=self.provider,
             prompts=self.prompts,
             stream_timeouts=self.stream_timeouts,
+            stream_limits=self.stream_limits,
             persist_hook=self.persist_hook,
             call_retry=self.call_retry,
             faults=self.faults,

@@ -36,6 +36,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from .errors import ConfigError
 from .inputs import DEFAULT_MAX_INPUT_BYTES
+from .job import MAX_TEMPERATURE, MAX_TOKENS
 from .lease.urls import SCHEMES, mask_url
 from .prompts import DEFAULT_MAX_PROMPT_CHARS
 from .providers.keys import check_api_key
@@ -46,6 +47,7 @@ from .timeouts import (
     RetryPolicy,
     StageBudget,
     StallPolicy,
+    StreamLimits,
     StreamTimeouts,
 )
 
@@ -84,6 +86,9 @@ Count = Annotated[int, Field(ge=1, le=1000)]
 """A small positive count (attempts, misses)."""
 Factor = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
 """A positive, finite multiplier."""
+
+MAX_EVENT_BYTES = 1 << 30
+MAX_ANSWER_BYTES = 1 << 32
 
 Loc = tuple[str | int, ...]
 Origins = Mapping[Loc, str]
@@ -150,11 +155,15 @@ class StageSettings(_Section):
 
 
 class StreamSettings(_Section):
-    """Budgets of one streamed model call."""
+    """Budgets and size limits of one streamed model call."""
 
     first_token: Bound = 60.0
     idle: Bound = 30.0
     total: Bound = 600.0
+    max_event_bytes: Annotated[int, Field(ge=1, le=MAX_EVENT_BYTES)] = StreamLimits.max_event_bytes
+    max_answer_bytes: Annotated[int, Field(ge=1, le=MAX_ANSWER_BYTES)] = (
+        StreamLimits.max_answer_bytes
+    )
 
 
 class RetrySettings(_Section):
@@ -173,8 +182,10 @@ class ProviderSettings(_Section):
     model: str | None = None
     base_url: str | None = None
     api_key: SecretStr | None = None
-    temperature: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = (
+        None
+    )
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     # openai-compatible only: "fast" (ai_lease's own HTTP/1.1 stream reader), "httpx", or
     # "auto" (fast for http:// servers with no proxy in the environment, httpx otherwise).
     http: Literal["auto", "fast", "httpx"] = "auto"
@@ -287,7 +298,12 @@ class Settings(BaseSettings):
     def _cross_field_problems(self) -> list[tuple[Loc, str]]:
         """The value objects' own rules (renew_interval <= ttl/2, ...), under settings names."""
         problems: list[tuple[Loc, str]] = []
-        for build in (self.lease_timings, self.stream_timeouts, self.retry_policy):
+        for build in (
+            self.lease_timings,
+            self.stream_timeouts,
+            self.stream_limits,
+            self.retry_policy,
+        ):
             try:
                 build()
             except ConfigError as exc:
@@ -322,14 +338,24 @@ class Settings(BaseSettings):
 
     def stream_timeouts(self) -> StreamTimeouts:
         """The first-token, idle and total budgets of a streamed call."""
-        return StreamTimeouts(**self.stream.model_dump())
+        s = self.stream
+        return StreamTimeouts(first_token=s.first_token, idle=s.idle, total=s.total)
+
+    def stream_limits(self) -> StreamLimits:
+        """How big one event and one answer of a streamed call may grow."""
+        return StreamLimits(self.stream.max_event_bytes, self.stream.max_answer_bytes)
 
     def retry_policy(self) -> RetryPolicy:
         """How often, and after how long, a failed job is attempted again."""
         return RetryPolicy(**self.retry.model_dump())
 
 
-_SECTIONS = {"LeaseTimings": "lease", "StreamTimeouts": "stream", "RetryPolicy": "retry"}
+_SECTIONS = {
+    "LeaseTimings": "lease",
+    "StreamTimeouts": "stream",
+    "StreamLimits": "stream",
+    "RetryPolicy": "retry",
+}
 
 
 def _settings_loc(name: str) -> Loc:

@@ -17,6 +17,12 @@ per read.
 Only a delta with text is content: role-only chunks, empty deltas and SSE keep-alive
 comments neither count as progress nor hold the idle timer off. When a timeout fires the
 provider's stream is closed, which closes its upstream connection.
+
+Whatever the provider, a stream is whole only with a finish reason: one that ends without
+(a server that stopped the answer, a wrapper that lost the last chunk) is
+:class:`StreamInterrupted`, never a result. An answer whose text outgrows
+``StreamLimits.max_answer_bytes`` is :class:`StreamLimitExceeded`, and its stream is closed.
+``on_first_token`` is called the moment the first content arrives (not at the end).
 """
 
 from __future__ import annotations
@@ -26,10 +32,16 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
-from .errors import FirstTokenTimeout, StreamIdleTimeout, StreamTotalTimeout
+from .errors import (
+    FirstTokenTimeout,
+    StreamIdleTimeout,
+    StreamInterrupted,
+    StreamLimitExceeded,
+    StreamTotalTimeout,
+)
 from .progress import Progress
 from .providers.base import ChatRequest, Completion, Delta, Provider, Usage
-from .timeouts import StreamTimeouts
+from .timeouts import StreamLimits, StreamTimeouts
 
 __all__ = ["StreamGuard", "guarded_completion"]
 
@@ -47,10 +59,15 @@ class StreamGuard:
         progress: Progress | None = None,
         *,
         clock: Callable[[], float] | None = None,
+        limits: StreamLimits | None = None,
+        on_first_token: Callable[[float], None] | None = None,
     ) -> None:
         # One clock for deadlines and progress: the tracker's, unless one is given.
         clock = clock or (progress.clock if progress is not None else time.monotonic)
         self.timeouts, self.progress, self.clock = timeouts, progress, clock
+        self.limits = limits or StreamLimits()
+        self.on_first_token = on_first_token  # called with first_token_s as it arrives
+        self.provider_name = ""
         self.started_at = 0.0
         self.last_content_at: float | None = None
         self.first_token_s: float | None = None
@@ -105,6 +122,7 @@ class StreamGuard:
         """Stream ``request`` from ``provider`` whole, by batches where it offers them."""
         # BatchStreaming, checked by attribute: isinstance() on a runtime Protocol costs ~5 µs
         stream_batches = getattr(provider, "stream_batches", None)
+        self.provider_name = provider.name
         if stream_batches is not None:
             return await self.collect_batches(stream_batches(request))
         return await self.collect(provider.stream(request))
@@ -131,23 +149,32 @@ class StreamGuard:
         clock, parts, progress = self.clock, self.text_parts, self.progress
         last: float | None = None  # local mirrors of the hot fields: attribute reads cost
         max_gap = 0.0
+        size, max_size = 0, self.limits.max_answer_bytes
         try:
             async for batch in batches:
                 content = len(parts)
                 for text, finish_reason, delta_usage in batch:
                     if text:
                         parts.append(text)
+                        # isascii() is a flag read: no encoding on the usual path
+                        size += len(text) if text.isascii() else len(text.encode())
                     if finish_reason:
                         finish = finish_reason
                     if delta_usage is not None:
                         usage = delta_usage
                 if len(parts) == content:
                     continue  # no content: moves neither the deadlines nor the job
+                if size > max_size:  # leaving the loop closes the stream and its connection
+                    raise StreamLimitExceeded(
+                        "max_answer_bytes", max_size, provider=self.provider_name, chunks=content
+                    )
                 now = clock()
                 if last is None:  # once per stream
                     self.first_token_s = now - self.started_at
                     self.last_content_at = now
                     self._rearm()  # the idle deadline may be nearer than the first-token one
+                    if self.on_first_token is not None:
+                        self.on_first_token(self.first_token_s)
                 elif now - last > max_gap:
                     max_gap = self.max_gap_s = now - last
                 last = self.last_content_at = now  # the watchdog reads the attribute
@@ -164,6 +191,10 @@ class StreamGuard:
             aclose = getattr(batches, "aclose", None)
             if aclose is not None:
                 await aclose()
+        if finish is None:
+            raise StreamInterrupted(
+                "the stream ended", provider=self.provider_name, chunks=self.chunks
+            )
         return Completion("".join(self.text_parts), finish, usage, self.chunks)
 
     @property
@@ -173,10 +204,14 @@ class StreamGuard:
 
 
 async def guarded_completion(
-    provider: Provider, request: ChatRequest, timeouts: StreamTimeouts, progress: Progress | None
+    provider: Provider,
+    request: ChatRequest,
+    timeouts: StreamTimeouts,
+    progress: Progress | None,
+    limits: StreamLimits | None = None,
 ) -> Completion:
     """Stream ``request`` from ``provider`` under the guard."""
-    return await StreamGuard(timeouts, progress).call(provider, request)
+    return await StreamGuard(timeouts, progress, limits=limits).call(provider, request)
 
 
 async def _one_by_one(stream: AsyncIterator[Delta]) -> AsyncGenerator[tuple[Delta], None]:

@@ -21,6 +21,7 @@ __all__ = [
     "RetryPolicy",
     "StageBudget",
     "StallPolicy",
+    "StreamLimits",
     "StreamTimeouts",
 ]
 
@@ -92,6 +93,30 @@ class StreamTimeouts:
         _positive(self, "first_token", "idle", "total", allow_inf=True)
 
     __repr__ = _seconds_repr
+
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """How big one streamed answer may grow: one server-sent event, and the whole answer's
+    text (UTF-8 bytes). Past either, the stream is closed with :class:`StreamLimitExceeded`.
+
+    >>> StreamLimits(max_event_bytes=65536)
+    StreamLimits(max_event_bytes=65536, max_answer_bytes=8388608)
+    """
+
+    max_event_bytes: int = 1 * MiB
+    max_answer_bytes: int = 8 * MiB
+
+    def __post_init__(self) -> None:
+        for name in ("max_event_bytes", "max_answer_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"StreamLimits.{name}: must be a positive integer of bytes (got {value!r})"
+                )
 
 
 @dataclass(frozen=True)

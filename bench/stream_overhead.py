@@ -149,7 +149,9 @@ def request_json(n: int) -> dict[str, Any]:
     }
 
 
-async def sse_via_httpx_sse(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+async def sse_via_httpx_sse(
+    chunks: AsyncIterator[bytes], max_event_bytes: int = 0
+) -> AsyncIterator[list[bytes]]:
     """Drop-in for ai_lease's ``_sse_batches`` built on httpx-sse's decoders (variant e),
     fed as ``aiter_sse()`` feeds them: bytes → text → lines → events."""
     text = httpx._decoders.TextDecoder()  # what Response.aiter_text() uses

@@ -312,7 +312,7 @@ async def test_injected_clock_drives_the_deadlines() -> None:
     async def stream() -> AsyncIterator[Delta]:
         yield Delta(text="a")
         fake_now[0] += 59.0  # a minute passes on the guard's clock in no real time
-        yield Delta(text="b")
+        yield Delta(text="b", finish_reason="stop")
 
     completion = await guard.collect(stream())
     assert completion.text == "ab"

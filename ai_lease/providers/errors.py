@@ -1,13 +1,16 @@
 """Translating HTTP answers into :class:`ProviderError`: which are worth another try.
 
-Retryable: 408, 409, 425, 429 (honouring ``Retry-After``), 5xx, connection failures and
-garbage where JSON was promised. Not retryable: every other 4xx (400 bad request, 401 bad
-key, 403, 404 unknown model…), and a content filter. The provider's own message is kept.
+Retryable: 408, 409, 425, 429 (honouring ``Retry-After``, bounded to
+:data:`MAX_RETRY_AFTER_S`; a value that is neither seconds nor an HTTP date is ignored),
+5xx, connection failures and garbage where JSON was promised. Not retryable: every other
+4xx (400 bad request, 401 bad key, 403, 404 unknown model…), and a content filter. The
+provider's own message is kept.
 """
 
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 from collections.abc import Mapping
 
@@ -15,20 +18,32 @@ import orjson
 
 from ..errors import ProviderError
 
-__all__ = ["parse_retry_after", "status_error"]
+__all__ = ["MAX_RETRY_AFTER_S", "parse_retry_after", "status_error"]
 
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
+MAX_RETRY_AFTER_S = 60.0
+"""The longest wait a ``Retry-After`` can ask for; the stage deadline may cut it further."""
 
 
 def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), within
+    0..:data:`MAX_RETRY_AFTER_S`; None (the policy's own backoff) for anything else.
+
+    >>> parse_retry_after("soon") is None, parse_retry_after("inf"), parse_retry_after("-5")
+    (True, 60.0, 0.0)
+    """
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return None if parsed is None else max(0.0, parsed.timestamp() - time.time())
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    if math.isnan(seconds):
+        return None
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
 
 
 def _message(body: bytes) -> str:

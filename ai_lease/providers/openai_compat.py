@@ -16,7 +16,12 @@ is not streamed always goes through httpx.
 
 It is strict where the SDK is lenient: a stream that ends before ``[DONE]``, a 200 that is
 not an event stream, or a chunk that is not JSON is a :class:`ProviderError`, never a
-silently short answer. SSE comments (``: ping``) are skipped and are never progress.
+silently short answer; a ``[DONE]`` with no finish reason before it is
+:class:`StreamInterrupted` (llama.cpp's server ends a running stream so when another request
+arrives), and a 200 event stream with no events at all is :class:`EmptyEventStream`.
+SSE comments (``: ping``) are skipped and are never progress. One event may hold at most
+``max_event_bytes``: the reader's buffer never grows past it, and a longer event (an endless
+line) closes the connection with :class:`StreamLimitExceeded`.
 """
 
 from __future__ import annotations
@@ -31,7 +36,16 @@ import httpx
 import orjson
 from pydantic import SecretStr
 
-from ..errors import ConfigError, ProviderError
+from ..errors import (
+    ConfigError,
+    EmptyEventStream,
+    ProviderError,
+    StreamInterrupted,
+    StreamLimitExceeded,
+)
+from ..job import sampling_problem
+from ..lease.urls import mask_url
+from ..timeouts import StreamLimits
 from .base import ChatRequest, Completion, Delta, Usage
 from .errors import status_error
 from .http1 import HTTP1Client, HTTP1Error
@@ -39,18 +53,27 @@ from .http1 import HTTP1Client, HTTP1Error
 HTTPPath = Literal["auto", "fast", "httpx"]
 _ERROR_BODY = 64 * 1024  # how much of an error answer is read for its message
 
-__all__ = ["OpenAICompatProvider", "request_body"]
+__all__ = ["OpenAICompatProvider", "check_base_url", "request_body"]
 
 
-def request_body(request: ChatRequest, default_model: str | None, stream: bool) -> dict[str, Any]:
-    """The JSON body of a chat completion request."""
+def request_body(
+    request: ChatRequest,
+    default_model: str | None,
+    stream: bool,
+    defaults: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON body of a chat completion request; ``defaults`` (the provider's configured
+    ``temperature`` / ``max_tokens``) fill what the request leaves unset."""
     model = request.model or default_model
     if not model:
         raise ConfigError("provider.model: no model given (set it in the job or the settings)")
     body: dict[str, Any] = {"model": model, "messages": [dict(m) for m in request.messages]}
     for name in ("temperature", "max_tokens"):
-        if getattr(request, name) is not None:
-            body[name] = getattr(request, name)
+        value = getattr(request, name)
+        if value is None and defaults:
+            value = defaults.get(name)
+        if value is not None:
+            body[name] = value
     if request.stop:
         body["stop"] = list(request.stop)
     if stream:
@@ -58,6 +81,38 @@ def request_body(request: ChatRequest, default_model: str | None, stream: bool) 
         body["stream_options"] = {"include_usage": True}
     body.update(request.extra)
     return body
+
+
+def check_base_url(base_url: str) -> str:
+    """``base_url`` if it can name a server, else a :class:`ConfigError` (no retry mends it)."""
+    shown = mask_url(base_url[:200])  # never a password, never a whole 10 KB value
+    try:
+        parts = urlsplit(base_url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(
+            f"provider.base_url: {shown!r} is not a valid URL ({exc}); "
+            "give one like http://127.0.0.1:8080/v1"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        raise ConfigError(
+            f"provider.base_url: {shown!r} is not an http(s) URL with a host and a port "
+            "from 1 to 65535; give one like http://127.0.0.1:8080/v1"
+        )
+    return base_url
+
+
+def sampling_defaults(temperature: float | None, max_tokens: int | None) -> dict[str, Any]:
+    """A provider's configured sampling settings, checked: what a request leaves unset."""
+    problem = sampling_problem(temperature, max_tokens)
+    if problem:
+        raise ConfigError(f"provider.{problem}")
+    out: dict[str, Any] = {}
+    if temperature is not None:
+        out["temperature"] = float(temperature)
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
+    return out
 
 
 def _usage(data: Mapping[str, Any] | None) -> Usage | None:
@@ -84,7 +139,13 @@ class OpenAICompatProvider:
         read_timeout: float = 600.0,
         client: httpx.AsyncClient | None = None,
         http: HTTPPath = "auto",
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        max_event_bytes: int = StreamLimits.max_event_bytes,
     ) -> None:
+        check_base_url(base_url)
+        self.defaults = sampling_defaults(temperature, max_tokens)
+        self.max_event_bytes = StreamLimits(max_event_bytes=max_event_bytes).max_event_bytes
         key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         if key is None and "api.openai.com" in base_url:
             raise ConfigError(
@@ -121,20 +182,26 @@ class OpenAICompatProvider:
 
     async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
         """The deltas of each network read together (see :class:`~.base.BatchStreaming`)."""
-        body = orjson.dumps(request_body(request, self.model, stream=True))
-        chunks = 0
+        body = orjson.dumps(request_body(request, self.model, stream=True, defaults=self.defaults))
+        chunks, events, finished = 0, 0, False
         loads = orjson.loads
         open_stream = self._open_fast if self._fast is not None else self._open_httpx
         try:
             async with open_stream(body) as body_bytes:
-                async with contextlib.aclosing(_sse_batches(body_bytes)) as reader:
+                parser = _sse_batches(body_bytes, self.max_event_bytes)
+                async with contextlib.aclosing(parser) as reader:
                     async for batch in reader:
+                        events += len(batch)
                         out: list[Delta] = []
                         try:
                             for data in batch:
                                 if data == b"[DONE]":
                                     if out:
                                         yield out
+                                    if not finished:
+                                        raise StreamInterrupted(
+                                            "[DONE] came", provider=self.name, chunks=chunks
+                                        )
                                     return
                                 # Fast path, once per streamed token: one choice, text only.
                                 try:
@@ -155,6 +222,7 @@ class OpenAICompatProvider:
                                     continue
                                 for delta in self._deltas(data, chunks, obj):
                                     chunks += bool(delta.text)
+                                    finished = finished or delta.finish_reason is not None
                                     out.append(delta)
                         except ProviderError:
                             if out:  # what arrived before the bad chunk is still delivered
@@ -162,7 +230,13 @@ class OpenAICompatProvider:
                             raise
                         if out:
                             yield out
+                if not events:
+                    raise EmptyEventStream(provider=self.name)
                 raise self._error("the stream ended before [DONE]", chunks)
+        except _EventTooLarge as exc:
+            raise StreamLimitExceeded(
+                "max_event_bytes", exc.limit, provider=self.name, chunks=chunks
+            ) from None
         except (httpx.HTTPError, HTTP1Error) as exc:
             raise self._error(f"{type(exc).__name__}: {exc}", chunks) from exc
 
@@ -282,33 +356,66 @@ class OpenAICompatProvider:
         return ProviderError(message, retryable=True, provider=self.name, partial=chunks > 0)
 
 
-async def _sse_batches(chunks: AsyncIterator[bytes]) -> AsyncGenerator[list[bytes], None]:
+class _EventTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+
+async def _sse_batches(
+    chunks: AsyncIterator[bytes], max_event_bytes: int = StreamLimits.max_event_bytes
+) -> AsyncGenerator[list[bytes], None]:
     """Per network read, the ``data:`` payloads of the events it completed; comments skipped.
 
     A small bytes-level parser (measured against httpx-sse in docs/benchmarks.md): events end
     at a blank line; an event that is one ``data: …`` line — what chat servers send — takes a
     fast path; anything else (comments, several data lines, ``\r\n`` line ends, other
     fields) is parsed line by line per the SSE spec. ``event``/``id``/``retry`` are ignored.
+
+    Linear in the bytes received, whatever their shape: each read is searched once (plus the
+    one byte before it) for an event's end; the unfinished event's pieces are kept in a list
+    and joined only when it ends; an event longer than ``max_event_bytes`` raises.
     """
-    buffer = b""
+    pending: list[bytes] = []  # the unfinished event, in pieces (no blank line among them)
+    size = 0
+    last = b""  # the last byte seen: half of a "\n\n" split across two reads
+    for_later_cr = False  # a read ended in "\r", which may be half of a "\r\n"
     async for raw in chunks:
-        buffer = buffer + raw if buffer else raw
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n")
-            if buffer.endswith(b"\r"):  # may be the first half of a \r\n: wait for more
-                continue
-            buffer = buffer.replace(b"\r", b"\n")
-        *events, buffer = buffer.split(b"\n\n")
+        if for_later_cr:
+            raw = b"\r" + raw
+            for_later_cr = False
+        if b"\r" in raw:
+            if raw.endswith(b"\r"):
+                raw, for_later_cr = raw[:-1], True
+            raw = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if not raw:
+            continue
+        if b"\n\n" not in raw and not (last == b"\n" and raw[:1] == b"\n"):
+            pending.append(raw)
+            size += len(raw)
+            last = raw[-1:]
+            if size > max_event_bytes:
+                raise _EventTooLarge(max_event_bytes)
+            continue
+        buffer = b"".join(pending) + raw if pending else raw
+        last = raw[-1:]
+        *events, tail = buffer.split(b"\n\n")
+        pending, size = ([tail], len(tail)) if tail else ([], 0)
+        if size > max_event_bytes:
+            raise _EventTooLarge(max_event_bytes)
         batch = []
         for event in events:
+            if len(event) > max_event_bytes:
+                raise _EventTooLarge(max_event_bytes)
             if event[:6] == b"data: " and b"\n" not in event:
                 batch.append(event[6:])
             elif payload := _slow_event(event):
                 batch.append(payload)
         if batch:
             yield batch
-    if tail := _slow_event(buffer):
-        yield [tail]
+    if for_later_cr:
+        pending.append(b"\n")
+    if last_event := _slow_event(b"".join(pending)):
+        yield [last_event]
 
 
 def _identity(headers: Mapping[str, str]) -> bool:

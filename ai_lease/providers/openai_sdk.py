@@ -6,7 +6,14 @@ Measured traps of the SDK (3.x, on httpx2) that this adapter closes:
 * it ends **without an error** on a stream cut before ``[DONE]`` and on a 200 with an HTML
   body — here a stream with no finish reason is a :class:`ProviderError`;
 * its read timeout is reset by every SSE ``: ping`` comment, so a server that only pings
-  never times out — the stream guard's first-token and idle timers do not see pings at all.
+  never times out — the stream guard's first-token and idle timers do not see pings at all;
+* its SSE decoder hands over an event with no ``data:`` (``retry: 3000`` alone), which the
+  SDK then fails to decode as JSON — here such an event is not dispatched, as the SSE spec
+  says; and it grows a line without bound — here one event may hold ``max_event_bytes``.
+
+A stream that ends (``[DONE]`` or the body's end) without a finish reason is
+:class:`StreamInterrupted`; a 200 event stream with no events at all is
+:class:`EmptyEventStream`.
 """
 
 from __future__ import annotations
@@ -14,16 +21,74 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import openai
+from openai._streaming import ServerSentEvent, SSEDecoder
 from pydantic import SecretStr
 
-from ..errors import ConfigError, ProviderError
+from ..errors import (
+    ConfigError,
+    EmptyEventStream,
+    ProviderError,
+    StreamInterrupted,
+    StreamLimitExceeded,
+)
+from ..timeouts import StreamLimits
 from .base import ChatRequest, Completion, Delta, Usage
 from .errors import parse_retry_after
-from .openai_compat import request_body
+from .openai_compat import check_base_url, request_body, sampling_defaults
 
 __all__ = ["OpenAISDKProvider"]
 
 _TRANSPORT_MODULES = ("httpx", "httpx2", "httpcore", "httpcore2", "h11", "anyio")
+
+
+class _EventTooLarge(Exception):
+    pass
+
+
+class _Decoder(SSEDecoder):
+    """The SDK's SSE decoder, per the spec where it is not, and bounded: an event without
+    data is not dispatched, and no line or event grows past ``max_event_bytes``. Counts the
+    events it dispatched and whether ``[DONE]`` was one."""
+
+    def __init__(self, max_event_bytes: int) -> None:
+        super().__init__()
+        self.max_event_bytes, self.size, self.events, self.done = max_event_bytes, 0, 0, False
+
+    def decode(self, line: str) -> ServerSentEvent | None:
+        if not line:
+            self.size = 0
+        else:
+            self.size += len(line)
+            if self.size > self.max_event_bytes:
+                raise _EventTooLarge
+        sse = super().decode(line)
+        if sse is None or not sse.data:
+            return None  # the spec: an event whose data buffer is empty is not dispatched
+        self.events += 1
+        self.done = self.done or sse.data.startswith("[DONE]")
+        return sse
+
+    async def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[ServerSentEvent]:
+        async for sse in super().aiter_bytes(self._bounded(iterator)):
+            yield sse
+
+    async def _bounded(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The bytes, refused once one line (not yet seen by ``decode``) grows too long."""
+        run = 0
+        async for chunk in iterator:
+            end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+            run = len(chunk) - end - 1 if end >= 0 else run + len(chunk)
+            if run > self.max_event_bytes:
+                raise _EventTooLarge
+            yield chunk
+
+
+class _Client(openai.AsyncOpenAI):
+    max_event_bytes = StreamLimits.max_event_bytes
+
+    def _make_sse_decoder(self) -> _Decoder:
+        return _Decoder(self.max_event_bytes)
 
 
 class OpenAISDKProvider:
@@ -42,9 +107,13 @@ class OpenAISDKProvider:
         model: str | None = None,
         connect_timeout: float = 10.0,
         read_timeout: float = 600.0,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        max_event_bytes: int = StreamLimits.max_event_bytes,
     ) -> None:
-        import openai
-
+        if base_url is not None:
+            check_base_url(base_url)
+        self.defaults = sampling_defaults(temperature, max_tokens)
         key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         if key is None and base_url is None:
             raise ConfigError(
@@ -53,18 +122,18 @@ class OpenAISDKProvider:
             )
         self.model = model
         self._openai = openai
-        self._client = openai.AsyncOpenAI(
+        self._client = _Client(
             api_key=key or "not-needed",
             base_url=base_url,
             max_retries=0,
             timeout=openai.Timeout(read_timeout, connect=connect_timeout),
         )
+        self._client.max_event_bytes = StreamLimits(max_event_bytes=max_event_bytes).max_event_bytes
 
     def __repr__(self) -> str:
         return f"OpenAISDKProvider(base_url={str(self._client.base_url)!r}, model={self.model!r})"
 
     def _translate(self, exc: Exception, chunks: int) -> ProviderError:
-        openai = self._openai
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             retryable = status >= 500 or status in (408, 409, 425, 429)
@@ -82,10 +151,11 @@ class OpenAISDKProvider:
         )
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
-        body = request_body(request, self.model, stream=True)
+        body = request_body(request, self.model, stream=True, defaults=self.defaults)
         chunks, finished = 0, False
+        stream: Any = None
         try:
-            stream: Any = await self._client.chat.completions.create(**body)
+            stream = await self._client.chat.completions.create(**body)
             try:
                 async for chunk in stream:
                     for delta in self._deltas(chunk, chunks):
@@ -98,6 +168,10 @@ class OpenAISDKProvider:
             raise self._translate(exc, chunks) from exc
         except ProviderError:
             raise
+        except _EventTooLarge:
+            raise StreamLimitExceeded(
+                "max_event_bytes", self._client.max_event_bytes, provider=self.name, chunks=chunks
+            ) from None
         except ValueError as exc:  # the SDK's own JSON decoding of a malformed chunk
             raise self._malformed(exc, chunks) from exc
         except Exception as exc:  # httpx2 transport errors surface unwrapped mid-stream
@@ -105,13 +179,28 @@ class OpenAISDKProvider:
                 raise
             raise self._translate(exc, chunks) from exc
         if not finished:
-            raise ProviderError(
-                "the stream ended without a finish reason (cut before [DONE], "
-                "or not an event stream)",
+            raise self._unfinished(stream, chunks)
+
+    def _unfinished(self, stream: Any, chunks: int) -> ProviderError:
+        """Why a stream that ended without a finish reason is not an answer."""
+        decoder = getattr(stream, "_decoder", None)
+        kind = stream.response.headers.get("content-type", "") if stream is not None else ""
+        if isinstance(decoder, _Decoder) and decoder.events == 0 and "text/event-stream" in kind:
+            return EmptyEventStream(provider=self.name)
+        if "text/event-stream" not in kind:
+            return ProviderError(
+                f"expected text/event-stream, got {kind or 'no content type'}",
                 retryable=True,
                 provider=self.name,
-                partial=chunks > 0,
             )
+        if isinstance(decoder, _Decoder) and decoder.done:
+            return StreamInterrupted("[DONE] came", provider=self.name, chunks=chunks)
+        return ProviderError(  # cut: as the lean adapter says it
+            "the stream ended before [DONE]",
+            retryable=True,
+            provider=self.name,
+            partial=chunks > 0,
+        )
 
     def _deltas(self, chunk: Any, chunks: int) -> list[Delta]:
         """The deltas of one SDK chunk object; the SDK does not validate chunks, so a
@@ -152,7 +241,7 @@ class OpenAISDKProvider:
         )
 
     async def complete(self, request: ChatRequest) -> Completion:
-        body = request_body(request, self.model, stream=False)
+        body = request_body(request, self.model, stream=False, defaults=self.defaults)
         try:
             answer: Any = await self._client.chat.completions.create(**body)
         except self._openai.OpenAIError as exc:

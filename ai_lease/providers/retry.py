@@ -3,7 +3,10 @@
 Retried: a :class:`ProviderError` marked retryable (429 — honouring ``Retry-After`` —, 5xx,
 connection reset, garbage where JSON was promised) and a :class:`FirstTokenTimeout`, as long
 as no content had arrived. A stream that broke after content arrived is not silently resent
-(the runner's next *attempt* may run the stage again, visibly). A retry is never progress.
+(the runner's next *attempt* may run the stage again, visibly) — except a
+:class:`StreamInterrupted` one: the server itself ended that answer without a finish reason
+(llama.cpp's server does so when another request arrives), its partial text is dropped, and
+calling again is what the caller would do. A retry is never progress.
 The wait is exponential with jitter; a retry whose wait would end past ``deadline_at``
 (the stage's hard deadline, monotonic clock) is not made.
 """
@@ -19,7 +22,7 @@ from typing import TypeVar
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.stop import stop_base
 
-from ..errors import FirstTokenTimeout, ProviderError
+from ..errors import FirstTokenTimeout, ProviderError, StreamInterrupted
 from ..timeouts import RetryPolicy
 
 __all__ = ["CALL_RETRY", "call_with_retries", "is_transient"]
@@ -31,7 +34,9 @@ CALL_RETRY = RetryPolicy(attempts=3, initial=0.5, multiplier=2.0, max_backoff=8.
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Worth calling again: retryable and nothing was received yet."""
+    """Worth calling again: retryable and nothing was received yet (or interrupted)."""
+    if isinstance(exc, StreamInterrupted):
+        return True
     if isinstance(exc, ProviderError):
         return exc.retryable and not exc.partial
     return isinstance(exc, FirstTokenTimeout)

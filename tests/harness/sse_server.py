@@ -27,17 +27,25 @@ alive between complete responses, as HTTP/1.1 clients expect.
 While a response plays, the server watches the connection: a client that closes it
 (a timeout, a cancelled stream) stops the script at once, so ``connections_open``
 tells whether a client really let go of its upstream connection.
+
+Modes beyond the queue: ``SSEServer(responder=f)`` answers with ``f(request)`` whenever
+nothing is queued (a server for many concurrent clients); ``interrupt_on_request=True``
+acts as llama.cpp's server does by default (``interrupt_requests``): a new request ends
+every stream then playing with ``data: [DONE]`` and no finish chunk, a clean end of the
+body. ``Repeat(data)`` sends the same bytes again and again (an endless line, an endless
+stream of large events) until the client leaves; ``bytes_sent`` counts what went out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeAlias
@@ -48,6 +56,7 @@ __all__ = [
     "Cut",
     "Event",
     "Hang",
+    "Repeat",
     "Request",
     "Reset",
     "Response",
@@ -94,7 +103,15 @@ class Reset:
     """Abort the connection right here with a TCP RST (SO_LINGER 0)."""
 
 
-Event: TypeAlias = dict[str, Any] | bytes | Sleep | Hang | Cut | Reset
+@dataclass(frozen=True)
+class Repeat:
+    """Send ``data`` ``times`` times (None: until the client leaves), each as its own chunk."""
+
+    data: bytes
+    times: int | None = None
+
+
+Event: TypeAlias = dict[str, Any] | bytes | Sleep | Hang | Cut | Reset | Repeat
 """A dict is sent as ``data: <json>\\n\\n``; bytes go out verbatim; a step acts."""
 
 _ENDINGS = (Hang, Cut, Reset)
@@ -328,12 +345,15 @@ class _Connection:
         self.server = server
         self.reader, self.writer = reader, writer
         self.buffer = bytearray()
+        self.interrupt: asyncio.Event | None = None  # set while a stream plays
 
     async def run(self) -> None:
         """Serve requests until a response ends the connection or the client leaves."""
         try:
             while (request := await self._read_request()) is not None:
                 self.server.requests.append(request)
+                if self.server.interrupt_on_request:
+                    self.server._interrupt_streams()
                 keep_alive = await self._play_watched(self.server._next_response(request))
                 if not keep_alive or request.headers.get("connection") == "close":
                     break
@@ -425,9 +445,17 @@ class _Connection:
         if response.events is None:
             await self._send(response.body)
             return True
-        for event in response.events:
-            if not await self._play_event(event, response.chunked):
-                return False
+        self.interrupt = interrupt = asyncio.Event()
+        try:
+            for event in response.events:
+                if interrupt.is_set():
+                    self.server.interrupted += 1
+                    await self._send_data(_DONE_EVENT, response.chunked)
+                    break
+                if not await self._play_event(event, response.chunked):
+                    return False
+        finally:
+            self.interrupt = None
         if not response.chunked:
             return False  # the FIN is the end of the body
         await self._send(_LAST_CHUNK)
@@ -437,7 +465,16 @@ class _Connection:
         """Send or act out one event; False once the stream is over."""
         match event:
             case Sleep(seconds):
-                await asyncio.sleep(seconds)
+                if self.interrupt is None:
+                    await asyncio.sleep(seconds)
+                else:  # an interruption ends the pause at once
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.interrupt.wait(), seconds)
+            case Repeat(data, times):
+                count = 0
+                while times is None or count < times:
+                    await self._send_data(data, chunked)
+                    count += 1
             case Hang():
                 await asyncio.Future()  # until the watcher sees the client leave, or aclose()
             case Cut():
@@ -456,6 +493,7 @@ class _Connection:
             await self._send(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
 
     async def _send(self, data: bytes) -> None:
+        self.server.bytes_sent += len(data)
         self.writer.write(data)
         await self.writer.drain()
 
@@ -510,7 +548,15 @@ class SSEServer:
             assert server.requests[0].path == "/v1/chat/completions"
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        responder: Callable[[Request], Response] | None = None,
+        interrupt_on_request: bool = False,
+    ) -> None:
+        self.responder, self.interrupt_on_request = responder, interrupt_on_request
+        self.interrupted = 0  # streams ended by interrupt_on_request
+        self.bytes_sent = 0
         self.requests: list[Request] = []
         self._responses: deque[Response] = deque()
         self._server: asyncio.Server | None = None
@@ -591,9 +637,16 @@ class SSEServer:
         """Queue responses; each incoming request takes the oldest one."""
         self._responses.extend(responses)
 
+    def _interrupt_streams(self) -> None:
+        for connection in self._connections.values():
+            if connection.interrupt is not None:
+                connection.interrupt.set()
+
     def _next_response(self, request: Request) -> Response:
         if self._responses:
             return self._responses.popleft()
+        if self.responder is not None:
+            return self.responder(request)
         message = (
             f"no scripted response for {request.method} {request.path} "
             f"(request #{len(self.requests)}): enqueue one more"

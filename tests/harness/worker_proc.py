@@ -2,7 +2,7 @@
 
     python -m tests.harness.worker_proc --store URL --id NAME --concurrency N --history PATH \\
         [--ttl 2 --renew 0.5 --sweep 0.2 --grace 30 --mnp 1] [--job-seconds S] [--hang-file P]
-        [--log-kinds acquired,committed] [--go-file PATH [--warmup N]]
+        [--log-kinds acquired,committed] [--go-file PATH [--warmup N]] [--base-url URL]
 
 It builds a :class:`~ai_lease.runner.Runner` with fast lease timings (TTL 2 s, renewal every
 0.5 s, store operations bounded at 0.4 s, polls every 0.1 s, self-fence 0.5 s ahead, call_ai
@@ -23,7 +23,9 @@ are written: the benchmark keeps the history's cost off the measured path. With
 ``--go-file`` the worker connects to the store, writes ``waiting`` and starts only once that
 file exists, so a benchmark can start its clock for every worker at once; ``--warmup N``
 first runs N throwaway jobs (``warmup-<id>-<i>``) through its runner, so first-use costs
-(imports, template environment, Lua scripts, connections) stay off the clock.
+(imports, template environment, Lua scripts, connections) stay off the clock. With
+``--base-url`` the model is a real OpenAI-compatible server instead (the lean adapter,
+model ``m``): the test's own loopback :class:`~tests.harness.sse_server.SSEServer`.
 
 Tests drive workers through :class:`Workers` (start, signal, read histories, clean up); a
 started worker is a :class:`~tests.harness.node.NodeProcess`.
@@ -44,7 +46,8 @@ from typing import Any
 from ai_lease import LeaseTimings, StageBudget, open_store
 from ai_lease.events import Event
 from ai_lease.job import Job
-from ai_lease.providers.base import ChatRequest, Completion, Delta
+from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider
+from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step
 from ai_lease.worker import Worker
@@ -75,6 +78,7 @@ class WorkerOptions:
     log_kinds: str | None = None
     go_file: Path | None = None
     warmup: int = 0
+    base_url: str | None = None
 
     def timings(self) -> LeaseTimings:
         budgets = dict(LeaseTimings().stage_budgets)
@@ -143,7 +147,10 @@ async def amain(options: WorkerOptions) -> int:
     timings = options.timings()
     store = open_store(options.store, op_timeout=timings.op_timeout)
     provider = WorkerProvider(options, history)
-    runner = Runner(store, provider=provider, timings=timings, node_id=options.id, on_event=record)
+    model: Provider = provider
+    if options.base_url is not None:
+        model = OpenAICompatProvider(base_url=options.base_url, model="m")
+    runner = Runner(store, provider=model, timings=timings, node_id=options.id, on_event=record)
     worker = Worker(
         store,
         runner,
@@ -172,6 +179,7 @@ async def amain(options: WorkerOptions) -> int:
         history.write(
             {"kind": "exit", "completed": worker.completed, "calls": provider.calls, "error": error}
         )
+        await model.aclose()
         await store.aclose()
         history.close()
     return 0
@@ -198,6 +206,7 @@ def parse_args(argv: Sequence[str]) -> WorkerOptions:
     parser.add_argument("--log-kinds", default=None, help="comma-separated event kinds to log")
     parser.add_argument("--go-file", type=Path, default=None)
     parser.add_argument("--warmup", type=int, default=0, help="throwaway jobs before the go")
+    parser.add_argument("--base-url", default=None, help="an OpenAI-compatible server to call")
     return WorkerOptions(**vars(parser.parse_args(argv)))
 
 
