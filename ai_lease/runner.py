@@ -252,7 +252,7 @@ class Runner:
             left = self.timings.job_deadline - (time.monotonic() - started)
             try:
                 async with asyncio.timeout(max(left, 0.0)):
-                    outcome = await self._compete(job, follow, owner_id, contact)
+                    outcome, sent_at = await self._compete(job, follow, owner_id, contact)
             except TimeoutError:
                 raise JobDeadlineExceeded(job.key, self.timings.job_deadline) from None
             except StoreUnavailable as exc:
@@ -268,7 +268,7 @@ class Runner:
                 return None
             if isinstance(outcome, Finished):
                 return self._finished(outcome.job)
-            attempt = await self._attempt(job, outcome, prepared)
+            attempt = await self._attempt(job, outcome, prepared, sent_at)
             owner_id = self._new_owner_id()  # the next attempt gets a fence of its own
             if isinstance(attempt, JobState):
                 return attempt
@@ -281,9 +281,15 @@ class Runner:
 
     async def _compete(
         self, job: Job, follow: bool, owner_id: str, contact: _Contact
-    ) -> Acquired | Finished | None:
+    ) -> tuple[Acquired | Finished | None, float]:
         """Acquire the job as ``owner_id``; meanwhile follow whoever holds it, or
-        (``follow=False``) return None at once."""
+        (``follow=False``) return None at once. Also returns when (monotonic clock) the
+        last acquire was sent: a granted lease is valid for its TTL from then, not from
+        the reply (which may have waited on a blocked event loop)."""
+        sent = [time.monotonic()]
+
+        def on_send() -> None:
+            sent[0] = time.monotonic()
         kwargs: dict[str, Any] = dict(
             ttl=self.timings.ttl,
             max_no_progress=self.pipeline.budgets(self.timings)[0].max_no_progress,
@@ -297,16 +303,18 @@ class Runner:
                 contact.reached = True  # an answer: later store errors are blips
                 self._on_follow(following)
 
-            return await acquire_or_follow(
+            owned = await acquire_or_follow(
                 self.store,
                 job.key,
                 owner_id,
                 poll_interval=self.timings.poll_interval,
                 on_follow=on_follow,
+                on_send=on_send,
                 **kwargs,
             )
+            return owned, sent[0]
         outcome = await self.store.acquire(job.key, owner_id, **kwargs)
-        return None if isinstance(outcome, Following) else outcome
+        return (None if isinstance(outcome, Following) else outcome), sent[0]
 
     def _on_follow(self, following: Following) -> None:
         rec = following.job
@@ -327,7 +335,7 @@ class Runner:
         raise JobFailed(record.key, record.last_error)
 
     async def _attempt(
-        self, job: Job, acquired: Acquired, prepared: Mapping[str, Any]
+        self, job: Job, acquired: Acquired, prepared: Mapping[str, Any], sent_at: float
     ) -> JobState | float:
         """One attempt as owner. Returns the DONE record, or how long to stand aside
         (following only) before competing again."""
@@ -343,7 +351,7 @@ class Runner:
         left = self.timings.job_deadline - (record.read_at - record.created_at)
         backoff = self.retry.backoff(record.attempts)
         try:
-            return await self._own(job, acquired, left, prepared)
+            return await self._own(job, acquired, left, prepared, sent_at)
         except asyncio.CancelledError:
             await self._step_down(fence)  # e.g. a worker shutting down: hand over at once
             raise
@@ -387,7 +395,12 @@ class Runner:
         return None
 
     async def _own(
-        self, job: Job, acquired: Acquired, left: float, prepared: Mapping[str, Any]
+        self,
+        job: Job,
+        acquired: Acquired,
+        left: float,
+        prepared: Mapping[str, Any],
+        sent_at: float,
     ) -> JobState:
         fence = acquired.fence
         progress = Progress()
@@ -397,7 +410,9 @@ class Runner:
             fence,
             progress,
             self.timings,
-            valid_until=progress.clock() + acquired.job.lease_remaining - self.timings.op_timeout,
+            # Counted from when the acquire was sent (the store granted it later): a loop
+            # blocked after the reply cannot make us believe in a lease that has lapsed.
+            valid_until=sent_at + acquired.job.lease_remaining,
             stall_policy=self.stall_policy,
             on_event=self._emit_event,
         )

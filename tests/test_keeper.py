@@ -259,3 +259,21 @@ async def test_a_keeper_ended_by_a_stray_cancellation_stops_the_work(store: SQLi
     with pytest.raises(LeaseLost, match="keeper stopped"):
         await _alongside(asyncio.sleep(5), keeper)
     assert asyncio.get_running_loop().time() - started < 1.0
+
+
+# -- lease timings that cannot work (issue 12, item 0c) ---------------------------------------
+
+
+def test_timings_whose_first_renewal_is_due_after_the_self_fence_point_are_refused() -> None:
+    """ttl 6, renew 3, op 2, margin 2: the owner would self-fence at 4 s before its first
+    renewal could land (3 + 2 s): refused, in the value object and in Settings, with the
+    numbers."""
+    from ai_lease import ConfigError
+    from ai_lease.settings import Settings
+
+    numbers = r"renew_interval 3s .* ttl - op_timeout - self_fence_margin = 6 - 2 - 2 = 2s"
+    with pytest.raises(ConfigError, match=numbers):
+        LeaseTimings(ttl=6, renew_interval=3, op_timeout=2, self_fence_margin=2)
+    with pytest.raises(ConfigError, match=r"lease\.renew_interval: .*" + numbers):
+        Settings(lease={"ttl": 6, "renew_interval": 3})
+    LeaseTimings(ttl=8, renew_interval=3, op_timeout=2, self_fence_margin=2)  # 4 s: fine

@@ -210,3 +210,29 @@ async def _persist(ctx: StageContext) -> object:
     value = ctx.output("compute")
     await ctx.commit(value)
     return value
+
+
+async def test_a_loop_blocked_after_the_grant_self_fences_before_the_model_call(
+    store: LeaseStore,
+) -> None:
+    """The event loop is blocked 2.6 s right after a grant with TTL 3 s (self-fence margin
+    0.5 s): the lease counts from the acquire's send time, so the owner self-fences instead
+    of calling the model when another node could already hold the job."""
+    import time
+
+    timings = LeaseTimings(
+        ttl=3.0, renew_interval=1.0, op_timeout=0.3, poll_interval=0.05, self_fence_margin=0.5
+    )
+    seen: list[str] = []
+
+    def block_after_first_grant(event: object) -> None:
+        kind = getattr(event, "kind", "")
+        seen.append(kind)
+        if kind == "acquired" and seen.count("acquired") == 1:
+            time.sleep(2.6)  # on the loop, as a stuck sync call would
+
+    provider = ScriptedProvider(["late answer"])
+    runner = Runner(store, provider=provider, timings=timings, on_event=block_after_first_grant)
+    record = await runner.run(Job("k", input="x"))
+    assert "self_fenced" in seen[: seen.index("acquired", 1)], seen
+    assert provider.calls == 1 and record.attempts == 2 and record.output == "late answer"
