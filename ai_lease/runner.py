@@ -481,10 +481,11 @@ class Runner:
         )
 
     async def _step_down(self, fence: Fence) -> None:
-        """Release after a cancellation, bounded by the store's op timeout."""
+        """Release after a cancellation (Ctrl-C, a shutdown), bounded by the store's op
+        timeout. An interrupt is not the job's failure: the attempt is handed back."""
         try:
             async with asyncio.timeout(self.timings.op_timeout * 2):
-                await self.store.release(fence, error="the owner was cancelled (shutdown)")
+                await self.store.release(fence, interrupted=True)
                 await due_now(self.store, fence.key)
             self._emit("released", fence.key, fence, "cancelled: stepped down")
         except (StoreUnavailable, TimeoutError) as exc:

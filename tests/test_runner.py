@@ -18,6 +18,7 @@ from ai_lease import (
     StageBudget,
     Status,
 )
+from ai_lease.events import Event
 from ai_lease.job import Job
 from ai_lease.pipeline import Pipeline, Stage, StageContext
 from ai_lease.runner import Runner
@@ -236,3 +237,29 @@ async def test_a_loop_blocked_after_the_grant_self_fences_before_the_model_call(
     record = await runner.run(Job("k", input="x"))
     assert "self_fenced" in seen[: seen.index("acquired", 1)], seen
     assert provider.calls == 1 and record.attempts == 2 and record.output == "late answer"
+
+
+async def test_cancelled_owners_hand_their_attempts_back(store: LeaseStore) -> None:
+    """Three runs of one key cancelled mid-call (Ctrl-C) release the job without using up
+    its attempts: it stays PENDING with 0 attempts, and a fourth run finishes it."""
+    for _ in range(3):
+        calling = asyncio.Event()
+
+        def on_event(event: Event, calling: asyncio.Event = calling) -> None:
+            if event.kind == "stage" and event.stage == "call_ai":
+                calling.set()
+
+        provider = ScriptedProvider(["x", Pause(30)])
+        runner = Runner(store, provider=provider, timings=FAST, on_event=on_event)
+        run = asyncio.create_task(runner.run(Job("k", input="x")))
+        await asyncio.wait_for(calling.wait(), 5)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        record = await store.get("k")
+        assert record is not None and record.status is Status.PENDING, record
+        assert record.attempts == 0, record
+    done = await Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST).run(
+        Job("k", input="x")
+    )
+    assert done.output == "fine" and done.attempts == 1

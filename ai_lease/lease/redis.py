@@ -293,9 +293,15 @@ class RedisStore:
         return Renewal(False, reply[0], int(reply[1]) / 1_000_000, current=current)
 
     async def release(
-        self, fence: Fence, *, error: str | None = None, snapshot: str | None = None
+        self,
+        fence: Fence,
+        *,
+        error: str | None = None,
+        snapshot: str | None = None,
+        interrupted: bool = False,
     ) -> bool:
         args = [fence.owner_id, fence.token, clip(error) or "", clip(snapshot) or ""]
+        args.append("1" if interrupted else "")
         return bool(await self._call("release", fence.key, "RELEASE", args))
 
     async def _finish(self, op: str, fence: Fence, status: str, field: str, value: str) -> JobState:

@@ -132,7 +132,8 @@ return {'ok', ARGV[3], stalled and 1 or 0}
 """
 )
 
-# KEYS: job, events · ARGV: owner, token, error ('' keep), snapshot ('' keep) · returns 1 | 0
+# KEYS: job, events · ARGV: owner, token, error ('' keep), snapshot ('' keep),
+# interrupted ('1': give the attempt back) · returns 1 | 0
 RELEASE = (
     _PRELUDE
     + _FENCE_CHECK
@@ -141,6 +142,9 @@ if not mine or v[1] ~= 'RUNNING' then return 0 end
 redis.call('HSET', k, 'status', 'PENDING', 'lease_expires_at', fmt(now), 'updated_at', fmt(now))
 if ARGV[3] ~= '' then redis.call('HSET', k, 'last_error', ARGV[3]) end
 if ARGV[4] ~= '' then redis.call('HSET', k, 'stall_snapshot', ARGV[4]) end
+if ARGV[5] == '1' then  -- interrupted, not failed: the attempt is handed back
+  redis.call('HSET', k, 'attempts', fmt(math.max(0, num(redis.call('HGET', k, 'attempts')) - 1)))
+end
 redis.call('PUBLISH', KEYS[2], 'PENDING')
 return 1
 """

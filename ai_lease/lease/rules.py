@@ -137,12 +137,20 @@ def renew(
 
 
 def release(
-    rec: JobState | None, fence: Fence, now: float, *, error: str | None, snapshot: str | None
+    rec: JobState | None,
+    fence: Fence,
+    now: float,
+    *,
+    error: str | None,
+    snapshot: str | None,
+    interrupted: bool = False,
 ) -> tuple[Change, bool]:
     if _refusal(rec, fence, now) not in (None, "expired") or rec is None:
         return None, False
     new = replace(
         rec,
+        # An interrupted owner (cancelled, not failed) gives its attempt back.
+        attempts=max(0, rec.attempts - 1) if interrupted else rec.attempts,
         status=Status.PENDING,
         lease_expires_at=now,
         updated_at=now,
