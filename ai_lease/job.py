@@ -136,6 +136,7 @@ class JobState:
     created_at: float = 0.0
     updated_at: float = 0.0
     read_at: float = 0.0
+    started_at: float | None = None  # first acquisition (store clock): the job deadline's start
 
     @property
     def lease_remaining(self) -> float:
@@ -223,6 +224,7 @@ _FIELD_KINDS: dict[str, str] = {
     "result": "str",
     "created_at": "time0",
     "updated_at": "time0",
+    "started_at": "time",
 }
 
 

@@ -11,8 +11,9 @@
 3. a failed attempt (timeout, provider error, crash) is released with its error and retried
    after an exponential backoff (1 s, 2 s, 4 s…); the store counts attempts across nodes and
    ends the job FAILED after the last one. Bad input (a missing template variable, a 401)
-   fails at once. A job-level deadline, counted from the job's creation on the store's clock,
-   bounds everything: every accepted job ends DONE or FAILED.
+   fails at once. A job-level deadline, counted from the job's first acquisition on the
+   store's clock, bounds everything: every accepted job ends DONE or FAILED (time waiting
+   in the queue has its own, optional bound: ``queue_deadline``).
 """
 
 from __future__ import annotations
@@ -348,8 +349,17 @@ class Runner:
         )
         if acquired.takeover:
             self._emit("takeover", job.key, fence, f"previous attempts {record.attempts - 1}")
-        left = self.timings.job_deadline - (record.read_at - record.created_at)
+        # The job deadline runs from the first acquisition: queue time has its own bound.
+        started = record.read_at if record.started_at is None else record.started_at
+        left = self.timings.job_deadline - (record.read_at - started)
         backoff = self.retry.backoff(record.attempts)
+        if started - record.created_at > self.timings.queue_deadline:
+            reason = (
+                f"job {job.key!r} waited {started - record.created_at:.1f}s in the queue, past "
+                f"its queue deadline of {self.timings.queue_deadline:g}s (lease.queue_deadline)"
+            )
+            await self._fail(fence, reason)
+            raise JobFailed(job.key, reason)
         try:
             return await self._own(job, acquired, left, prepared, sent_at)
         except asyncio.CancelledError:

@@ -16,6 +16,7 @@ from, the dotted field and the rule. Secrets (``provider.api_key``, a password i
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -117,7 +118,8 @@ class LeaseSettings(_Section):
     stall_after_misses: int = Field(default=1, ge=1)
     stall_policy: StallPolicy = StallPolicy.EXPIRE
     self_fence_margin: Bound = 2.0
-    job_deadline: Bound = 3600.0
+    job_deadline: Bound = 3600.0  # from the first acquisition
+    queue_deadline: Bound = math.inf  # from submission to the first acquisition (inf: off)
 
 
 class AdaptiveSettings(_Section):
@@ -258,6 +260,7 @@ class Settings(BaseSettings):
             stall_policy=lease.stall_policy,
             self_fence_margin=lease.self_fence_margin,
             job_deadline=lease.job_deadline,
+            queue_deadline=lease.queue_deadline,
             stage_budgets={
                 name: StageBudget(stage.max_no_progress, stage.deadline)
                 for name, stage in self.stages.items()

@@ -104,6 +104,8 @@ class LeaseTimings:
     ttl - self_fence_margin``.
     ``self_fence_margin`` is how long before its lease could lapse (on the local
     monotonic clock) an owner that cannot reach the store stops its own work.
+    ``job_deadline`` bounds a job from its first acquisition; ``queue_deadline`` (off by
+    default) bounds how long a submitted job may wait for that first acquisition.
     """
 
     ttl: float = 30.0
@@ -114,6 +116,7 @@ class LeaseTimings:
     stall_policy: StallPolicy = StallPolicy.EXPIRE
     self_fence_margin: float = 2.0
     job_deadline: float = 3600.0
+    queue_deadline: float = math.inf
     stage_budgets: dict[str, StageBudget] = field(
         default_factory=lambda: dict(DEFAULT_STAGE_BUDGETS)
     )
@@ -121,7 +124,7 @@ class LeaseTimings:
 
     def __post_init__(self) -> None:
         _positive(self, "ttl", "renew_interval", "op_timeout", "poll_interval")
-        _positive(self, "self_fence_margin", "job_deadline", allow_inf=True)
+        _positive(self, "self_fence_margin", "job_deadline", "queue_deadline", allow_inf=True)
         if self.renew_interval * 2 > self.ttl:
             raise ConfigError(
                 f"LeaseTimings.renew_interval: must be at most half of ttl so a late renewal "

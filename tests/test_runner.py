@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -263,3 +264,33 @@ async def test_cancelled_owners_hand_their_attempts_back(store: LeaseStore) -> N
         Job("k", input="x")
     )
     assert done.output == "fine" and done.attempts == 1
+
+
+async def test_the_job_deadline_starts_at_the_first_acquisition(store: LeaseStore) -> None:
+    """A job that waited in the queue longer than its job deadline still runs: the deadline
+    starts at the first acquisition (recorded as started_at), not at submission."""
+    timings = dataclasses.replace(FAST, job_deadline=0.5)
+    runner = Runner(store, provider=ScriptedProvider(["ran"]), timings=timings)
+    submitted = await runner.submit(Job("k", input="x"))
+    await asyncio.sleep(0.7)  # queued past the job deadline
+    record = await runner.run(Job("k", input="x"))
+    assert record.output == "ran" and record.started_at is not None
+    assert record.started_at - submitted.created_at >= 0.6
+
+
+async def test_the_queue_deadline_bounds_the_wait_for_a_first_acquisition(
+    store: LeaseStore,
+) -> None:
+    """With lease.queue_deadline set, a job that waited longer for its first acquisition
+    ends FAILED, saying so, without calling the model."""
+    timings = dataclasses.replace(FAST, queue_deadline=0.3)
+    provider = ScriptedProvider(["never"])
+    runner = Runner(store, provider=provider, timings=timings)
+    await runner.submit(Job("k", input="x"))
+    await asyncio.sleep(0.5)
+    with pytest.raises(JobFailed, match=r"in the queue, past its queue deadline of 0\.3s"):
+        await runner.run(Job("k", input="x"))
+    record = await store.get("k")
+    assert record is not None and record.status is Status.FAILED and provider.calls == 0
+    fresh = await runner.run(Job("k2", input="x"))  # run at once: no queue time at all
+    assert fresh.status is Status.DONE

@@ -42,6 +42,7 @@ _TIME_FIELDS = frozenset(
         "max_no_progress",
         "created_at",
         "updated_at",
+        "started_at",
     }
 )
 

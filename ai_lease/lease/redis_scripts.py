@@ -30,7 +30,7 @@ end
 local LEAN = {'schema', 'status', 'owner_id', 'token', 'stage', 'progress_version',
   'heartbeat_at', 'last_progress_at', 'lease_expires_at', 'max_no_progress', 'stall_policy',
   'attempts', 'takeovers', 'missed_renewals', 'last_error', 'fingerprint', 'created_at',
-  'updated_at'}
+  'updated_at', 'started_at'}
 local function lean(k)
   local v = redis.call('HMGET', k, unpack(LEAN))
   local out = {}
@@ -91,6 +91,9 @@ redis.call('HSET', k, 'status', 'RUNNING', 'owner_id', owner, 'token', fmt(token
   'stage', '', 'progress_version', '0', 'heartbeat_at', fmt(now), 'last_progress_at', fmt(now),
   'lease_expires_at', fmt(now + ttl), 'max_no_progress', ARGV[3], 'stall_policy', ARGV[4],
   'attempts', fmt(attempts + 1), 'takeovers', fmt(takeovers), 'updated_at', fmt(now))
+if (redis.call('HGET', k, 'started_at') or '') == '' then  -- the job deadline starts here
+  redis.call('HSET', k, 'started_at', fmt(now))
+end
 return {'acquired', fmt(now), had_owner and 1 or 0, unpack(lean(k))}
 """
 )

@@ -79,6 +79,7 @@ def acquire(
         stall_policy=stall_policy,
         attempts=base.attempts + 1,
         takeovers=base.takeovers + (1 if base.owner_id is not None else 0),
+        started_at=now if base.started_at is None else base.started_at,
         fingerprint=base.fingerprint or fingerprint,
         updated_at=now,
         read_at=now,
