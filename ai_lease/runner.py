@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import math
 import os
 import secrets
@@ -70,6 +71,7 @@ T = TypeVar("T")
 __all__ = ["Runner"]
 
 _attempts = itertools.count(1)
+_log = logging.getLogger("ai_lease.runner")
 
 
 class _Contact:
@@ -150,6 +152,7 @@ class Runner:
         self.persist_hook = persist_hook
         self.node_id = node_id or default_node_id()
         self._sink = on_event
+        self.sink_failures = 0  # events a raising sink (``on_event``) failed to take
         # Stage durations go to the store's history (for `ai-lease tune` and adaptive
         # budgets); learned budgets replace the configured ones, which stay the ceiling.
         self.history = (
@@ -468,12 +471,21 @@ class Runner:
         return committed
 
     def _emit_event(self, event: Event) -> None:
-        if self.history is not None:
-            self.history(event)
-        if self.tracing is not None:
-            self.tracing(event)
-        if self._sink is not None:
-            self._sink(event)
+        """Hand ``event`` to every sink. A sink that raises never breaks the job it
+        observes: its first failure is logged, every failure counted (``sink_failures``)."""
+        for sink in (self.history, self.tracing, self._sink):
+            if sink is None:
+                continue
+            try:
+                sink(event)
+            except Exception:
+                self.sink_failures += 1
+                if self.sink_failures == 1:
+                    _log.exception(
+                        "event sink %r failed on a %r event (logged once; the job goes on)",
+                        sink,
+                        event.kind,
+                    )
 
     def _fenced(self, fence: Fence, exc: FencingRejected) -> None:
         reason = exc.code

@@ -294,3 +294,21 @@ async def test_the_queue_deadline_bounds_the_wait_for_a_first_acquisition(
     assert record is not None and record.status is Status.FAILED and provider.calls == 0
     fresh = await runner.run(Job("k2", input="x"))  # run at once: no queue time at all
     assert fresh.status is Status.DONE
+
+
+async def test_a_raising_event_sink_never_breaks_the_job(
+    store: LeaseStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An on_event that raises on every event: the job still ends DONE (not left RUNNING),
+    the failures are counted and logged once."""
+
+    def broken(event: Event) -> None:
+        raise RuntimeError("dashboard down")
+
+    runner = Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST, on_event=broken)
+    record = await runner.run(Job("k", input="x"))
+    stored = await store.get("k")
+    assert record.output == "fine" and stored is not None and stored.status is Status.DONE
+    assert runner.sink_failures > 3
+    logged = [r for r in caplog.records if r.name == "ai_lease.runner"]
+    assert len(logged) == 1 and logged[0].exc_info is not None
