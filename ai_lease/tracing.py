@@ -17,7 +17,15 @@ from .events import Event, EventSink
 
 __all__ = ["tracing_sink"]
 
-_ENDS = {"committed": "ok", "failed": "error", "fenced": "error", "retry": "error"}
+# Every way an attempt ends: a span left open would leak (and never be exported).
+_ENDS = {
+    "committed": "ok",
+    "failed": "error",
+    "fenced": "error",
+    "retry": "error",
+    "released": "unset",  # stepped down (cancelled, or a failure handed back)
+    "store_unavailable": "error",  # could not even release or fail: the lease lapses
+}
 
 
 def tracing_sink(tracer: Any = None) -> EventSink | None:
