@@ -509,7 +509,17 @@ class Runner:
             async with asyncio.timeout(self.timings.op_timeout * 2):
                 await self.store.release(fence, interrupted=True)
                 await due_now(self.store, fence.key)
-            self._emit("released", fence.key, fence, "cancelled: stepped down")
+            if self._listening:
+                self._emit_event(
+                    Event(
+                        "released",
+                        fence.key,
+                        fence.owner_id,
+                        fence.token,
+                        detail="cancelled: stepped down",
+                        attrs={"reason": "interrupted"},
+                    )
+                )
         except (StoreUnavailable, TimeoutError) as exc:
             self._emit("store_unavailable", fence.key, fence, f"could not step down: {exc}")
 

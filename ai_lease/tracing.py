@@ -23,7 +23,7 @@ _ENDS = {
     "failed": "error",
     "fenced": "error",
     "retry": "error",
-    "released": "unset",  # stepped down (cancelled, or a failure handed back)
+    "released": "error",  # a failure handed back (an interrupted owner's is no error)
     "store_unavailable": "error",  # could not even release or fail: the lease lapses
 }
 
@@ -77,7 +77,8 @@ class _Spans:
             for name, value in event.attrs.items():
                 span.set_attribute(f"ai_lease.{name}", value)
         elif event.kind in _ENDS:
-            if _ENDS[event.kind] == "error":
+            interrupted = (event.attrs or {}).get("reason") == "interrupted"
+            if _ENDS[event.kind] == "error" and not interrupted:
                 span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, event.detail))
             span.set_attribute("ai_lease.outcome", event.kind)
             span.end(end_time=_ns(event.at))

@@ -11,6 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from ai_lease import LeaseStore, LeaseTimings, StoreUnavailable
 from ai_lease.events import Event
@@ -122,3 +123,41 @@ async def test_spans_of_cancelled_and_store_unavailable_runs_are_ended(store: Le
     jobs = [s for s in exporter.get_finished_spans() if s.name == "ai_lease.job"]
     outcomes = [s.attributes["ai_lease.outcome"] for s in jobs]
     assert outcomes == ["released"] * 20 + ["store_unavailable"] * 2
+    assert all(s.status.status_code is not StatusCode.ERROR for s in jobs[:20])
+
+
+async def test_a_failed_attempt_span_is_an_error_and_a_cancelled_one_is_not(
+    store: LeaseStore,
+) -> None:
+    """A failed attempt (released with its error) ends its span with status ERROR (an
+    interrupted one does not: see above)."""
+    from ai_lease import ProviderError, RetryPolicy
+
+    class Broken:
+        name = "broken"
+
+        async def stream(self, request):  # type: ignore[no-untyped-def]
+            raise ProviderError("HTTP 503", retryable=True, status=503)
+            yield  # pragma: no cover
+
+        async def complete(self, request):  # type: ignore[no-untyped-def]
+            raise NotImplementedError
+
+        async def aclose(self) -> None:
+            return None
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    runner = Runner(
+        store,
+        provider=Broken(),  # type: ignore[arg-type]
+        retry=RetryPolicy(attempts=1),
+        call_retry=RetryPolicy(attempts=1),
+        trace=False,
+    )
+    runner.tracing = tracing_sink(provider.get_tracer("test"))
+    with pytest.raises(Exception, match="503"):
+        await runner.run(Job("k", input="x"))
+    [job] = [s for s in exporter.get_finished_spans() if s.name == "ai_lease.job"]
+    assert job.status.status_code is StatusCode.ERROR and "503" in (job.status.description or "")
