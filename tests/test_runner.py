@@ -312,3 +312,26 @@ async def test_a_raising_event_sink_never_breaks_the_job(
     assert runner.sink_failures > 3
     logged = [r for r in caplog.records if r.name == "ai_lease.runner"]
     assert len(logged) == 1 and logged[0].exc_info is not None
+
+
+async def test_a_done_record_has_a_final_stage_and_no_growing_progress_age(
+    store: LeaseStore,
+) -> None:
+    """After the commit the record's stage is "done" (not call_ai) and its progress age is
+    not shown (it would only grow); a FAILED record keeps the stage it failed in."""
+    await Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST).run(
+        Job("k", input="x")
+    )
+    await asyncio.sleep(0.2)
+    record = await store.get("k")
+    assert record is not None and record.status is Status.DONE
+    assert record.stage == "done" and record.since_progress is None
+    with pytest.raises(JobFailed):
+        await Runner(
+            store,
+            provider=Flaky(9, retryable=False),
+            timings=FAST,
+            call_retry=NO_CALL_RETRY,
+        ).run(Job("k2", input="x"))
+    failed = await store.get("k2")
+    assert failed is not None and failed.stage != "done" and failed.since_progress is None

@@ -171,6 +171,7 @@ end
 if not mine then return {'rejected', 'a newer owner took the job over', v[3], v[2]} end
 redis.call('HSET', k, 'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '',
   'updated_at', fmt(now))
+if ARGV[3] == 'DONE' then redis.call('HSET', k, 'stage', 'done') end  -- a final stage
 redis.call('PUBLISH', KEYS[2], ARGV[3])
 return {'ok', fmt(now), unpack(lean(k))}
 """

@@ -183,7 +183,9 @@ def finish(
         raise _reject(rec, fence, f"the job already ended {rec.status.value}")
     if not mine:
         raise _reject(rec, fence, "a newer owner took the job over")
-    field = {"result": value} if status is Status.DONE else {"last_error": clip(value)}
+    # A DONE record's stage is final ("done"); a FAILED one keeps the stage it failed in.
+    done = status is Status.DONE
+    field = {"result": value, "stage": "done"} if done else {"last_error": clip(value)}
     new = replace(rec, status=status, lease_expires_at=None, updated_at=now, read_at=now, **field)
     return new, new
 
