@@ -153,6 +153,9 @@ class Runner:
         self.node_id = node_id or default_node_id()
         self._sink = on_event
         self.sink_failures = 0  # events a raising sink (``on_event``) failed to take
+        # Fences of attempts that ended without their commit's answer: if the job turns
+        # out DONE under one of them, that commit was applied after all (and is logged).
+        self._unanswered: dict[tuple[int, str], None] = {}
         # Stage durations go to the store's history (for `ai-lease tune` and adaptive
         # budgets); learned budgets replace the configured ones, which stay the ceiling.
         self.history = (
@@ -333,6 +336,10 @@ class Runner:
 
     def _finished(self, record: JobState) -> JobState:
         if record.status is Status.DONE:
+            pair = (record.token, record.owner_id or "")
+            if self._unanswered.pop(pair, ()) is None:
+                fence = Fence(record.key, pair[1], pair[0])
+                self._emit("commit_late", record.key, fence, "commit answer arrived late: applied")
             self._emit("done", record.key, detail="result stored")
             return record
         self._emit("failed", record.key, detail=record.last_error or "")
@@ -363,8 +370,13 @@ class Runner:
             )
             await self._fail(fence, reason)
             raise JobFailed(job.key, reason)
+        self._unanswered[fence.pair] = None  # until the attempt has its commit's answer
+        if len(self._unanswered) > 1024:
+            del self._unanswered[next(iter(self._unanswered))]
         try:
-            return await self._own(job, acquired, left, prepared, sent_at)
+            committed = await self._own(job, acquired, left, prepared, sent_at)
+            self._unanswered.pop(fence.pair, None)
+            return committed
         except asyncio.CancelledError:
             await self._step_down(fence)  # e.g. a worker shutting down: hand over at once
             raise
