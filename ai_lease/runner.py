@@ -560,6 +560,9 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
     due: a timer until then, so a job shorter than one renew interval runs no extra task.
     If the keeper fails (lease lost, stalled, self-fenced) it cancels this task and its
     error is raised here; a cancellation from outside (the job deadline, a shutdown) wins.
+    Work that fails on its own while the lease is gone (after a stopped process wakes, a
+    stream timeout and the self-fence are due together) fails for the lease, not for its
+    own error: the keeper's error (or the self-fence) is raised, from the work's.
     """
     loop = asyncio.get_running_loop()
     this = asyncio.current_task()
@@ -571,11 +574,12 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
     finished = False
 
     def keeper_done(task: asyncio.Task[Any]) -> None:
+        # Retrieved even when the work is over: no "Task exception was never retrieved".
+        error = task.exception() if not task.cancelled() else None
         if finished:
             return
         # Only we cancel the keeper, and only once the work is over: a keeper that ended
         # any other way (even by a stray CancelledError) means nobody keeps the lease.
-        error = task.exception() if not task.cancelled() else None
         failure.append(
             error or LeaseLost(keeper.fence.key, "the lease keeper stopped", keeper.fence.pair)
         )
@@ -595,6 +599,14 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
             if failure and this.uncancel() <= cancelling:
                 raise failure[0] from None
             raise
+        except Exception as exc:
+            if failure:  # the keeper's cancellation is pending or was turned into exc
+                this.uncancel()
+                raise failure[0] from exc
+            lost = _keeper_error(keeper_task) or _lapsed(keeper)
+            if lost is not None:
+                raise lost from exc
+            raise
         if failure:  # the work swallowed the keeper's cancellation: the lease is gone anyway
             this.uncancel()
             raise failure[0]
@@ -605,6 +617,22 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
         if keeper_task is not None and not keeper_task.done():
             keeper_task.cancel()
             await asyncio.wait([keeper_task])  # never leave the renewal loop running
+
+
+def _keeper_error(task: asyncio.Task[Any] | None) -> BaseException | None:
+    """The error of a keeper that has just failed (its done callback not run yet)."""
+    if task is None or not task.done() or task.cancelled():
+        return None
+    return task.exception()
+
+
+def _lapsed(keeper: LeaseKeeper) -> LeaseLost | None:
+    """The self-fence's error if the lease may have lapsed by now, else None."""
+    try:
+        keeper.ensure_lease()
+    except LeaseLost as exc:
+        return exc
+    return None
 
 
 def learned_timings(
