@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -319,9 +320,7 @@ async def test_a_done_record_has_a_final_stage_and_no_growing_progress_age(
 ) -> None:
     """After the commit the record's stage is "done" (not call_ai) and its progress age is
     not shown (it would only grow); a FAILED record keeps the stage it failed in."""
-    await Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST).run(
-        Job("k", input="x")
-    )
+    await Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST).run(Job("k", input="x"))
     await asyncio.sleep(0.2)
     record = await store.get("k")
     assert record is not None and record.status is Status.DONE
@@ -335,3 +334,61 @@ async def test_a_done_record_has_a_final_stage_and_no_growing_progress_age(
         ).run(Job("k2", input="x"))
     failed = await store.get("k2")
     assert failed is not None and failed.stage != "done" and failed.since_progress is None
+
+
+class _SubscribeLosesCancellation:
+    """A redis-py PubSub whose subscribe is slow and loses the cancellation that ends it,
+    then subscribes to a channel nobody publishes on: what redis-py 8.1 did under CPU load
+    (a connect that swallowed the wait's timeout), with the notification lost as well."""
+
+    def __init__(self, pubsub: Any) -> None:
+        self._pubsub = pubsub
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pubsub, name)
+
+    async def subscribe(self, *channels: str) -> None:
+        try:
+            await asyncio.sleep(1.0)
+        except asyncio.CancelledError:
+            pass  # lost
+        await self._pubsub.subscribe("nobody-publishes-here")
+
+
+async def test_a_follower_whose_notification_is_lost_returns_within_a_poll(
+    redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower whose wake-up is lost (and whose wait's cancellation is swallowed by the
+    Redis client) still re-reads the record every poll_interval: it returns the DONE result
+    within one poll (+ slack) of the commit, never hangs."""
+    from ai_lease.lease import open_store
+
+    redis_server.flushall()
+    owner_store = open_store(redis_server.url, op_timeout=0.5)
+    follower_store = open_store(redis_server.url, op_timeout=0.5)
+    client = follower_store._client  # type: ignore[attr-defined]
+    real_pubsub = client.pubsub
+    monkeypatch.setattr(client, "pubsub", lambda: _SubscribeLosesCancellation(real_pubsub()))
+    committed_at: list[float] = []
+
+    def on_event(event: Event) -> None:
+        if event.kind == "committed":
+            committed_at.append(asyncio.get_running_loop().time())
+
+    try:
+        owner = Runner(
+            owner_store,
+            provider=ScriptedProvider(["slow ", Pause(0.4), "answer"]),
+            timings=FAST,
+            on_event=on_event,
+        )
+        follower = Runner(follower_store, provider=ScriptedProvider(["never"]), timings=FAST)
+        owned = asyncio.create_task(owner.run(Job("k", input="x")))
+        await asyncio.sleep(0.1)
+        record = await asyncio.wait_for(follower.run(Job("k", input="x")), 5)
+        returned_at = asyncio.get_running_loop().time()
+        assert record.output == "slow answer" and (await owned).token == record.token
+        assert returned_at - committed_at[0] <= FAST.poll_interval + 0.5
+    finally:
+        await owner_store.aclose()
+        await follower_store.aclose()

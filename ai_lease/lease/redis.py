@@ -453,10 +453,13 @@ class RedisStore:
         try:
             async with asyncio.timeout(timeout):
                 await pubsub.subscribe(self.keys(key)[1])
-                while (
-                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=None) is None
-                ):
-                    pass
+                # Every read has a bound of its own too: redis-py (8.1) can lose the timeout's
+                # cancellation inside subscribe's connect under load, and a read without a
+                # bound then blocks until the job's next event, which may never come.
+                while (left := deadline - loop.time()) > 0:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+                    if message is not None:
+                        return
         except TimeoutError:
             return
         except (RedisError, OSError):  # pub/sub unavailable: poll instead
