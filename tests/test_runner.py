@@ -392,3 +392,59 @@ async def test_a_follower_whose_notification_is_lost_returns_within_a_poll(
     finally:
         await owner_store.aclose()
         await follower_store.aclose()
+
+
+async def test_three_ctrl_c_submits_leave_the_job_pending_not_failed(tmp_path: Any) -> None:
+    """`ai-lease submit` interrupted with SIGINT (Ctrl-C) mid-stream, three times: the job
+    is released each time, not failed — PENDING with 0 attempts — and a fourth submit
+    finishes it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from ai_lease.lease import open_store
+    from tests.harness.sse_server import Hang, SSEServer, chat_chunks, sse
+
+    (tmp_path / "job.toml").write_text('key = "ctrl-c"\ninput = "One. Two."\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
+    store = open_store(f"sqlite:///{tmp_path / '.ai-lease' / 'ai-lease.db'}")
+    async with SSEServer() as server:
+        env |= {
+            "AI_LEASE_PROVIDER__NAME": "openai-compatible",
+            "AI_LEASE_PROVIDER__BASE_URL": server.base_url,
+            "AI_LEASE_PROVIDER__MODEL": "m",
+        }
+        for _ in range(3):
+            server.enqueue(sse(*chat_chunks(["One "], finish_reason=None), Hang()))
+        server.enqueue(sse(*chat_chunks(["One. Two."])))
+        try:
+            for _ in range(3):
+                proc = await asyncio.create_subprocess_exec(
+                    *[sys.executable, "-m", "ai_lease", "submit", "job.toml", "--quiet"],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                await server.wait_connections_open(1, timeout_s=30)  # mid-stream now
+                proc.send_signal(signal.SIGINT)
+                _, err = await asyncio.wait_for(proc.communicate(), 30)
+                assert proc.returncode != 0
+                assert b"Traceback" not in err, err.decode()
+                record = await store.get("ctrl-c")
+                assert record is not None and record.status is Status.PENDING, record
+                assert record.attempts == 0, record
+                await server.wait_connections_open(0, timeout_s=10)
+            proc = await asyncio.create_subprocess_exec(
+                *[sys.executable, "-m", "ai_lease", "submit", "job.toml", "--quiet"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, err.decode()
+            assert "One. Two." in out.decode()
+        finally:
+            await store.aclose()
