@@ -119,7 +119,8 @@ class LeaseSettings(_Section):
     stall_policy: StallPolicy = StallPolicy.EXPIRE
     self_fence_margin: Bound = 2.0
     job_deadline: Bound = 3600.0  # from the first acquisition
-    queue_deadline: Bound = math.inf  # from submission to the first acquisition (inf: off)
+    # From submission to the first acquisition; None (the default): no bound.
+    queue_deadline: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
 
 class AdaptiveSettings(_Section):
@@ -260,7 +261,7 @@ class Settings(BaseSettings):
             stall_policy=lease.stall_policy,
             self_fence_margin=lease.self_fence_margin,
             job_deadline=lease.job_deadline,
-            queue_deadline=lease.queue_deadline,
+            queue_deadline=math.inf if lease.queue_deadline is None else lease.queue_deadline,
             stage_budgets={
                 name: StageBudget(stage.max_no_progress, stage.deadline)
                 for name, stage in self.stages.items()

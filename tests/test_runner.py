@@ -282,9 +282,16 @@ async def test_the_job_deadline_starts_at_the_first_acquisition(store: LeaseStor
 async def test_the_queue_deadline_bounds_the_wait_for_a_first_acquisition(
     store: LeaseStore,
 ) -> None:
-    """With lease.queue_deadline set, a job that waited longer for its first acquisition
-    ends FAILED, saying so, without calling the model."""
-    timings = dataclasses.replace(FAST, queue_deadline=0.3)
+    """With lease.queue_deadline set (in Settings), a job that waited longer for its first
+    acquisition ends FAILED, saying so, without calling the model; unset, there is no bound."""
+    from ai_lease.settings import Settings
+
+    assert Settings().lease_timings().queue_deadline == float("inf")
+    settings = Settings(
+        store={"op_timeout": 0.15, "poll_interval": 0.05},
+        lease={"ttl": 1, "renew_interval": 0.2, "self_fence_margin": 0.2, "queue_deadline": 0.3},
+    )
+    timings = settings.lease_timings()
     provider = ScriptedProvider(["never"])
     runner = Runner(store, provider=provider, timings=timings)
     await runner.submit(Job("k", input="x"))
