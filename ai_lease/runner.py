@@ -537,9 +537,11 @@ class Runner:
 
     async def _release(self, fence: Fence, error: str) -> None:
         try:
-            await self.store.release(fence, error=error)
+            released = await self.store.release(fence, error=error)
             await due_now(self.store, fence.key)
-            self._emit("released", fence.key, fence, error)
+            # The log says what the store did: a lease no longer ours was not released.
+            note = "" if released else " (not released: the store no longer held this lease)"
+            self._emit("released", fence.key, fence, error + note)
         except StoreUnavailable as exc:  # the lease lapses on its own
             self._emit("store_unavailable", fence.key, fence, str(exc))
 

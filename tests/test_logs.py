@@ -343,3 +343,5 @@ async def test_json_log_says_when_a_commit_answer_arrived_late(
     [late] = [line for line in _json_lines(handler) if line["event"] == "commit_late"]
     assert late["level"] == "INFO" and late["key"] == "k" and late["token"] == record.token
     assert late["detail"] == "commit answer arrived late: applied"
+    [released] = [line for line in _json_lines(handler) if line["event"] == "released"]
+    assert released["detail"].endswith("(not released: the store no longer held this lease)")
