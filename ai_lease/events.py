@@ -25,7 +25,8 @@ class Event:
     ``renewed`` (``value``: progress events since the last renewal), ``renew_skipped``
     (no progress within budget), ``renew_refused``,
     ``renew_failed`` (store unreachable), ``stalled``, ``self_fenced``, ``released``,
-    ``committed`` (``value``: seconds from acquiring to committing), ``fenced`` (a write
+    ``committed`` (``value``: seconds from acquiring to committing), ``commit_late`` (a
+    commit whose answer never came was applied after all), ``fenced`` (a write
     rejected), ``retry``, ``done``, ``failed``, ``store_corrupt`` (a stored value that is not
     ours was skipped: ``detail`` names it); workers add ``worker_*`` and ``job_*`` kinds.
     """

@@ -170,6 +170,7 @@ class JobState:
     created_at: float = 0.0
     updated_at: float = 0.0
     read_at: float = 0.0
+    started_at: float | None = None  # first acquisition (store clock): the job deadline's start
 
     @property
     def lease_remaining(self) -> float:
@@ -188,7 +189,11 @@ class JobState:
 
     @property
     def since_progress(self) -> float | None:
-        return None if self.last_progress_at is None else self.read_at - self.last_progress_at
+        """Seconds since the owner's last published progress; None once the job has ended
+        (a finished job's progress age is no news, and would only grow)."""
+        if self.last_progress_at is None or self.status.terminal:
+            return None
+        return self.read_at - self.last_progress_at
 
     def health(self, grace: float = 0.0) -> Health | None:
         """The seed's four-state judgement for a RUNNING job (None otherwise).
@@ -257,6 +262,7 @@ _FIELD_KINDS: dict[str, str] = {
     "result": "str",
     "created_at": "time0",
     "updated_at": "time0",
+    "started_at": "time",
 }
 
 

@@ -14,6 +14,13 @@ Details pass through :func:`redact` first: API keys, bearer tokens and passwords
 never reach a log line. Lease renewals log at DEBUG, trouble (stalls, refusals, fencing,
 timeouts, failures) at WARNING, everything else at INFO; a follower's repeated polls log
 once per owner and stage.
+
+In JSON mode every lease operation's outcome is at INFO or above, so a log reader can
+rebuild who held which lease when: renewals are sampled by count, never dropped silently.
+Each lease's first renewal and every :data:`RENEWAL_SAMPLE` th get a line, and so does its
+last one before the lease ends (commit, release, failure, loss); a renewal line carries
+``attrs.renewals`` (this lease's renewals so far) and ``attrs.unlogged`` (renewals since
+the previous renewal line that got no line of their own).
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ import orjson
 from .events import Event, EventSink
 from .redaction import redact
 
-__all__ = ["JobLogger", "configure_logging", "event_fields", "fan_out", "redact"]
+__all__ = ["RENEWAL_SAMPLE", "JobLogger", "configure_logging", "event_fields", "fan_out", "redact"]
 
 LOGGER_NAME = "ai_lease.events"
+RENEWAL_SAMPLE = 10  # JSON mode: every 10th renewal of a lease gets a line (see above)
 
 WARNING_KINDS = frozenset(
     {
@@ -51,6 +59,30 @@ WARNING_KINDS = frozenset(
 DEBUG_KINDS = frozenset({"renewed"})
 _FORGET_KINDS = frozenset({"acquired", "done", "failed", "committed"})
 _MAX_FOLLOWED = 4096
+# Events that end (or may end) a lease: its held-back last renewal is logged before them.
+_LEASE_END_KINDS = frozenset(
+    {
+        "committed",
+        "released",
+        "failed",
+        "fenced",
+        "retry",
+        "self_fenced",
+        "renew_refused",
+        "store_unavailable",
+    }
+)
+
+
+class _Renewals:
+    """One lease's renewals as the JSON log has seen them."""
+
+    __slots__ = ("count", "held", "skipped")
+
+    def __init__(self) -> None:
+        self.count = 0  # renewals of this lease so far
+        self.held: Event | None = None  # the latest renewal without a line of its own yet
+        self.skipped = 0  # renewals before ``held`` since the last renewal line
 
 
 def event_fields(event: Event) -> dict[str, Any]:
@@ -128,14 +160,51 @@ class JobLogger:
         self.logger = logger or logging.getLogger(LOGGER_NAME)
         self.json = json
         self._following: dict[str, tuple[object, ...]] = {}
+        self._renewals: dict[tuple[str, int | None], _Renewals] = {}
 
     def __call__(self, event: Event) -> None:
+        if self.json:
+            if event.kind == "renewed":
+                self._sample_renewal(event)
+                return
+            if event.kind in _LEASE_END_KINDS:
+                self._flush_renewals(event)
         level = _level(event.kind)
         if not self.logger.isEnabledFor(level) or self._repeated(event):
             return
+        self._write(event, level)
+
+    def _write(self, event: Event, level: int, extra: dict[str, int] | None = None) -> None:
         fields = event_fields(event)
+        if extra:
+            fields["attrs"] = {**fields.get("attrs", {}), **extra}
         line = json_line(fields, level, event.at) if self.json else text_line(fields)
         self.logger.log(level, line, extra={"ai_lease": fields})
+
+    def _sample_renewal(self, event: Event) -> None:
+        """JSON mode: a line for the 1st and every RENEWAL_SAMPLE-th renewal of a lease;
+        the others are counted, and the latest is held back for the lease's end."""
+        lease = (event.key, event.token)
+        seen = self._renewals.get(lease)
+        if seen is None:
+            if len(self._renewals) >= _MAX_FOLLOWED:
+                self._renewals.clear()
+            seen = self._renewals[lease] = _Renewals()
+        seen.count += 1
+        if seen.count == 1 or seen.count % RENEWAL_SAMPLE == 0:
+            unlogged = seen.skipped + (seen.held is not None)
+            seen.held, seen.skipped = None, 0
+            self._write(event, logging.INFO, {"renewals": seen.count, "unlogged": unlogged})
+            return
+        seen.skipped += seen.held is not None
+        seen.held = event
+
+    def _flush_renewals(self, event: Event) -> None:
+        """Before a lease's end: the line of its last renewal, if it had none yet."""
+        seen = self._renewals.pop((event.key, event.token), None)
+        if seen is not None and seen.held is not None:
+            extra = {"renewals": seen.count, "unlogged": seen.skipped}
+            self._write(seen.held, logging.INFO, extra)
 
     def _repeated(self, event: Event) -> bool:
         """A follower's poll that says nothing new (same owner, token and stage)."""

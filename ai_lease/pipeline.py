@@ -377,6 +377,7 @@ async def call_ai(ctx: StageContext) -> Completion:
     request: ChatRequest = ctx.output("build_prompt")
 
     async def once() -> Completion:
+        ctx.ensure_lease()  # each call (a retry too) is a side effect: only on a live lease
         if not ctx.job.stream:
             return await provider.complete(request)
         guard = StreamGuard(

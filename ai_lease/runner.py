@@ -11,8 +11,9 @@
 3. a failed attempt (timeout, provider error, crash) is released with its error and retried
    after an exponential backoff (1 s, 2 s, 4 s…); the store counts attempts across nodes and
    ends the job FAILED after the last one. Bad input (a missing template variable, a 401)
-   fails at once. A job-level deadline, counted from the job's creation on the store's clock,
-   bounds everything: every accepted job ends DONE or FAILED.
+   fails at once. A job-level deadline, counted from the job's first acquisition on the
+   store's clock, bounds everything: every accepted job ends DONE or FAILED (time waiting
+   in the queue has its own, optional bound: ``queue_deadline``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import math
 import os
 import secrets
@@ -72,6 +74,7 @@ T = TypeVar("T")
 __all__ = ["Runner"]
 
 _attempts = itertools.count(1)
+_log = logging.getLogger("ai_lease.runner")
 
 
 class _Contact:
@@ -156,6 +159,10 @@ class Runner:
         self.persist_hook = persist_hook
         self.node_id = node_id or default_node_id()
         self._sink = on_event
+        self.sink_failures = 0  # events a raising sink (``on_event``) failed to take
+        # Fences of attempts that ended without their commit's answer: if the job turns
+        # out DONE under one of them, that commit was applied after all (and is logged).
+        self._unanswered: dict[tuple[int, str], None] = {}
         # Stage durations go to the store's history (for `ai-lease tune` and adaptive
         # budgets); learned budgets replace the configured ones, which stay the ceiling.
         self.history = (
@@ -270,7 +277,7 @@ class Runner:
             left = self.timings.job_deadline - (time.monotonic() - started)
             try:
                 async with asyncio.timeout(max(left, 0.0)):
-                    outcome = await self._compete(job, follow, owner_id, contact)
+                    outcome, sent_at = await self._compete(job, follow, owner_id, contact)
             except TimeoutError:
                 raise JobDeadlineExceeded(job.key, self.timings.job_deadline) from None
             except StoreUnavailable as exc:
@@ -286,7 +293,7 @@ class Runner:
                 return None
             if isinstance(outcome, Finished):
                 return self._finished(outcome.job)
-            attempt = await self._attempt(job, outcome, prepared)
+            attempt = await self._attempt(job, outcome, prepared, sent_at)
             owner_id = self._new_owner_id()  # the next attempt gets a fence of its own
             if isinstance(attempt, JobState):
                 return attempt
@@ -299,9 +306,15 @@ class Runner:
 
     async def _compete(
         self, job: Job, follow: bool, owner_id: str, contact: _Contact
-    ) -> Acquired | Finished | None:
+    ) -> tuple[Acquired | Finished | None, float]:
         """Acquire the job as ``owner_id``; meanwhile follow whoever holds it, or
-        (``follow=False``) return None at once."""
+        (``follow=False``) return None at once. Also returns when (monotonic clock) the
+        last acquire was sent: a granted lease is valid for its TTL from then, not from
+        the reply (which may have waited on a blocked event loop)."""
+        sent = [time.monotonic()]
+
+        def on_send() -> None:
+            sent[0] = time.monotonic()
         kwargs: dict[str, Any] = dict(
             ttl=self.timings.ttl,
             max_no_progress=self.pipeline.budgets(self.timings)[0].max_no_progress,
@@ -315,16 +328,18 @@ class Runner:
                 contact.reached = True  # an answer: later store errors are blips
                 self._on_follow(following)
 
-            return await acquire_or_follow(
+            owned = await acquire_or_follow(
                 self.store,
                 job.key,
                 owner_id,
                 poll_interval=self.timings.poll_interval,
                 on_follow=on_follow,
+                on_send=on_send,
                 **kwargs,
             )
+            return owned, sent[0]
         outcome = await self.store.acquire(job.key, owner_id, **kwargs)
-        return None if isinstance(outcome, Following) else outcome
+        return (None if isinstance(outcome, Following) else outcome), sent[0]
 
     def _on_follow(self, following: Following) -> None:
         rec = following.job
@@ -339,13 +354,17 @@ class Runner:
 
     def _finished(self, record: JobState) -> JobState:
         if record.status is Status.DONE:
+            pair = (record.token, record.owner_id or "")
+            if self._unanswered.pop(pair, ()) is None:
+                fence = Fence(record.key, pair[1], pair[0])
+                self._emit("commit_late", record.key, fence, "commit answer arrived late: applied")
             self._emit("done", record.key, detail="result stored")
             return record
         self._emit("failed", record.key, detail=record.last_error or "")
         raise JobFailed(record.key, record.last_error)
 
     async def _attempt(
-        self, job: Job, acquired: Acquired, prepared: Mapping[str, Any]
+        self, job: Job, acquired: Acquired, prepared: Mapping[str, Any], sent_at: float
     ) -> JobState | float:
         """One attempt as owner. Returns the DONE record, or how long to stand aside
         (following only) before competing again."""
@@ -358,10 +377,24 @@ class Runner:
         )
         if acquired.takeover:
             self._emit("takeover", job.key, fence, f"previous attempts {record.attempts - 1}")
-        left = self.timings.job_deadline - (record.read_at - record.created_at)
+        # The job deadline runs from the first acquisition: queue time has its own bound.
+        started = record.read_at if record.started_at is None else record.started_at
+        left = self.timings.job_deadline - (record.read_at - started)
         backoff = self.retry.backoff(record.attempts)
+        if started - record.created_at > self.timings.queue_deadline:
+            reason = (
+                f"job {job.key!r} waited {started - record.created_at:.1f}s in the queue, past "
+                f"its queue deadline of {self.timings.queue_deadline:g}s (lease.queue_deadline)"
+            )
+            await self._fail(fence, reason)
+            raise JobFailed(job.key, reason)
+        self._unanswered[fence.pair] = None  # until the attempt has its commit's answer
+        if len(self._unanswered) > 1024:
+            del self._unanswered[next(iter(self._unanswered))]
         try:
-            return await self._own(job, acquired, left, prepared)
+            committed = await self._own(job, acquired, left, prepared, sent_at)
+            self._unanswered.pop(fence.pair, None)
+            return committed
         except asyncio.CancelledError:
             await self._step_down(fence)  # e.g. a worker shutting down: hand over at once
             raise
@@ -405,7 +438,12 @@ class Runner:
         return None
 
     async def _own(
-        self, job: Job, acquired: Acquired, left: float, prepared: Mapping[str, Any]
+        self,
+        job: Job,
+        acquired: Acquired,
+        left: float,
+        prepared: Mapping[str, Any],
+        sent_at: float,
     ) -> JobState:
         fence = acquired.fence
         progress = Progress()
@@ -415,7 +453,9 @@ class Runner:
             fence,
             progress,
             self.timings,
-            valid_until=progress.clock() + acquired.job.lease_remaining - self.timings.op_timeout,
+            # Counted from when the acquire was sent (the store granted it later): a loop
+            # blocked after the reply cannot make us believe in a lease that has lapsed.
+            valid_until=sent_at + acquired.job.lease_remaining,
             stall_policy=self.stall_policy,
             on_event=self._emit_event,
         )
@@ -462,12 +502,21 @@ class Runner:
         return committed
 
     def _emit_event(self, event: Event) -> None:
-        if self.history is not None:
-            self.history(event)
-        if self.tracing is not None:
-            self.tracing(event)
-        if self._sink is not None:
-            self._sink(event)
+        """Hand ``event`` to every sink. A sink that raises never breaks the job it
+        observes: its first failure is logged, every failure counted (``sink_failures``)."""
+        for sink in (self.history, self.tracing, self._sink):
+            if sink is None:
+                continue
+            try:
+                sink(event)
+            except Exception:
+                self.sink_failures += 1
+                if self.sink_failures == 1:
+                    _log.exception(
+                        "event sink %r failed on a %r event (logged once; the job goes on)",
+                        sink,
+                        event.kind,
+                    )
 
     def _fenced(self, fence: Fence, exc: FencingRejected) -> None:
         reason = exc.code
@@ -485,21 +534,34 @@ class Runner:
         )
 
     async def _step_down(self, fence: Fence) -> None:
-        """Release after a cancellation, bounded by the store's op timeout."""
+        """Release after a cancellation (Ctrl-C, a shutdown), bounded by the store's op
+        timeout. An interrupt is not the job's failure: the attempt is handed back."""
         try:
             async with asyncio.timeout(self.timings.op_timeout * 2):
-                await self.store.release(fence, error="the owner was cancelled (shutdown)")
+                await self.store.release(fence, interrupted=True)
                 await due_now(self.store, fence.key)
-            self._emit("released", fence.key, fence, "cancelled: stepped down")
+            if self._listening:
+                self._emit_event(
+                    Event(
+                        "released",
+                        fence.key,
+                        fence.owner_id,
+                        fence.token,
+                        detail="cancelled: stepped down",
+                        attrs={"reason": "interrupted"},
+                    )
+                )
         except (StoreUnavailable, TimeoutError) as exc:
             self._emit("store_unavailable", fence.key, fence, f"could not step down: {exc}")
 
     async def _release(self, fence: Fence, error: str) -> None:
         error = redact(error)  # stored: no secret leaves the process in a record
         try:
-            await self.store.release(fence, error=error)
+            released = await self.store.release(fence, error=error)
             await due_now(self.store, fence.key)
-            self._emit("released", fence.key, fence, error)
+            # The log says what the store did: a lease no longer ours was not released.
+            note = "" if released else " (not released: the store no longer held this lease)"
+            self._emit("released", fence.key, fence, error + note)
         except StoreUnavailable as exc:  # the lease lapses on its own
             self._emit("store_unavailable", fence.key, fence, str(exc))
 
@@ -521,6 +583,9 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
     due: a timer until then, so a job shorter than one renew interval runs no extra task.
     If the keeper fails (lease lost, stalled, self-fenced) it cancels this task and its
     error is raised here; a cancellation from outside (the job deadline, a shutdown) wins.
+    Work that fails on its own while the lease is gone (after a stopped process wakes, a
+    stream timeout and the self-fence are due together) fails for the lease, not for its
+    own error: the keeper's error (or the self-fence) is raised, from the work's.
     """
     loop = asyncio.get_running_loop()
     this = asyncio.current_task()
@@ -532,11 +597,12 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
     finished = False
 
     def keeper_done(task: asyncio.Task[Any]) -> None:
+        # Retrieved even when the work is over: no "Task exception was never retrieved".
+        error = task.exception() if not task.cancelled() else None
         if finished:
             return
         # Only we cancel the keeper, and only once the work is over: a keeper that ended
         # any other way (even by a stray CancelledError) means nobody keeps the lease.
-        error = task.exception() if not task.cancelled() else None
         failure.append(
             error or LeaseLost(keeper.fence.key, "the lease keeper stopped", keeper.fence.pair)
         )
@@ -556,6 +622,14 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
             if failure and this.uncancel() <= cancelling:
                 raise failure[0] from None
             raise
+        except Exception as exc:
+            if failure:  # the keeper's cancellation is pending or was turned into exc
+                this.uncancel()
+                raise failure[0] from exc
+            lost = _keeper_error(keeper_task) or _lapsed(keeper)
+            if lost is not None:
+                raise lost from exc
+            raise
         if failure:  # the work swallowed the keeper's cancellation: the lease is gone anyway
             this.uncancel()
             raise failure[0]
@@ -566,6 +640,22 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
         if keeper_task is not None and not keeper_task.done():
             keeper_task.cancel()
             await asyncio.wait([keeper_task])  # never leave the renewal loop running
+
+
+def _keeper_error(task: asyncio.Task[Any] | None) -> BaseException | None:
+    """The error of a keeper that has just failed (its done callback not run yet)."""
+    if task is None or not task.done() or task.cancelled():
+        return None
+    return task.exception()
+
+
+def _lapsed(keeper: LeaseKeeper) -> LeaseLost | None:
+    """The self-fence's error if the lease may have lapsed by now, else None."""
+    try:
+        keeper.ensure_lease()
+    except LeaseLost as exc:
+        return exc
+    return None
 
 
 def learned_timings(

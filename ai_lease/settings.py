@@ -16,6 +16,7 @@ from, the dotted field and the rule. Secrets (``provider.api_key``, a password i
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -135,6 +136,8 @@ class LeaseSettings(_Section):
     stall_policy: StallPolicy = StallPolicy.EXPIRE
     self_fence_margin: Bound = 2.0
     job_deadline: Annotated[float, Field(gt=0, le=WEEK_S, allow_inf_nan=False)] = 3600.0
+    # From submission to the first acquisition; None (the default): no bound.
+    queue_deadline: Annotated[float, Field(gt=0, le=WEEK_S, allow_inf_nan=False)] | None = None
 
 
 class AdaptiveSettings(_Section):
@@ -323,6 +326,7 @@ class Settings(BaseSettings):
             stall_policy=lease.stall_policy,
             self_fence_margin=lease.self_fence_margin,
             job_deadline=lease.job_deadline,
+            queue_deadline=math.inf if lease.queue_deadline is None else lease.queue_deadline,
             stage_budgets={
                 name: StageBudget(stage.max_no_progress, stage.deadline)
                 for name, stage in self.stages.items()

@@ -124,9 +124,13 @@ class LeaseTimings:
     """How leases are held.
 
     ``renew_interval`` must leave room for a few renewals per TTL, and every store
-    operation (``op_timeout``) must end before the next renewal is due.
+    operation (``op_timeout``) must end before the next renewal is due; the first renewal
+    must land before the self-fence point: ``renew_interval + op_timeout <
+    ttl - self_fence_margin``.
     ``self_fence_margin`` is how long before its lease could lapse (on the local
     monotonic clock) an owner that cannot reach the store stops its own work.
+    ``job_deadline`` bounds a job from its first acquisition; ``queue_deadline`` (off by
+    default) bounds how long a submitted job may wait for that first acquisition.
     """
 
     ttl: float = 30.0
@@ -137,6 +141,7 @@ class LeaseTimings:
     stall_policy: StallPolicy = StallPolicy.EXPIRE
     self_fence_margin: float = 2.0
     job_deadline: float = 3600.0
+    queue_deadline: float = math.inf
     stage_budgets: dict[str, StageBudget] = field(
         default_factory=lambda: dict(DEFAULT_STAGE_BUDGETS)
     )
@@ -144,7 +149,7 @@ class LeaseTimings:
 
     def __post_init__(self) -> None:
         _positive(self, "ttl", "renew_interval", "op_timeout", "poll_interval")
-        _positive(self, "self_fence_margin", "job_deadline", allow_inf=True)
+        _positive(self, "self_fence_margin", "job_deadline", "queue_deadline", allow_inf=True)
         if self.renew_interval * 2 > self.ttl:
             raise ConfigError(
                 f"LeaseTimings.renew_interval: must be at most half of ttl so a late renewal "
@@ -159,6 +164,17 @@ class LeaseTimings:
             raise ConfigError(
                 "LeaseTimings.self_fence_margin: must be shorter than ttl "
                 f"(got {self.self_fence_margin:g}s with ttl {self.ttl:g}s)"
+            )
+        # The owner stops at ttl - self_fence_margin after sending its acquire; its first
+        # renewal is sent renew_interval in and may take op_timeout to land.
+        fence_after = self.ttl - self.op_timeout - self.self_fence_margin
+        if self.renew_interval >= fence_after:
+            raise ConfigError(
+                "LeaseTimings.renew_interval: the first renewal would be due after the "
+                f"self-fence point: renew_interval {self.renew_interval:g}s must be shorter "
+                f"than ttl - op_timeout - self_fence_margin = {self.ttl:g} - "
+                f"{self.op_timeout:g} - {self.self_fence_margin:g} = {fence_after:g}s "
+                "(raise ttl or lower renew_interval)"
             )
         if isinstance(self.stall_after_misses, bool) or not (
             isinstance(self.stall_after_misses, int) and self.stall_after_misses >= 1

@@ -17,7 +17,15 @@ from .events import Event, EventSink
 
 __all__ = ["tracing_sink"]
 
-_ENDS = {"committed": "ok", "failed": "error", "fenced": "error", "retry": "error"}
+# Every way an attempt ends: a span left open would leak (and never be exported).
+_ENDS = {
+    "committed": "ok",
+    "failed": "error",
+    "fenced": "error",
+    "retry": "error",
+    "released": "error",  # a failure handed back (an interrupted owner's is no error)
+    "store_unavailable": "error",  # could not even release or fail: the lease lapses
+}
 
 
 def tracing_sink(tracer: Any = None) -> EventSink | None:
@@ -69,7 +77,8 @@ class _Spans:
             for name, value in event.attrs.items():
                 span.set_attribute(f"ai_lease.{name}", value)
         elif event.kind in _ENDS:
-            if _ENDS[event.kind] == "error":
+            interrupted = (event.attrs or {}).get("reason") == "interrupted"
+            if _ENDS[event.kind] == "error" and not interrupted:
                 span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, event.detail))
             span.set_attribute("ai_lease.outcome", event.kind)
             span.end(end_time=_ns(event.at))

@@ -259,3 +259,75 @@ async def test_a_keeper_ended_by_a_stray_cancellation_stops_the_work(store: SQLi
     with pytest.raises(LeaseLost, match="keeper stopped"):
         await _alongside(asyncio.sleep(5), keeper)
     assert asyncio.get_running_loop().time() - started < 1.0
+
+
+# -- lease timings that cannot work (issue 12, item 0c) ---------------------------------------
+
+
+def test_timings_whose_first_renewal_is_due_after_the_self_fence_point_are_refused() -> None:
+    """ttl 6, renew 3, op 2, margin 2: the owner would self-fence at 4 s before its first
+    renewal could land (3 + 2 s): refused, in the value object and in Settings, with the
+    numbers."""
+    from ai_lease import ConfigError
+    from ai_lease.settings import Settings
+
+    numbers = r"renew_interval 3s .* ttl - op_timeout - self_fence_margin = 6 - 2 - 2 = 2s"
+    with pytest.raises(ConfigError, match=numbers):
+        LeaseTimings(ttl=6, renew_interval=3, op_timeout=2, self_fence_margin=2)
+    with pytest.raises(ConfigError, match=r"lease\.renew_interval: .*" + numbers):
+        Settings(lease={"ttl": 6, "renew_interval": 3})
+    LeaseTimings(ttl=8, renew_interval=3, op_timeout=2, self_fence_margin=2)  # 4 s: fine
+
+
+# -- a stopped process wakes up (issue 12, item E) -------------------------------------------
+
+
+class _RenewalsFail:
+    """The real store, except that no renewal gets through."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def renew(self, *args: object, **kwargs: object) -> Renewal:
+        raise StoreUnavailable("test", "renew", "unreachable")
+
+
+async def test_after_a_stall_the_self_fence_not_the_stream_timeout_ends_the_work(
+    store: SQLiteStore,
+) -> None:
+    """The loop is blocked (as by SIGSTOP) past both the self-fence point and the stream's
+    idle timeout: the attempt ends for the lost lease (the stream timeout as its cause), and
+    the keeper's LeaseLost is never left unretrieved in a task."""
+    import gc
+    import time
+
+    from ai_lease import StreamIdleTimeout
+
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    try:
+        # Self-fence at 0.8 s (renewals fail from 0.4 s on); the idle timeout at 0.85 s.
+        keeper = await _short_lived_keeper(store, _RenewalsFail(store), valid_for=1.0)
+
+        async def stream() -> str:
+            await asyncio.sleep(0.85)
+            raise StreamIdleTimeout(0.85)
+
+        loop.call_later(0.6, time.sleep, 0.6)  # the process is stopped from 0.6 s to 1.2 s
+        with pytest.raises(LeaseLost, match="self-fenced") as raised:
+            await _alongside(stream(), keeper)
+        assert isinstance(raised.value.__cause__, StreamIdleTimeout)
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0
+        del raised, keeper
+        await asyncio.sleep(0.05)  # let every done callback run
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert not unretrieved, unretrieved

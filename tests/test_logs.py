@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from ai_lease import JobFailed, LeaseStore, ProviderError, open_store
+from ai_lease import JobFailed, LeaseStore, ProviderError, StoreUnavailable, open_store
 from ai_lease.events import Event
 from ai_lease.job import Job
 from ai_lease.logs import JobLogger, configure_logging, fan_out, redact
@@ -156,13 +156,30 @@ def test_repeated_following_polls_log_once(captured: Any) -> None:
 
 
 def test_renewals_log_at_debug(captured: Any) -> None:
-    """Routine renewals stay out of an INFO log; trouble is a WARNING."""
+    """Routine renewals stay out of an INFO text log; trouble is a WARNING."""
+    logger, handler = captured
+    logger.setLevel(logging.INFO)
+    log = JobLogger(logger)
+    log(stall_event(kind="renewed", value=12.0))
+    log(stall_event(kind="renew_refused", detail="not_owner"))
+    assert len(handler.lines) == 1 and handler.lines[0].startswith("renew_refused")
+
+
+def test_json_renewals_are_sampled_at_info_and_counted(captured: Any) -> None:
+    """JSON mode: 25 renewals of a lease give lines for the 1st, 10th, 20th and (before the
+    commit) the 25th, at INFO; their counts account for every renewal."""
     logger, handler = captured
     logger.setLevel(logging.INFO)
     log = JobLogger(logger, json=True)
-    log(stall_event(kind="renewed", value=12.0))
-    log(stall_event(kind="renew_refused", detail="not_owner"))
-    assert [orjson.loads(line)["level"] for line in handler.lines] == ["WARNING"]
+    for _ in range(25):
+        log(stall_event(kind="renewed", value=1.0))
+    log(stall_event(kind="committed"))
+    lines = [orjson.loads(line) for line in handler.lines]
+    renewals = [line for line in lines if line["event"] == "renewed"]
+    assert [line["event"] for line in lines] == ["renewed"] * 4 + ["committed"]
+    assert {line["level"] for line in renewals} == {"INFO"}
+    assert [line["attrs"]["renewals"] for line in renewals] == [1, 10, 20, 25]
+    assert len(renewals) + sum(line["attrs"]["unlogged"] for line in renewals) == 25
 
 
 def test_redact_forms() -> None:
@@ -249,3 +266,82 @@ def test_worker_log_json(tmp_path: Path) -> None:
     for line in lines:
         if line["key"] == "json-job":
             assert isinstance(line["token"], int), line
+
+
+def _json_lines(handler: Lines) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in handler.lines]
+
+
+async def test_json_log_has_every_lease_operation_at_info(
+    sqlite_store: LeaseStore, captured: Any
+) -> None:
+    """A job renewed several times: its JSON log at INFO has the acquire, renewal lines
+    accounting for every renewal the keeper made, and the commit, all with key and token."""
+    from ai_lease import LeaseTimings, StageBudget
+    from ai_lease.testing.scripted import Pause
+
+    logger, handler = captured
+    logger.setLevel(logging.INFO)
+    renewed: list[Event] = []
+    timings = LeaseTimings(
+        ttl=1.0,
+        renew_interval=0.1,
+        op_timeout=0.08,
+        poll_interval=0.05,
+        self_fence_margin=0.2,
+        stage_budgets={"call_ai": StageBudget(5, 10)},
+    )
+    sink = fan_out(
+        JobLogger(logger, json=True), lambda e: renewed.append(e) if e.kind == "renewed" else None
+    )
+    provider = ScriptedProvider(["a", Pause(0.05)] * 25 + ["b"])
+    record = await Runner(sqlite_store, provider=provider, timings=timings, on_event=sink).run(
+        Job("k", input="x")
+    )
+    lines = [line for line in _json_lines(handler) if line["token"] == record.token]
+    kinds = [line["event"] for line in lines]
+    assert kinds[0] == "acquired" and "committed" in kinds
+    assert all(line["level"] == "INFO" for line in lines)
+    renewal_lines = [line for line in lines if line["event"] == "renewed"]
+    assert len(renewed) > 1
+    logged = len(renewal_lines) + sum(line["attrs"]["unlogged"] for line in renewal_lines)
+    assert logged == len(renewed) == renewal_lines[-1]["attrs"]["renewals"]
+    assert kinds.index("renewed") < kinds.index("committed")
+
+
+class _LostCommitAnswers:
+    """The real store, except every commit's answer is lost after the commit landed."""
+
+    def __init__(self, store: LeaseStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def commit(self, fence: Any, result: str) -> Any:
+        await self._store.commit(fence, result)
+        raise StoreUnavailable("test", "commit", "no answer within 0.1s")
+
+
+async def test_json_log_says_when_a_commit_answer_arrived_late(
+    sqlite_store: LeaseStore, captured: Any
+) -> None:
+    """An owner whose commit was applied after it gave up waiting logs it at INFO:
+    event commit_late with the committed token, then the DONE result is returned."""
+    from ai_lease import RetryPolicy
+
+    logger, handler = captured
+    logger.setLevel(logging.INFO)
+    runner = Runner(
+        _LostCommitAnswers(sqlite_store),  # type: ignore[arg-type]
+        provider=ScriptedProvider(["the answer"]),
+        retry=RetryPolicy(attempts=3, initial=0.05),
+        on_event=JobLogger(logger, json=True),
+    )
+    record = await runner.run(Job("k", input="x"))
+    assert record.output == "the answer"
+    [late] = [line for line in _json_lines(handler) if line["event"] == "commit_late"]
+    assert late["level"] == "INFO" and late["key"] == "k" and late["token"] == record.token
+    assert late["detail"] == "commit answer arrived late: applied"
+    [released] = [line for line in _json_lines(handler) if line["event"] == "released"]
+    assert released["detail"].endswith("(not released: the store no longer held this lease)")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,7 @@ from ai_lease import (
     StageBudget,
     Status,
 )
+from ai_lease.events import Event
 from ai_lease.job import Job
 from ai_lease.pipeline import Pipeline, Stage, StageContext
 from ai_lease.runner import Runner
@@ -210,3 +213,245 @@ async def _persist(ctx: StageContext) -> object:
     value = ctx.output("compute")
     await ctx.commit(value)
     return value
+
+
+async def test_a_loop_blocked_after_the_grant_self_fences_before_the_model_call(
+    store: LeaseStore,
+) -> None:
+    """The event loop is blocked 2.6 s right after a grant with TTL 3 s (self-fence margin
+    0.5 s): the lease counts from the acquire's send time, so the owner self-fences instead
+    of calling the model when another node could already hold the job."""
+    import time
+
+    timings = LeaseTimings(
+        ttl=3.0, renew_interval=1.0, op_timeout=0.3, poll_interval=0.05, self_fence_margin=0.5
+    )
+    seen: list[str] = []
+
+    def block_after_first_grant(event: object) -> None:
+        kind = getattr(event, "kind", "")
+        seen.append(kind)
+        if kind == "acquired" and seen.count("acquired") == 1:
+            time.sleep(2.6)  # on the loop, as a stuck sync call would
+
+    provider = ScriptedProvider(["late answer"])
+    runner = Runner(store, provider=provider, timings=timings, on_event=block_after_first_grant)
+    record = await runner.run(Job("k", input="x"))
+    assert "self_fenced" in seen[: seen.index("acquired", 1)], seen
+    assert provider.calls == 1 and record.attempts == 2 and record.output == "late answer"
+
+
+async def test_cancelled_owners_hand_their_attempts_back(store: LeaseStore) -> None:
+    """Three runs of one key cancelled mid-call (Ctrl-C) release the job without using up
+    its attempts: it stays PENDING with 0 attempts, and a fourth run finishes it."""
+    for _ in range(3):
+        calling = asyncio.Event()
+
+        def on_event(event: Event, calling: asyncio.Event = calling) -> None:
+            if event.kind == "stage" and event.stage == "call_ai":
+                calling.set()
+
+        provider = ScriptedProvider(["x", Pause(30)])
+        runner = Runner(store, provider=provider, timings=FAST, on_event=on_event)
+        run = asyncio.create_task(runner.run(Job("k", input="x")))
+        await asyncio.wait_for(calling.wait(), 5)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        record = await store.get("k")
+        assert record is not None and record.status is Status.PENDING, record
+        assert record.attempts == 0, record
+    done = await Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST).run(
+        Job("k", input="x")
+    )
+    assert done.output == "fine" and done.attempts == 1
+
+
+async def test_the_job_deadline_starts_at_the_first_acquisition(store: LeaseStore) -> None:
+    """A job that waited in the queue longer than its job deadline still runs: the deadline
+    starts at the first acquisition (recorded as started_at), not at submission."""
+    timings = dataclasses.replace(FAST, job_deadline=0.5)
+    runner = Runner(store, provider=ScriptedProvider(["ran"]), timings=timings)
+    submitted = await runner.submit(Job("k", input="x"))
+    await asyncio.sleep(0.7)  # queued past the job deadline
+    record = await runner.run(Job("k", input="x"))
+    assert record.output == "ran" and record.started_at is not None
+    assert record.started_at - submitted.created_at >= 0.6
+
+
+async def test_the_queue_deadline_bounds_the_wait_for_a_first_acquisition(
+    store: LeaseStore,
+) -> None:
+    """With lease.queue_deadline set (in Settings), a job that waited longer for its first
+    acquisition ends FAILED, saying so, without calling the model; unset, there is no bound."""
+    from ai_lease.settings import Settings
+
+    assert Settings().lease_timings().queue_deadline == float("inf")
+    settings = Settings(
+        store={"op_timeout": 0.15, "poll_interval": 0.05},
+        lease={"ttl": 1, "renew_interval": 0.2, "self_fence_margin": 0.2, "queue_deadline": 0.3},
+    )
+    timings = settings.lease_timings()
+    provider = ScriptedProvider(["never"])
+    runner = Runner(store, provider=provider, timings=timings)
+    await runner.submit(Job("k", input="x"))
+    await asyncio.sleep(0.5)
+    with pytest.raises(JobFailed, match=r"in the queue, past its queue deadline of 0\.3s"):
+        await runner.run(Job("k", input="x"))
+    record = await store.get("k")
+    assert record is not None and record.status is Status.FAILED and provider.calls == 0
+    fresh = await runner.run(Job("k2", input="x"))  # run at once: no queue time at all
+    assert fresh.status is Status.DONE
+
+
+async def test_a_raising_event_sink_never_breaks_the_job(
+    store: LeaseStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An on_event that raises on every event: the job still ends DONE (not left RUNNING),
+    the failures are counted and logged once."""
+
+    def broken(event: Event) -> None:
+        raise RuntimeError("dashboard down")
+
+    runner = Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST, on_event=broken)
+    record = await runner.run(Job("k", input="x"))
+    stored = await store.get("k")
+    assert record.output == "fine" and stored is not None and stored.status is Status.DONE
+    assert runner.sink_failures > 3
+    logged = [r for r in caplog.records if r.name == "ai_lease.runner"]
+    assert len(logged) == 1 and logged[0].exc_info is not None
+
+
+async def test_a_done_record_has_a_final_stage_and_no_growing_progress_age(
+    store: LeaseStore,
+) -> None:
+    """After the commit the record's stage is "done" (not call_ai) and its progress age is
+    not shown (it would only grow); a FAILED record keeps the stage it failed in."""
+    await Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST).run(Job("k", input="x"))
+    await asyncio.sleep(0.2)
+    record = await store.get("k")
+    assert record is not None and record.status is Status.DONE
+    assert record.stage == "done" and record.since_progress is None
+    with pytest.raises(JobFailed):
+        await Runner(
+            store,
+            provider=Flaky(9, retryable=False),
+            timings=FAST,
+            call_retry=NO_CALL_RETRY,
+        ).run(Job("k2", input="x"))
+    failed = await store.get("k2")
+    assert failed is not None and failed.stage != "done" and failed.since_progress is None
+
+
+class _SubscribeLosesCancellation:
+    """A redis-py PubSub whose subscribe is slow and loses the cancellation that ends it,
+    then subscribes to a channel nobody publishes on: what redis-py 8.1 did under CPU load
+    (a connect that swallowed the wait's timeout), with the notification lost as well."""
+
+    def __init__(self, pubsub: Any) -> None:
+        self._pubsub = pubsub
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pubsub, name)
+
+    async def subscribe(self, *channels: str) -> None:
+        try:
+            await asyncio.sleep(1.0)
+        except asyncio.CancelledError:
+            pass  # lost
+        await self._pubsub.subscribe("nobody-publishes-here")
+
+
+async def test_a_follower_whose_notification_is_lost_returns_within_a_poll(
+    redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower whose wake-up is lost (and whose wait's cancellation is swallowed by the
+    Redis client) still re-reads the record every poll_interval: it returns the DONE result
+    within one poll (+ slack) of the commit, never hangs."""
+    from ai_lease.lease import open_store
+
+    redis_server.flushall()
+    owner_store = open_store(redis_server.url, op_timeout=0.5)
+    follower_store = open_store(redis_server.url, op_timeout=0.5)
+    client = follower_store._client  # type: ignore[attr-defined]
+    real_pubsub = client.pubsub
+    monkeypatch.setattr(client, "pubsub", lambda: _SubscribeLosesCancellation(real_pubsub()))
+    committed_at: list[float] = []
+
+    def on_event(event: Event) -> None:
+        if event.kind == "committed":
+            committed_at.append(asyncio.get_running_loop().time())
+
+    try:
+        owner = Runner(
+            owner_store,
+            provider=ScriptedProvider(["slow ", Pause(0.4), "answer"]),
+            timings=FAST,
+            on_event=on_event,
+        )
+        follower = Runner(follower_store, provider=ScriptedProvider(["never"]), timings=FAST)
+        owned = asyncio.create_task(owner.run(Job("k", input="x")))
+        await asyncio.sleep(0.1)
+        record = await asyncio.wait_for(follower.run(Job("k", input="x")), 5)
+        returned_at = asyncio.get_running_loop().time()
+        assert record.output == "slow answer" and (await owned).token == record.token
+        assert returned_at - committed_at[0] <= FAST.poll_interval + 0.5
+    finally:
+        await owner_store.aclose()
+        await follower_store.aclose()
+
+
+async def test_three_ctrl_c_submits_leave_the_job_pending_not_failed(tmp_path: Any) -> None:
+    """`ai-lease submit` interrupted with SIGINT (Ctrl-C) mid-stream, three times: the job
+    is released each time, not failed — PENDING with 0 attempts — and a fourth submit
+    finishes it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from ai_lease.lease import open_store
+    from tests.harness.sse_server import Hang, SSEServer, chat_chunks, sse
+
+    (tmp_path / "job.toml").write_text('key = "ctrl-c"\ninput = "One. Two."\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
+    store = open_store(f"sqlite:///{tmp_path / '.ai-lease' / 'ai-lease.db'}")
+    async with SSEServer() as server:
+        env |= {
+            "AI_LEASE_PROVIDER__NAME": "openai-compatible",
+            "AI_LEASE_PROVIDER__BASE_URL": server.base_url,
+            "AI_LEASE_PROVIDER__MODEL": "m",
+        }
+        for _ in range(3):
+            server.enqueue(sse(*chat_chunks(["One "], finish_reason=None), Hang()))
+        server.enqueue(sse(*chat_chunks(["One. Two."])))
+        try:
+            for _ in range(3):
+                proc = await asyncio.create_subprocess_exec(
+                    *[sys.executable, "-m", "ai_lease", "submit", "job.toml", "--quiet"],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                await server.wait_connections_open(1, timeout_s=30)  # mid-stream now
+                proc.send_signal(signal.SIGINT)
+                _, err = await asyncio.wait_for(proc.communicate(), 30)
+                assert proc.returncode != 0
+                assert b"Traceback" not in err, err.decode()
+                record = await store.get("ctrl-c")
+                assert record is not None and record.status is Status.PENDING, record
+                assert record.attempts == 0, record
+                await server.wait_connections_open(0, timeout_s=10)
+            proc = await asyncio.create_subprocess_exec(
+                *[sys.executable, "-m", "ai_lease", "submit", "job.toml", "--quiet"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, err.decode()
+            assert "One. Two." in out.decode()
+        finally:
+            await store.aclose()

@@ -136,8 +136,16 @@ class LeaseStore(Protocol):
     ) -> Renewal: ...
 
     async def release(
-        self, fence: Fence, *, error: str | None = None, snapshot: str | None = None
-    ) -> bool: ...
+        self,
+        fence: Fence,
+        *,
+        error: str | None = None,
+        snapshot: str | None = None,
+        interrupted: bool = False,
+    ) -> bool:
+        """Step down. ``interrupted``: the owner was cancelled (Ctrl-C, a shutdown), not
+        failed: the attempt is handed back uncounted and ``last_error`` is kept."""
+        ...
 
     async def commit(self, fence: Fence, result: str) -> JobState: ...
 

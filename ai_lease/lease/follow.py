@@ -30,12 +30,16 @@ async def acquire_or_follow(
     fingerprint: str | None = None,
     max_attempts: int | None = None,
     on_follow: Callable[[Following], Awaitable[None] | None] | None = None,
+    on_send: Callable[[], None] | None = None,
 ) -> Acquired | Finished:
     """Acquire ``key`` or wait until it is ours or finished; never returns :class:`Following`.
 
-    ``on_follow`` is called with each :class:`Following` answer (to show who owns the job).
+    ``on_follow`` is called with each :class:`Following` answer (to show who owns the job);
+    ``on_send`` just before each acquire is sent (an owner's lease runs from then).
     """
     while True:
+        if on_send is not None:
+            on_send()
         outcome = await store.acquire(
             key,
             owner_id,

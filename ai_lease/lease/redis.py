@@ -95,6 +95,7 @@ _TIME_FIELDS = frozenset(
         "max_no_progress",
         "created_at",
         "updated_at",
+        "started_at",
     }
 )
 
@@ -443,9 +444,15 @@ class RedisStore:
         return Renewal(False, reply[0], int(reply[1]) / 1_000_000, current=current)
 
     async def release(
-        self, fence: Fence, *, error: str | None = None, snapshot: str | None = None
+        self,
+        fence: Fence,
+        *,
+        error: str | None = None,
+        snapshot: str | None = None,
+        interrupted: bool = False,
     ) -> bool:
         args = [fence.owner_id, fence.token, clip(error) or "", clip(snapshot) or ""]
+        args.append("1" if interrupted else "")
         return bool(await self._call("release", fence.key, "RELEASE", args))
 
     async def _finish(self, op: str, fence: Fence, status: str, field: str, value: str) -> JobState:
@@ -655,10 +662,13 @@ class RedisStore:
         try:
             async with asyncio.timeout(timeout):
                 await pubsub.subscribe(self.keys(key)[1])
-                while (
-                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=None) is None
-                ):
-                    pass
+                # Every read has a bound of its own too: redis-py (8.1) can lose the timeout's
+                # cancellation inside subscribe's connect under load, and a read without a
+                # bound then blocks until the job's next event, which may never come.
+                while (left := deadline - loop.time()) > 0:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+                    if message is not None:
+                        return
         except TimeoutError:
             return
         except (RedisError, OSError):  # pub/sub unavailable: poll instead

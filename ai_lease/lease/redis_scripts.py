@@ -35,7 +35,7 @@ end
 local LEAN = {'schema', 'status', 'owner_id', 'token', 'stage', 'progress_version',
   'heartbeat_at', 'last_progress_at', 'lease_expires_at', 'max_no_progress', 'stall_policy',
   'attempts', 'takeovers', 'missed_renewals', 'last_error', 'fingerprint', 'created_at',
-  'updated_at'}
+  'updated_at', 'started_at'}
 local function lean(k)
   local v = redis.call('HMGET', k, unpack(LEAN))
   local out = {}
@@ -107,6 +107,9 @@ redis.call('HSET', k, 'status', 'RUNNING', 'owner_id', owner, 'token', fmt(token
   'lease_expires_at', fmt(now + ttl), 'max_no_progress', ARGV[3], 'stall_policy', ARGV[4],
   'attempts', fmt(attempts + 1), 'takeovers', fmt(takeovers), 'updated_at', fmt(now))
 index_lease(k, now + ttl)
+if (redis.call('HGET', k, 'started_at') or '') == '' then  -- the job deadline starts here
+  redis.call('HSET', k, 'started_at', fmt(now))
+end
 return {'acquired', fmt(now), had_owner and 1 or 0, unpack(lean(k))}
 """
 )
@@ -149,7 +152,8 @@ return {'ok', ARGV[3], stalled and 1 or 0}
 """
 )
 
-# KEYS: job, events · ARGV: owner, token, error ('' keep), snapshot ('' keep) · returns 1 | 0
+# KEYS: job, events · ARGV: owner, token, error ('' keep), snapshot ('' keep),
+# interrupted ('1': give the attempt back) · returns 1 | 0
 RELEASE = (
     _PRELUDE
     + _FENCE_CHECK
@@ -159,6 +163,9 @@ redis.call('HSET', k, 'status', 'PENDING', 'lease_expires_at', fmt(now), 'update
 if ARGV[3] ~= '' then redis.call('HSET', k, 'last_error', ARGV[3]) end
 if ARGV[4] ~= '' then redis.call('HSET', k, 'stall_snapshot', ARGV[4]) end
 index_lease(k, now)  -- free at once: the next sweep takes it first
+if ARGV[5] == '1' then  -- interrupted, not failed: the attempt is handed back
+  redis.call('HSET', k, 'attempts', fmt(math.max(0, num(redis.call('HGET', k, 'attempts')) - 1)))
+end
 redis.call('PUBLISH', KEYS[2], 'PENDING')
 return 1
 """
@@ -183,6 +190,7 @@ if not mine then return {'rejected', 'a newer owner took the job over', v[3], v[
 redis.call('HSET', k, 'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '',
   'updated_at', fmt(now))
 unindex(k)
+if ARGV[3] == 'DONE' then redis.call('HSET', k, 'stage', 'done') end  -- a final stage
 redis.call('PUBLISH', KEYS[2], ARGV[3])
 return {'ok', fmt(now), unpack(lean(k))}
 """

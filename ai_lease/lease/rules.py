@@ -79,6 +79,7 @@ def acquire(
         stall_policy=stall_policy,
         attempts=base.attempts + 1,
         takeovers=base.takeovers + (1 if base.owner_id is not None else 0),
+        started_at=now if base.started_at is None else base.started_at,
         fingerprint=base.fingerprint or fingerprint,
         updated_at=now,
         read_at=now,
@@ -137,12 +138,20 @@ def renew(
 
 
 def release(
-    rec: JobState | None, fence: Fence, now: float, *, error: str | None, snapshot: str | None
+    rec: JobState | None,
+    fence: Fence,
+    now: float,
+    *,
+    error: str | None,
+    snapshot: str | None,
+    interrupted: bool = False,
 ) -> tuple[Change, bool]:
     if _refusal(rec, fence, now) not in (None, "expired") or rec is None:
         return None, False
     new = replace(
         rec,
+        # An interrupted owner (cancelled, not failed) gives its attempt back.
+        attempts=max(0, rec.attempts - 1) if interrupted else rec.attempts,
         status=Status.PENDING,
         lease_expires_at=now,
         updated_at=now,
@@ -174,7 +183,9 @@ def finish(
         raise _reject(rec, fence, f"the job already ended {rec.status.value}")
     if not mine:
         raise _reject(rec, fence, "a newer owner took the job over")
-    field = {"result": value} if status is Status.DONE else {"last_error": clip(value)}
+    # A DONE record's stage is final ("done"); a FAILED one keeps the stage it failed in.
+    done = status is Status.DONE
+    field = {"result": value, "stage": "done"} if done else {"last_error": clip(value)}
     new = replace(rec, status=status, lease_expires_at=None, updated_at=now, read_at=now, **field)
     return new, new
 

@@ -271,12 +271,19 @@ class SQLiteStore:
         )
 
     async def release(
-        self, fence: Fence, *, error: str | None = None, snapshot: str | None = None
+        self,
+        fence: Fence,
+        *,
+        error: str | None = None,
+        snapshot: str | None = None,
+        interrupted: bool = False,
     ) -> bool:
         return await self._transact(
             "release",
             fence.key,
-            lambda rec, now: rules.release(rec, fence, now, error=error, snapshot=snapshot),
+            lambda rec, now: rules.release(
+                rec, fence, now, error=error, snapshot=snapshot, interrupted=interrupted
+            ),
         )
 
     async def commit(self, fence: Fence, result: str) -> JobState:
