@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from ai_lease.cli import main
+from ai_lease.redaction import MASK
 
 PASSWORD = "hunter2-CANARY"
 
@@ -48,4 +49,4 @@ def test_config_masks_passwords_in_urls(
     settings = orjson.loads(out.output)
     section, field = variable.removeprefix("AI_LEASE_").lower().split("__")
     assert settings[section][field] == shown
-    assert settings["lease"]["ttl"] == 30.0 and settings["provider"]["api_key"] == "**********"
+    assert settings["lease"]["ttl"] == 30.0 and settings["provider"]["api_key"] == MASK
