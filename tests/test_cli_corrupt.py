@@ -6,12 +6,14 @@ redis-py, on SQLite and on a real redis-server."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import sqlite3
 from pathlib import Path
 
 import orjson
 import redis
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from ai_lease import Acquired, open_store
 from ai_lease.cli import main
@@ -21,13 +23,29 @@ from ai_lease.lease.base import WorkerInfo
 NS = "ai_lease"
 
 
-def cli(url: str, *args: str, env: dict[str, str] | None = None) -> Result:
+@dataclasses.dataclass(frozen=True)
+class CliOut:
+    """What a CLI run printed: stdout and stderr apart, and both (``output``)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def cli(url: str, *args: str, env: dict[str, str] | None = None) -> CliOut:
     """Run the CLI in-process; any exception but SystemExit (a traceback) fails the test."""
-    result = CliRunner().invoke(main, ["--store", url, *args], env=env)
+    # click < 8.2 mixes stderr into stdout unless told not to (8.2 always keeps them apart).
+    apart = {"mix_stderr": False} if "mix_stderr" in inspect.signature(CliRunner).parameters else {}
+    result = CliRunner(**apart).invoke(main, ["--store", url, *args], env=env)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"traceback instead of an error line: {result.exception!r}")
-    assert "Traceback" not in result.output
-    return result
+    out = CliOut(result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in out.output
+    return out
 
 
 def seed(url: str) -> None:
