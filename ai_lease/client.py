@@ -30,7 +30,7 @@ from .job import Job, JobState, Status, validate_key
 from .lease.base import LeaseStore
 from .lease.handle import JobLease, LeaseOptions
 from .lease.urls import open_store
-from .pipeline import Pipeline
+from .pipeline import PersistHook, Pipeline
 from .prompts import PromptLibrary
 from .providers import Provider, create_provider
 from .runner import Runner
@@ -195,6 +195,7 @@ def connect(
     stall_policy: StallPolicy | None = None,
     prompts: PromptLibrary | None = None,
     pipeline: Pipeline | None = None,
+    persist_hook: PersistHook | None = None,
     namespace: str = "ai_lease",
     node_id: str | None = None,
     on_event: EventSink | None = None,
@@ -224,6 +225,7 @@ def connect(
         store,
         provider=provider,
         pipeline=pipeline,
+        persist_hook=persist_hook,
         timings=timings,
         retry=retry,
         stream_timeouts=stream_timeouts,
