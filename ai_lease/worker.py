@@ -126,7 +126,10 @@ class Worker:
         task, self._task = self._task, None
         if task is None:
             return
-        self.stop() if exc is None or isinstance(exc, Exception) else self.kill()
+        if exc is None or isinstance(exc, Exception):
+            self.stop()
+        else:  # cancelled, interrupted: running jobs step down at once
+            self.kill()
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:

@@ -139,7 +139,7 @@ async def test_cancel_stops_a_running_owner_within_one_renew_interval(
         connect(url, provider=ScriptedProvider(["never"]), timings=FAST) as follower,
     ):
         running = asyncio.create_task(owner.run(job))
-        while (rec := await owner.status("long")) is None or rec.status is not Status.RUNNING:
+        while (rec := await owner.status("long")) is None or rec.status is not Status.RUNNING:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
         following = asyncio.create_task(follower.run(job))
         await asyncio.sleep(0.3)
@@ -186,7 +186,7 @@ def test_sync_client_from_plain_code(sqlite_url: str) -> None:
 
 async def test_run_sync_inside_a_loop_says_what_to_use(sqlite_url: str) -> None:
     """run_sync() inside a running loop is refused with the async spelling to use."""
-    with pytest.raises(RuntimeError, match="await client.run"):
+    with pytest.raises(RuntimeError, match=r"await client\.run"):
         ai_lease.run_sync(Job("x"), store=sqlite_url)
 
 
@@ -302,7 +302,7 @@ async def test_a_cancelled_lease_cancels_the_body(sqlite_url: str) -> None:
         async def body() -> None:
             async with client.lease("c", max_no_progress=5) as job:
                 try:
-                    for n in range(200):
+                    for n in range(1000):  # 20 s of live work, unless cancelled
                         await asyncio.sleep(0.02)
                         job.progress(n)
                 except asyncio.CancelledError as exc:
@@ -311,10 +311,61 @@ async def test_a_cancelled_lease_cancels_the_body(sqlite_url: str) -> None:
 
         task = asyncio.create_task(body())
         await asyncio.sleep(0.1)
+        cancelled_at = time.monotonic()
         await client.cancel("c")
         with pytest.raises(LeaseLost, match="not_running"):
-            await asyncio.wait_for(task, FAST.renew_interval + 1.0)
-        assert seen
+            await asyncio.wait_for(task, 10)
+        assert seen, "the body was not cancelled"
+        assert time.monotonic() - cancelled_at < FAST.renew_interval + 1.0
         with pytest.raises(JobCancelled):
             async with client.lease("c"):
                 pass
+
+
+async def test_a_lease_cancelled_from_outside_steps_down(sqlite_url: str) -> None:
+    """A shutdown (the task cancelled from outside) propagates CancelledError and hands
+    the lease back at once, the attempt uncounted."""
+    async with connect(sqlite_url, timings=FAST) as client:
+        entered = asyncio.Event()
+
+        async def body() -> None:
+            async with client.lease("shutdown"):
+                entered.set()
+                await asyncio.sleep(30)
+
+        task = asyncio.create_task(body())
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        record = await client.status("shutdown")
+        assert record is not None and record.status is Status.PENDING and record.attempts == 0
+
+
+# -- async context managers -----------------------------------------------------------------------
+
+
+async def test_stores_and_providers_close_on_leaving_the_block(tmp_path: Path) -> None:
+    """`async with` a store or a provider closes it, also when the body raised."""
+    from ai_lease.providers.local import LocalExtractiveProvider
+    from ai_lease.resource import AsyncResource
+
+    with pytest.raises(ValueError):
+        async with SQLiteStore(tmp_path / "j.db") as store:
+            await store.get("x")
+            raise ValueError("body failed")
+    with pytest.raises(RuntimeError, match="shutdown"):
+        await store.get("x")
+    async with LocalExtractiveProvider() as provider:
+        assert isinstance(provider, AsyncResource)
+
+
+async def test_a_worker_block_stops_the_worker_and_waits_for_it(sqlite_url: str) -> None:
+    """Leaving `async with client.worker()` stops the worker: it has left the store's list
+    of live workers before the block returns."""
+    async with connect(sqlite_url) as client:
+        async with client.worker(sweep_interval=0.05, grace=1.0) as worker:
+            while not await client.store.list_workers():  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        assert await client.store.list_workers() == []
+        assert worker._task is None

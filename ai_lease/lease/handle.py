@@ -38,6 +38,7 @@ from ..keeper import LeaseKeeper
 from ..pipeline import StageContext
 from ..progress import Progress
 from ..redaction import redact
+from ..runner import _describe, _retryable  # the runner's error classification, shared
 from ..timeouts import LeaseTimings, RetryPolicy, StageBudget, StallPolicy
 from .base import Acquired, LeaseStore, due_now
 from .follow import acquire_or_follow
@@ -248,8 +249,6 @@ class JobLease:
     async def _step_down(self, exc: BaseException | None) -> None:
         """No commit: release (an error counts as a failed attempt; a non-retryable one, or
         bad input, fails the job), or leave it alone if the lease is not ours any more."""
-        from ..runner import _describe, _retryable  # the runner's classification, shared
-
         ctx = self._owned()
         if isinstance(exc, LeaseError):
             return  # not ours any more: nothing to write
