@@ -21,6 +21,10 @@ its next ``await``) and the block raises :class:`LeaseLost` / :class:`Stalled`.
 from the body is the attempt's failure: released with its error and counted (the store
 ends the job FAILED after the retry policy's last attempt), or — bad input, a
 non-retryable provider error — failed at once; the exception is then re-raised.
+
+Only the no-progress budgets apply: no stage or job deadline runs around the body (wrap it
+in ``asyncio.timeout`` for one). Sync code in the body blocks the keeper too; run it with
+``asyncio.to_thread`` and call ``job.progress`` from there (a plain attribute update).
 """
 
 from __future__ import annotations
