@@ -2,8 +2,15 @@
 hostage.
 
 The public names are re-exported here; import from ``ai_lease`` and nothing deeper.
+The front door is :func:`connect`::
+
+    async with ai_lease.connect("sqlite:///.ai-lease/jobs.db") as client:
+        record = await client.run(ai_lease.Job("report-42", input="Long text…"))
 """
 
+from typing import TYPE_CHECKING, Any
+
+from .client import Client, SyncClient, connect, run_sync
 from .errors import (
     AiLeaseError,
     ConfigError,
@@ -12,6 +19,7 @@ from .errors import (
     FencingRejected,
     FirstTokenTimeout,
     InputError,
+    JobCancelled,
     JobConflict,
     JobDeadlineExceeded,
     JobFailed,
@@ -43,10 +51,13 @@ from .lease import (
     mask_url,
     open_store,
 )
+from .lease.handle import JobLease
+from .lease.sqlite import SQLiteStore
 from .logs import JobLogger, configure_logging, fan_out
 from .metrics import Metrics, serve_metrics
 from .pipeline import Pipeline, Stage, StageContext
 from .progress import Progress
+from .prompts import PromptLibrary
 from .providers import (
     ChatRequest,
     Completion,
@@ -70,13 +81,27 @@ from .timeouts import (
 )
 from .worker import Worker
 
+if TYPE_CHECKING:
+    from .lease.redis import RedisStore
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # RedisStore on first use: importing redis-py costs start-up time nobody on SQLite needs.
+    if name == "RedisStore":
+        from .lease.redis import RedisStore
+
+        return RedisStore
+    raise AttributeError(f"module 'ai_lease' has no attribute {name!r}")
+
 
 __all__ = [
     "Acquired",
     "AdaptiveBudgets",
     "AiLeaseError",
     "ChatRequest",
+    "Client",
     "Completion",
     "ConfigError",
     "CorruptRecord",
@@ -91,9 +116,11 @@ __all__ = [
     "Health",
     "InputError",
     "Job",
+    "JobCancelled",
     "JobConflict",
     "JobDeadlineExceeded",
     "JobFailed",
+    "JobLease",
     "JobLogger",
     "JobSpecError",
     "JobState",
@@ -105,11 +132,14 @@ __all__ = [
     "OutcomeUnknown",
     "Pipeline",
     "Progress",
+    "PromptLibrary",
     "Provider",
     "ProviderError",
+    "RedisStore",
     "Renewal",
     "RetryPolicy",
     "Runner",
+    "SQLiteStore",
     "Settings",
     "Stage",
     "StageBudget",
@@ -129,15 +159,18 @@ __all__ = [
     "StreamLimits",
     "StreamTimeouts",
     "StreamTotalTimeout",
+    "SyncClient",
     "Usage",
     "Worker",
     "__version__",
     "available_providers",
     "configure_logging",
+    "connect",
     "create_provider",
     "fan_out",
     "load_settings",
     "mask_url",
     "open_store",
+    "run_sync",
     "serve_metrics",
 ]

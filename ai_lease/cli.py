@@ -4,6 +4,7 @@ Exit codes: 0 done, 1 job failed, 2 bad input (config, job file, arguments, a ke
 with another payload), 3 timed out (any timeout: a stream's first-token, idle or total
 budget, a stage's hard deadline, the job's deadline — also when the job ended FAILED for
 it), 4 store unavailable or corrupt. Errors print one line; ``--debug`` shows the traceback.
+A cancelled job is a failed one (1).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .errors import (
     ConfigError,
     CorruptRecord,
     InputError,
+    JobCancelled,
     JobConflict,
     JobFailed,
     StageTimeout,
@@ -447,7 +449,9 @@ def status(obj: Context, key: str, as_json: bool) -> None:
 @main.command("ls")
 @click.option(
     "--status",
-    type=click.Choice(["PENDING", "RUNNING", "DONE", "FAILED"], case_sensitive=False),
+    type=click.Choice(
+        ["PENDING", "RUNNING", "DONE", "FAILED", "CANCELLED"], case_sensitive=False
+    ),
     help="Only this status.",
 )
 @click.option(
@@ -503,11 +507,32 @@ def result(obj: Context, key: str) -> None:
     job = _get(obj, key)
     if job.status is Status.DONE:
         _print_result(job)
+    elif job.status is Status.CANCELLED:
+        raise JobCancelled(key, job.last_error)
     elif job.status is Status.FAILED:
         raise JobFailed(key, job.last_error)
     else:
         click.echo(f"ai-lease: job {key!r} is {job.status.value}, no result yet", err=True)
         sys.exit(EXIT_TIMED_OUT)
+
+
+@main.command(short_help="Cancel job KEY: it never runs (again), its owner stops.")
+@click.argument("key")
+@click.option("--reason", default="cancelled with ai-lease cancel", help="Stored as its error.")
+@click.pass_obj
+def cancel(obj: Context, key: str, reason: str) -> None:
+    """Cancel job KEY. A PENDING job never runs; a RUNNING one's owner stops within one
+    renew interval (its renewal is refused, its commit rejected); followers get an error.
+    Exit 0 cancelled (also if it already was), 1 if it had already ended DONE or FAILED
+    (nothing changed), 2 if there is no job KEY."""
+    job = obj.run(lambda store: store.cancel(key, reason))
+    if job is None:
+        raise InputError(f"no job {key!r} in {obj.where}")
+    if job.status is not Status.CANCELLED:
+        ended = job.status.value
+        click.echo(f"ai-lease: job {key!r} already ended {ended}: not cancelled", err=True)
+        sys.exit(EXIT_FAILED)
+    click.echo(f"cancelled {key}")
 
 
 @main.command(short_help="List the provider names (built-in and plug-ins).")

@@ -9,6 +9,7 @@ Grouped by what the caller will do about it::
     │   └── Stalled                the job made no progress within its stage budget
     ├── JobConflict                the same key was submitted with a different payload
     ├── JobFailed                  the job ended FAILED (after its last attempt)
+    │   └── JobCancelled           the job was cancelled by key: it has no result
     ├── StageTimeout               a budget ran out
     │   ├── StageDeadlineExceeded  a stage ran past its hard deadline
     │   ├── JobDeadlineExceeded    the whole job ran past its total deadline
@@ -46,6 +47,7 @@ __all__ = [
     "FencingRejected",
     "FirstTokenTimeout",
     "InputError",
+    "JobCancelled",
     "JobConflict",
     "JobDeadlineExceeded",
     "JobFailed",
@@ -107,6 +109,7 @@ class FencingRejected(LeaseError):
         "another owner already committed its result": "already_committed",
         "the job already ended FAILED": "already_finished",
         "the job already ended DONE": "already_finished",
+        "the job already ended CANCELLED": "cancelled",
         "the store holds no record for this job": "missing",
     }
 
@@ -148,6 +151,23 @@ class JobFailed(AiLeaseError):
     def __init__(self, key: str, reason: str | None) -> None:
         self.key, self.reason = key, reason
         super().__init__(f"job {key!r} failed: {reason or 'no reason recorded'}")
+
+
+class JobCancelled(JobFailed):
+    """The job was cancelled by key (``client.cancel(key)``, ``ai-lease cancel KEY``): it
+    ends without a result, its owner is fenced out, and every follower gets this error.
+
+    >>> print(JobCancelled("job-1", "cancelled by ops"))
+    job 'job-1' was cancelled (cancelled by ops): no result; submit it under a new key to run it
+    """
+
+    def __init__(self, key: str, reason: str | None) -> None:
+        self.key, self.reason = key, reason
+        AiLeaseError.__init__(
+            self,
+            f"job {key!r} was cancelled ({reason or 'no reason given'}): no result; "
+            "submit it under a new key to run it",
+        )
 
 
 class StageTimeout(AiLeaseError):

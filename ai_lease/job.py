@@ -129,10 +129,11 @@ class Status(enum.StrEnum):
     RUNNING = "RUNNING"  # an owner holds (or held, if its lease lapsed) the lease
     DONE = "DONE"  # one result committed; terminal
     FAILED = "FAILED"  # gave up with a reason; terminal
+    CANCELLED = "CANCELLED"  # cancelled by key (``ai-lease cancel``): never runs again; terminal
 
     @property
     def terminal(self) -> bool:
-        return self in (Status.DONE, Status.FAILED)
+        return self in (Status.DONE, Status.FAILED, Status.CANCELLED)
 
 
 class Health(enum.StrEnum):

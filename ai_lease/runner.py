@@ -36,6 +36,7 @@ from .errors import (
     ConfigError,
     FencingRejected,
     InputError,
+    JobCancelled,
     JobDeadlineExceeded,
     JobFailed,
     LeaseError,
@@ -360,6 +361,9 @@ class Runner:
                 self._emit("commit_late", record.key, fence, "commit answer arrived late: applied")
             self._emit("done", record.key, detail="result stored")
             return record
+        if record.status is Status.CANCELLED:
+            self._emit("cancelled", record.key, detail=record.last_error or "")
+            raise JobCancelled(record.key, record.last_error)
         self._emit("failed", record.key, detail=record.last_error or "")
         raise JobFailed(record.key, record.last_error)
 

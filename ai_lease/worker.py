@@ -31,6 +31,8 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
 
 from .errors import AiLeaseError, InputError, JobConflict, JobFailed, JobSpecError, StoreUnavailable
 from .events import Event, EventSink
@@ -77,6 +79,9 @@ class Worker:
 
     >>> worker = Worker(store, Runner(store, provider=provider), concurrency=4)  # doctest: +SKIP
     >>> await worker.run()                                                       # doctest: +SKIP
+
+    Or as a block: ``async with worker:`` runs it in the background, and leaving the block
+    stops it (running jobs get ``grace`` seconds) and waits until it has stopped.
     """
 
     def __init__(
@@ -103,6 +108,35 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._emit: EventSink = on_event or (lambda event: None)
         self.quarantined: dict[str, Quarantined] = {}
+        self._task: asyncio.Task[None] | None = None  # run(), while inside ``async with``
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.get_running_loop().create_task(
+            self.run(), name=f"ai-lease worker {self.worker_id}"
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop (at once if the block was cancelled) and wait; a worker's own crash raises."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        if exc is None or isinstance(exc, Exception):
+            self.stop()
+        else:  # cancelled, interrupted: running jobs step down at once
+            self.kill()
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():  # we were cancelled while draining: stop now, then go
+                self.kill()
+                await asyncio.wait([task])
+            raise
 
     # -- control ------------------------------------------------------------------------------
 

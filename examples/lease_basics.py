@@ -1,5 +1,7 @@
 """The lease core on the embedded store, in one run: own, follow, stall, take over, fence.
 
+The store's own operations, below the front door (see ``front_door.py`` for the client).
+
     python examples/lease_basics.py [STORE_URL]
 
 Uses ``sqlite:///.ai-lease/examples.db`` by default (no server needed); pass a
@@ -12,15 +14,16 @@ import asyncio
 import sys
 import time
 
-from ai_lease import Acquired, FencingRejected, Following, open_store
+import ai_lease
+from ai_lease import Acquired, FencingRejected, Following
 
 TTL, BUDGET, GRACE = 1.5, 0.5, 0.25
 
 
 async def main(url: str) -> None:
-    store = open_store(url)
     key = f"example-{time.time_ns()}"
-    try:
+    async with ai_lease.connect(url) as client:  # closes the store on the way out
+        store = client.store
         a = await store.acquire(key, "node-a", ttl=TTL, max_no_progress=BUDGET)
         b = await store.acquire(key, "node-b", ttl=TTL, max_no_progress=BUDGET)
         assert isinstance(a, Acquired) and isinstance(b, Following)
@@ -50,8 +53,6 @@ async def main(url: str) -> None:
             print(f"node-a woke up and tried to write: {exc}")
         done = await store.commit(c.fence, "node-b's result")
         print(f"one result: {done.result!r} by {done.owner_id}, status {done.status.value}")
-    finally:
-        await store.aclose()
 
 
 if __name__ == "__main__":

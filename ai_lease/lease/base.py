@@ -10,7 +10,8 @@ by the store's own clock:
 ``renew``    -> :class:`Renewal` (refused unless the fence is current, the job RUNNING,
               the lease live and progress fresh within the stage budget + grace)
 ``release``  step down; ``commit`` the one result (fenced, idempotent); ``fail`` terminally;
-``report_stall`` store where the work is stuck; ``get``; ``wait`` for a change;
+``report_stall`` store where the work is stuck; ``cancel`` a job by key (not fenced: its
+owner's next renewal is refused and its commit rejected); ``get``; ``wait`` for a change;
 ``list_jobs`` for people (not a hot path): with ``on_corrupt``, a record that is not ours
 is skipped and reported to it instead of failing the whole listing.
 
@@ -152,6 +153,11 @@ class LeaseStore(Protocol):
     async def fail(self, fence: Fence, reason: str) -> JobState: ...
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool: ...
+
+    async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
+        """End job ``key`` CANCELLED unless it has already ended; return its record (None
+        for an unknown key). Followers wake; the owner is fenced out."""
+        ...
 
     async def get(self, key: str) -> JobState | None: ...
 

@@ -40,6 +40,7 @@ from ..errors import (
 )
 from ..history import checked_histogram
 from ..job import JobState
+from ..resource import AsyncResource
 from . import redis_scripts as lua
 from .base import Acquired, AcquireOutcome, Fence, Finished, Following, Renewal, WorkerInfo
 from .resp import Multiplexed, pack
@@ -56,6 +57,7 @@ _SCRIPTS = (
     "RELEASE",
     "FINISH",
     "REPORT_STALL",
+    "CANCEL",
     "GET",
     "SUBMIT",
     "EPOCH",
@@ -68,7 +70,7 @@ _SCRIPTS = (
     "LIST_WORKERS",
 )
 # Scripts that also keep the namespace's lease index (and, for SUBMIT, the queue).
-_INDEXED = frozenset({"ACQUIRE", "RENEW", "RELEASE", "FINISH"})
+_INDEXED = frozenset({"ACQUIRE", "RENEW", "RELEASE", "FINISH", "CANCEL"})
 # Specs remembered to write back into a record re-created after a data loss.
 _SPECS_KEPT, _SPEC_CHARS_KEPT = 64, 32 * 1024 * 1024
 
@@ -124,7 +126,7 @@ def _us(seconds: float) -> str:
     return str(round(seconds * 1_000_000))
 
 
-class RedisStore:
+class RedisStore(AsyncResource):
     """A :class:`~ai_lease.lease.base.LeaseStore` on Redis.
 
     Keys are ``<namespace>:{<job key>}:job`` (a hash) and ``<namespace>:{<job key>}:events``
@@ -475,6 +477,13 @@ class RedisStore:
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
         args = [fence.owner_id, fence.token, stage or "", clip(snapshot) or ""]
         return bool(await self._call("report_stall", fence.key, "REPORT_STALL", args))
+
+    async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
+        reply = await self._call("cancel", key, "CANCEL", [clip(reason) or ""])
+        if len(reply) <= 1:
+            return None
+        self._forget(key)
+        return self._decode(key, reply[1:], reply[0])
 
     async def get(self, key: str) -> JobState | None:
         reply = await self._call("get", key, "GET", [])

@@ -52,6 +52,9 @@ end
 local function unindex(k)
   if KEYS[3] then redis.call('ZREM', KEYS[3], k) end
 end
+local function ended(status)  -- a terminal status: DONE, FAILED or CANCELLED
+  return status == 'DONE' or status == 'FAILED' or status == 'CANCELLED'
+end
 local function check(k)
   if redis.call('EXISTS', k) == 0 then return false end
   local s = redis.call('HGET', k, 'schema')
@@ -78,7 +81,7 @@ if ok then
   local v = redis.call('HMGET', k, 'status', 'owner_id', 'token', 'lease_expires_at',
     'fingerprint', 'attempts', 'takeovers', 'last_error')
   if fp ~= '' and v[5] and v[5] ~= '' and v[5] ~= fp then return {'conflict'} end
-  if v[1] == 'DONE' or v[1] == 'FAILED' then
+  if ended(v[1]) then
     return {'finished', fmt(now), unpack(redis.call('HGETALL', k))}
   end
   if v[1] == 'RUNNING' and num(v[4]) > now then
@@ -178,7 +181,7 @@ FINISH = (
     + _FENCE_CHECK
     + r"""
 if not ok then return {'rejected', 'the store holds no record for this job', '', ''} end
-if v[1] == 'DONE' or v[1] == 'FAILED' then
+if ended(v[1]) then
   if mine and v[1] == ARGV[3] then return {'ok', fmt(now), unpack(redis.call('HGETALL', k))} end
   local why = 'the job already ended ' .. v[1]
   if v[1] == 'DONE' and ARGV[3] == 'DONE' then
@@ -201,10 +204,31 @@ REPORT_STALL = (
     _PRELUDE
     + _FENCE_CHECK
     + r"""
-if not mine or v[1] == 'DONE' or v[1] == 'FAILED' then return 0 end
+if not mine or ended(v[1]) then return 0 end
 redis.call('HSET', k, 'stall_snapshot', ARGV[4], 'stage', ARGV[3], 'updated_at', fmt(now),
   'last_error', string.match(ARGV[4], '^[^\n]*'))
 return 1
+"""
+)
+
+# KEYS: job, events[, lease index] · ARGV: reason · returns {now, fields...} (no fields when
+# the job is unknown). Not fenced: a job not yet ended becomes CANCELLED (its owner's next
+# RENEW answers not_running, its FINISH is rejected); an ended one is returned unchanged.
+CANCEL = (
+    _PRELUDE
+    + r"""
+local k = KEYS[1]
+local ok = check(k)
+if type(ok) == 'table' then return ok end
+local now = now_us()
+if not ok then return {fmt(now)} end
+if not ended(redis.call('HGET', k, 'status')) then
+  redis.call('HSET', k, 'status', 'CANCELLED', 'lease_expires_at', '', 'last_error', ARGV[1],
+    'updated_at', fmt(now))
+  unindex(k)
+  redis.call('PUBLISH', KEYS[2], 'CANCELLED')
+end
+return {fmt(now), unpack(redis.call('HGETALL', k))}
 """
 )
 
@@ -239,7 +263,7 @@ else
     'fingerprint', ARGV[2], 'created_at', fmt(now), 'updated_at', fmt(now))
 end
 local status = redis.call('HGET', k, 'status')
-if KEYS[4] and status ~= 'DONE' and status ~= 'FAILED' then  -- add, or bring forward
+if KEYS[4] and not ended(status) then  -- add, or bring forward
   redis.call('ZADD', KEYS[4], 'LT', string.format('%.6f', now / 1000000), ARGV[3])
 end
 return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}

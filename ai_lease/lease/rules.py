@@ -17,7 +17,7 @@ from ..errors import FencingRejected, JobConflict
 from ..job import JobState, Status
 from .base import SNAPSHOT_LIMIT, Acquired, AcquireOutcome, Fence, Finished, Following, Renewal
 
-__all__ = ["acquire", "commit", "fail", "release", "renew", "report_stall", "submit"]
+__all__ = ["acquire", "cancel", "commit", "fail", "release", "renew", "report_stall", "submit"]
 
 Change = JobState | None
 
@@ -196,6 +196,24 @@ def commit(rec: JobState | None, fence: Fence, now: float, result: str) -> tuple
 
 def fail(rec: JobState | None, fence: Fence, now: float, reason: str) -> tuple[Change, JobState]:
     return finish(rec, fence, now, Status.FAILED, reason)
+
+
+def cancel(rec: JobState | None, now: float, reason: str) -> tuple[Change, JobState | None]:
+    """End a job CANCELLED (the CANCEL script): not fenced, it needs no lease. Its owner,
+    if any, keeps its pair in the record, but the status is terminal: its next renewal is
+    refused (``not_running``) and its commit rejected. A finished job stays as it is (its
+    record is returned); an unknown key gives None."""
+    if rec is None or rec.status.terminal:
+        return None, rec
+    new = replace(
+        rec,
+        status=Status.CANCELLED,
+        lease_expires_at=None,
+        last_error=clip(reason),
+        updated_at=now,
+        read_at=now,
+    )
+    return new, new
 
 
 def report_stall(

@@ -28,6 +28,7 @@ import orjson
 from ..errors import CorruptRecord, CorruptSink, StoreUnavailable, skip_corrupt
 from ..history import checked_histogram
 from ..job import JobState
+from ..resource import AsyncResource
 from . import rules
 from .base import AcquireOutcome, Fence, Renewal, WorkerInfo
 
@@ -70,7 +71,7 @@ CREATE TABLE IF NOT EXISTS ai_lease_workers (
 """
 
 
-class SQLiteStore:
+class SQLiteStore(AsyncResource):
     """A :class:`~ai_lease.lease.base.LeaseStore` on one SQLite file.
 
     ``clock`` is the store's clock (seconds since the epoch); tests may inject one.
@@ -302,6 +303,18 @@ class SQLiteStore:
             fence.key,
             lambda rec, now: rules.report_stall(rec, fence, now, stage, snapshot),
         )
+
+    async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
+        def work(conn: sqlite3.Connection) -> JobState | None:
+            now = self._clock()
+            new, job = rules.cancel(self._load(conn, key, now), now, reason)
+            if new is not None:
+                self._save(conn, new)
+                conn.execute("DELETE FROM ai_lease_queue WHERE key = ?", (key,))
+                conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
+            return job
+
+        return await self._write("cancel", work)
 
     async def get(self, key: str) -> JobState | None:
         return await self._run("get", lambda conn: self._load(conn, key, self._clock()))

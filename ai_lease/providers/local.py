@@ -13,6 +13,7 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 
+from ..resource import AsyncResource
 from .base import ChatRequest, Completion, Delta, Usage
 
 __all__ = ["LocalExtractiveProvider", "extractive_summary"]
@@ -57,7 +58,7 @@ def _last_input(prompt: str) -> str | None:
     return None if start < 0 else prompt[start + len("<input>\n") : end]
 
 
-class LocalExtractiveProvider:
+class LocalExtractiveProvider(AsyncResource):
     """Summarises the text between the last ``<input>`` and ``</input>`` lines of the last
     user message (or the whole message), streaming it one word per ``pace_s`` seconds.
     An instruction before the input saying "in N sentences" sets the length."""

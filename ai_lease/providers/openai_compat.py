@@ -45,6 +45,7 @@ from ..errors import (
 )
 from ..job import sampling_problem
 from ..lease.urls import mask_url
+from ..resource import AsyncResource
 from ..timeouts import StreamLimits
 from .base import ChatRequest, Completion, Delta, Usage
 from .errors import status_error
@@ -121,7 +122,7 @@ def _usage(data: Mapping[str, Any] | None) -> Usage | None:
     return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0))
 
 
-class OpenAICompatProvider:
+class OpenAICompatProvider(AsyncResource):
     """Streams chat completions from ``base_url`` (default OpenAI's) with httpx.
 
     >>> provider = OpenAICompatProvider(base_url="http://127.0.0.1:8000/v1", model="qwen2.5")

@@ -32,6 +32,7 @@ from ..errors import (
     StreamInterrupted,
     StreamLimitExceeded,
 )
+from ..resource import AsyncResource
 from ..timeouts import StreamLimits
 from .base import ChatRequest, Completion, Delta, Usage
 from .errors import parse_retry_after
@@ -91,7 +92,7 @@ class _Client(openai.AsyncOpenAI):
         return _Decoder(self.max_event_bytes)
 
 
-class OpenAISDKProvider:
+class OpenAISDKProvider(AsyncResource):
     """Chat completions through ``openai.AsyncOpenAI``.
 
     >>> provider = OpenAISDKProvider(model="gpt-4o-mini", api_key="sk-…")  # doctest: +SKIP

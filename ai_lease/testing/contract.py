@@ -345,6 +345,65 @@ class LeaseStoreContract:
         """get() of a key never seen returns None."""
         assert await store.get(_key("unknown")) is None
 
+    # -- cancel -------------------------------------------------------------------------------
+
+    async def test_cancelled_pending_job_never_runs(self, store: LeaseStore) -> None:
+        """A PENDING job cancelled by key ends CANCELLED: a later acquire finds it finished."""
+        key = _key("cancel-pending")
+        assert await store.release(await _own(store, key), error="boom")
+        job = await store.cancel(key, "not needed any more")
+        assert job is not None and job.status is Status.CANCELLED
+        assert job.last_error == "not needed any more"
+        outcome = await store.acquire(key, "B", ttl=5, max_no_progress=5)
+        assert isinstance(outcome, Finished) and outcome.job.status is Status.CANCELLED
+
+    async def test_cancel_fences_the_running_owner_out(self, store: LeaseStore) -> None:
+        """Cancelling a RUNNING job refuses its owner's next renewal and rejects its commit."""
+        key = _key("cancel-running")
+        fence = await _own(store, key)
+        cancelled = await store.cancel(key)
+        assert cancelled is not None and cancelled.status is Status.CANCELLED
+        renewal = await _renew(store, fence, 5)
+        assert not renewal.ok and renewal.reason == "not_running"
+        with pytest.raises(FencingRejected) as rejected:
+            await store.commit(fence, "too late")
+        assert rejected.value.code == "cancelled"
+        assert not await store.release(fence)
+        job = await store.get(key)
+        assert job is not None and job.status is Status.CANCELLED and job.result is None
+
+    async def test_cancel_leaves_a_finished_job_and_is_idempotent(self, store: LeaseStore) -> None:
+        """A DONE job is not cancelled (its record comes back as it was); cancelling twice
+        is the same as once; an unknown key gives None."""
+        done, twice = _key("cancel-done"), _key("cancel-twice")
+        await store.commit(await _own(store, done), "r")
+        job = await store.cancel(done)
+        assert job is not None and job.status is Status.DONE and job.result == "r"
+        await _own(store, twice)
+        first = await store.cancel(twice, "first reason")
+        again = await store.cancel(twice, "second reason")
+        assert first is not None and again is not None
+        assert again.status is Status.CANCELLED and again.last_error == "first reason"
+        assert await store.cancel(_key("cancel-unknown")) is None
+
+    async def test_follower_wakes_on_cancel(self, store: LeaseStore) -> None:
+        """A waiting follower returns the CANCELLED record soon after the cancel."""
+        key = _key("cancel-wake")
+        await _own(store, key)
+
+        async def cancel_soon() -> None:
+            await asyncio.sleep(0.2)
+            await store.cancel(key)
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(cancel_soon())
+            started = time.monotonic()
+            outcome = await acquire_or_follow(
+                store, key, "B", ttl=30, max_no_progress=5, poll_interval=1.0
+            )
+        assert isinstance(outcome, Finished) and outcome.job.status is Status.CANCELLED
+        assert time.monotonic() - started < 1.5
+
     # -- following ----------------------------------------------------------------------------
 
     async def test_follower_wakes_on_done(self, store: LeaseStore) -> None:
