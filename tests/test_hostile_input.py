@@ -212,7 +212,8 @@ def test_heavy_templates_are_refused_in_bounded_time(workdir: Path, template: st
 
 async def test_local_provider_leaves_the_event_loop_free_on_a_big_input() -> None:
     """While the offline provider summarises ~12 MB, a ticker on the loop is never late by 1 s
-    (the keeper shares that loop and must renew)."""
+    or by half the work's time, whichever is longer: on the loop it would be late by all of it
+    (the keeper shares that loop and must renew). Relative, so a loaded machine slows both."""
     sentence = "Solar panels turn sunlight into electricity for the growing cities. "
     big = sentence * 180_000
     provider = LocalExtractiveProvider(pace_s=0)
@@ -234,7 +235,8 @@ async def test_local_provider_leaves_the_event_loop_free_on_a_big_input() -> Non
     await tick
     assert completion.text
     assert took > 1.0, f"the input was too small to show anything ({took:.2f}s)"
-    assert lateness[0] < 1.0, f"the loop was blocked {lateness[0]:.2f}s of {took:.2f}s"
+    bound = max(1.0, took / 2)
+    assert lateness[0] < bound, f"the loop was blocked {lateness[0]:.2f}s of {took:.2f}s"
 
 
 # -- item 2: a key goes only to the host it is configured for ---------------------------------
