@@ -6,95 +6,169 @@ The front door is :func:`connect`::
 
     async with ai_lease.connect("sqlite:///.ai-lease/jobs.db") as client:
         record = await client.run(ai_lease.Job("report-42", input="Long text…"))
+
+Each name is imported on first use (PEP 562 ``__getattr__``), so ``import ai_lease`` (and
+``ai-lease --help``) does not pay for the pipeline, the providers, redis-py or the settings.
 """
 
+from __future__ import annotations
+
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from .client import Client, SyncClient, connect, run_sync
-from .errors import (
-    AiLeaseError,
-    ConfigError,
-    CorruptRecord,
-    EmptyEventStream,
-    FencingRejected,
-    FirstTokenTimeout,
-    InputError,
-    JobCancelled,
-    JobConflict,
-    JobDeadlineExceeded,
-    JobFailed,
-    JobSpecError,
-    LeaseError,
-    LeaseLost,
-    OutcomeUnknown,
-    ProviderError,
-    StageDeadlineExceeded,
-    StageTimeout,
-    Stalled,
-    StoreDataLost,
-    StoreError,
-    StoreUnavailable,
-    StreamIdleTimeout,
-    StreamInterrupted,
-    StreamLimitExceeded,
-    StreamTotalTimeout,
-)
-from .events import Event
-from .job import Health, Job, JobState, Status
-from .lease import (
-    Acquired,
-    Fence,
-    Finished,
-    Following,
-    LeaseStore,
-    Renewal,
-    mask_url,
-    open_store,
-)
-from .lease.handle import JobLease
-from .lease.sqlite import SQLiteStore
-from .logs import JobLogger, configure_logging, fan_out
-from .metrics import Metrics, serve_metrics
-from .pipeline import Pipeline, Stage, StageContext
-from .progress import Progress
-from .prompts import PromptLibrary
-from .providers import (
-    ChatRequest,
-    Completion,
-    Delta,
-    Provider,
-    Usage,
-    available_providers,
-    create_provider,
-)
-from .runner import Runner
-from .settings import Settings, load_settings
-from .streaming import StreamGuard
-from .timeouts import (
-    AdaptiveBudgets,
-    LeaseTimings,
-    RetryPolicy,
-    StageBudget,
-    StallPolicy,
-    StreamLimits,
-    StreamTimeouts,
-)
-from .worker import Worker
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves them at run time
+    from .client import Client, SyncClient, connect, run_sync
+    from .errors import (
+        AiLeaseError,
+        ConfigError,
+        CorruptRecord,
+        EmptyEventStream,
+        FencingRejected,
+        FirstTokenTimeout,
+        InputError,
+        JobCancelled,
+        JobConflict,
+        JobDeadlineExceeded,
+        JobFailed,
+        JobSpecError,
+        LeaseError,
+        LeaseLost,
+        OutcomeUnknown,
+        ProviderError,
+        StageDeadlineExceeded,
+        StageTimeout,
+        Stalled,
+        StoreDataLost,
+        StoreError,
+        StoreUnavailable,
+        StreamIdleTimeout,
+        StreamInterrupted,
+        StreamLimitExceeded,
+        StreamTotalTimeout,
+    )
+    from .events import Event
+    from .job import Health, Job, JobState, Status
+    from .lease import (
+        Acquired,
+        Fence,
+        Finished,
+        Following,
+        LeaseStore,
+        Renewal,
+        mask_url,
+        open_store,
+    )
+    from .lease.handle import JobLease
     from .lease.redis import RedisStore
+    from .lease.sqlite import SQLiteStore
+    from .logs import JobLogger, configure_logging, fan_out
+    from .metrics import Metrics, serve_metrics
+    from .pipeline import Pipeline, Stage, StageContext
+    from .progress import Progress
+    from .prompts import PromptLibrary
+    from .providers import (
+        ChatRequest,
+        Completion,
+        Delta,
+        Provider,
+        Usage,
+        available_providers,
+        create_provider,
+    )
+    from .runner import Runner
+    from .settings import Settings, load_settings
+    from .streaming import StreamGuard
+    from .timeouts import (
+        AdaptiveBudgets,
+        LeaseTimings,
+        RetryPolicy,
+        StageBudget,
+        StallPolicy,
+        StreamLimits,
+        StreamTimeouts,
+    )
+    from .worker import Worker
+
+# Each public name and the module that defines it (relative to this package).
+_LAZY: dict[str, str] = {
+    "Acquired": ".lease",
+    "AdaptiveBudgets": ".timeouts",
+    "AiLeaseError": ".errors",
+    "ChatRequest": ".providers",
+    "Client": ".client",
+    "Completion": ".providers",
+    "ConfigError": ".errors",
+    "CorruptRecord": ".errors",
+    "Delta": ".providers",
+    "EmptyEventStream": ".errors",
+    "Event": ".events",
+    "Fence": ".lease",
+    "FencingRejected": ".errors",
+    "Finished": ".lease",
+    "FirstTokenTimeout": ".errors",
+    "Following": ".lease",
+    "Health": ".job",
+    "InputError": ".errors",
+    "Job": ".job",
+    "JobCancelled": ".errors",
+    "JobConflict": ".errors",
+    "JobDeadlineExceeded": ".errors",
+    "JobFailed": ".errors",
+    "JobLease": ".lease.handle",
+    "JobLogger": ".logs",
+    "JobSpecError": ".errors",
+    "JobState": ".job",
+    "LeaseError": ".errors",
+    "LeaseLost": ".errors",
+    "LeaseStore": ".lease",
+    "LeaseTimings": ".timeouts",
+    "Metrics": ".metrics",
+    "OutcomeUnknown": ".errors",
+    "Pipeline": ".pipeline",
+    "Progress": ".progress",
+    "PromptLibrary": ".prompts",
+    "Provider": ".providers",
+    "ProviderError": ".errors",
+    "RedisStore": ".lease.redis",
+    "Renewal": ".lease",
+    "RetryPolicy": ".timeouts",
+    "Runner": ".runner",
+    "SQLiteStore": ".lease.sqlite",
+    "Settings": ".settings",
+    "Stage": ".pipeline",
+    "StageBudget": ".timeouts",
+    "StageContext": ".pipeline",
+    "StageDeadlineExceeded": ".errors",
+    "StageTimeout": ".errors",
+    "StallPolicy": ".timeouts",
+    "Stalled": ".errors",
+    "Status": ".job",
+    "StoreDataLost": ".errors",
+    "StoreError": ".errors",
+    "StoreUnavailable": ".errors",
+    "StreamGuard": ".streaming",
+    "StreamIdleTimeout": ".errors",
+    "StreamInterrupted": ".errors",
+    "StreamLimitExceeded": ".errors",
+    "StreamLimits": ".timeouts",
+    "StreamTimeouts": ".timeouts",
+    "StreamTotalTimeout": ".errors",
+    "SyncClient": ".client",
+    "Usage": ".providers",
+    "Worker": ".worker",
+    "available_providers": ".providers",
+    "configure_logging": ".logs",
+    "connect": ".client",
+    "create_provider": ".providers",
+    "fan_out": ".logs",
+    "load_settings": ".settings",
+    "mask_url": ".lease",
+    "open_store": ".lease",
+    "run_sync": ".client",
+    "serve_metrics": ".metrics",
+}
 
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str) -> Any:
-    # RedisStore on first use: importing redis-py costs start-up time nobody on SQLite needs.
-    if name == "RedisStore":
-        from .lease.redis import RedisStore
-
-        return RedisStore
-    raise AttributeError(f"module 'ai_lease' has no attribute {name!r}")
-
 
 __all__ = [
     "Acquired",
@@ -174,3 +248,19 @@ __all__ = [
     "run_sync",
     "serve_metrics",
 ]
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, so a misspelt name stays an error for them
+
+    def __getattr__(name: str) -> Any:
+        """Import a public name on first use, then keep it as a plain module attribute."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -9,21 +9,19 @@ A cancelled job is a failed one (1).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import re
 import sys
 from collections.abc import Awaitable, Callable
+from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import click
 import orjson
-from pydantic import SecretStr
 
-from .console import JobView, TeeProvider
 from .errors import (
     AiLeaseError,
     ConfigError,
@@ -35,16 +33,20 @@ from .errors import (
     StageTimeout,
     StoreError,
 )
-from .events import Event
-from .job import JobState, Status
-from .jobfile import load_job_file
-from .lease import LeaseStore, mask_url, open_store
-from .prompts import PromptLibrary
-from .providers import Provider, create_provider
-from .providers.keys import check_api_key, check_key_destination
-from .redaction import redact, register_secret, register_url_secrets
-from .runner import Runner
-from .settings import Settings, load_settings
+from .redaction import redact
+
+# `ai-lease --help` must stay quick: the settings (pydantic-settings), the prompts (Jinja2),
+# the runner, the providers (httpx, openai) and the console (rich) are imported by the
+# commands that use them (tests/test_import_discipline.py holds the line).
+if TYPE_CHECKING:
+    from pydantic import SecretStr
+
+    from .events import Event
+    from .job import JobState
+    from .lease import LeaseStore
+    from .prompts import PromptLibrary
+    from .providers import Provider
+    from .settings import Settings
 
 T = TypeVar("T")
 
@@ -61,12 +63,11 @@ def _subclasses(cls: type) -> list[type]:
     return found
 
 
-# A FAILED job's reason starts with the error that ended its last attempt, by class name.
-_TIMED_OUT = re.compile(
-    r"(?:gave up after \d+ attempts: )?(?:"
-    + "|".join(sorted(c.__name__ for c in _subclasses(StageTimeout)))
-    + "): "
-)
+@cache
+def _timed_out() -> re.Pattern[str]:
+    """A FAILED job's reason starts with the error that ended its last attempt, by class name."""
+    names = "|".join(sorted(c.__name__ for c in _subclasses(StageTimeout)))
+    return re.compile(r"(?:gave up after \d+ attempts: )?(?:" + names + "): ")
 
 
 def _exit_code(exc: AiLeaseError) -> int:
@@ -74,7 +75,7 @@ def _exit_code(exc: AiLeaseError) -> int:
         return EXIT_BAD_INPUT
     if isinstance(exc, StageTimeout):
         return EXIT_TIMED_OUT
-    if isinstance(exc, JobFailed) and _TIMED_OUT.match(exc.reason or ""):
+    if isinstance(exc, JobFailed) and _timed_out().match(exc.reason or ""):
         return EXIT_TIMED_OUT
     if isinstance(exc, StoreError):
         return EXIT_STORE
@@ -103,6 +104,8 @@ class Context:
     @property
     def settings(self) -> Settings:
         if self._settings is None:
+            from .settings import load_settings
+
             overrides: dict[str, Any] = {"store": {"url": self.store_url}} if self.store_url else {}
             self._settings = load_settings(self.config_path, **overrides)
             _register_secrets(self._settings)
@@ -110,9 +113,13 @@ class Context:
 
     @property
     def where(self) -> str:
+        from .lease import mask_url
+
         return mask_url(self.settings.store.url)
 
     def open_store(self) -> LeaseStore:
+        from .lease import open_store
+
         store = self.settings.store
         return open_store(
             store.url,
@@ -123,6 +130,7 @@ class Context:
 
     def run(self, work: Callable[[LeaseStore], Awaitable[T]]) -> T:
         """Run ``work`` against the configured store, closing it afterwards."""
+        import asyncio
 
         async def main() -> T:
             store = self.open_store()
@@ -135,6 +143,8 @@ class Context:
 
     def prompts(self, folders: list[Path] | None = None) -> PromptLibrary:
         """The prompt library, bounded by the settings' ``[job]`` limits."""
+        from .prompts import PromptLibrary
+
         job = self.settings.job
         return PromptLibrary(
             folders or [], render_timeout=job.render_timeout, max_output_chars=job.max_prompt_chars
@@ -143,6 +153,9 @@ class Context:
     def provider(self, overrides: dict[str, Any]) -> Provider:
         """The provider the settings name, with a job file's or the flags' overrides. The
         key goes only to the base URL it was configured for (or an allowed host)."""
+        from .providers import create_provider
+        from .providers.keys import check_key_destination
+
         cfg = self.settings.provider
         name = overrides.get("name", cfg.name)
         key = None if name == "local-extractive" else cfg.api_key or _ambient_key()
@@ -162,6 +175,11 @@ class Context:
 
 def _ambient_key() -> SecretStr | None:
     """``OPENAI_API_KEY``, checked like a configured key (and masked from then on)."""
+    from pydantic import SecretStr
+
+    from .providers.keys import check_api_key
+    from .redaction import register_secret
+
     key = os.environ.get("OPENAI_API_KEY") or None
     if key is None:
         return None
@@ -175,6 +193,8 @@ def _ambient_key() -> SecretStr | None:
 
 def _register_secrets(settings: Settings) -> None:
     """Every secret the settings hold, masked from every text that leaves the process."""
+    from .redaction import register_secret, register_url_secrets
+
     key = settings.provider.api_key
     register_secret(key.get_secret_value() if key is not None else None)
     register_url_secrets(settings.store.url)
@@ -307,6 +327,10 @@ def submit(
     Exit 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream first-token,
     idle or total; stage or job deadline), 4 store unavailable or corrupt.
     """
+    from .console import JobView, TeeProvider
+    from .jobfile import load_job_file
+    from .runner import Runner
+
     spec = load_job_file(
         job_file,
         {
@@ -504,6 +528,8 @@ def list_jobs(
 def result(obj: Context, key: str) -> None:
     """Print the result of job KEY (exit 1 if it failed, 3 if it failed by a timeout or
     has not finished, 4 if its stored record is corrupt)."""
+    from .job import Status
+
     job = _get(obj, key)
     if job.status is Status.DONE:
         _print_result(job)
@@ -525,6 +551,8 @@ def cancel(obj: Context, key: str, reason: str) -> None:
     renew interval (its renewal is refused, its commit rejected); followers get an error.
     Exit 0 cancelled (also if it already was), 1 if it had already ended DONE or FAILED
     (nothing changed), 2 if there is no job KEY."""
+    from .job import Status
+
     job = obj.run(lambda store: store.cancel(key, reason))
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
@@ -596,6 +624,8 @@ def demo(obj: Context, as_json: bool) -> None:
     call hangs while its heartbeat lives, a follower takes over with a higher token, and the
     old owner's late write is rejected. About 30 seconds, on a throw-away SQLite store
     (or the --store given)."""
+    import asyncio
+
     from .demo import run_demo
 
     sys.exit(asyncio.run(run_demo(obj.store_url, as_json=as_json)))
@@ -667,11 +697,15 @@ def worker(
     second stops at once. Jobs submitted with `ai-lease submit --detach` are picked up.
     """
     from .logs import JobLogger, configure_logging, fan_out
-    from .metrics import Metrics, serve_metrics
+    from .runner import Runner
     from .worker import Worker
 
     settings = obj.settings
-    metrics = Metrics() if metrics_port is not None else None
+    metrics = None
+    if metrics_port is not None:  # prometheus_client brings its HTTP server: only when asked
+        from .metrics import Metrics
+
+        metrics = Metrics()
     json_log = JobLogger(configure_logging(json=True), json=True) if log_json else None
 
     def log(event: Event) -> None:
@@ -712,7 +746,11 @@ def worker(
             undo()
             await model_provider.aclose()
 
-    server = None if metrics is None else serve_metrics(metrics, metrics_port or 0, metrics_host)
+    server = None
+    if metrics is not None:
+        from .metrics import serve_metrics
+
+        server = serve_metrics(metrics, metrics_port or 0, metrics_host)
     try:
         obj.run(work)
     finally:
