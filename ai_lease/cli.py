@@ -39,6 +39,8 @@ from .redaction import redact
 # the runner, the providers (httpx, openai) and the console (rich) are imported by the
 # commands that use them (tests/test_import_discipline.py holds the line).
 if TYPE_CHECKING:
+    import asyncio
+
     from pydantic import SecretStr
 
     from .events import Event
@@ -128,8 +130,13 @@ class Context:
             poll_interval=min(0.05, store.poll_interval),
         )
 
-    def run(self, work: Callable[[LeaseStore], Awaitable[T]]) -> T:
-        """Run ``work`` against the configured store, closing it afterwards."""
+    def run(
+        self,
+        work: Callable[[LeaseStore], Awaitable[T]],
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+    ) -> T:
+        """Run ``work`` against the configured store (on a loop from ``loop_factory``, default
+        asyncio's), closing it afterwards."""
         import asyncio
 
         async def main() -> T:
@@ -139,7 +146,8 @@ class Context:
             finally:
                 await store.aclose()
 
-        return asyncio.run(main())
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(main())
 
     def prompts(self, folders: list[Path] | None = None) -> PromptLibrary:
         """The prompt library, bounded by the settings' ``[job]`` limits."""
@@ -631,6 +639,25 @@ def demo(obj: Context, as_json: bool) -> None:
     sys.exit(asyncio.run(run_demo(obj.store_url, as_json=as_json)))
 
 
+def _event_loop(
+    ctx: click.Context, param: click.Parameter, value: str
+) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """``--loop``: asyncio's loop (None), or uvloop's; ``auto`` takes uvloop when installed.
+    Asking for uvloop without it installed is a usage error (exit 2) saying how to get it."""
+    if value == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if value == "auto":
+            return None
+        raise click.BadParameter(
+            "uvloop is not installed: pip install 'ai_lease[uvloop]' (or use --loop asyncio)"
+        ) from None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
 def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
     """Refuse nan and inf, which FloatRange lets through."""
     if not math.isfinite(value):
@@ -678,6 +705,15 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
     help="Address the metrics server binds (0.0.0.0: every interface).",
 )
 @click.option("--log-json", is_flag=True, help="Log every event as one JSON line on stderr.")
+@click.option(
+    "--loop",
+    "loop_factory",
+    type=click.Choice(["asyncio", "uvloop", "auto"]),
+    default="asyncio",
+    show_default=True,
+    callback=_event_loop,
+    help="Event loop: uvloop needs the 'uvloop' extra; auto takes it when installed.",
+)
 @click.pass_obj
 def worker(
     obj: Context,
@@ -689,6 +725,7 @@ def worker(
     metrics_port: int | None,
     metrics_host: str,
     log_json: bool,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
 ) -> None:
     """Run submitted jobs: discover them, compete for them, recover abandoned ones.
 
@@ -752,7 +789,7 @@ def worker(
 
         server = serve_metrics(metrics, metrics_port or 0, metrics_host)
     try:
-        obj.run(work)
+        obj.run(work, loop_factory)
     finally:
         if server is not None:
             server.close()

@@ -176,10 +176,12 @@ class Worker:
     async def run(self) -> None:
         """Take due jobs until stopped; then drain within the grace window."""
         adaptive = self.runner.adaptive
+        loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # asyncio | uvloop
         self._say(
             "worker_started",
             f"concurrency {self.concurrency}, adaptive budgets "
-            + (f"on ({adaptive})" if adaptive else "off"),
+            + (f"on ({adaptive})" if adaptive else "off")
+            + f", event loop {loop}",
         )
         async with asyncio.TaskGroup() as tg:
             beat = tg.create_task(self._beat())
