@@ -5,7 +5,9 @@
 
 Run from the repository root in the dev environment. Every variant is a fresh process timed
 from spawn to exit (``subprocess.run``, output discarded), round by round in the same order,
-so a slow patch of the machine hits each alike; the table shows min / median / max.
+so a slow patch of the machine hits each alike; the table shows min / median / max of the wall
+time, and the median CPU time (user + system, from the children's rusage), which a busy machine
+moves far less than the wall.
 
 Variants:
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -65,10 +68,16 @@ def variants(baseline: Path | None) -> list[Variant]:
     return found
 
 
-def once(argv: list[str], env: dict[str, str] | None) -> float:
-    started = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def once(argv: list[str], env: dict[str, str] | None) -> tuple[float, float]:
+    """Wall and CPU seconds of one run of ``argv``, from spawn to exit."""
+    cpu, started = _children_cpu(), time.perf_counter()
     subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, _children_cpu() - cpu
 
 
 def main() -> int:
@@ -83,21 +92,25 @@ def main() -> int:
     for _, argv, env in chosen:  # warm the page cache and .pyc files
         once(argv, env)
     times: dict[str, list[float]] = {name: [] for name, _, _ in chosen}
+    cpus: dict[str, list[float]] = {name: [] for name, _, _ in chosen}
     for _ in range(args.runs):
         for name, argv, env in chosen:
-            times[name].append(once(argv, env))
+            wall, cpu = once(argv, env)
+            times[name].append(wall)
+            cpus[name].append(cpu)
     floor = statistics.median(times["python -c pass"])
-    print(f"\n{'variant':<28} {'min':>7} {'median':>7} {'max':>7} {'- floor':>8}  (ms)")
+    print(f"\n{'variant':<28} {'min':>7} {'median':>7} {'max':>7} {'- floor':>8} {'CPU':>6}  (ms)")
     for name, taken in times.items():
         mid = statistics.median(taken)
         print(
             f"{name:<28} {1000 * min(taken):>7.0f} {1000 * mid:>7.0f} {1000 * max(taken):>7.0f} "
-            f"{1000 * (mid - floor):>8.0f}"
+            f"{1000 * (mid - floor):>8.0f} {1000 * statistics.median(cpus[name]):>6.0f}"
         )
     print()
     for name, taken in times.items():
         slug = "_".join("".join(c if c.isalnum() else " " for c in name).split())
         print(f"RESULT {slug.lower()}_median_s {statistics.median(taken):.3f}")
+        print(f"RESULT {slug.lower()}_cpu_median_s {statistics.median(cpus[name]):.3f}")
     if "--help (-S, baseline)" in times:
         ratio = statistics.median(times["--help (-S, baseline)"]) / statistics.median(
             times["--help (-S, this tree)"]

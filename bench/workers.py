@@ -1,31 +1,36 @@
-"""Jobs per second through 1, 2 and 4 worker processes, on SQLite and on Redis, in one run.
+"""Jobs per second and CPU per job through real `ai-lease worker` processes, in one run.
 
-    .venv/bin/python bench/workers.py                  # 1000 jobs, 3 rounds, 1/2/4 workers
-    .venv/bin/python bench/workers.py --jobs 300 --rounds 5 --workers 1,2,4,8
+    .venv/bin/python bench/workers.py                        # SQLite and Redis, asyncio and uvloop
+    .venv/bin/python bench/workers.py --jobs 300 --rounds 5 --workers 1,2 --loops asyncio
 
 Run from the repository root in the dev environment (``pip install -e '.[dev]'``; needs the
 ``redis-server`` binary). It starts its own ``redis-server`` (tests/harness) and writes its
 SQLite files to a temporary directory, so nothing already running is touched.
 
-Each worker is a real OS process (``tests/harness/worker_proc.py``: a ``Runner`` and a
-``Worker`` as ``ai-lease worker`` builds them, with fast lease timings) whose model
-answers at once (an instant scripted provider), so what is measured is ai_lease's own cost
-per job: discovering it in the queue, competing for it, acquiring, running the five stages,
-committing, and taking it off the schedule.
+Each worker is the ``ai-lease worker`` command as a user starts it (the console script,
+its settings file, the default lease timings, history and tracing on, its log lines on
+stderr, here to a file) with ``--loop`` asyncio or uvloop. The model is either
+
+- ``--model sse`` (default): ``openai-compatible`` against a loopback OpenAI-compatible server
+  (tests/harness/sse_server.py, in this process) that streams a four-chunk answer at once;
+- ``--model local``: the offline ``local-extractive`` provider (it paces its words at 20 ms, so
+  jobs/s then measure that pace more than ai_lease).
 
 One measurement: a fresh store (new SQLite file, or Redis emptied); ``k`` workers started,
-connected, warmed up with 3 throwaway jobs each and held back (``--go-file``); ``--jobs``
-jobs submitted; the go file touched (the clock starts; workers notice within 20 ms); the
-run ends at the last job's commit (the DONE records' ``updated_at``, store clock).
-Store × worker-count combinations are interleaved round by round, so a slow patch of the
-machine hits each alike; the table shows medians, with the CPU each job cost the workers
-(and redis-server) and, on Redis, how many lease and queue operations each job took.
+then warmed up with ``--concurrency`` throwaway jobs each (imports, templates, scripts and
+connections off the clock); the workers paused (SIGSTOP); ``--jobs`` jobs submitted; the
+workers' CPU read (/proc) and the clock started as they are resumed (SIGCONT); the run ends
+at the last job's commit (the DONE records' ``updated_at``). Every store x loop x worker-count
+combination runs once per round, interleaved, so a slow patch of the machine hits each alike;
+the table shows medians of jobs/s, of the workers' CPU per job (all worker processes
+together) and of redis-server's CPU per job.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import signal
 import statistics
@@ -43,50 +48,37 @@ from ai_lease import LeaseStore, Status, open_store
 from ai_lease.job import Job
 from ai_lease.runner import Runner
 from tests.harness.redis_server import RedisServer
-from tests.harness.worker_proc import Workers
+from tests.harness.sse_server import Request, Response, SSEServer, chat_chunks, sse
 
 STORES = ("sqlite", "redis")
+LOOPS = ("asyncio", "uvloop")
 DONE_TIMEOUT_S = 300.0
-LOGGED = "acquired,committed"  # kept small: the history file is written on the measured path
-OPS = ("evalsha", "eval", "zadd", "zrem", "zrangebyscore")
+START_TIMEOUT_S = 60.0
 TICKS = os.sysconf("SC_CLK_TCK")
-WARMUP_JOBS = 3  # per worker, before the clock starts (first-use costs)
+ANSWER = sse(*chat_chunks(["One ", "short ", "answer", "."], usage=(12, 4)))
+PROMPT = "Summarize: {{ input }}"
 
 
-async def submit(store: LeaseStore, keys: list[str]) -> None:
-    runner = Runner(store)
-    for key in keys:
-        await runner.submit(Job(key, input=key, prompt_text="{{ input }}"))
+def answer(request: Request) -> Response:
+    return ANSWER
 
 
-async def wait_done(store: LeaseStore, keys: list[str]) -> tuple[float, int]:
-    """Until every key is DONE; returns the last commit's time (store clock) and how many
-    reads this took."""
-    deadline = time.monotonic() + DONE_TIMEOUT_S
-    i, last, reads = 0, 0.0, 0
-    while i < len(keys):  # workers take the longest-due first: scan forward from the first gap
-        record = await store.get(keys[i])
-        reads += 1
-        if record is not None and record.status is Status.FAILED:
-            raise RuntimeError(f"{keys[i]} FAILED: {record.last_error}")
-        if record is not None and record.status is Status.DONE:
-            last = max(last, record.updated_at)
-            i += 1
-            continue
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{len(keys) - i} jobs not DONE after {DONE_TIMEOUT_S:g}s")
-        await asyncio.sleep(0.05)
-    return last, reads
+def worker_command() -> list[str]:
+    """``ai-lease`` as installed beside this interpreter (else ``python -m ai_lease``)."""
+    script = Path(sys.executable).with_name("ai-lease")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "ai_lease"]
 
 
-def store_ops(client: redis.Redis | None) -> int:
-    """Lease and queue operations the Redis server has served so far (0 for SQLite): one
-    EVALSHA per lease operation (get, acquire, commit…), ZADD/ZREM per reschedule, one
-    ZRANGEBYSCORE per look at the queue. (Commands run inside scripts are not among these.)"""
-    if client is None:
-        return 0
-    stats = client.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in OPS)
+def settings_file(directory: Path, url: str, args: argparse.Namespace, base_url: str) -> Path:
+    provider = (
+        f'name = "openai-compatible"\nmodel = "m"\nbase_url = "{base_url}"\n'
+        + (f'http = "{args.http}"\n' if args.http != "auto" else "")
+        if args.model == "sse"
+        else 'name = "local-extractive"\n'
+    )
+    path = directory / "ai-lease.toml"
+    path.write_text(f'[store]\nurl = "{url}"\n\n[provider]\n{provider}')
+    return path
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -98,164 +90,256 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICKS
 
 
+async def submit(store: LeaseStore, keys: list[str]) -> None:
+    runner = Runner(store)
+    for key in keys:
+        await runner.submit(Job(key, input=f"{key}. A sentence to keep.", prompt_text=PROMPT))
+
+
+async def wait_done(
+    store: LeaseStore, keys: list[str], procs: list[asyncio.subprocess.Process]
+) -> float:
+    """Until every key is DONE; returns the last commit's time (the records' clock)."""
+    deadline = time.monotonic() + DONE_TIMEOUT_S
+    i, last = 0, 0.0
+    while i < len(keys):  # workers take the longest-due first: scan forward from the first gap
+        record = await store.get(keys[i])
+        if record is not None and record.status is Status.FAILED:
+            raise RuntimeError(f"{keys[i]} FAILED: {record.last_error}")
+        if record is not None and record.status is Status.DONE:
+            last = max(last, record.updated_at)
+            i += 1
+            continue
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(keys) - i} jobs not DONE after {DONE_TIMEOUT_S:g}s")
+        if any(proc.returncode is not None for proc in procs):
+            raise RuntimeError("a worker exited before the jobs were done")
+        await asyncio.sleep(0.02)
+    return last
+
+
 @dataclass
 class Sample:
     """One measurement: throughput, and what each job cost."""
 
     jobs_per_s: float
-    ops_per_job: float  # Redis lease + queue operations (0 on SQLite)
     worker_cpu_ms: float  # CPU of all worker processes, per job
     server_cpu_ms: float  # CPU of redis-server, per job (0 on SQLite)
 
 
-async def measure(
-    url: str, directory: Path, n_workers: int, args: argparse.Namespace, server: RedisServer | None
-) -> Sample:
-    """One store, ``n_workers`` workers, ``--jobs`` jobs, from go to the last commit."""
-    keys = [f"bench-{i:05d}" for i in range(args.jobs)]
-    store = open_store(url, op_timeout=2.0)
-    admin = redis.Redis.from_url(server.url) if server else None
-    async with Workers(url, directory, sweep=args.sweep) as workers:
-        procs = await asyncio.gather(
-            *(
-                workers.start_ready(
-                    f"w{i}",
-                    concurrency=args.concurrency,
-                    wait_for_go=True,
-                    extra=("--log-kinds", LOGGED, "--warmup", str(WARMUP_JOBS)),
-                )
-                for i in range(n_workers)
-            )
-        )
-        pids = [proc.pid for proc in procs]
+@dataclass
+class Variant:
+    store: str
+    loop: str
+    workers: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.store}_{self.loop}_{self.workers}"
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, redis_server: RedisServer, tmp: Path) -> None:
+        self.args, self.redis_server, self.tmp = args, redis_server, tmp
+        self.model: SSEServer | None = None
+
+    async def measure(self, variant: Variant, directory: Path) -> Sample:
+        """``variant.workers`` workers, ``--jobs`` jobs, from resume to the last commit."""
+        args, server = self.args, self.redis_server
+        if variant.store == "redis":
+            server.flushall()
+            url = server.url
+        else:
+            url = f"sqlite:///{directory / 'bench.db'}"
+        base_url = self.model.base_url if self.model else ""
+        config = settings_file(directory, url, args, base_url)
+        store = open_store(url, op_timeout=2.0)
+        procs: list[asyncio.subprocess.Process] = []
         try:
+            warm = [f"warm-{i:03d}" for i in range(variant.workers * args.concurrency)]
+            await submit(store, warm)
+            for i in range(variant.workers):
+                procs.append(await self.start_worker(config, variant, directory, i))
+            await wait_done(store, warm, procs)
+            for proc in procs:
+                proc.send_signal(signal.SIGSTOP)
+            keys = [f"bench-{i:05d}" for i in range(args.jobs)]
             await submit(store, keys)
-            ops0, cpu0 = store_ops(admin), cpu_seconds(pids)
-            server0 = cpu_seconds([server.pid]) if server else 0.0
+            pids = [proc.pid for proc in procs]
+            cpu0 = cpu_seconds(pids)
+            server0 = cpu_seconds([server.pid]) if variant.store == "redis" else 0.0
             started = time.time()
-            workers.go()
-            ended, reads = await wait_done(store, keys)
-            ops = store_ops(admin) - ops0 - (reads if admin else 0)  # not our own reads
+            for proc in procs:
+                proc.send_signal(signal.SIGCONT)
+            ended = await wait_done(store, keys, procs)
             cpu = cpu_seconds(pids) - cpu0
-            server_cpu = cpu_seconds([server.pid]) - server0 if server else 0.0
-            for proc in procs:
-                proc.signal(signal.SIGTERM)
-            for proc in procs:
-                code = await proc.exited(30)
-                if code != 0:
-                    raise RuntimeError(f"worker {proc.name} exited {code}\n{proc.dump()}")
+            server_cpu = cpu_seconds([server.pid]) - server0 if variant.store == "redis" else 0.0
         finally:
+            await self.stop(procs, directory)
             await store.aclose()
-            if admin is not None:
-                admin.close()
-    n = args.jobs
-    return Sample(n / (ended - started), ops / n, 1000 * cpu / n, 1000 * server_cpu / n)
+        n = args.jobs
+        return Sample(n / (ended - started), 1000 * cpu / n, 1000 * server_cpu / n)
 
-
-Results = dict[tuple[str, int], list[Sample]]
-
-
-async def run(args: argparse.Namespace, server: RedisServer, tmp: Path) -> Results:
-    this = asyncio.current_task()
-    assert this is not None
-    # SIGTERM unwinds like Ctrl-C: every worker process is killed on the way out.
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, this.cancel)
-    results: Results = {(s, k): [] for s in STORES for k in args.workers}
-    for r in range(args.rounds):
-        for (backend, k), samples in results.items():
-            directory = tmp / f"{backend}-{k}-{r}"
-            directory.mkdir()
-            if backend == "redis":
-                server.flushall()
-                sample = await measure(server.url, directory, k, args, server)
-            else:
-                sample = await measure(
-                    f"sqlite:///{directory / 'bench.db'}", directory, k, args, None
-                )
-            samples.append(sample)
-            print(
-                f"  round {r + 1}: {backend:<6} {k} worker(s) {sample.jobs_per_s:6.0f} jobs/s  "
-                f"worker CPU {sample.worker_cpu_ms:.2f} ms/job"
-                + (f"  {sample.ops_per_job:.2f} store ops/job" if backend == "redis" else ""),
-                flush=True,
+    async def start_worker(
+        self, config: Path, variant: Variant, directory: Path, i: int
+    ) -> asyncio.subprocess.Process:
+        log = (directory / f"worker-{i}.log").open("wb")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
+        with log:
+            return await asyncio.create_subprocess_exec(
+                *worker_command(),
+                *("--config", str(config), "worker", "--loop", variant.loop),
+                *("--concurrency", str(self.args.concurrency), "--worker-id", f"w{i}"),
+                *("--sweep-interval", str(self.args.sweep)),
+                cwd=directory,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log,
             )
-    return results
+
+    async def stop(self, procs: list[asyncio.subprocess.Process], directory: Path) -> None:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+        failures: list[str] = []
+        for i, proc in enumerate(procs):
+            try:
+                code = await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                code = await proc.wait()
+            if code != 0:
+                lines = (directory / f"worker-{i}.log").read_text(errors="replace").splitlines()
+                errors = [line.strip(" |") for line in lines if "Error" in line]
+                why = f": {errors[-1]}" if errors else ""
+                failures.append(f"worker w{i} exited {code}{why}")
+        if failures:  # the one that says why first (the others were stopped after it)
+            raise RuntimeError(sorted(failures, key=lambda f: ":" not in f)[0])
+
+    async def run(self, variants: list[Variant]) -> dict[str, list[Sample] | str]:
+        this = asyncio.current_task()
+        assert this is not None
+        # SIGTERM unwinds like Ctrl-C: every worker process is stopped on the way out.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, this.cancel)
+        results: dict[str, list[Sample] | str] = {v.name: [] for v in variants}
+        async with SSEServer(responder=answer) as model:
+            self.model = model
+            for r in range(self.args.rounds):
+                for variant in variants:
+                    samples = results[variant.name]
+                    if isinstance(samples, str):
+                        continue  # failed once: not tried again
+                    directory = self.tmp / f"{variant.name}-{r}"
+                    directory.mkdir()
+                    try:
+                        sample = await self.measure(variant, directory)
+                    except RuntimeError as exc:
+                        results[variant.name] = f"failed: {str(exc).strip().splitlines()[-1]}"
+                        print(f"  round {r + 1}: {variant.name}: {results[variant.name]}")
+                        continue
+                    samples.append(sample)
+                    print(
+                        f"  round {r + 1}: {variant.store:<6} {variant.loop:<7} "
+                        f"{variant.workers} worker(s) {sample.jobs_per_s:6.0f} jobs/s  "
+                        f"worker CPU {sample.worker_cpu_ms:.2f} ms/job"
+                        + (
+                            f"  redis CPU {sample.server_cpu_ms:.2f} ms/job"
+                            if variant.store == "redis"
+                            else ""
+                        ),
+                        flush=True,
+                    )
+        return results
 
 
 def med(samples: list[Sample], field: str) -> float:
     return float(statistics.median(getattr(s, field) for s in samples))
 
 
-def report(results: Results, args: argparse.Namespace) -> None:
-    first = args.workers[0]
+def report(variants: list[Variant], results: dict[str, list[Sample] | str]) -> None:
     print(
-        f"\n{'store':<7} {'workers':>7} {'jobs/s':>7} {'vs ' + str(first):>6} "
-        f"{'worker CPU':>11} {'redis CPU':>10} {'ops/job':>8}   jobs/s per round"
+        f"\n{'store':<7} {'loop':<8} {'workers':>7} {'jobs/s':>7} {'worker CPU':>11} "
+        f"{'redis CPU':>10}   jobs/s per round"
     )
-    for backend in STORES:
-        base = med(results[(backend, first)], "jobs_per_s")
-        for k in args.workers:
-            samples = results[(backend, k)]
-            rate = med(samples, "jobs_per_s")
-            redis_cells = (
-                f"{med(samples, 'server_cpu_ms'):>7.2f} ms {med(samples, 'ops_per_job'):>8.2f}"
-                if backend == "redis"
-                else f"{'-':>10} {'-':>8}"
-            )
-            each = " / ".join(f"{s.jobs_per_s:.0f}" for s in samples)
-            print(
-                f"{backend:<7} {k:>7} {rate:>7.0f} {rate / base:>5.2f}x "
-                f"{med(samples, 'worker_cpu_ms'):>8.2f} ms {redis_cells}   {each}"
-            )
-    print(
-        "(medians; CPU per job: all worker processes together, and redis-server; ops/job:\n"
-        " Redis lease + queue operations per job, the harness's own reads excluded)\n"
-    )
-    for backend in STORES:
-        base = med(results[(backend, first)], "jobs_per_s")
-        for k in args.workers:
-            samples = results[(backend, k)]
-            rate = med(samples, "jobs_per_s")
-            print(f"RESULT {backend}_{k}_workers_jobs_per_s {rate:.0f}")
-            if k != first:
-                print(f"RESULT {backend}_{k}_workers_vs_{first} {rate / base:.3f}")
-            print(
-                f"RESULT {backend}_{k}_workers_cpu_ms_per_job {med(samples, 'worker_cpu_ms'):.3f}"
-            )
-            if backend == "redis":
-                print(
-                    f"RESULT redis_{k}_workers_store_ops_per_job {med(samples, 'ops_per_job'):.2f}"
-                )
-    for k in args.workers:
-        ratio = med(results[("redis", k)], "jobs_per_s") / med(results[("sqlite", k)], "jobs_per_s")
-        print(f"RESULT redis_vs_sqlite_{k}_workers {ratio:.3f}")
+    for v in variants:
+        samples = results[v.name]
+        if isinstance(samples, str):
+            print(f"{v.store:<7} {v.loop:<8} {v.workers:>7}   {samples}")
+            continue
+        redis_cpu = f"{med(samples, 'server_cpu_ms'):>7.2f} ms" if v.store == "redis" else "-"
+        each = " / ".join(f"{s.jobs_per_s:.0f}" for s in samples)
+        print(
+            f"{v.store:<7} {v.loop:<8} {v.workers:>7} {med(samples, 'jobs_per_s'):>7.0f} "
+            f"{med(samples, 'worker_cpu_ms'):>8.2f} ms {redis_cpu:>10}   {each}"
+        )
+    print("(medians; worker CPU: all worker processes together, per job)\n")
+    for v in variants:
+        samples = results[v.name]
+        if isinstance(samples, str):
+            print(f"RESULT {v.name}_failed 1")
+            continue
+        print(f"RESULT {v.name}_jobs_per_s {med(samples, 'jobs_per_s'):.0f}")
+        print(f"RESULT {v.name}_worker_cpu_ms_per_job {med(samples, 'worker_cpu_ms'):.3f}")
+        if v.store == "redis":
+            print(f"RESULT {v.name}_redis_cpu_ms_per_job {med(samples, 'server_cpu_ms'):.3f}")
+    for v in variants:  # uvloop against asyncio, same store and worker count
+        if v.loop != "uvloop":
+            continue
+        fast, base = results[v.name], results.get(f"{v.store}_asyncio_{v.workers}")
+        if isinstance(fast, list) and isinstance(base, list) and fast and base:
+            speed = med(fast, "jobs_per_s") / med(base, "jobs_per_s")
+            cpu = med(fast, "worker_cpu_ms") / med(base, "worker_cpu_ms")
+            print(f"RESULT {v.store}_{v.workers}_uvloop_vs_asyncio_jobs_per_s {speed:.3f}")
+            print(f"RESULT {v.store}_{v.workers}_uvloop_vs_asyncio_cpu_per_job {cpu:.3f}")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--jobs", type=int, default=1000, help="jobs per measurement")
+    p.add_argument("--jobs", type=int, default=500, help="jobs per measurement")
     p.add_argument(
         "--workers",
         type=lambda text: [int(x) for x in text.split(",")],
-        default=[1, 2, 4],
-        help="worker process counts, comma-separated (the first is the baseline)",
+        default=[1, 2],
+        help="worker process counts, comma-separated",
+    )
+    p.add_argument("--stores", default=",".join(STORES), help="comma-separated: sqlite,redis")
+    p.add_argument("--loops", default=",".join(LOOPS), help="comma-separated: asyncio,uvloop")
+    p.add_argument("--model", choices=["sse", "local"], default="sse", help="see above")
+    p.add_argument(
+        "--http",
+        default="auto",
+        help="the openai-compatible provider's http setting (auto: not set, the default)",
     )
     p.add_argument("--concurrency", type=int, default=4, help="jobs at once per worker")
-    p.add_argument("--sweep", type=float, default=0.05, help="seconds between queue looks")
+    p.add_argument("--sweep", type=float, default=1.0, help="worker --sweep-interval")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
     args = p.parse_args()
+    loops = args.loops.split(",")
+    if "uvloop" in loops and importlib.util.find_spec("uvloop") is None:
+        print("uvloop is not installed: measuring asyncio only", file=sys.stderr)
+        loops.remove("uvloop")
+    variants = [
+        Variant(store, loop, k)
+        for store in args.stores.split(",")
+        for loop in loops
+        for k in args.workers
+    ]
     print(
-        f"workers: {args.jobs} instant jobs through {args.workers} worker processes "
-        f"(concurrency {args.concurrency} each, sweep {args.sweep:g}s), {args.rounds} rounds; "
-        f"Python {sys.version.split()[0]}, redis-py {redis.__version__}"
+        f"workers: {args.jobs} jobs through `ai-lease worker` x {args.workers} "
+        f"(concurrency {args.concurrency} each, sweep {args.sweep:g}s, model {args.model}, "
+        f"http {args.http}), "
+        f"loops {loops}, {args.rounds} rounds; Python {sys.version.split()[0]}, "
+        f"redis-py {redis.__version__}"
     )
     with RedisServer() as server, tempfile.TemporaryDirectory(prefix="ai_lease-bench-") as tmp:
         try:
-            results = asyncio.run(run(args, server, Path(tmp)))
+            results = asyncio.run(Bench(args, server, Path(tmp)).run(variants))
         except (asyncio.CancelledError, KeyboardInterrupt):
             print("interrupted: worker processes and redis-server stopped", file=sys.stderr)
             return 1
-    report(results, args)
+    report(variants, results)
     return 0
 
 
