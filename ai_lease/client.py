@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
@@ -307,6 +308,10 @@ class SyncClient:
             self._stop()
 
     def _stop(self) -> None:
+        # The loop's default executor (asyncio.to_thread, e.g. a store's close) keeps its
+        # threads until shut down: join them, so closing leaves no thread behind.
+        with contextlib.suppress(Exception):
+            self._call(self._loop.shutdown_default_executor())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
