@@ -59,10 +59,10 @@ _UVLOOP_FILES = frozenset(
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Any:
-    """asyncio and uvloop for the provider tests; the default loop elsewhere."""
-    if item.path.name not in _UVLOOP_FILES:
-        return None
+    """asyncio and uvloop for the provider tests; asyncio's own loop elsewhere."""
     factories: dict[str, Any] = {"asyncio": asyncio.new_event_loop}
+    if item.path.name not in _UVLOOP_FILES:
+        return factories  # one factory: no extra test id
     try:
         import uvloop
     except ImportError:  # the floor-versions run has no extras
