@@ -182,3 +182,20 @@ def test_a_bad_http_setting_or_pool_size_is_a_config_error() -> None:
         OpenAICompatProvider(base_url="http://127.0.0.1:9/v1", http="h2")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"provider\.max_connections"):
         OpenAICompatProvider(base_url="http://127.0.0.1:9/v1", max_connections=0)
+
+
+@pytest.mark.parametrize("http", PATHS)
+async def test_a_proxy_from_the_environment_is_used(
+    server: SSEServer, http: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP_PROXY in the environment carries the stream (the loopback server is the proxy)."""
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    server.enqueue(sse(*chat_chunks(["via proxy"])))
+    provider = OpenAICompatProvider(base_url="http://llm.invalid/v1", model="m", http=http)  # type: ignore[arg-type]
+    try:
+        assert await guarded(provider) == "via proxy"
+        assert server.requests[0].path == "http://llm.invalid/v1/chat/completions"
+    finally:
+        await provider.aclose()
