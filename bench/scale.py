@@ -9,7 +9,7 @@ stream, one chunked frame per write every 1 / ``--rate`` s on an absolute schedu
 spread over one period; the client reads them with the lean adapter on aiohttp
 (``OpenAICompatProvider``, one pool of ``streams + canaries`` connections) in this one
 process. ``--source memory``: each stream is an async generator in this process that yields
-one content delta every 1 / ``--rate`` s. The client process pins itself to one core.
+one content delta every 1 / ``--rate`` s.
 
 Two kinds of phase, interleaved round by round (``--rounds`` pairs: raw, guarded, raw,
 guarded, …) so that machine drift moves both alike; medians over the rounds are reported:
@@ -22,7 +22,10 @@ Both phases also run ``--canaries`` streams that go silent (hang) at a random mo
 between 0.5 s and ``--seconds`` - 1 s. Under the guard each canary must end with
 ``StreamIdleTimeout``: its lateness is the moment the consumer sees the error minus the
 deadline it missed (last content + idle). A healthy stream must never time out. CPU is this
-process's CPU time over wall time (one core). Memory (in-process streams only): ``tracemalloc``
+process's CPU time over wall time (of one core; ``--pin`` pins it to core 0). The streams
+start at random moments within ``--ramp`` s (default 1): a thousand jobs do not begin in one
+instant, and a herd of simultaneous requests is a different question (see docs/benchmarks.md).
+Memory (in-process streams only): ``tracemalloc``
 with every stream in flight, per stream, minus the stream's own buffers (the list of texts
 and the strings), for raw and guarded consumers; the difference is what the guard holds.
 """
@@ -186,9 +189,13 @@ async def phase(args: argparse.Namespace, guarded: bool, source: Source) -> dict
     lags: list[float] = []
     probe = asyncio.create_task(loop_lag(lags))
     t0, c0 = time.perf_counter(), time.process_time()
-    streams = [asyncio.create_task(source(c, chunks, None)) for c in healthy]
+    async def start(consumer: Consumer, hang_after: int | None) -> None:
+        await asyncio.sleep(random.uniform(0, args.ramp))  # jobs do not start in one instant
+        await source(consumer, chunks, hang_after)
+
+    streams = [asyncio.create_task(start(c, None)) for c in healthy]
     lo, hi = round(0.5 * args.rate), round((args.seconds - 1) * args.rate)
-    hung = [asyncio.create_task(source(c, chunks, random.randint(lo, hi))) for c in canaries]
+    hung = [asyncio.create_task(start(c, random.randint(lo, hi))) for c in canaries]
     await asyncio.gather(*streams)  # every guarded canary has fired by now (or it never will)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     gc.callbacks.remove(pauses)
@@ -357,6 +364,8 @@ def main() -> int:
     p.add_argument("--canaries", type=int, default=200, help="streams that go silent")
     p.add_argument("--rounds", type=int, default=3, help="raw/guarded pairs, interleaved")
     p.add_argument("--source", choices=("http", "memory"), default="http")
+    p.add_argument("--ramp", type=float, default=1.0, help="streams start within this many s")
+    p.add_argument("--pin", action="store_true", help="pin this process to core 0")
     args = p.parse_args()
     random.seed(8)
     server, base_url = None, None
@@ -368,11 +377,12 @@ def main() -> int:
         )
         server.start()  # before pinning: the server may take the other core
         sock.close()
-    os.sched_setaffinity(0, {0})
+    if args.pin:  # on a shared machine another process may own core 0: off by default
+        os.sched_setaffinity(0, {0})
     print(
         f"scale: {args.streams} streams x {args.rate:g} chunks/s x {args.seconds:g} s + "
         f"{args.canaries} canaries, {args.rounds} interleaved raw/guarded rounds, source "
-        f"{args.source}, one core (affinity {sorted(os.sched_getaffinity(0))}); "
+        f"{args.source}, ramp {args.ramp:g} s, affinity {sorted(os.sched_getaffinity(0))}; "
         f"Python {sys.version.split()[0]}, {TIMEOUTS}"
     )
     try:
