@@ -31,6 +31,7 @@ Variants, interleaved round by round on one event loop (medians over ``--rounds`
 * ``h sdk guard``    the same under ``StreamGuard`` + ``Progress``
 * ``i httpx raw``    ``OpenAICompatProvider(http="httpx").stream_batches()`` consumed directly
 * ``j httpx guard``  the same under ``StreamGuard`` + ``Progress``
+* ``l lines guard``  ``d`` with aiohttp's ``readline()`` framing in place of ``_sse_batches``
 
 SDK variants stream ``--sdk-chunks`` (default chunks / 10); every figure is per content chunk.
 """
@@ -198,6 +199,7 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
     lean_httpx = compat.OpenAICompatProvider(base_url=base_url, model="bench", http="httpx")
     sdk = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
     adapter = OpenAISDKProvider(base_url=base_url, api_key="x", model="bench")
+    lines = stream_paced.LineFramed(base_url=base_url, model="bench")
     url = base_url + "/chat/completions"
 
     def req(n: int) -> ChatRequest:
@@ -248,24 +250,27 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
         "i httpx raw": lambda n: collect_raw_batches(lean_httpx.stream_batches(req(n))),
         "j httpx guard": lambda n: collect_guarded(lean_httpx, req(n)),
         "k compat delta": lambda n: collect_raw(lean.stream(req(n))),
+        "l lines guard": lambda n: collect_guarded(lines, req(n)),
     }
     closers = [client.aclose, fast_client.close, lean.aclose, lean_httpx.aclose]
-    return variants, [*closers, sdk.close, adapter.aclose]
+    return variants, [*closers, lines.aclose, sdk.close, adapter.aclose]
 
 
 async def measure(args: argparse.Namespace, base_url: str) -> Results:
     variants, closers = make_variants(base_url)
     res: Results = {name: {"rate": [], "cpu_us": []} for name in variants}
     try:
-        for fn in variants.values():  # warm up: connections, imports, caches
-            await fn(200)
+        for name, fn in variants.items():  # warm up: connections, imports, caches
+            with stream_paced.framed_by_lines(name.startswith("l ")):
+                await fn(200)
         for _ in range(args.rounds):
             for name, fn in variants.items():
                 n = args.sdk_chunks if name in SDK_VARIANTS else args.chunks
                 gc.collect()  # every variant starts from the same heap; no collection mid-run
                 gc.disable()
                 t0, c0 = time.perf_counter(), time.process_time()
-                seen = await fn(n)
+                with stream_paced.framed_by_lines(name.startswith("l ")):
+                    seen = await fn(n)
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 gc.enable()
                 if seen != n:
@@ -331,6 +336,7 @@ def report(framing: str, res: Results, args: argparse.Namespace) -> list[tuple[b
         "ratio_cpu_compat_raw_vs_floor": ratio("c compat raw", "floor", "cpu_us"),
         "ratio_compat_httpx_sse_vs_own_parser": ratio("e compat+sse", "i httpx raw"),
         "ratio_httpx_sse_bare_vs_compat_raw": ratio("b httpx-sse", "i httpx raw"),
+        "ratio_cpu_lines_guard_vs_compat_guard": ratio("l lines guard", "d compat guard", "cpu_us"),
     }
     print()
     for k, v in out.items():

@@ -17,24 +17,29 @@ min-max spread):
 * ``compat raw`` / ``compat guard``  the lean adapter on aiohttp, direct / under the guard
 * ``httpx raw`` / ``httpx guard``    the lean adapter on httpx
 * ``sdk raw`` / ``sdk guard``        the official SDK iterated / ai_lease's SDK adapter guarded
+* ``lines raw`` / ``lines guard``    the lean adapter on aiohttp with aiohttp's ``readline()``
+  framing in place of its own ``_sse_batches`` parser: the measurement that decides whether
+  that parser is worth keeping (docs/benchmarks.md)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import multiprocessing
 import socket
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
 import openai
 import orjson
 
+import ai_lease.providers.openai_compat as compat
 from ai_lease.progress import Progress
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.openai_compat import OpenAICompatProvider
@@ -104,6 +109,43 @@ def serve(sock: socket.socket, rate: float) -> None:
 Variant = Callable[[int], Awaitable[int]]
 
 
+async def sse_lines(content: Any, limit: int) -> AsyncGenerator[list[bytes], None]:
+    """SSE framing on aiohttp's ``readline()`` (bounded): one batch per event."""
+    data: list[bytes] = []
+    readline = content.readline
+    while line := await readline(max_line_length=limit):
+        if line in (b"\n", b"\r\n"):
+            if data:
+                yield [data[0] if len(data) == 1 else b"\n".join(data)]
+                data = []
+        elif line[:5] == b"data:":
+            value = line[5:].rstrip(b"\r\n")
+            data.append(value[1:] if value[:1] == b" " else value)
+
+
+class LineFramed(OpenAICompatProvider):
+    """The lean adapter with its aiohttp body handed over as a StreamReader (for sse_lines)."""
+
+    @contextlib.asynccontextmanager
+    async def _open_aiohttp(self, body: bytes) -> AsyncGenerator[AsyncIterator[bytes], None]:
+        async with self._aiohttp().post(
+            self._url, data=body, headers=self._stream_headers, allow_redirects=False
+        ) as response:
+            yield response.content
+
+
+@contextlib.contextmanager
+def framed_by_lines(active: bool) -> Iterator[None]:
+    """While active, the adapter frames events with ``sse_lines`` (one variant at a time)."""
+    original = compat._sse_batches
+    if active:
+        compat._sse_batches = sse_lines  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        compat._sse_batches = original
+
+
 def variants(base_url: str, port: int) -> tuple[dict[str, Variant], list[Any]]:
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     lean = OpenAICompatProvider(base_url=base_url, model="b", max_connections=2000)
@@ -112,6 +154,7 @@ def variants(base_url: str, port: int) -> tuple[dict[str, Variant], list[Any]]:
     )
     sdk = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
     adapter = OpenAISDKProvider(base_url=base_url, api_key="x", model="b")
+    lines = LineFramed(base_url=base_url, model="b", max_connections=2000)
     url = base_url + "/chat/completions"
 
     def req(n: int) -> ChatRequest:
@@ -170,8 +213,11 @@ def variants(base_url: str, port: int) -> tuple[dict[str, Variant], list[Any]]:
         "httpx guard": lambda n: guarded(lean_httpx, n),
         "sdk raw": sdk_raw,
         "sdk guard": lambda n: guarded(adapter, n),
+        "lines raw": lambda n: raw_batches(lines, n),
+        "lines guard": lambda n: guarded(lines, n),
     }
-    return out, [session.close, lean.aclose, lean_httpx.aclose, sdk.close, adapter.aclose]
+    closers = [session.close, lean.aclose, lean_httpx.aclose, lines.aclose]
+    return out, [*closers, sdk.close, adapter.aclose]
 
 
 async def measure(args: argparse.Namespace, base_url: str, port: int) -> dict[str, list[float]]:
@@ -179,13 +225,15 @@ async def measure(args: argparse.Namespace, base_url: str, port: int) -> dict[st
     cpu: dict[str, list[float]] = {name: [] for name in table}
     n = int(args.rate * args.seconds)
     try:
-        for fn in table.values():
-            await asyncio.gather(*(fn(5) for _ in range(args.streams)))  # warm connections
+        for name, fn in table.items():
+            with framed_by_lines(name.startswith("lines")):
+                await asyncio.gather(*(fn(5) for _ in range(args.streams)))  # warm connections
         for _ in range(args.rounds):
             for name, fn in table.items():
                 gc.collect()
                 c0 = time.process_time()
-                seen = await asyncio.gather(*(fn(n) for _ in range(args.streams)))
+                with framed_by_lines(name.startswith("lines")):
+                    seen = await asyncio.gather(*(fn(n) for _ in range(args.streams)))
                 used = time.process_time() - c0
                 if name != "floor" and seen != [n] * args.streams:
                     raise RuntimeError(f"bench: {name} saw {seen[:3]}..., expected {n} each")
@@ -215,6 +263,7 @@ def report(cpu: dict[str, list[float]]) -> None:
         ("sdk raw CPU / compat guard", ratio("sdk raw", "compat guard"), ">=", 5.0),
         ("compat raw CPU / aiohttp bare", ratio("compat raw", "aiohttp bare"), "", 0),
         ("httpx guard CPU / compat guard", ratio("httpx guard", "compat guard"), "", 0),
+        ("lines guard CPU / compat guard", ratio("lines guard", "compat guard"), "", 0),
     ]
     print()
     for text, value, op, target in checks:

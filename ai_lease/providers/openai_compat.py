@@ -1,10 +1,10 @@
-"""``openai-compatible``: a lean streaming client for any OpenAI-compatible server, on httpx.
+"""``openai-compatible``: a lean streaming client for any OpenAI-compatible server.
 
 OpenAI itself, vLLM, Ollama, llama.cpp's server, LM Studio… anything that speaks
 ``POST {base_url}/chat/completions`` with server-sent events. It exists beside the official
-SDK adapter for speed: per streamed chunk it spends a few microseconds (httpx + orjson)
-where the SDK spends ~150 µs, which decides how many streams one process can hold
-(figures in docs/benchmarks.md).
+SDK adapter for speed: with streams paced as models send them (one event per write) it
+spends about a quarter to a third of the SDK's CPU per event, which decides how many streams
+one process can hold (figures in docs/benchmarks.md).
 
 Two HTTP paths, one parser: ``http="aiohttp"`` streams through aiohttp (its llhttp parser
 in C: TLS, proxies from the environment, decompression, keep-alive, connect and read
@@ -129,7 +129,7 @@ def _usage(data: Mapping[str, Any] | None) -> Usage | None:
 
 
 class OpenAICompatProvider:
-    """Streams chat completions from ``base_url`` (default OpenAI's) with httpx.
+    """Streams chat completions from ``base_url`` (default OpenAI's) with aiohttp or httpx.
 
     >>> provider = OpenAICompatProvider(base_url="http://127.0.0.1:8000/v1", model="qwen2.5")
     """
@@ -318,7 +318,6 @@ class OpenAICompatProvider:
                 connector=connector,
                 timeout=self._timeout,
                 trust_env=True,  # HTTP(S)_PROXY / NO_PROXY, as httpx does
-                read_bufsize=min(self.max_event_bytes, 1 << 20),
             )
         return self._session
 
