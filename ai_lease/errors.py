@@ -19,6 +19,7 @@ Grouped by what the caller will do about it::
     ├── ProviderError              the model call failed (``retryable`` says whether to retry)
     │   ├── StreamInterrupted      the stream ended without a finish reason: retried, never a result
     │   ├── EmptyEventStream       a 200 event stream with no events at all (not retried)
+    │   ├── PoolTimeout            no free connection in time: the process is at its limit
     │   └── StreamLimitExceeded    an event or the answer outgrew its size limit (not retried)
     ├── StoreError                 the lease store could not answer
     │   ├── StoreUnavailable       unreachable or timed out: the outcome may be unknown
@@ -55,6 +56,7 @@ __all__ = [
     "LeaseError",
     "LeaseLost",
     "OutcomeUnknown",
+    "PoolTimeout",
     "ProviderError",
     "StageDeadlineExceeded",
     "StageTimeout",
@@ -259,6 +261,21 @@ class EmptyEventStream(ProviderError):
             "the server answered 200 with no events — a prompt beyond the model's context "
             "does this on llama.cpp (shorten the input, or raise the server's context size)",
             retryable=False,
+            provider=provider,
+        )
+
+
+class PoolTimeout(ProviderError):
+    """Every connection of the provider's pool stayed busy for ``wait`` seconds: the process
+    runs more streams at once than the provider's ``max_connections``. Not model latency
+    (the first-token clock starts once a connection is held); retryable."""
+
+    def __init__(self, wait: float, limit: int, *, provider: str = "") -> None:
+        self.wait, self.limit = wait, limit
+        super().__init__(
+            f"no free connection within {wait:g} s (all {limit} in use): raise the "
+            "provider's max_connections or run fewer streams at once",
+            retryable=True,
             provider=provider,
         )
 

@@ -189,9 +189,9 @@ class ProviderSettings(_Section):
         None
     )
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
-    # openai-compatible only: "fast" (ai_lease's own HTTP/1.1 stream reader), "httpx", or
-    # "auto" (fast for http:// servers with no proxy in the environment, httpx otherwise).
-    http: Literal["auto", "fast", "httpx"] = "auto"
+    # openai-compatible only: how streams travel: "aiohttp", "httpx", or "auto" (aiohttp,
+    # httpx when a caller passes its own httpx client). "fast" is the old name of "aiohttp".
+    http: Literal["auto", "aiohttp", "httpx", "fast"] = "auto"
     # Hosts ("host" or "host:port") a job file's [provider] base_url may name and still be
     # sent the configured (or ambient OPENAI_API_KEY) key; any other host is refused.
     allowed_hosts: tuple[str, ...] = ()

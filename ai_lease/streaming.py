@@ -12,7 +12,9 @@ earliest one or cancels the consuming task, which then raises the typed timeout:
 
 A provider that can (``BatchStreaming`` in :mod:`ai_lease.providers.base`) hands over the
 deltas of one network read together; the guard then reads the clock and marks progress once
-per read.
+per read. One whose ``announces_connection`` is true yields an empty batch first, once it
+holds a connection: waiting for a free connection of its pool is not model latency, so the
+guard's clocks start only then (the provider bounds that wait itself, with its own error).
 
 Only a delta with text is content: role-only chunks, empty deltas and SSE keep-alive
 comments neither count as progress nor hold the idle timer off. When a timeout fires the
@@ -124,7 +126,8 @@ class StreamGuard:
         stream_batches = getattr(provider, "stream_batches", None)
         self.provider_name = provider.name
         if stream_batches is not None:
-            return await self.collect_batches(stream_batches(request))
+            connecting = bool(getattr(provider, "announces_connection", False))
+            return await self.collect_batches(stream_batches(request), connecting=connecting)
         return await self.collect(provider.stream(request))
 
     async def collect(self, stream: AsyncIterator[Delta]) -> Completion:
@@ -136,8 +139,12 @@ class StreamGuard:
             if aclose is not None:
                 await aclose()
 
-    async def collect_batches(self, batches: AsyncIterator[Sequence[Delta]]) -> Completion:
-        """:meth:`collect` for a stream of batches (deltas that arrived together)."""
+    async def collect_batches(
+        self, batches: AsyncIterator[Sequence[Delta]], *, connecting: bool = False
+    ) -> Completion:
+        """:meth:`collect` for a stream of batches (deltas that arrived together). With
+        ``connecting``, the clocks start at the first batch (the provider's empty "connection
+        held" batch), not before: a wait for a pooled connection is not the model's."""
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         assert self._task is not None
@@ -145,7 +152,8 @@ class StreamGuard:
         self.started_at = self.clock()
         finish: str | None = None
         usage: Usage | None = None
-        self._arm()
+        if not connecting:
+            self._arm()
         clock, parts, progress = self.clock, self.text_parts, self.progress
         last: float | None = None  # local mirrors of the hot fields: attribute reads cost
         max_gap = 0.0
@@ -163,6 +171,10 @@ class StreamGuard:
                     if delta_usage is not None:
                         usage = delta_usage
                 if len(parts) == content:
+                    if connecting:  # the connection is held: the clocks start now
+                        connecting = False
+                        self.started_at = clock()
+                        self._arm()
                     continue  # no content: moves neither the deadlines nor the job
                 if size > max_size:  # leaving the loop closes the stream and its connection
                     raise StreamLimitExceeded(
@@ -170,6 +182,7 @@ class StreamGuard:
                     )
                 now = clock()
                 if last is None:  # once per stream
+                    connecting = False
                     self.first_token_s = now - self.started_at
                     self.last_content_at = now
                     self._rearm()  # the idle deadline may be nearer than the first-token one

@@ -18,11 +18,11 @@ its own server, measured one after the other in the same run:
 Variants, interleaved round by round on one event loop (medians over ``--rounds``):
 
 * ``a bare bytes``   httpx ``aiter_bytes()``, split events, count ``data:``, no JSON
-* ``a bare fast``    the same over ai_lease's own HTTP/1.1 client (``providers/http1.py``);
+* ``a bare fast``    the same over aiohttp (``iter_any()``; the name is kept for history);
   the faster of the two bare reads, round by round, is the floor
 * ``b httpx-sse``    httpx-sse ``aiter_sse()`` + orjson + ``choices[0].delta.content``
 * ``c compat raw``   ai_lease ``OpenAICompatProvider.stream_batches()`` consumed directly (text
-  kept), the cheapest way to read it; ``http="auto"`` takes the fast HTTP path here
+  kept), the cheapest way to read it; ``http="auto"`` takes the aiohttp path here
 * ``d compat guard`` the same under ``StreamGuard`` + ``Progress`` (what the call_ai stage runs)
 * ``k compat delta`` ``OpenAICompatProvider.stream()``, one delta at a time, consumed directly
 * ``e compat+sse``   ``i`` with its ``_sse_batches`` parser swapped for httpx-sse's decoders
@@ -31,6 +31,7 @@ Variants, interleaved round by round on one event loop (medians over ``--rounds`
 * ``h sdk guard``    the same under ``StreamGuard`` + ``Progress``
 * ``i httpx raw``    ``OpenAICompatProvider(http="httpx").stream_batches()`` consumed directly
 * ``j httpx guard``  the same under ``StreamGuard`` + ``Progress``
+* ``l lines guard``  ``d`` with aiohttp's ``readline()`` framing in place of ``_sse_batches``
 
 SDK variants stream ``--sdk-chunks`` (default chunks / 10); every figure is per content chunk.
 """
@@ -51,15 +52,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib.metadata import version
 from typing import Any
 
+import aiohttp
 import httpx
 import httpx_sse
 import openai
 import orjson
+import stream_paced  # bench/stream_paced.py, beside this file (on sys.path when run as a script)
 
 import ai_lease.providers.openai_compat as compat
 from ai_lease.progress import Progress
 from ai_lease.providers.base import ChatRequest
-from ai_lease.providers.http1 import HTTP1Client
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
 from ai_lease.streaming import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
@@ -191,12 +193,13 @@ async def collect_guarded(provider: Any, request: ChatRequest) -> int:
 
 def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
     client = httpx.AsyncClient(timeout=60)
-    fast_client = HTTP1Client(read_timeout=60)
+    fast_client = aiohttp.ClientSession()
     lean = compat.OpenAICompatProvider(base_url=base_url, model="bench")
-    assert lean.http == "fast", lean
+    assert lean.http == "aiohttp", lean
     lean_httpx = compat.OpenAICompatProvider(base_url=base_url, model="bench", http="httpx")
     sdk = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
     adapter = OpenAISDKProvider(base_url=base_url, api_key="x", model="bench")
+    lines = stream_paced.LineFramed(base_url=base_url, model="bench")
     url = base_url + "/chat/completions"
 
     def req(n: int) -> ChatRequest:
@@ -209,8 +212,8 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
     async def bare_fast(n: int) -> int:
         body = orjson.dumps(request_json(n))
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
-        async with fast_client.stream("POST", url, headers, body) as response:
-            return await count_data_events(response.aiter_body())
+        async with fast_client.post(url, data=body, headers=headers) as response:
+            return await count_data_events(response.content.iter_any())
 
     async def httpx_sse_raw(n: int) -> int:
         seen = 0
@@ -247,24 +250,27 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
         "i httpx raw": lambda n: collect_raw_batches(lean_httpx.stream_batches(req(n))),
         "j httpx guard": lambda n: collect_guarded(lean_httpx, req(n)),
         "k compat delta": lambda n: collect_raw(lean.stream(req(n))),
+        "l lines guard": lambda n: collect_guarded(lines, req(n)),
     }
-    closers = [client.aclose, fast_client.aclose, lean.aclose, lean_httpx.aclose]
-    return variants, [*closers, sdk.close, adapter.aclose]
+    closers = [client.aclose, fast_client.close, lean.aclose, lean_httpx.aclose]
+    return variants, [*closers, lines.aclose, sdk.close, adapter.aclose]
 
 
 async def measure(args: argparse.Namespace, base_url: str) -> Results:
     variants, closers = make_variants(base_url)
     res: Results = {name: {"rate": [], "cpu_us": []} for name in variants}
     try:
-        for fn in variants.values():  # warm up: connections, imports, caches
-            await fn(200)
+        for name, fn in variants.items():  # warm up: connections, imports, caches
+            with stream_paced.framed_by_lines(name.startswith("l ")):
+                await fn(200)
         for _ in range(args.rounds):
             for name, fn in variants.items():
                 n = args.sdk_chunks if name in SDK_VARIANTS else args.chunks
                 gc.collect()  # every variant starts from the same heap; no collection mid-run
                 gc.disable()
                 t0, c0 = time.perf_counter(), time.process_time()
-                seen = await fn(n)
+                with stream_paced.framed_by_lines(name.startswith("l ")):
+                    seen = await fn(n)
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 gc.enable()
                 if seen != n:
@@ -330,6 +336,7 @@ def report(framing: str, res: Results, args: argparse.Namespace) -> list[tuple[b
         "ratio_cpu_compat_raw_vs_floor": ratio("c compat raw", "floor", "cpu_us"),
         "ratio_compat_httpx_sse_vs_own_parser": ratio("e compat+sse", "i httpx raw"),
         "ratio_httpx_sse_bare_vs_compat_raw": ratio("b httpx-sse", "i httpx raw"),
+        "ratio_cpu_lines_guard_vs_compat_guard": ratio("l lines guard", "d compat guard", "cpu_us"),
     }
     print()
     for k, v in out.items():
@@ -363,7 +370,11 @@ def main() -> int:
     p.add_argument("--sdk-chunks", type=int, help="content chunks per SDK stream (chunks / 10)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians reported)")
     p.add_argument("--framing", choices=("both", "chunked", "close"), default="both")
+    p.add_argument("--mode", choices=("burst", "paced"), default="burst")
+    stream_paced.add_arguments(p)
     args = p.parse_args()
+    if args.mode == "paced":
+        return stream_paced.run(args)
     args.sdk_chunks = args.sdk_chunks or max(1, args.chunks // 10)
     framings = ("chunked", "close") if args.framing == "both" else (args.framing,)
     print(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,3 +48,24 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
     store = SQLiteStore(tmp_path / "ai-lease.db")
     yield store
     await store.aclose()
+
+
+# The provider tests run once more under uvloop (the optional ``uvloop`` extra): a transport
+# that is not an ``asyncio.Transport`` must not break an HTTP path (the hand-written one did).
+_UVLOOP_FILES = frozenset(
+    {"test_provider_http.py", "test_provider_wire.py", "test_stream_integrity.py"}
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Any:
+    """asyncio and uvloop for the provider tests; asyncio's own loop elsewhere."""
+    factories: dict[str, Any] = {"asyncio": asyncio.new_event_loop}
+    if item.path.name not in _UVLOOP_FILES:
+        return factories  # one factory: no extra test id
+    try:
+        import uvloop
+    except ImportError:  # the floor-versions run has no extras
+        return factories
+    factories["uvloop"] = uvloop.new_event_loop
+    return factories

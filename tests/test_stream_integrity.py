@@ -58,7 +58,7 @@ REQUEST = ChatRequest([{"role": "user", "content": "hi"}])
 RELAXED = StreamTimeouts(first_token=5.0, idle=5.0, total=20.0)
 FAST_RETRY = RetryPolicy(attempts=3, initial=0.01, max_backoff=0.05)
 ADAPTERS: dict[str, Callable[..., Provider]] = {
-    "compat": functools.partial(OpenAICompatProvider, http="fast"),
+    "compat": functools.partial(OpenAICompatProvider, http="aiohttp"),
     "compat-httpx": functools.partial(OpenAICompatProvider, http="httpx"),
     "sdk": OpenAISDKProvider,
 }

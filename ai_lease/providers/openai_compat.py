@@ -1,18 +1,22 @@
-"""``openai-compatible``: a lean streaming client for any OpenAI-compatible server, on httpx.
+"""``openai-compatible``: a lean streaming client for any OpenAI-compatible server.
 
 OpenAI itself, vLLM, Ollama, llama.cpp's server, LM Studio… anything that speaks
 ``POST {base_url}/chat/completions`` with server-sent events. It exists beside the official
-SDK adapter for speed: per streamed chunk it spends a few microseconds (httpx + orjson)
-where the SDK spends ~150 µs, which decides how many streams one process can hold
-(figures in docs/benchmarks.md).
+SDK adapter for speed: with streams paced as models send them (one event per write) it
+spends about a quarter to a third of the SDK's CPU per event, which decides how many streams
+one process can hold (figures in docs/benchmarks.md).
 
-Two HTTP paths, one parser: ``http="fast"`` reads the stream with ai_lease's own small
-HTTP/1.1 client (:mod:`.http1`, ~0.3 µs per HTTP chunk where httpx spends ~10 µs);
-``http="httpx"`` uses httpx. ``"auto"`` (the default) takes the fast path for ``http://``
-servers with no proxy in the environment — local and LAN inference servers, where the
-per-chunk cost decides how many streams a process holds — and httpx for everything else
-(hosted APIs over TLS, proxies). A caller's own ``client=`` always means httpx; a call that
-is not streamed always goes through httpx.
+Two HTTP paths, one parser: ``http="aiohttp"`` streams through aiohttp (its llhttp parser
+in C: TLS, proxies from the environment, decompression, keep-alive, connect and read
+timeouts are aiohttp's); ``http="httpx"`` streams through httpx. ``"auto"`` (the default)
+is aiohttp unless a caller passes its own httpx ``client=``, which always means httpx; a call
+that is not streamed always goes through httpx. ``"fast"`` (the name of a hand-written
+HTTP/1.1 reader this replaced) is accepted as an alias of ``"aiohttp"``.
+
+Both paths hold at most ``max_connections`` streams at once; a stream that finds them all
+busy waits at most ``pool_timeout`` (default: the connect timeout) and then fails with
+:class:`PoolTimeout`. Waiting is not model latency: the stream's first batch is empty and
+says "connection held", and the stream guard starts its first-token clock there.
 
 It is strict where the SDK is lenient: a stream that ends before ``[DONE]``, a 200 that is
 not an event stream, or a chunk that is not JSON is a :class:`ProviderError`, never a
@@ -26,12 +30,14 @@ line) closes the connection with :class:`StreamLimitExceeded`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import urllib.request
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import aiohttp
 import httpx
 import orjson
 from pydantic import SecretStr
@@ -39,6 +45,7 @@ from pydantic import SecretStr
 from ..errors import (
     ConfigError,
     EmptyEventStream,
+    PoolTimeout,
     ProviderError,
     StreamInterrupted,
     StreamLimitExceeded,
@@ -49,9 +56,9 @@ from ..resource import AsyncResource
 from ..timeouts import StreamLimits
 from .base import ChatRequest, Completion, Delta, Usage
 from .errors import status_error
-from .http1 import HTTP1Client, HTTP1Error
 
-HTTPPath = Literal["auto", "fast", "httpx"]
+log = logging.getLogger(__name__)
+HTTPPath = Literal["auto", "aiohttp", "httpx", "fast"]  # "fast": the old name of "aiohttp"
 _ERROR_BODY = 64 * 1024  # how much of an error answer is read for its message
 
 __all__ = ["OpenAICompatProvider", "check_base_url", "request_body"]
@@ -123,12 +130,13 @@ def _usage(data: Mapping[str, Any] | None) -> Usage | None:
 
 
 class OpenAICompatProvider(AsyncResource):
-    """Streams chat completions from ``base_url`` (default OpenAI's) with httpx.
+    """Streams chat completions from ``base_url`` (default OpenAI's) with aiohttp or httpx.
 
     >>> provider = OpenAICompatProvider(base_url="http://127.0.0.1:8000/v1", model="qwen2.5")
     """
 
     name = "openai-compatible"
+    announces_connection = True  # stream_batches() yields [] once it holds a connection
 
     def __init__(
         self,
@@ -143,6 +151,8 @@ class OpenAICompatProvider(AsyncResource):
         temperature: float | None = None,
         max_tokens: int | None = None,
         max_event_bytes: int = StreamLimits.max_event_bytes,
+        max_connections: int = 100,
+        pool_timeout: float | None = None,
     ) -> None:
         check_base_url(base_url)
         self.defaults = sampling_defaults(temperature, max_tokens)
@@ -153,24 +163,35 @@ class OpenAICompatProvider(AsyncResource):
                 "provider.api_key: OpenAI needs an API key "
                 "(set AI_LEASE_PROVIDER__API_KEY or OPENAI_API_KEY)"
             )
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or (
+            max_connections < 1
+        ):
+            raise ConfigError(f"provider.max_connections: {max_connections!r} is not a count >= 1")
         self.model = model
         self._url = base_url.rstrip("/") + "/chat/completions"
+        self._shown_url = mask_url(self._url)
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        # Event streams are not worth compressing; asking for identity lets the reader take
-        # raw bytes without a decoder per network read.
+        # Event streams are not worth compressing: identity is asked for (a server that
+        # compresses anyway is decoded by the HTTP library, its output still bounded).
         self._stream_headers = {**self._post_headers(), "Accept-Encoding": "identity"}
+        self.max_connections = max_connections
+        self.pool_timeout = connect_timeout if pool_timeout is None else pool_timeout
+        self._slots = asyncio.Semaphore(max_connections)
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(read_timeout, connect=connect_timeout)
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=self.pool_timeout),
+            limits=httpx.Limits(max_connections=max_connections),
         )
-        self._fast: HTTP1Client | None = None
-        if _use_fast_path(http, self._url, client):
-            self._fast = HTTP1Client(connect_timeout=connect_timeout, read_timeout=read_timeout)
+        self._http = _http_path(http, client)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=read_timeout
+        )
+        self._session: aiohttp.ClientSession | None = None  # made in the loop that uses it
 
     @property
     def http(self) -> str:
-        """The HTTP path streams take: ``"fast"`` or ``"httpx"``."""
-        return "fast" if self._fast is not None else "httpx"
+        """The HTTP path streams take: ``"aiohttp"`` or ``"httpx"``."""
+        return self._http
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAICompatProvider(url={self._url!r}, model={self.model!r}, http={self.http!r})"
@@ -186,9 +207,12 @@ class OpenAICompatProvider(AsyncResource):
         body = orjson.dumps(request_body(request, self.model, stream=True, defaults=self.defaults))
         chunks, events, finished = 0, 0, False
         loads = orjson.loads
-        open_stream = self._open_fast if self._fast is not None else self._open_httpx
+        open_stream = self._open_aiohttp if self._http == "aiohttp" else self._open_httpx
         try:
-            async with open_stream(body) as body_bytes:
+            async with contextlib.AsyncExitStack() as stack:
+                await stack.enter_async_context(self._connection_slot())
+                yield []  # a connection is ours: the guard's first-token clock starts here
+                body_bytes = await stack.enter_async_context(open_stream(body))
                 parser = _sse_batches(body_bytes, self.max_event_bytes)
                 async with contextlib.aclosing(parser) as reader:
                     async for batch in reader:
@@ -238,8 +262,21 @@ class OpenAICompatProvider(AsyncResource):
             raise StreamLimitExceeded(
                 "max_event_bytes", exc.limit, provider=self.name, chunks=chunks
             ) from None
-        except (httpx.HTTPError, HTTP1Error) as exc:
+        except (httpx.HTTPError, aiohttp.ClientError) as exc:
             raise self._error(f"{type(exc).__name__}: {exc}", chunks) from exc
+
+    @contextlib.asynccontextmanager
+    async def _connection_slot(self) -> AsyncGenerator[None, None]:
+        """One of ``max_connections``, waited for at most ``pool_timeout``."""
+        try:
+            async with asyncio.timeout(self.pool_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise PoolTimeout(self.pool_timeout, self.max_connections, provider=self.name) from None
+        try:
+            yield
+        finally:
+            self._slots.release()
 
     @contextlib.asynccontextmanager
     async def _open_httpx(self, body: bytes) -> AsyncGenerator[AsyncIterator[bytes], None]:
@@ -257,18 +294,33 @@ class OpenAICompatProvider(AsyncResource):
                 yield chunks
 
     @contextlib.asynccontextmanager
-    async def _open_fast(self, body: bytes) -> AsyncGenerator[AsyncIterator[bytes], None]:
-        """The same through :class:`HTTP1Client`."""
-        assert self._fast is not None
-        async with self._fast.stream("POST", self._url, self._stream_headers, body) as response:
+    async def _open_aiohttp(self, body: bytes) -> AsyncGenerator[AsyncIterator[bytes], None]:
+        """The same through aiohttp: whatever each network read brought, decoded."""
+        async with self._aiohttp().post(
+            self._url, data=body, headers=self._stream_headers, allow_redirects=False
+        ) as response:
+            # The exchange in one line, as httpx logs its own (never a header, so never a key)
+            log.debug(
+                "HTTP Request: POST %s %d %s", self._shown_url, response.status, response.reason
+            )
             await self._check(
                 response.status,
                 response.headers,
                 "text/event-stream",
-                lambda: response.read(_ERROR_BODY),
+                lambda: _head_of(response.content, _ERROR_BODY),
             )
-            async with contextlib.aclosing(response.aiter_body()) as chunks:
-                yield chunks
+            yield response.content.iter_any()
+
+    def _aiohttp(self) -> aiohttp.ClientSession:
+        """The provider's one session, made on first use inside the running loop."""
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                trust_env=True,  # HTTP(S)_PROXY / NO_PROXY, as httpx does
+            )
+        return self._session
 
     async def complete(self, request: ChatRequest) -> Completion:
         body = orjson.dumps(request_body(request, self.model, stream=False))
@@ -294,8 +346,9 @@ class OpenAICompatProvider(AsyncResource):
         return Completion(text, choice.get("finish_reason"), usage)
 
     async def aclose(self) -> None:
-        if self._fast is not None:
-            await self._fast.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
         if self._own_client:
             await self._client.aclose()
 
@@ -419,22 +472,29 @@ async def _sse_batches(
         yield [last_event]
 
 
+async def _head_of(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """At most ``limit`` bytes of a body (an error answer's message), however it arrives."""
+    parts, size = [], 0
+    while size < limit and (piece := await content.read(limit - size)):
+        parts.append(piece)
+        size += len(piece)
+    return b"".join(parts)
+
+
 def _identity(headers: Mapping[str, str]) -> bool:
     return headers.get("content-encoding", "identity").strip().lower() in ("", "identity")
 
 
-def _use_fast_path(http: str, url: str, client: httpx.AsyncClient | None) -> bool:
-    if http not in ("auto", "fast", "httpx"):
-        raise ConfigError(f"provider.http: {http!r} is not one of auto, fast, httpx")
-    if http != "auto":
-        return http == "fast"
-    parts = urlsplit(url)
-    if client is not None or parts.scheme != "http":
-        return False
-    proxies = urllib.request.getproxies_environment()
-    if not ({"http", "all"} & proxies.keys()):
-        return True
-    return bool(urllib.request.proxy_bypass(parts.hostname or ""))  # NO_PROXY
+def _http_path(http: str, client: httpx.AsyncClient | None) -> str:
+    """``"aiohttp"`` or ``"httpx"``, from the ``http`` setting (``"fast"`` = ``"aiohttp"``)."""
+    if http not in ("auto", "aiohttp", "httpx", "fast"):
+        raise ConfigError(
+            f"provider.http: {http!r} is not one of auto, aiohttp, httpx "
+            "(\"fast\" is accepted as the old name of aiohttp)"
+        )
+    if http == "auto":
+        return "httpx" if client is not None else "aiohttp"
+    return "httpx" if http == "httpx" else "aiohttp"
 
 
 def _slow_event(event: bytes) -> bytes | None:
