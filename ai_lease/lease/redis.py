@@ -1,10 +1,12 @@
 """The scale-out store: Redis (standalone or Cluster), one Lua script per lease operation.
 
-The client is built with redis-py's own retries **off** (redis-py 8 retries by default: a
-black-holed PING took 8-9 s to fail here, and a resent ``INCRBY`` was applied twice), and
-every operation is bounded by ``op_timeout``. Lost replies are handled a level up: every
-script is safe to run twice. Followers wait on a pub/sub channel per job, falling back to
-sleeping out the poll interval when pub/sub is unavailable.
+Every call goes through redis-py (hiredis parses), one code path for ``redis://``,
+``rediss://``, ``unix://`` and Cluster. The client is built with redis-py's own retries
+**off** (redis-py 8 retries by default: a black-holed PING took 8-9 s to fail here, and a
+resent ``INCRBY`` was applied twice), and every operation is bounded by ``op_timeout``
+without losing its connection (lease/redis_wire.py). Lost replies are handled a level up:
+every script is safe to run twice. Followers wait on a pub/sub channel per job, falling back
+to sleeping out the poll interval when pub/sub is unavailable.
 
 >>> store = RedisStore.from_url("redis://127.0.0.1:6379/0")   # doctest: +SKIP
 """
@@ -23,9 +25,10 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..errors import (
@@ -43,7 +46,7 @@ from ..job import JobState
 from ..resource import AsyncResource
 from . import redis_scripts as lua
 from .base import Acquired, AcquireOutcome, Fence, Finished, Following, Renewal, WorkerInfo
-from .resp import Multiplexed, pack
+from .redis_wire import WARM_CONNECTIONS, Tasks, WarmPool, within
 from .rules import clip
 from .urls import mask_url
 
@@ -111,6 +114,17 @@ try:
 except ImportError:  # redis-py before 7.1
     _NO_SETINFO = {"lib_name": None, "lib_version": None}
 
+# Maintenance notifications off: while on ("auto", redis-py 7+), the pool skips its check
+# that an idle connection is still open, and after a server restart hands out dead ones.
+try:
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    _POOL_OPTIONS: dict[str, Any] = {
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False)
+    }
+except ImportError:  # redis-py before 7
+    _POOL_OPTIONS = {}
+
 
 def _never_sent(exc: BaseException) -> bool:
     """True when the error proves the command never reached the server."""
@@ -118,7 +132,8 @@ def _never_sent(exc: BaseException) -> bool:
     return (
         isinstance(exc, AuthenticationError)
         or "Connection refused" in text
-        or ("Error connecting" in text)
+        or "Error connecting" in text
+        or "Timeout connecting" in text
     )
 
 
@@ -140,7 +155,6 @@ class RedisStore(AsyncResource):
         namespace: str = "ai_lease",
         op_timeout: float = 2.0,
         where: str = "redis",
-        multiplex: bool = True,
     ) -> None:
         self._client, self._ns, self._op_timeout, self.where = client, namespace, op_timeout, where
         self._prepared, self._prepare_lock = False, asyncio.Lock()
@@ -155,19 +169,20 @@ class RedisStore(AsyncResource):
         """Set once this process has seen the store lose its data (or a recent note of it)."""
         self._specs: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._spec_chars = 0
-        # Every call's fast path: one shared connection, replies matched in order
-        # (lease/resp.py); TLS and Cluster keep redis-py.
-        self._fast = (
-            Multiplexed.for_client(
-                client,
-                {s.sha: s.script for s in self._scripts.values()},
-                op_timeout,
-                probe=self._epoch_probe,
-                on_probe=self._saw_epoch,
-            )
-            if multiplex
-            else None
-        )
+        # Commands still reading a late reply, and the pool's re-warming (lease/redis_wire.py).
+        self._tasks, self._rewarming = Tasks(), False
+        pool = getattr(client, "connection_pool", None)
+        self._pool = pool if isinstance(pool, WarmPool) else None
+        self._pubsub: Any = client
+        if pool is not None and not self._cluster:
+            # Pub/sub closes its connection after each wait: a pool of its own, so that it
+            # never takes (and closes) one of the warm ones.
+            kw = dict(pool.connection_kwargs)
+            if self._pool is not None:
+                plain = ConnectionPool(connection_class=pool.connection_class, **kw)
+                self._pubsub = aioredis.Redis.from_pool(plain)
+            # The data-loss marker is checked on every new connection, as it is set up.
+            pool.connection_kwargs.setdefault("redis_connect_func", self._set_up)
 
     @classmethod
     def from_url(
@@ -176,15 +191,17 @@ class RedisStore(AsyncResource):
         *,
         namespace: str = "ai_lease",
         op_timeout: float = 2.0,
-        multiplex: bool = True,
     ) -> RedisStore:
         """Connect to ``redis://``, ``rediss://``, ``unix://`` or, for Redis Cluster,
         ``redis+cluster://`` / ``rediss+cluster://`` — with redis-py's retries off."""
         options: dict[str, Any] = dict(
             decode_responses=True,
-            socket_timeout=op_timeout,
+            # A reply later than op_timeout is still read (its caller has given up) for as
+            # long again; one that never comes drops its connection then.
+            socket_timeout=2 * op_timeout,
             socket_connect_timeout=op_timeout,
             retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
             **_NO_SETINFO,
         )
         if url.startswith(("redis+cluster://", "rediss+cluster://")):
@@ -193,14 +210,9 @@ class RedisStore(AsyncResource):
             plain = url.replace("+cluster://", "://", 1)
             client: Any = RedisCluster.from_url(plain, **options)
         else:
-            client = aioredis.from_url(url, retry_on_timeout=False, **options)
-        return cls(
-            client,
-            namespace=namespace,
-            op_timeout=op_timeout,
-            where=mask_url(url),
-            multiplex=multiplex,
-        )
+            pool = WarmPool.from_url(url, retry_on_timeout=False, **options, **_POOL_OPTIONS)
+            client = aioredis.Redis.from_pool(pool)
+        return cls(client, namespace=namespace, op_timeout=op_timeout, where=mask_url(url))
 
     def keys(self, key: str) -> list[str]:
         """The Redis keys of one job: its hash and its event channel (one hash tag)."""
@@ -226,9 +238,21 @@ class RedisStore(AsyncResource):
     def _epoch_args(self) -> list[str]:
         return [self._epoch or "", secrets.token_hex(8)]
 
-    def _epoch_probe(self) -> bytes:
-        """Sent with every new connection's set-up: the marker is checked at each connect."""
-        return pack("EVALSHA", self._scripts["EPOCH"].sha, 2, *self._marks, *self._epoch_args())
+    async def _set_up(self, connection: Any) -> None:
+        """A new connection's set-up (redis-py's, then the data-loss marker's check): the
+        marker is checked at each connect, so a restart without data is noticed at once."""
+        await connection.on_connect()
+        sha, args = self._scripts["EPOCH"].sha, [*self._marks, *self._epoch_args()]
+        try:
+            try:
+                await connection.send_command("EVALSHA", sha, 2, *args)
+                reply = await connection.read_response()
+            except NoScriptError:
+                await connection.send_command("EVAL", lua.EPOCH, 2, *args)
+                reply = await connection.read_response()
+        except ResponseError:  # a read-only replica, an ACL: costs the check, not the link
+            return
+        self._saw_epoch(reply)
 
     def _saw_epoch(self, reply: Any) -> None:
         epoch, note = reply[0], reply[1]
@@ -259,17 +283,19 @@ class RedisStore(AsyncResource):
         return self.lost_data
 
     async def _prepare(self) -> None:
-        """Load every script once per client (on Cluster: on every primary), so that many
-        first operations at once do not all meet NOSCRIPT and reload concurrently. The loads
-        go out together (one round trip), under a deadline of their own before the
-        operation's; if they fail, EVALSHA's own NOSCRIPT fallback still works."""
+        """Open the warm connections and load every script once per client (on Cluster: on
+        every primary), so that many first operations at once neither connect inside their
+        own deadlines nor all meet NOSCRIPT. Under a deadline of its own, before the
+        operation's; if it fails, connections open on demand and NOSCRIPT falls back to EVAL."""
         async with self._prepare_lock:
             if self._prepared:
                 return
             texts = [s.script for s in self._scripts.values()]
             try:
                 async with asyncio.timeout(2 * self._op_timeout):  # once per client
-                    if hasattr(self._client, "get_nodes"):  # Cluster: every primary
+                    if self._pool is not None:
+                        await self._pool.warm(WARM_CONNECTIONS, 2 * self._op_timeout)
+                    if self._cluster:  # every primary
                         await asyncio.gather(*(self._client.script_load(t) for t in texts))
                     else:  # one connection, one round trip
                         pipe = self._client.pipeline(transaction=False)
@@ -277,7 +303,7 @@ class RedisStore(AsyncResource):
                             pipe.script_load(text)
                         await pipe.execute()
             except (TimeoutError, RedisError, OSError):
-                pass  # EVALSHA reloads a missing script itself; do not try again per op
+                pass  # connections open on demand; EVAL stands in for a missing script
             self._prepared = True
         if self._epoch is None:  # the marker, checked at the first contact
             with contextlib.suppress(StoreUnavailable):
@@ -289,63 +315,49 @@ class RedisStore(AsyncResource):
     async def _eval(
         self, op: str, script: str, keys: list[str], args: list[Any], key: str = ""
     ) -> Any:
-        sha = self._scripts[script].sha
+        sha, count, execute = self._scripts[script].sha, len(keys), self._client.execute_command
 
-        def slow() -> Awaitable[Any]:
-            return self._scripts[script](keys=keys, args=args)  # type: ignore[no-any-return]
+        async def run() -> Any:
+            try:
+                return await execute("EVALSHA", sha, count, *keys, *args)
+            except NoScriptError:  # the server lost its script cache: EVAL caches it again
+                return await execute("EVAL", getattr(lua, script), count, *keys, *args)
 
-        return await self._bounded(
-            op, key, lambda fast, at: fast.evalsha(sha, keys, args, at), slow
-        )
+        return await self._bounded(op, key, run)
 
     async def _cmd(self, op: str, *args: Any) -> Any:
-        """One plain command, on the shared connection where there is one."""
-        return await self._bounded(
-            op,
-            "",
-            lambda fast, at: fast.execute(*args, deadline=at),
-            lambda: self._client.execute_command(*args),
-        )
+        """One plain command, bounded like every script."""
+        return await self._bounded(op, "", lambda: self._client.execute_command(*args))
 
     async def _bounded(
-        self,
-        op: str,
-        key: str,
-        fast_attempt: Callable[[Multiplexed, float], Awaitable[Any]],
-        slow_attempt: Callable[[], Awaitable[Any]],
+        self, op: str, key: str, run: Callable[[], Awaitable[Any]], *, resend: bool = True
     ) -> Any:
-        fast = self._fast
-        if fast is None and not self._prepared:
+        if not self._prepared:
             await self._prepare()
-        elif fast is not None and not fast.connected:
-            # Connecting has a deadline of its own (op_timeout): an operation that must first
-            # connect may take up to twice op_timeout, never more.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._op_timeout
+
+        async def attempt() -> Any:
             try:
-                await fast.connect()
-            except (RedisError, OSError) as exc:
-                detail = type(exc).__name__ + ": " + str(exc)
-                raise StoreUnavailable(self.where, op, detail, maybe_applied=False) from exc
+                return await run()
+            except RedisConnectionError:
+                if not resend or loop.time() >= deadline:
+                    raise
+                # The connection went stale (e.g. the server restarted). One resend on
+                # another connection, inside the same deadline: every script is safe to run
+                # twice, so a command that did land is not applied differently. The idle
+                # connections went stale with it (most likely): closed, then re-opened in
+                # the background.
+                if self._pool is not None:
+                    await self._pool.drop_idle()
+                    self._rewarm()
+                return await run()
 
-        if fast is not None:  # the op's deadline is a timer on its reply (lease/resp.py)
-            deadline = asyncio.get_running_loop().time() + self._op_timeout
-
-            def attempt() -> Awaitable[Any]:
-                return fast_attempt(fast, deadline)
-
-            bounded: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
-        else:
-            attempt = slow_attempt
-            bounded = asyncio.timeout(self._op_timeout)
         try:
-            async with bounded:
-                try:
-                    return await attempt()
-                except RedisConnectionError:
-                    # The connection went stale (e.g. the server restarted). One resend on
-                    # a fresh connection, inside the same deadline: every script is safe to
-                    # run twice, so a command that did land is not applied differently.
-                    return await attempt()
-        except UnicodeDecodeError:  # both paths decode strictly, one reply at a time
+            # The deadline ends the wait, not the command: it reads its late reply and
+            # gives its connection back (lease/redis_wire.py).
+            return await within(self._tasks.start(attempt(), self._failed), self._op_timeout)
+        except UnicodeDecodeError:  # replies are decoded strictly
             raise CorruptRecord(key, "a field is not valid UTF-8") from None
         except ResponseError as exc:
             text = str(exc)
@@ -355,13 +367,32 @@ class RedisStore(AsyncResource):
             if "WRONGTYPE" in text:
                 raise CorruptRecord(key, "the key holds a non-hash value") from None
             raise StoreUnavailable(self.where, op, text[:200]) from exc
-        except TimeoutError:
-            # The connection is kept for the late reply (lease/resp.py): a slow link does
-            # not make the next call pay a reconnect; a dead one is dropped soon after.
+        except TimeoutError:  # its connection is still reading the reply: the spares serve
             raise self._unavailable(op, key, f"no answer within {self._op_timeout:g}s") from None
         except (RedisError, OSError) as exc:
             detail = type(exc).__name__ + ": " + str(exc)
             raise self._unavailable(op, key, detail, maybe_applied=not _never_sent(exc)) from exc
+
+    def _failed(self, error: BaseException) -> None:
+        """A command failed (its caller may have given up long ago): an error reply leaves
+        its connection as it was; anything else may have closed it."""
+        if not isinstance(error, ResponseError):
+            self._rewarm()
+
+    def _rewarm(self) -> None:
+        """Open connections again in the background, up to the warm count."""
+        if self._pool is None or self._rewarming:
+            return
+        self._rewarming = True
+        pool, timeout = self._pool, 2 * self._op_timeout
+
+        async def rewarm() -> None:
+            try:
+                await pool.warm(WARM_CONNECTIONS, timeout)
+            finally:
+                self._rewarming = False
+
+        self._tasks.start(rewarm())
 
     def _unavailable(
         self, op: str, key: str, detail: str, *, maybe_applied: bool = True
@@ -512,14 +543,14 @@ class RedisStore(AsyncResource):
     ) -> list[JobState]:
         """Scans the namespace (O(keys): for people, not for hot paths); unordered."""
         found, match = [], f"{self._ns}:{{*}}:job"
-        if self._fast is not None:  # the shared connection: bounded like every call
+        if not self._cluster:  # bounded like every call
             cursor = "0"
             while True:
                 cursor, names = await self._cmd(
                     "list_jobs", "SCAN", cursor, "MATCH", match, "COUNT", 500
                 )
                 found += [self._key_of(name) for name in names]
-                if cursor == "0":
+                if int(cursor) == 0:  # redis-py parses the cursor (an int)
                     break
         else:
             try:
@@ -621,15 +652,15 @@ class RedisStore(AsyncResource):
     # -- duration history: one hash per (pipeline, kind, stage), plus an index set -----------
 
     async def add_durations(self, counts: Mapping[tuple[str, str, str], Mapping[int, int]]) -> None:
-        commands: list[tuple[Any, ...]] = []
+        pipe = self._client.pipeline(transaction=False)
         for series, buckets in counts.items():
             name = orjson.dumps(list(series)).decode()
-            commands.append(("SADD", f"{self._ns}:hists", name))
-            commands += [
-                ("HINCRBY", f"{self._ns}:hist:{name}", str(b), n) for b, n in buckets.items()
-            ]
-        # On the shared connection these go out together: one round trip.
-        await asyncio.gather(*(self._cmd("add_durations", *c) for c in commands))
+            pipe.sadd(f"{self._ns}:hists", name)
+            for bucket, n in buckets.items():
+                pipe.hincrby(f"{self._ns}:hist:{name}", str(bucket), n)
+        # One round trip; never resent (HINCRBY applied twice would count twice).
+        if len(pipe):
+            await self._bounded("add_durations", "", pipe.execute, resend=False)
 
     async def load_durations(
         self, *, on_corrupt: CorruptSink | None = None
@@ -664,10 +695,10 @@ class RedisStore(AsyncResource):
         """Return on the job's next event (commit, fail, release) or after ``timeout``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        if not hasattr(self._client, "pubsub"):  # redis-py's asyncio Cluster client: poll
+        if not hasattr(self._pubsub, "pubsub"):  # redis-py's asyncio Cluster client: poll
             await asyncio.sleep(timeout)
             return
-        pubsub = self._client.pubsub()
+        pubsub = self._pubsub.pubsub()
         try:
             async with asyncio.timeout(timeout):
                 await pubsub.subscribe(self.keys(key)[1])
@@ -687,8 +718,9 @@ class RedisStore(AsyncResource):
                 await pubsub.aclose()
 
     async def aclose(self) -> None:
-        if self._fast is not None:
-            await self._fast.aclose()
+        await self._tasks.aclose()
+        if self._pubsub is not self._client:
+            await self._pubsub.aclose()
         await self._client.aclose()
 
     def __repr__(self) -> str:

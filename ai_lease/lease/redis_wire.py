@@ -1,0 +1,145 @@
+"""How the Redis store talks to Redis: redis-py (with hiredis as its parser), bounded.
+
+redis-py does the protocol; this module only decides how a call is bounded, so that a slow
+link does not turn into a store that times out on every call (a trap measured here):
+
+* **A command that outlives its deadline keeps its connection.** The caller gets its
+  ``TimeoutError`` at ``op_timeout``, but the command itself runs on as a task of its own
+  (shielded), reads its late reply, and hands its connection back to the pool. Cancelling
+  a redis-py command drops its connection instead, and a fresh one (connect + set-up) may not
+  fit in the next call's deadline under 100 ms of latency. A reply that never comes ends at
+  the socket timeout (twice ``op_timeout``), which drops that connection.
+* **The pool is kept warm**: a few connections are opened up front under a deadline of their
+  own, handed out connected ones first, and opened again in the background after a drop, so
+  that a call rarely pays a connection set-up inside its own deadline.
+
+>>> pool = WarmPool.from_url("redis://127.0.0.1:6379/0", decode_responses=True)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
+
+__all__ = ["WARM_CONNECTIONS", "Tasks", "WarmPool", "within"]
+
+T = TypeVar("T")
+
+WARM_CONNECTIONS = 4
+"""Connections a store keeps open: spares for commands still reading a late reply."""
+
+
+class WarmPool(ConnectionPool):
+    """redis-py's pool, handing out a connected idle connection before a closed one.
+
+    redis-py hands out the connection released last, which after a drop is the closed one:
+    the next call would connect inside its own deadline while open ones sit idle.
+    """
+
+    def get_available_connection(self) -> AbstractConnection:
+        idle = self._available_connections
+        for at in range(len(idle) - 1, -1, -1):
+            if idle[at].is_connected:
+                connection = idle.pop(at)
+                self._in_use_connections.add(connection)
+                return connection
+        return super().get_available_connection()  # type: ignore[no-untyped-call,no-any-return]
+
+    def idle_connected(self) -> int:
+        """How many idle connections are open."""
+        return sum(1 for c in self._available_connections if c.is_connected)
+
+    async def warm(self, count: int, timeout: float) -> None:
+        """Have at least ``count`` open connections, under a deadline of their own."""
+        missing = count - self.idle_connected()
+        if missing <= 0:
+            return
+        made = [self.make_connection() for _ in range(missing)]  # type: ignore[no-untyped-call]
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(c.connect() for c in made), return_exceptions=True)
+        except TimeoutError:
+            pass
+        finally:  # open ones join the pool; the others (or all, if cancelled) are closed
+            for connection in made:
+                if connection.is_connected and not self._closing:
+                    self._available_connections.insert(0, connection)
+                else:
+                    await connection.disconnect(nowait=True)
+
+    _closing = False
+
+    async def drop_idle(self) -> None:
+        """Close every idle connection: after one went stale (a reset, a restart), the others
+        most likely did too, and a resend must not meet one of them."""
+        for connection in self._available_connections:
+            await connection.disconnect(nowait=True)
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        self._closing = True
+        await super().disconnect(inuse_connections)
+
+
+async def within(task: asyncio.Task[T], timeout: float) -> T:
+    """The task's result, or :class:`TimeoutError` after ``timeout`` seconds **without**
+    cancelling it: the command goes on and reads its reply (see the module docstring).
+    A caller cancelled meanwhile leaves the task running too."""
+    if task.done():
+        return task.result()
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    timer = loop.call_later(timeout, wake)
+    task.add_done_callback(wake)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+        task.remove_done_callback(wake)
+    if not task.done():
+        raise TimeoutError
+    return task.result()
+
+
+class Tasks:
+    """The commands still running after their caller's deadline, and the pool's re-warming:
+    kept here so that :meth:`aclose` ends them (nothing left running behind a closed store)."""
+
+    def __init__(self) -> None:
+        self._running: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    def start(
+        self, call: Awaitable[T], on_failure: Callable[[BaseException], None] | None = None
+    ) -> asyncio.Task[T]:
+        if self._closed and asyncio.iscoroutine(call):  # e.g. a re-warm after aclose
+            call.close()
+            call = asyncio.sleep(0, None)  # type: ignore[arg-type]
+        task: asyncio.Task[T] = asyncio.ensure_future(call)
+        self._running.add(task)
+        task.add_done_callback(lambda t: self._settle(t, on_failure))
+        return task
+
+    def _settle(
+        self, task: asyncio.Task[Any], on_failure: Callable[[BaseException], None] | None
+    ) -> None:
+        self._running.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()  # consumed here, whether or not its caller still waits
+        if error is not None and on_failure is not None:
+            on_failure(error)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        running, self._running = list(self._running), set()
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
