@@ -395,7 +395,7 @@ def submit(
     with view if chatty else _nothing():
         record = obj.run(work)
     if as_json:
-        click.echo(_json(record.to_dict() | ({"finish_reason": "length"} if capped else {})))
+        click.echo(_json(record.to_dict()))
     else:
         _print_result(record)
         if capped:
@@ -428,6 +428,8 @@ def _describe(job: JobState, grace: float) -> list[tuple[str, str]]:
             f"{job.attempts} (takeovers {job.takeovers}, missed renewals {job.missed_renewals})",
         ),
     ]
+    if job.finish_reason == "length":
+        rows.append(("answer", "capped at max_tokens (finish_reason length)"))
     if job.last_error:
         rows.append(("last error", redact(job.last_error)))
     if job.stall_snapshot:
@@ -481,9 +483,7 @@ def status(obj: Context, key: str, as_json: bool) -> None:
 @main.command("ls")
 @click.option(
     "--status",
-    type=click.Choice(
-        ["PENDING", "RUNNING", "DONE", "FAILED", "CANCELLED"], case_sensitive=False
-    ),
+    type=click.Choice(["PENDING", "RUNNING", "DONE", "FAILED", "CANCELLED"], case_sensitive=False),
     help="Only this status.",
 )
 @click.option(

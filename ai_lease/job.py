@@ -172,6 +172,8 @@ class JobState:
     updated_at: float = 0.0
     read_at: float = 0.0
     started_at: float | None = None  # first acquisition (store clock): the job deadline's start
+    # Why the model stopped, when the commit said ("length": a whole answer, capped).
+    finish_reason: str | None = None
 
     @property
     def lease_remaining(self) -> float:
@@ -264,6 +266,7 @@ _FIELD_KINDS: dict[str, str] = {
     "created_at": "time0",
     "updated_at": "time0",
     "started_at": "time",
+    "finish_reason": "str",
 }
 
 

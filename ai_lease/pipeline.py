@@ -107,6 +107,7 @@ class StageContext:
     call_retry: RetryPolicy = CALL_RETRY
     outputs: dict[str, Any] = field(default_factory=dict)
     committed: JobState | None = None
+    finish_reason: str | None = None  # the model call's, kept in the committed record
     faults: FaultPlan | None = None  # tests only: see ai_lease.testing.faults
     deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
     emit: EventSink | None = None
@@ -170,7 +171,9 @@ class StageContext:
         await self.fault("before_commit")
         for attempt in range(3):  # a commit repeated after a lost reply returns the same record
             try:
-                self.committed = await self.store.commit(self.fence, blob)
+                self.committed = await self.store.commit(
+                    self.fence, blob, finish_reason=self.finish_reason
+                )
                 await self.fault("after_commit")
                 return self.committed
             except StoreUnavailable:
@@ -414,6 +417,7 @@ async def call_ai(ctx: StageContext) -> Completion:
             "finish_reason": completion.finish_reason or "",
         },
     )
+    ctx.finish_reason = completion.finish_reason
     if completion.finish_reason == "length":  # a whole answer, but capped: say so
         ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
     return completion

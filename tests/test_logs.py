@@ -318,8 +318,8 @@ class _LostCommitAnswers:
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
-    async def commit(self, fence: Any, result: str) -> Any:
-        await self._store.commit(fence, result)
+    async def commit(self, fence: Any, result: str, **options: Any) -> Any:
+        await self._store.commit(fence, result, **options)
         raise StoreUnavailable("test", "commit", "no answer within 0.1s")
 
 

@@ -423,6 +423,19 @@ async def _submit(
     return proc.returncode, out.decode(), err.decode()
 
 
+async def _cli(cwd: Path, env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "ai_lease", "--store", f"sqlite:///{cwd / 'a.db'}", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
 JOB = 'key = "j"\ninput = "x"\nprompt_text = "{{ input }}"\n'
 
 
@@ -477,8 +490,8 @@ async def test_bad_sampling_values_and_base_urls_exit_2(
 async def test_a_capped_answer_is_stored_and_the_cap_is_shown(
     server: SSEServer, tmp_path: Path
 ) -> None:
-    """finish_reason "length": exit 0 with the answer, and a note saying it stopped at
-    max_tokens (stderr; "finish_reason" in --json)."""
+    """finish_reason "length": exit 0 with the answer, a note saying it stopped at max_tokens
+    (stderr; "finish_reason" in --json), and the stored record keeps it (`status` shows it)."""
     capped = sse(*chat_chunks(["Capped ", "answer"], finish_reason="length"))
     server.enqueue(capped)
     code, out, err = await _submit(tmp_path, _cli_env(server), JOB)
@@ -489,3 +502,11 @@ async def test_a_capped_answer_is_stored_and_the_cap_is_shown(
     code, out, err = await _submit(tmp_path, _cli_env(server), job, json=True)
     assert code == 0, err
     assert orjson.loads(out)["finish_reason"] == "length"
+    for args in (["status", "j2", "--json"], ["status", "j2"]):
+        code, out, err = await _cli(tmp_path, _cli_env(server), *args)
+        assert code == 0, err
+        assert (
+            ("finish_reason length" in out)
+            if "--json" not in args
+            else (orjson.loads(out)["finish_reason"] == "length")
+        ), out

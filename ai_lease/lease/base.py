@@ -148,7 +148,12 @@ class LeaseStore(Protocol):
         failed: the attempt is handed back uncounted and ``last_error`` is kept."""
         ...
 
-    async def commit(self, fence: Fence, result: str) -> JobState: ...
+    async def commit(
+        self, fence: Fence, result: str, *, finish_reason: str | None = None
+    ) -> JobState:
+        """The job's one result, fenced and idempotent; ``finish_reason`` (the model's, e.g.
+        ``"length"`` for a capped answer) is kept in the record."""
+        ...
 
     async def fail(self, fence: Fence, reason: str) -> JobState: ...
 

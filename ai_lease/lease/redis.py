@@ -488,8 +488,10 @@ class RedisStore(AsyncResource):
         args.append("1" if interrupted else "")
         return bool(await self._call("release", fence.key, "RELEASE", args))
 
-    async def _finish(self, op: str, fence: Fence, status: str, field: str, value: str) -> JobState:
-        args = [fence.owner_id, fence.token, status, field, value]
+    async def _finish(
+        self, op: str, fence: Fence, status: str, field: str, value: str, reason: str = ""
+    ) -> JobState:
+        args = [fence.owner_id, fence.token, status, field, value, reason]
         reply = await self._call(op, fence.key, "FINISH", args)
         if reply[0] == "rejected":
             current = (int(reply[2]), reply[3]) if reply[2] else None
@@ -499,8 +501,10 @@ class RedisStore(AsyncResource):
         self._forget(fence.key)
         return self._decode(fence.key, reply[2:], reply[1], extra)
 
-    async def commit(self, fence: Fence, result: str) -> JobState:
-        return await self._finish("commit", fence, "DONE", "result", result)
+    async def commit(
+        self, fence: Fence, result: str, *, finish_reason: str | None = None
+    ) -> JobState:
+        return await self._finish("commit", fence, "DONE", "result", result, finish_reason or "")
 
     async def fail(self, fence: Fence, reason: str) -> JobState:
         return await self._finish("fail", fence, "FAILED", "last_error", clip(reason) or "")

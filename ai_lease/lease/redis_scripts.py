@@ -35,7 +35,7 @@ end
 local LEAN = {'schema', 'status', 'owner_id', 'token', 'stage', 'progress_version',
   'heartbeat_at', 'last_progress_at', 'lease_expires_at', 'max_no_progress', 'stall_policy',
   'attempts', 'takeovers', 'missed_renewals', 'last_error', 'fingerprint', 'created_at',
-  'updated_at', 'started_at'}
+  'updated_at', 'started_at', 'finish_reason'}
 local function lean(k)
   local v = redis.call('HMGET', k, unpack(LEAN))
   local out = {}
@@ -174,7 +174,8 @@ return 1
 """
 )
 
-# KEYS: job, events · ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value
+# KEYS: job, events · ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
+# finish reason ('' = none; kept on a DONE record)
 # returns {'ok', now, fields...} | {'rejected', reason, current_token, current_owner}
 FINISH = (
     _PRELUDE
@@ -194,6 +195,7 @@ redis.call('HSET', k, 'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '
   'updated_at', fmt(now))
 unindex(k)
 if ARGV[3] == 'DONE' then redis.call('HSET', k, 'stage', 'done') end  -- a final stage
+if (ARGV[6] or '') ~= '' then redis.call('HSET', k, 'finish_reason', ARGV[6]) end
 redis.call('PUBLISH', KEYS[2], ARGV[3])
 return {'ok', fmt(now), unpack(lean(k))}
 """

@@ -12,6 +12,7 @@ because the store's clock has moved on since any token was issued.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from ..errors import FencingRejected, JobConflict
 from ..job import JobState, Status
@@ -168,7 +169,12 @@ def _reject(rec: JobState | None, fence: Fence, reason: str) -> FencingRejected:
 
 
 def finish(
-    rec: JobState | None, fence: Fence, now: float, status: Status, value: str
+    rec: JobState | None,
+    fence: Fence,
+    now: float,
+    status: Status,
+    value: str,
+    finish_reason: str | None = None,
 ) -> tuple[Change, JobState]:
     """End the job DONE (``value`` is the result) or FAILED (``value`` is the reason), fenced;
     the same call repeated by the same owner returns the stored record (the FINISH script)."""
@@ -185,13 +191,19 @@ def finish(
         raise _reject(rec, fence, "a newer owner took the job over")
     # A DONE record's stage is final ("done"); a FAILED one keeps the stage it failed in.
     done = status is Status.DONE
-    field = {"result": value, "stage": "done"} if done else {"last_error": clip(value)}
+    field: dict[str, Any] = (
+        {"result": value, "stage": "done", "finish_reason": finish_reason or None}
+        if done
+        else {"last_error": clip(value)}
+    )
     new = replace(rec, status=status, lease_expires_at=None, updated_at=now, read_at=now, **field)
     return new, new
 
 
-def commit(rec: JobState | None, fence: Fence, now: float, result: str) -> tuple[Change, JobState]:
-    return finish(rec, fence, now, Status.DONE, result)
+def commit(
+    rec: JobState | None, fence: Fence, now: float, result: str, finish_reason: str | None = None
+) -> tuple[Change, JobState]:
+    return finish(rec, fence, now, Status.DONE, result, finish_reason)
 
 
 def fail(rec: JobState | None, fence: Fence, now: float, reason: str) -> tuple[Change, JobState]:

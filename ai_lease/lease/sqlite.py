@@ -287,9 +287,13 @@ class SQLiteStore(AsyncResource):
             ),
         )
 
-    async def commit(self, fence: Fence, result: str) -> JobState:
+    async def commit(
+        self, fence: Fence, result: str, *, finish_reason: str | None = None
+    ) -> JobState:
         return await self._transact(
-            "commit", fence.key, lambda rec, now: rules.commit(rec, fence, now, result)
+            "commit",
+            fence.key,
+            lambda rec, now: rules.commit(rec, fence, now, result, finish_reason),
         )
 
     async def fail(self, fence: Fence, reason: str) -> JobState:

@@ -297,6 +297,18 @@ class LeaseStoreContract:
         done = await store.acquire(key, "C", ttl=5, max_no_progress=5)
         assert isinstance(done, Finished) and done.job.result == "first"
 
+    async def test_commit_keeps_the_finish_reason(self, store: LeaseStore) -> None:
+        """A capped answer's finish reason ("length") is kept in the DONE record; a plain
+        commit keeps none."""
+        capped, plain = _key("capped"), _key("plain")
+        job = await store.commit(await _own(store, capped), "r", finish_reason="length")
+        assert job.finish_reason == "length"
+        stored = await store.get(capped)
+        assert stored is not None and stored.finish_reason == "length"
+        await store.commit(await _own(store, plain), "r")
+        stored = await store.get(plain)
+        assert stored is not None and stored.finish_reason is None
+
     async def test_commit_without_record_is_rejected(self, store: LeaseStore) -> None:
         """A commit for a key the store has no record of is rejected, not silently created."""
         key = _key("ghost")

@@ -233,10 +233,14 @@ class WitnessStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def commit(self, fence: Fence, result: str) -> JobState:
+    async def commit(
+        self, fence: Fence, result: str, *, finish_reason: str | None = None
+    ) -> JobState:
         line = {"key": fence.key, "owner_id": fence.owner_id, "token": fence.token}
         self._history.write({"kind": "commit_sent", **line})
-        task = asyncio.ensure_future(self._store.commit(fence, result))
+        task = asyncio.ensure_future(
+            self._store.commit(fence, result, finish_reason=finish_reason)
+        )
         self._pending.add(task)
 
         def answered(done: asyncio.Task[JobState]) -> None:
