@@ -34,6 +34,7 @@ from .lease.urls import open_store
 from .pipeline import PersistHook, Pipeline
 from .prompts import PromptLibrary
 from .providers import Provider, create_provider
+from .resource import AsyncResource
 from .runner import Runner
 from .timeouts import LeaseTimings, RetryPolicy, StallPolicy, StreamLimits, StreamTimeouts
 from .worker import Worker
@@ -43,7 +44,7 @@ __all__ = ["Client", "SyncClient", "connect", "run_sync"]
 T = TypeVar("T")
 
 
-class Client:
+class Client(AsyncResource):
     """Jobs on one store with one provider. Build it with :func:`connect`.
 
     ``run(job)`` runs a job here (or follows whoever runs it) and returns its DONE record;
@@ -155,17 +156,6 @@ class Client:
             await self.runner.flush_history()
         finally:
             await _close_all(self._closes)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"<Client store={self.store!r} provider={getattr(self.provider, 'name', None)!r}>"
