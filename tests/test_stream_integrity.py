@@ -406,24 +406,8 @@ def _cli_env(server: SSEServer | None, **extra: str) -> dict[str, str]:
     return env | extra
 
 
-async def _submit(
-    cwd: Path, env: dict[str, str], job: str, *, json: bool = False
-) -> tuple[int, str, str]:
-    (cwd / "job.toml").write_text(job)
-    proc = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "ai_lease", "--store", f"sqlite:///{cwd / 'a.db'}"],
-        *["submit", "job.toml", *(["--json"] if json else ["--quiet"])],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def _cli(cwd: Path, env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """``ai-lease --store <cwd>/a.db ARGS`` as a subprocess: exit code, stdout, stderr."""
     proc = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "ai_lease", "--store", f"sqlite:///{cwd / 'a.db'}", *args],
         cwd=cwd,
@@ -434,6 +418,13 @@ async def _cli(cwd: Path, env: dict[str, str], *args: str) -> tuple[int, str, st
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+async def _submit(
+    cwd: Path, env: dict[str, str], job: str, *, json: bool = False
+) -> tuple[int, str, str]:
+    (cwd / "job.toml").write_text(job)
+    return await _cli(cwd, env, "submit", "job.toml", "--json" if json else "--quiet")
 
 
 JOB = 'key = "j"\ninput = "x"\nprompt_text = "{{ input }}"\n'
