@@ -17,8 +17,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves them at run time
-    from .client import Client, SyncClient, connect, run_sync
-    from .errors import (
+    from ai_lease.client import Client, SyncClient, connect, run_sync
+    from ai_lease.errors import (
         AiLeaseError,
         ConfigError,
         CorruptRecord,
@@ -46,9 +46,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         StreamLimitExceeded,
         StreamTotalTimeout,
     )
-    from .events import Event
-    from .job import Health, Job, JobState, Status
-    from .lease import (
+    from ai_lease.job import Health, Job, JobState, Status
+    from ai_lease.lease import (
         Acquired,
         Fence,
         Finished,
@@ -58,15 +57,14 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         mask_url,
         open_store,
     )
-    from .lease.handle import JobLease
-    from .lease.redis import RedisStore
-    from .lease.sqlite import SQLiteStore
-    from .logs import JobLogger, configure_logging, fan_out
-    from .metrics import Metrics, serve_metrics
-    from .pipeline import Pipeline, Stage, StageContext
-    from .progress import Progress
-    from .prompts import PromptLibrary
-    from .providers import (
+    from ai_lease.lease.handle import JobLease
+    from ai_lease.lease.redis import RedisStore
+    from ai_lease.lease.sqlite import SQLiteStore
+    from ai_lease.observe.events import Event
+    from ai_lease.observe.logs import JobLogger, configure_logging, fan_out
+    from ai_lease.observe.metrics import Metrics, serve_metrics
+    from ai_lease.prompts import PromptLibrary
+    from ai_lease.providers import (
         ChatRequest,
         Completion,
         Delta,
@@ -75,10 +73,13 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         available_providers,
         create_provider,
     )
-    from .runner import Runner
-    from .settings import Settings, load_settings
-    from .streaming import StreamGuard
-    from .timeouts import (
+    from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+    from ai_lease.run.progress import Progress
+    from ai_lease.run.runner import Runner
+    from ai_lease.run.stream_guard import StreamGuard
+    from ai_lease.run.worker import Worker
+    from ai_lease.settings import Settings, load_settings
+    from ai_lease.timeouts import (
         AdaptiveBudgets,
         LeaseTimings,
         RetryPolicy,
@@ -87,7 +88,6 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         StreamLimits,
         StreamTimeouts,
     )
-    from .worker import Worker
 
 # Each public name and the module that defines it (relative to this package).
 _LAZY: dict[str, str] = {
@@ -101,7 +101,7 @@ _LAZY: dict[str, str] = {
     "CorruptRecord": ".errors",
     "Delta": ".providers",
     "EmptyEventStream": ".errors",
-    "Event": ".events",
+    "Event": ".observe.events",
     "Fence": ".lease",
     "FencingRejected": ".errors",
     "Finished": ".lease",
@@ -115,29 +115,29 @@ _LAZY: dict[str, str] = {
     "JobDeadlineExceeded": ".errors",
     "JobFailed": ".errors",
     "JobLease": ".lease.handle",
-    "JobLogger": ".logs",
+    "JobLogger": ".observe.logs",
     "JobSpecError": ".errors",
     "JobState": ".job",
     "LeaseError": ".errors",
     "LeaseLost": ".errors",
     "LeaseStore": ".lease",
     "LeaseTimings": ".timeouts",
-    "Metrics": ".metrics",
+    "Metrics": ".observe.metrics",
     "OutcomeUnknown": ".errors",
-    "Pipeline": ".pipeline",
-    "Progress": ".progress",
+    "Pipeline": ".run.pipeline",
+    "Progress": ".run.progress",
     "PromptLibrary": ".prompts",
     "Provider": ".providers",
     "ProviderError": ".errors",
     "RedisStore": ".lease.redis",
     "Renewal": ".lease",
     "RetryPolicy": ".timeouts",
-    "Runner": ".runner",
+    "Runner": ".run.runner",
     "SQLiteStore": ".lease.sqlite",
     "Settings": ".settings",
-    "Stage": ".pipeline",
+    "Stage": ".run.pipeline",
     "StageBudget": ".timeouts",
-    "StageContext": ".pipeline",
+    "StageContext": ".run.pipeline",
     "StageDeadlineExceeded": ".errors",
     "StageTimeout": ".errors",
     "StallPolicy": ".timeouts",
@@ -146,7 +146,7 @@ _LAZY: dict[str, str] = {
     "StoreDataLost": ".errors",
     "StoreError": ".errors",
     "StoreUnavailable": ".errors",
-    "StreamGuard": ".streaming",
+    "StreamGuard": ".run.stream_guard",
     "StreamIdleTimeout": ".errors",
     "StreamInterrupted": ".errors",
     "StreamLimitExceeded": ".errors",
@@ -155,17 +155,17 @@ _LAZY: dict[str, str] = {
     "StreamTotalTimeout": ".errors",
     "SyncClient": ".client",
     "Usage": ".providers",
-    "Worker": ".worker",
+    "Worker": ".run.worker",
     "available_providers": ".providers",
-    "configure_logging": ".logs",
+    "configure_logging": ".observe.logs",
     "connect": ".client",
     "create_provider": ".providers",
-    "fan_out": ".logs",
+    "fan_out": ".observe.logs",
     "load_settings": ".settings",
     "mask_url": ".lease",
     "open_store": ".lease",
     "run_sync": ".client",
-    "serve_metrics": ".metrics",
+    "serve_metrics": ".observe.metrics",
 }
 
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
 """``python -m ai_lease`` is the ``ai-lease`` command."""
 
-from .cli import main
+from ai_lease.cli.app import main
 
 main(prog_name="ai-lease")

@@ -25,19 +25,19 @@ from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from .errors import InputError, JobCancelled, JobFailed
-from .events import EventSink
-from .job import Job, JobState, Status, validate_key
-from .lease.base import LeaseStore
-from .lease.handle import JobLease, LeaseOptions
-from .lease.urls import open_store
-from .pipeline import PersistHook, Pipeline
-from .prompts import PromptLibrary
-from .providers import Provider, create_provider
-from .resource import AsyncResource
-from .runner import Runner
-from .timeouts import LeaseTimings, RetryPolicy, StallPolicy, StreamLimits, StreamTimeouts
-from .worker import Worker
+from ai_lease.errors import InputError, JobCancelled, JobFailed
+from ai_lease.job import Job, JobState, Status, validate_key
+from ai_lease.lease.base import LeaseStore
+from ai_lease.lease.handle import JobLease, LeaseOptions
+from ai_lease.lease.urls import open_store
+from ai_lease.observe.events import EventSink
+from ai_lease.prompts import PromptLibrary
+from ai_lease.providers import Provider, create_provider
+from ai_lease.resource import AsyncResource
+from ai_lease.run.pipeline import PersistHook, Pipeline
+from ai_lease.run.runner import Runner
+from ai_lease.run.worker import Worker
+from ai_lease.timeouts import LeaseTimings, RetryPolicy, StallPolicy, StreamLimits, StreamTimeouts
 
 __all__ = ["Client", "SyncClient", "connect", "run_sync"]
 

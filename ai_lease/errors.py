@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from .redaction import redact
+from ai_lease.redaction import redact
 
 __all__ = [
     "AiLeaseError",

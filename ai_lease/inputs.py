@@ -22,8 +22,8 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import JobSpecError
-from .job import Job
+from ai_lease.errors import JobSpecError
+from ai_lease.job import Job
 
 __all__ = ["DEFAULT_MAX_INPUT_BYTES", "read_input_file", "resolve_input"]
 

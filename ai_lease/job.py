@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from .errors import CorruptRecord, JobSpecError
+from ai_lease.errors import CorruptRecord, JobSpecError
 
 __all__ = ["Health", "Job", "JobState", "Status", "fingerprint", "validate_key"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import SandboxedEnvironment
 
-from .errors import JobSpecError
+from ai_lease.errors import JobSpecError
 
 __all__ = ["DEFAULT_MAX_PROMPT_CHARS", "SHIPPED_PROMPTS", "PromptLibrary"]
 

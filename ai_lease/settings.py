@@ -35,13 +35,13 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from .errors import ConfigError
-from .inputs import DEFAULT_MAX_INPUT_BYTES
-from .job import MAX_TEMPERATURE, MAX_TOKENS
-from .lease.urls import SCHEMES, mask_url
-from .prompts import DEFAULT_MAX_PROMPT_CHARS
-from .providers.keys import check_api_key
-from .timeouts import (
+from ai_lease.errors import ConfigError
+from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES
+from ai_lease.job import MAX_TEMPERATURE, MAX_TOKENS
+from ai_lease.lease.urls import SCHEMES, mask_url
+from ai_lease.prompts import DEFAULT_MAX_PROMPT_CHARS
+from ai_lease.providers.keys import check_api_key
+from ai_lease.timeouts import (
     DEFAULT_STAGE_BUDGETS,
     AdaptiveBudgets,
     LeaseTimings,

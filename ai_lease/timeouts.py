@@ -12,7 +12,7 @@ import enum
 import math
 from dataclasses import dataclass, field, fields
 
-from .errors import ConfigError
+from ai_lease.errors import ConfigError
 
 __all__ = [
     "DEFAULT_STAGE_BUDGETS",

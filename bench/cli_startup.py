@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 0.25
 # What the console script runs (see the `ai-lease` script pip writes).
-ENTRY = "import sys; from ai_lease.cli import main; sys.exit(main())"
+ENTRY = "import sys; from ai_lease.cli.app import main; sys.exit(main())"
 BARE = ["-S", "-P", "-c", ENTRY, "--help"]  # no site (no editable finder), no cwd on sys.path
 
 Variant = tuple[str, list[str], dict[str, str] | None]

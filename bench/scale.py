@@ -189,6 +189,7 @@ async def phase(args: argparse.Namespace, guarded: bool, source: Source) -> dict
     lags: list[float] = []
     probe = asyncio.create_task(loop_lag(lags))
     t0, c0 = time.perf_counter(), time.process_time()
+
     async def start(consumer: Consumer, hang_after: int | None) -> None:
         await asyncio.sleep(random.uniform(0, args.ramp))  # jobs do not start in one instant
         await source(consumer, chunks, hang_after)

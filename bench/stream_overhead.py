@@ -60,10 +60,10 @@ import orjson
 import stream_paced  # bench/stream_paced.py, beside this file (on sys.path when run as a script)
 
 import ai_lease.providers.openai_compat as compat
-from ai_lease.progress import Progress
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
-from ai_lease.streaming import StreamGuard
+from ai_lease.run.progress import Progress
+from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
 
 WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."]

@@ -40,11 +40,11 @@ import openai
 import orjson
 
 import ai_lease.providers.openai_compat as compat
-from ai_lease.progress import Progress
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
-from ai_lease.streaming import StreamGuard
+from ai_lease.run.progress import Progress
+from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
 
 TIMEOUTS = StreamTimeouts(first_token=60, idle=60, total=600)

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harnes
 
 from ai_lease import LeaseStore, Status, open_store
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.run.runner import Runner
 from tests.harness.redis_server import RedisServer
 from tests.harness.sse_server import Request, Response, SSEServer, chat_chunks, sse
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from ai_lease.cli import main
+from ai_lease.cli.app import main
 from ai_lease.job import Status
 from ai_lease.lease import Acquired
 from ai_lease.lease.sqlite import SQLiteStore

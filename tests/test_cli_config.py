@@ -9,7 +9,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from ai_lease.cli import main
+from ai_lease.cli.app import main
 from ai_lease.redaction import MASK
 
 PASSWORD = "hunter2-CANARY"

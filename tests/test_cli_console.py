@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import tracemalloc
 
-from ai_lease.console import TAIL_CHARS, JobView
+from ai_lease.cli.console import TAIL_CHARS, JobView
 
 
 def test_view_keeps_the_true_tail_of_a_long_stream() -> None:

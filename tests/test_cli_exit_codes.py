@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ai_lease.cli import main
+from ai_lease.cli.app import main
 from tests.harness.sse_server import Hang, Response, Sleep, SSEServer, chat_chunks, drip, sse
 
 ONE_ATTEMPT = {"AI_LEASE_RETRY__ATTEMPTS": "1"}

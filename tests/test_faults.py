@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from ai_lease import LeaseStore, LeaseTimings, StageBudget, Status
-from ai_lease.events import Event
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.observe.events import Event
+from ai_lease.run.runner import Runner
 from ai_lease.testing.faults import FaultPlan
 from ai_lease.testing.scripted import ScriptedProvider
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from ai_lease import LeaseStore, LeaseTimings, StageBudget
-from ai_lease.events import Event
-from ai_lease.history import Histogram, HistoryRecorder, bucket_of, bucket_upper, suggest
 from ai_lease.job import Job
-from ai_lease.pipeline import Pipeline, Stage, StageContext
-from ai_lease.runner import Runner, learned_timings
+from ai_lease.observe.events import Event
+from ai_lease.observe.history import Histogram, HistoryRecorder, bucket_of, bucket_upper, suggest
+from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+from ai_lease.run.runner import Runner, learned_timings
 from ai_lease.testing.scripted import ScriptedProvider
 from ai_lease.timeouts import AdaptiveBudgets
 
@@ -215,7 +215,7 @@ def test_checked_histogram_refuses_what_add_durations_never_writes(
 ) -> None:
     """A stored series that is not ours is a CorruptRecord naming it, never a crash later."""
     from ai_lease.errors import CorruptRecord
-    from ai_lease.history import checked_histogram
+    from ai_lease.observe.history import checked_histogram
 
     with pytest.raises(CorruptRecord) as caught:
         checked_histogram("the-name", series, buckets)
@@ -224,7 +224,7 @@ def test_checked_histogram_refuses_what_add_durations_never_writes(
 
 def test_checked_histogram_reads_both_stores_shapes() -> None:
     """Redis's string buckets and counts and SQLite's integers read the same."""
-    from ai_lease.history import checked_histogram
+    from ai_lease.observe.history import checked_histogram
 
     assert checked_histogram("n", ["p", "stage", "load"], [("3", "7"), (4, 1)]) == (
         ("p", "stage", "load"),

@@ -18,8 +18,8 @@ from ai_lease.job import Job, Status
 from ai_lease.lease.base import JobQueue
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.local import LocalExtractiveProvider
-from ai_lease.runner import Runner
-from ai_lease.worker import Worker
+from ai_lease.run.runner import Runner
+from ai_lease.run.worker import Worker
 from tests.harness.sse_server import SSEServer, chat_chunks, json_response, sse
 from tests.test_cli_submit import REPO, run_cli, snapshot_db
 

@@ -29,7 +29,7 @@ HEAVY = (
     "aiohttp",
     "redis",
     "ai_lease.settings",
-    "ai_lease.runner",
+    "ai_lease.run.runner",
     "ai_lease.providers",
 )
 
@@ -42,7 +42,7 @@ print("imported:" + ",".join(sorted(loaded)))
 
 _HELP = """
 import sys
-from ai_lease.cli import main
+from ai_lease.cli.app import main
 try:
     main(sys.argv[1:], prog_name="ai-lease")
 except SystemExit as exit:

@@ -18,12 +18,12 @@ from ai_lease import (
     Status,
     StoreUnavailable,
 )
-from ai_lease.events import Event
-from ai_lease.keeper import LeaseKeeper
 from ai_lease.lease import Acquired, Following, Renewal
+from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.lease.sqlite import SQLiteStore
-from ai_lease.progress import Progress
-from ai_lease.runner import _alongside
+from ai_lease.observe.events import Event
+from ai_lease.run.progress import Progress
+from ai_lease.run.runner import _alongside
 
 
 class FakeClock:

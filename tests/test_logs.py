@@ -18,10 +18,10 @@ import orjson
 import pytest
 
 from ai_lease import JobFailed, LeaseStore, ProviderError, StoreUnavailable, open_store
-from ai_lease.events import Event
 from ai_lease.job import Job
-from ai_lease.logs import JobLogger, configure_logging, fan_out, redact
-from ai_lease.runner import Runner
+from ai_lease.observe.events import Event
+from ai_lease.observe.logs import JobLogger, configure_logging, fan_out, redact
+from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Raise, ScriptedProvider
 
 API_KEY = "sk-CANARY-abcdef123456"

@@ -18,13 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ai_lease import ConfigError, LeaseStore, LeaseTimings, StageBudget
 from ai_lease.errors import FencingRejected
-from ai_lease.events import Event, EventSink
 from ai_lease.job import Job
 from ai_lease.lease.base import Acquired, Fence
-from ai_lease.logs import fan_out
-from ai_lease.metrics import DEFAULT_STAGES, MAX_LABEL_VALUES, Metrics, serve_metrics
-from ai_lease.pipeline import Pipeline, StageContext
-from ai_lease.runner import Runner
+from ai_lease.observe.events import Event, EventSink
+from ai_lease.observe.logs import fan_out
+from ai_lease.observe.metrics import DEFAULT_STAGES, MAX_LABEL_VALUES, Metrics, serve_metrics
+from ai_lease.run.pipeline import Pipeline, StageContext
+from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall
 from tests.harness.redis_server import free_port
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ai_lease.progress import Progress
+from ai_lease.run.progress import Progress
 from ai_lease.timeouts import StageBudget
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from ai_lease import LeaseStore, open_store
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.run.runner import Runner
 from ai_lease.testing.contract import (
     DurationHistoryContract,
     JobQueueContract,

@@ -20,10 +20,10 @@ from ai_lease import (
     StageBudget,
     Status,
 )
-from ai_lease.events import Event
 from ai_lease.job import Job
-from ai_lease.pipeline import Pipeline, Stage, StageContext
-from ai_lease.runner import Runner
+from ai_lease.observe.events import Event
+from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall
 
 FAST = LeaseTimings(
@@ -318,7 +318,7 @@ async def test_a_raising_event_sink_never_breaks_the_job(
     stored = await store.get("k")
     assert record.output == "fine" and stored is not None and stored.status is Status.DONE
     assert runner.sink_failures > 3
-    logged = [r for r in caplog.records if r.name == "ai_lease.runner"]
+    logged = [r for r in caplog.records if r.name == "ai_lease.run.runner"]
     assert len(logged) == 1 and logged[0].exc_info is not None
 
 

@@ -366,7 +366,7 @@ BAD_NUMBERS = ["1e13", "nan", "inf", "-1", "0"]
 def _cli_config(env: dict[str, str], *args: str) -> tuple[int, str]:
     from click.testing import CliRunner
 
-    from ai_lease.cli import main
+    from ai_lease.cli.app import main
 
     result = CliRunner().invoke(main, [*args, "config"], env=env)
     assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -14,11 +14,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from ai_lease import LeaseStore, LeaseTimings, StoreUnavailable
-from ai_lease.events import Event
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.observe.events import Event
+from ai_lease.observe.tracing import tracing_sink
+from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider
-from ai_lease.tracing import tracing_sink
 
 
 async def test_job_and_stage_spans_with_first_token_and_tokens(store: LeaseStore) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from ai_lease import Status, open_store
-from ai_lease.history import bucket_of
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.observe.history import bucket_of
+from ai_lease.run.runner import Runner
 
 
 def _env() -> dict[str, str]:

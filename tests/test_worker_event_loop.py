@@ -18,7 +18,7 @@ import pytest
 
 from ai_lease import Status, open_store
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.run.runner import Runner
 
 
 def _env() -> dict[str, str]:

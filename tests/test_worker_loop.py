@@ -1,6 +1,6 @@
 """The worker loop in one process, on SQLite and on a real redis-server.
 
-Each test runs a real :class:`~ai_lease.worker.Worker` against the ``store`` fixture with
+Each test runs a real :class:`~ai_lease.run.worker.Worker` against the ``store`` fixture with
 fast lease timings and a scripted model, plants what a careless user or a broken
 process leaves in the store (a bad spec, a corrupt record, an abandoned lease), and asserts
 on the records and on the worker's own events.
@@ -19,12 +19,12 @@ import pytest
 import redis
 
 from ai_lease import LeaseStore, LeaseTimings, Status
-from ai_lease.events import Event
 from ai_lease.job import Job
 from ai_lease.lease.base import Acquired, JobQueue
-from ai_lease.runner import Runner
+from ai_lease.observe.events import Event
+from ai_lease.run.runner import Runner
+from ai_lease.run.worker import Worker
 from ai_lease.testing.scripted import Pause, ScriptedProvider
-from ai_lease.worker import Worker
 
 TTL, SWEEP = 2.0, 0.1
 TIMINGS = LeaseTimings(

@@ -26,7 +26,7 @@ import pytest
 
 from ai_lease import JobState, LeaseStore, Status
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.run.runner import Runner
 from tests.harness.history import check_invariants, of_kind
 from tests.harness.node import REPO_ROOT, NodeProcess
 from tests.harness.worker_proc import Workers

@@ -1,7 +1,15 @@
 """Leases: the store protocol, its SQLite and Redis implementations, and store URLs."""
 
-from .base import Acquired, AcquireOutcome, Fence, Finished, Following, LeaseStore, Renewal
-from .urls import mask_url, open_store
+from ai_lease.lease.base import (
+    Acquired,
+    AcquireOutcome,
+    Fence,
+    Finished,
+    Following,
+    LeaseStore,
+    Renewal,
+)
+from ai_lease.lease.urls import mask_url, open_store
 
 __all__ = [
     "AcquireOutcome",

@@ -28,8 +28,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from ..errors import CorruptRecord, CorruptSink
-from ..job import JobState
+from ai_lease.errors import CorruptRecord, CorruptSink
+from ai_lease.job import JobState
 
 __all__ = [
     "AcquireOutcome",

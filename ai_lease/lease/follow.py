@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from .base import Acquired, Finished, Following, LeaseStore
+from ai_lease.lease.base import Acquired, Finished, Following, LeaseStore
 
 __all__ = ["acquire_or_follow"]
 

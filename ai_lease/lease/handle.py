@@ -35,17 +35,17 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from ..errors import JobCancelled, JobFailed, LeaseError, LeaseLost, StoreUnavailable
-from ..events import EventSink
-from ..job import Job, JobState, Status
-from ..keeper import LeaseKeeper
-from ..pipeline import StageContext
-from ..progress import Progress
-from ..redaction import redact
-from ..runner import _describe, _retryable  # the runner's error classification, shared
-from ..timeouts import LeaseTimings, RetryPolicy, StageBudget, StallPolicy
-from .base import Acquired, LeaseStore, due_now
-from .follow import acquire_or_follow
+from ai_lease.errors import JobCancelled, JobFailed, LeaseError, LeaseLost, StoreUnavailable
+from ai_lease.job import Job, JobState, Status
+from ai_lease.lease.base import Acquired, LeaseStore, due_now
+from ai_lease.lease.follow import acquire_or_follow
+from ai_lease.lease.keeper import LeaseKeeper
+from ai_lease.observe.events import EventSink
+from ai_lease.redaction import redact
+from ai_lease.run.pipeline import StageContext
+from ai_lease.run.progress import Progress
+from ai_lease.run.runner import _describe, _retryable  # the runner's error classification, shared
+from ai_lease.timeouts import LeaseTimings, RetryPolicy, StageBudget, StallPolicy
 
 __all__ = ["JobLease", "LeaseOptions"]
 

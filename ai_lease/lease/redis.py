@@ -31,7 +31,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ..errors import (
+from ai_lease.errors import (
     CorruptRecord,
     CorruptSink,
     FencingRejected,
@@ -41,14 +41,22 @@ from ..errors import (
     StoreUnavailable,
     skip_corrupt,
 )
-from ..history import checked_histogram
-from ..job import JobState
-from ..resource import AsyncResource
-from . import redis_scripts as lua
-from .base import Acquired, AcquireOutcome, Fence, Finished, Following, Renewal, WorkerInfo
-from .redis_wire import WARM_CONNECTIONS, Tasks, WarmPool, within
-from .rules import clip
-from .urls import mask_url
+from ai_lease.job import JobState
+from ai_lease.lease import redis_scripts as lua
+from ai_lease.lease.base import (
+    Acquired,
+    AcquireOutcome,
+    Fence,
+    Finished,
+    Following,
+    Renewal,
+    WorkerInfo,
+)
+from ai_lease.lease.redis_wire import WARM_CONNECTIONS, Tasks, WarmPool, within
+from ai_lease.lease.rules import clip
+from ai_lease.lease.urls import mask_url
+from ai_lease.observe.history import checked_histogram
+from ai_lease.resource import AsyncResource
 
 __all__ = ["RedisStore", "hash_tag"]
 

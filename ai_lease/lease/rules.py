@@ -14,9 +14,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..errors import FencingRejected, JobConflict
-from ..job import JobState, Status
-from .base import SNAPSHOT_LIMIT, Acquired, AcquireOutcome, Fence, Finished, Following, Renewal
+from ai_lease.errors import FencingRejected, JobConflict
+from ai_lease.job import JobState, Status
+from ai_lease.lease.base import (
+    SNAPSHOT_LIMIT,
+    Acquired,
+    AcquireOutcome,
+    Fence,
+    Finished,
+    Following,
+    Renewal,
+)
 
 __all__ = ["acquire", "cancel", "commit", "fail", "release", "renew", "report_stall", "submit"]
 

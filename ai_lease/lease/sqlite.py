@@ -25,12 +25,12 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ..errors import CorruptRecord, CorruptSink, StoreUnavailable, skip_corrupt
-from ..history import checked_histogram
-from ..job import JobState
-from ..resource import AsyncResource
-from . import rules
-from .base import AcquireOutcome, Fence, Renewal, WorkerInfo
+from ai_lease.errors import CorruptRecord, CorruptSink, StoreUnavailable, skip_corrupt
+from ai_lease.job import JobState
+from ai_lease.lease import rules
+from ai_lease.lease.base import AcquireOutcome, Fence, Renewal, WorkerInfo
+from ai_lease.observe.history import checked_histogram
+from ai_lease.resource import AsyncResource
 
 __all__ = ["SQLiteStore"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
-from .base import LeaseStore
+from ai_lease.errors import ConfigError
+from ai_lease.lease.base import LeaseStore
 
 __all__ = ["SCHEMES", "mask_url", "open_store"]
 
@@ -65,11 +65,11 @@ def open_store(
     node as the seed). Opening does no I/O; the first operation connects."""
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme == "sqlite":
-        from .sqlite import SQLiteStore
+        from ai_lease.lease.sqlite import SQLiteStore
 
         return SQLiteStore(sqlite_path(url), op_timeout=op_timeout, poll_interval=poll_interval)
     if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
-        from .redis import RedisStore
+        from ai_lease.lease.redis import RedisStore
 
         check_redis_db(url)
         return RedisStore.from_url(url, namespace=namespace, op_timeout=op_timeout)

@@ -21,9 +21,9 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from ..errors import ConfigError
-from ..redaction import register_secret
-from .base import ChatRequest, Completion, Delta, Provider, Usage
+from ai_lease.errors import ConfigError
+from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider, Usage
+from ai_lease.redaction import register_secret
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -42,19 +42,19 @@ Factory = Callable[..., Provider]
 
 
 def _local(**options: Any) -> Provider:
-    from .local import LocalExtractiveProvider
+    from ai_lease.providers.local import LocalExtractiveProvider
 
     return LocalExtractiveProvider()
 
 
 def _openai(**options: Any) -> Provider:
-    from .openai_sdk import OpenAISDKProvider
+    from ai_lease.providers.openai_sdk import OpenAISDKProvider
 
     return OpenAISDKProvider(**options)
 
 
 def _compat(**options: Any) -> Provider:
-    from .openai_compat import OpenAICompatProvider
+    from ai_lease.providers.openai_compat import OpenAICompatProvider
 
     return OpenAICompatProvider(**options)
 

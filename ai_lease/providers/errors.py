@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import orjson
 
-from ..errors import ProviderError
+from ai_lease.errors import ProviderError
 
 __all__ = ["MAX_RETRY_AFTER_S", "parse_retry_after", "status_error"]
 

@@ -18,8 +18,8 @@ import unicodedata
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
-from ..lease.urls import mask_url
+from ai_lease.errors import ConfigError
+from ai_lease.lease.urls import mask_url
 
 __all__ = ["DEFAULT_BASE_URL", "MAX_KEY_CHARS", "check_api_key", "check_key_destination"]
 

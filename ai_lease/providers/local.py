@@ -13,8 +13,8 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 
-from ..resource import AsyncResource
-from .base import ChatRequest, Completion, Delta, Usage
+from ai_lease.providers.base import ChatRequest, Completion, Delta, Usage
+from ai_lease.resource import AsyncResource
 
 __all__ = ["LocalExtractiveProvider", "extractive_summary"]
 

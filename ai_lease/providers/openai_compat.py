@@ -42,7 +42,7 @@ import httpx
 import orjson
 from pydantic import SecretStr
 
-from ..errors import (
+from ai_lease.errors import (
     ConfigError,
     EmptyEventStream,
     PoolTimeout,
@@ -50,12 +50,12 @@ from ..errors import (
     StreamInterrupted,
     StreamLimitExceeded,
 )
-from ..job import sampling_problem
-from ..lease.urls import mask_url
-from ..resource import AsyncResource
-from ..timeouts import StreamLimits
-from .base import ChatRequest, Completion, Delta, Usage
-from .errors import status_error
+from ai_lease.job import sampling_problem
+from ai_lease.lease.urls import mask_url
+from ai_lease.providers.base import ChatRequest, Completion, Delta, Usage
+from ai_lease.providers.errors import status_error
+from ai_lease.resource import AsyncResource
+from ai_lease.timeouts import StreamLimits
 
 log = logging.getLogger(__name__)
 HTTPPath = Literal["auto", "aiohttp", "httpx", "fast"]  # "fast": the old name of "aiohttp"
@@ -163,8 +163,10 @@ class OpenAICompatProvider(AsyncResource):
                 "provider.api_key: OpenAI needs an API key "
                 "(set AI_LEASE_PROVIDER__API_KEY or OPENAI_API_KEY)"
             )
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or (
-            max_connections < 1
+        if (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or (max_connections < 1)
         ):
             raise ConfigError(f"provider.max_connections: {max_connections!r} is not a count >= 1")
         self.model = model
@@ -490,7 +492,7 @@ def _http_path(http: str, client: httpx.AsyncClient | None) -> str:
     if http not in ("auto", "aiohttp", "httpx", "fast"):
         raise ConfigError(
             f"provider.http: {http!r} is not one of auto, aiohttp, httpx "
-            "(\"fast\" is accepted as the old name of aiohttp)"
+            '("fast" is accepted as the old name of aiohttp)'
         )
     if http == "auto":
         return "httpx" if client is not None else "aiohttp"

@@ -25,18 +25,18 @@ import openai
 from openai._streaming import ServerSentEvent, SSEDecoder
 from pydantic import SecretStr
 
-from ..errors import (
+from ai_lease.errors import (
     ConfigError,
     EmptyEventStream,
     ProviderError,
     StreamInterrupted,
     StreamLimitExceeded,
 )
-from ..resource import AsyncResource
-from ..timeouts import StreamLimits
-from .base import ChatRequest, Completion, Delta, Usage
-from .errors import parse_retry_after
-from .openai_compat import check_base_url, request_body, sampling_defaults
+from ai_lease.providers.base import ChatRequest, Completion, Delta, Usage
+from ai_lease.providers.errors import parse_retry_after
+from ai_lease.providers.openai_compat import check_base_url, request_body, sampling_defaults
+from ai_lease.resource import AsyncResource
+from ai_lease.timeouts import StreamLimits
 
 __all__ = ["OpenAISDKProvider"]
 

@@ -22,8 +22,8 @@ from typing import TypeVar
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.stop import stop_base
 
-from ..errors import FirstTokenTimeout, ProviderError, StreamInterrupted
-from ..timeouts import RetryPolicy
+from ai_lease.errors import FirstTokenTimeout, ProviderError, StreamInterrupted
+from ai_lease.timeouts import RetryPolicy
 
 __all__ = ["CALL_RETRY", "call_with_retries", "is_transient"]
 

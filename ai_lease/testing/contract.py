@@ -30,10 +30,10 @@ from typing import Any
 import orjson
 import pytest
 
-from ..errors import FencingRejected, JobConflict
-from ..job import Status
-from ..lease.base import Acquired, Fence, Finished, Following, LeaseStore
-from ..lease.follow import acquire_or_follow
+from ai_lease.errors import FencingRejected, JobConflict
+from ai_lease.job import Status
+from ai_lease.lease.base import Acquired, Fence, Finished, Following, LeaseStore
+from ai_lease.lease.follow import acquire_or_follow
 
 __all__ = ["DurationHistoryContract", "JobQueueContract", "LeaseStoreContract"]
 
@@ -520,7 +520,7 @@ class JobQueueContract:
 
     async def test_workers_are_listed_until_gone_or_expired(self, store: Any) -> None:
         """A beating worker is listed; it disappears when gone or when its beat expires."""
-        from ..lease.base import WorkerInfo
+        from ai_lease.lease.base import WorkerInfo
 
         alive = WorkerInfo(_key("w1"), "host", 1, 2, 4, 0.0, 0.0)
         brief = WorkerInfo(_key("w2"), "host", 2, 0, 4, 0.0, 0.0)
@@ -536,7 +536,7 @@ class JobQueueContract:
 
 
 class DurationHistoryContract:
-    """Duration histograms kept by the store (``ai_lease.history.DurationHistory``)."""
+    """Duration histograms kept by the store (``ai_lease.observe.history.DurationHistory``)."""
 
     async def test_durations_add_up_across_writers(self, store: Any) -> None:
         """Counts added by several nodes for one series are summed; series stay apart."""

@@ -13,7 +13,7 @@ import time
 
 import orjson
 
-from ..lease import Acquired, open_store
+from ai_lease.lease import Acquired, open_store
 
 
 async def race(url: str, start_at: float, owner: str, keys: list[str]) -> list[dict[str, object]]:

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from ..providers.base import ChatRequest, Completion, Delta, Usage
+from ai_lease.providers.base import ChatRequest, Completion, Delta, Usage
 
 __all__ = ["Pause", "Raise", "ScriptedProvider", "Stall"]
 

@@ -3,7 +3,7 @@
     python -m tests.chaos.soak --minutes 10 --workers 4 [--fault-every 10] [--seed 1]
 
 Starts its own ``redis-server`` and a fault proxy, and ``--workers`` worker processes
-(``tests/harness/worker_proc.py``: a real ``ai_lease.worker.Worker`` with signal handlers,
+(``tests/harness/worker_proc.py``: a real ``ai_lease.run.worker.Worker`` with signal handlers,
 fast lease timings: TTL 2 s, renewal 0.5 s, sweep 0.2 s); every other worker reaches Redis
 through the proxy. Jobs (1 s of streaming each) are submitted at ``--rate`` per second.
 About every ``--fault-every`` seconds one random fault strikes:
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ai_lease import LeaseStore, Status, open_store
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.run.runner import Runner
 from tests.harness.chaos_cluster import check_job, key_view
 from tests.harness.chaos_proxy import ChaosProxy
 from tests.harness.history import of_kind

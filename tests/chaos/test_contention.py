@@ -18,7 +18,7 @@ import pytest
 
 from ai_lease import LeaseStore, Status
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.run.runner import Runner
 from tests.harness.chaos_cluster import PROFILE, ChaosCluster, check_job, key_view, report
 from tests.harness.history import of_kind
 from tests.harness.worker_proc import Workers

@@ -9,7 +9,7 @@ import pytest
 
 from ai_lease import JobConflict, LeaseStore
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import ScriptedProvider
 from tests.harness.chaos_cluster import PROFILE, ChaosCluster, check_job
 

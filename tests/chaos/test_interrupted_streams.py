@@ -19,7 +19,7 @@ import pytest
 
 from ai_lease import LeaseStore
 from ai_lease.job import Job, JobState, Status
-from ai_lease.runner import Runner
+from ai_lease.run.runner import Runner
 from tests.harness.sse_server import Request, Response, SSEServer, drip, sse
 from tests.harness.worker_proc import Workers
 

@@ -21,9 +21,9 @@ from ai_lease import (
     StageBudget,
     StoreUnavailable,
 )
-from ai_lease.events import Event
 from ai_lease.job import Job
-from ai_lease.runner import Runner
+from ai_lease.observe.events import Event
+from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, Raise, ScriptedProvider
 from ai_lease.timeouts import RetryPolicy
 from tests.harness.chaos_cluster import report

@@ -299,7 +299,7 @@ async def test_four_workers_run_every_job_behind_latency(
     their queue calls (due, reschedule, worker_beat) keep working and every job ends DONE."""
     from ai_lease import open_store
     from ai_lease.job import Job
-    from ai_lease.runner import Runner
+    from ai_lease.run.runner import Runner
     from tests.harness.worker_proc import Workers
     from tests.test_workers import wait_all_done
 
@@ -328,7 +328,7 @@ async def test_job_survives_a_redis_restart_then_its_owners_death(
     finds the lapsed lease without any queue entry and the job still ends DONE."""
     from ai_lease import open_store
     from ai_lease.job import Job, Status
-    from ai_lease.runner import Runner
+    from ai_lease.run.runner import Runner
     from tests.harness.worker_proc import Workers
     from tests.test_workers import wait_all_done
 

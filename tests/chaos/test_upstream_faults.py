@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from ai_lease import LeaseStore, LeaseTimings, StageBudget, StreamTimeouts, open_store
-from ai_lease.events import Event
 from ai_lease.job import Job
+from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta
 from ai_lease.providers.openai_compat import OpenAICompatProvider
-from ai_lease.runner import Runner
+from ai_lease.run.runner import Runner
 from ai_lease.timeouts import RetryPolicy
 from tests.harness.chaos_cluster import PROFILE, ChaosCluster, check_job, report
 from tests.harness.history import of_kind

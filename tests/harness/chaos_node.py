@@ -13,7 +13,7 @@ Environment (read once, before ai_lease is imported):
   processes stay comparable.
 * ``CHAOS_API_KEY``: the API key of the OpenAI-compatible provider (``--sse-url``).
 
-The history file gets every runner :class:`~ai_lease.events.Event` (``at`` is the real time
+The history file gets every runner :class:`~ai_lease.observe.events.Event` (``at`` is the real time
 the line was written; ``event_at`` the event's own, possibly shifted, time) and the node's
 own lines: ``started``, ``ready`` (store reached, waiting for the go file), ``go``, ``call``
 (the model was called for ``key``: count these to prove a follower did not call it again),
@@ -81,11 +81,11 @@ from ai_lease import (  # noqa: E402
     StreamTimeouts,
     open_store,
 )
-from ai_lease.events import Event  # noqa: E402
 from ai_lease.job import Job  # noqa: E402
+from ai_lease.observe.events import Event  # noqa: E402
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider  # noqa: E402
 from ai_lease.providers.openai_compat import OpenAICompatProvider  # noqa: E402
-from ai_lease.runner import Runner  # noqa: E402
+from ai_lease.run.runner import Runner  # noqa: E402
 from ai_lease.testing.faults import FaultPlan  # noqa: E402
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step  # noqa: E402
 from ai_lease.timeouts import RetryPolicy  # noqa: E402
@@ -238,9 +238,7 @@ class WitnessStore:
     ) -> JobState:
         line = {"key": fence.key, "owner_id": fence.owner_id, "token": fence.token}
         self._history.write({"kind": "commit_sent", **line})
-        task = asyncio.ensure_future(
-            self._store.commit(fence, result, finish_reason=finish_reason)
-        )
+        task = asyncio.ensure_future(self._store.commit(fence, result, finish_reason=finish_reason))
         self._pending.add(task)
 
         def answered(done: asyncio.Task[JobState]) -> None:

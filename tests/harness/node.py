@@ -4,7 +4,7 @@
         --behaviour ok|slow|hang-async|hang-thread|pause-before-commit \\
         [--ttl 2 --renew 0.5 --mnp 1 --policy expire|release|alert --go-file PATH]
 
-Every :class:`~ai_lease.events.Event` the runner emits is appended to the history file as
+Every :class:`~ai_lease.observe.events.Event` the runner emits is appended to the history file as
 one JSON line (flushed at once, so a SIGKILL loses at most the line being written), plus
 the node's own lines: ``started``, ``chunk`` (a content delta the provider streamed: real
 progress), ``late_commit_rejected`` / ``late_commit_accepted`` (a zombie's write with its
@@ -62,11 +62,11 @@ from ai_lease import (
     StallPolicy,
     open_store,
 )
-from ai_lease.events import Event
 from ai_lease.job import Job
-from ai_lease.pipeline import Pipeline, Stage, StageContext
+from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta
-from ai_lease.runner import Runner
+from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step
 from tests.harness.history import read_history
 

@@ -20,8 +20,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .events import Event
-from .providers.base import ChatRequest, Completion, Delta, Provider
+from ai_lease.observe.events import Event
+from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider
 
 __all__ = ["JobView", "TeeProvider"]
 

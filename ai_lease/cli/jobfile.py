@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, JobSpecError
-from .job import Job
+from ai_lease.errors import InputError, JobSpecError
+from ai_lease.job import Job
 
 __all__ = ["JobFile", "load_job_file"]
 
@@ -155,8 +155,7 @@ def build_job_file(
         if name in provider:
             if name in data:
                 raise JobSpecError(
-                    f"{where}: {name!r} is given both at the top level and in [provider]; "
-                    "keep one"
+                    f"{where}: {name!r} is given both at the top level and in [provider]; keep one"
                 )
             data[name] = provider.pop(name)
     if "key" not in data:

@@ -33,26 +33,26 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
-from .errors import (
+from ai_lease.errors import (
     JobSpecError,
     ProviderError,
     StageDeadlineExceeded,
     StageTimeout,
     StoreUnavailable,
 )
-from .events import Event, EventSink
-from .job import Job, JobState
-from .keeper import LeaseKeeper
-from .lease.base import Fence, LeaseStore
-from .progress import Progress
-from .prompts import PromptLibrary
-from .providers.base import ChatRequest, Completion, Provider
-from .providers.retry import CALL_RETRY, call_with_retries
-from .streaming import StreamGuard
+from ai_lease.job import Job, JobState
+from ai_lease.lease.base import Fence, LeaseStore
+from ai_lease.lease.keeper import LeaseKeeper
+from ai_lease.observe.events import Event, EventSink
+from ai_lease.prompts import PromptLibrary
+from ai_lease.providers.base import ChatRequest, Completion, Provider
+from ai_lease.providers.retry import CALL_RETRY, call_with_retries
+from ai_lease.run.progress import Progress
+from ai_lease.run.stream_guard import StreamGuard
 
 if TYPE_CHECKING:
-    from .testing.faults import FaultPlan
-from .timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamLimits, StreamTimeouts
+    from ai_lease.testing.faults import FaultPlan
+from ai_lease.timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamLimits, StreamTimeouts
 
 __all__ = ["CAPPED_NOTE", "Pipeline", "Stage", "StageContext"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable
 
-from .timeouts import StageBudget
+from ai_lease.timeouts import StageBudget
 
 __all__ = ["Progress"]
 

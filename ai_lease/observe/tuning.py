@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .history import Suggestion
-from .settings import Settings
+from ai_lease.observe.history import Suggestion
+from ai_lease.settings import Settings
 
 __all__ = ["render_table", "render_toml"]
 

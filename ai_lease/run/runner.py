@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
-from .errors import (
+from ai_lease.errors import (
     AiLeaseError,
     ConfigError,
     FencingRejected,
@@ -45,21 +45,22 @@ from .errors import (
     Stalled,
     StoreUnavailable,
 )
-from .events import Event, EventSink
-from .history import DurationHistory, Histogram, HistoryRecorder
-from .inputs import DEFAULT_MAX_INPUT_BYTES, resolve_input
-from .job import Job, JobState, Status
-from .keeper import LeaseKeeper
-from .lease.base import Acquired, Fence, Finished, Following, JobQueue, LeaseStore, due_now
-from .lease.follow import acquire_or_follow
-from .pipeline import PersistHook, Pipeline, StageContext
-from .progress import Progress
-from .prompts import PromptLibrary
-from .providers.base import Provider
-from .providers.retry import CALL_RETRY
-from .redaction import redact
-from .testing.faults import FaultPlan
-from .timeouts import (
+from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES, resolve_input
+from ai_lease.job import Job, JobState, Status
+from ai_lease.lease.base import Acquired, Fence, Finished, Following, JobQueue, LeaseStore, due_now
+from ai_lease.lease.follow import acquire_or_follow
+from ai_lease.lease.keeper import LeaseKeeper
+from ai_lease.observe.events import Event, EventSink
+from ai_lease.observe.history import DurationHistory, Histogram, HistoryRecorder
+from ai_lease.observe.tracing import tracing_sink
+from ai_lease.prompts import PromptLibrary
+from ai_lease.providers.base import Provider
+from ai_lease.providers.retry import CALL_RETRY
+from ai_lease.redaction import redact
+from ai_lease.run.pipeline import PersistHook, Pipeline, StageContext
+from ai_lease.run.progress import Progress
+from ai_lease.testing.faults import FaultPlan
+from ai_lease.timeouts import (
     AdaptiveBudgets,
     LeaseTimings,
     RetryPolicy,
@@ -68,7 +69,6 @@ from .timeouts import (
     StreamLimits,
     StreamTimeouts,
 )
-from .tracing import tracing_sink
 
 T = TypeVar("T")
 
@@ -316,6 +316,7 @@ class Runner:
 
         def on_send() -> None:
             sent[0] = time.monotonic()
+
         kwargs: dict[str, Any] = dict(
             ttl=self.timings.ttl,
             max_no_progress=self.pipeline.budgets(self.timings)[0].max_no_progress,

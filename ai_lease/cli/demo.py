@@ -6,7 +6,7 @@ keeper stops renewing once the stage's no-progress budget runs out, the lease la
 follower takes over with a higher fencing token and finishes. The old owner then wakes up
 and tries to write its late result: the store rejects the stale token. One result.
 
-Each node is ``python -m ai_lease.demo node …`` and prints its events as JSON lines; the
+Each node is ``python -m ai_lease.cli.demo node …`` and prints its events as JSON lines; the
 parent merges them into a timeline (or re-emits them with ``--json``).
 """
 
@@ -24,14 +24,14 @@ from typing import Any, TextIO
 
 import orjson
 
-from .errors import FencingRejected
-from .events import Event
-from .job import Job
-from .lease import Fence, open_store
-from .pipeline import Pipeline, Stage, StageContext
-from .providers.base import Completion
-from .runner import Runner
-from .timeouts import LeaseTimings, StageBudget
+from ai_lease.errors import FencingRejected
+from ai_lease.job import Job
+from ai_lease.lease import Fence, open_store
+from ai_lease.observe.events import Event
+from ai_lease.providers.base import Completion
+from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+from ai_lease.run.runner import Runner
+from ai_lease.timeouts import LeaseTimings, StageBudget
 
 __all__ = ["DEMO_TIMINGS", "run_demo"]
 
@@ -203,7 +203,7 @@ async def run_demo(
             await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "ai_lease.demo",
+                "ai_lease.cli.demo",
                 "node",
                 name,
                 url,
@@ -243,7 +243,7 @@ async def _verdict(url: str, key: str, codes: list[int], out: TextIO, as_json: b
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ai_lease.demo")
+    parser = argparse.ArgumentParser(prog="python -m ai_lease.cli.demo")
     sub = parser.add_subparsers(dest="cmd", required=True)
     node = sub.add_parser("node")
     for name in ("name", "url", "key", "start_at"):

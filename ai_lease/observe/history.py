@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import CorruptRecord, CorruptSink
-from .events import Event
+from ai_lease.errors import CorruptRecord, CorruptSink
+from ai_lease.observe.events import Event
 
 __all__ = [
     "DurationHistory",

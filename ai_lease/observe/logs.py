@@ -33,8 +33,8 @@ from typing import Any, TextIO
 
 import orjson
 
-from .events import Event, EventSink
-from .redaction import redact
+from ai_lease.observe.events import Event, EventSink
+from ai_lease.redaction import redact
 
 __all__ = ["RENEWAL_SAMPLE", "JobLogger", "configure_logging", "event_fields", "fan_out", "redact"]
 
@@ -147,7 +147,7 @@ def json_line(fields: dict[str, Any], level: int, at: float) -> str:
 
 
 class JobLogger:
-    """An event sink writing one line per event to ``logger`` (default ``ai_lease.events``).
+    """An event sink writing one line per event to ``logger`` (default ``ai_lease.observe.events``).
 
     >>> log = JobLogger(json=True)
     >>> runner = Runner(store, on_event=log)                          # doctest: +SKIP

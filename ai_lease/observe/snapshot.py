@@ -10,7 +10,7 @@ import sys
 import types
 from typing import Any
 
-from .redaction import redact
+from ai_lease.redaction import redact
 
 __all__ = ["snapshot"]
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, NoReturn
 
-from .errors import LeaseLost, Stalled, StoreUnavailable
-from .events import Event, EventSink
-from .lease.base import Fence, LeaseStore, due_now
-from .progress import Progress
-from .snapshot import snapshot
-from .timeouts import LeaseTimings, StallPolicy
+from ai_lease.errors import LeaseLost, Stalled, StoreUnavailable
+from ai_lease.lease.base import Fence, LeaseStore, due_now
+from ai_lease.observe.events import Event, EventSink
+from ai_lease.observe.snapshot import snapshot
+from ai_lease.run.progress import Progress
+from ai_lease.timeouts import LeaseTimings, StallPolicy
 
 __all__ = ["LeaseKeeper"]
 

@@ -2,7 +2,7 @@
 
 A worker repeatedly asks the store's queue which jobs are *due* — newly submitted, or
 scheduled to be looked at again because the lease of their last owner may have lapsed —
-and runs each through the same :class:`~ai_lease.runner.Runner` as everyone else: the lease
+and runs each through the same :class:`~ai_lease.run.runner.Runner` as everyone else: the lease
 decides who runs a job (single-flight), the keeper renews only on progress, the final write
 is fenced. Any number of workers on any number of machines may look at the same job; only
 one acquires it, the others move it back to its owner's lease expiry. A job whose owner was
@@ -34,11 +34,18 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-from .errors import AiLeaseError, InputError, JobConflict, JobFailed, JobSpecError, StoreUnavailable
-from .events import Event, EventSink
-from .job import Job, Status
-from .lease.base import Acquired, Following, JobQueue, LeaseStore, WorkerInfo
-from .runner import Runner
+from ai_lease.errors import (
+    AiLeaseError,
+    InputError,
+    JobConflict,
+    JobFailed,
+    JobSpecError,
+    StoreUnavailable,
+)
+from ai_lease.job import Job, Status
+from ai_lease.lease.base import Acquired, Following, JobQueue, LeaseStore, WorkerInfo
+from ai_lease.observe.events import Event, EventSink
+from ai_lease.run.runner import Runner
 
 __all__ = ["Worker"]
 

@@ -34,16 +34,16 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
-from .errors import (
+from ai_lease.errors import (
     FirstTokenTimeout,
     StreamIdleTimeout,
     StreamInterrupted,
     StreamLimitExceeded,
     StreamTotalTimeout,
 )
-from .progress import Progress
-from .providers.base import ChatRequest, Completion, Delta, Provider, Usage
-from .timeouts import StreamLimits, StreamTimeouts
+from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider, Usage
+from ai_lease.run.progress import Progress
+from ai_lease.timeouts import StreamLimits, StreamTimeouts
 
 __all__ = ["StreamGuard", "guarded_completion"]
 

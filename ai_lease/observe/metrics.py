@@ -1,7 +1,7 @@
 """Prometheus metrics with the seed's names, fed by the runner's events.
 
 :class:`Metrics` is an event sink: pass it as ``on_event`` and it turns each
-:class:`~ai_lease.events.Event` into the seed's counters and histograms on its own
+:class:`~ai_lease.observe.events.Event` into the seed's counters and histograms on its own
 ``CollectorRegistry`` (never the global one), which you can serve or mount:
 
 >>> metrics = Metrics()
@@ -27,9 +27,9 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
 
-from .errors import ConfigError, FencingRejected
-from .events import Event, EventSink
-from .redaction import redact
+from ai_lease.errors import ConfigError, FencingRejected
+from ai_lease.observe.events import Event, EventSink
+from ai_lease.redaction import redact
 
 __all__ = ["DEFAULT_STAGES", "MAX_LABEL_VALUES", "Metrics", "MetricsServer", "serve_metrics"]
 

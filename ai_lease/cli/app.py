@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import click
 import orjson
 
-from .errors import (
+from ai_lease.errors import (
     AiLeaseError,
     ConfigError,
     CorruptRecord,
@@ -33,7 +33,7 @@ from .errors import (
     StageTimeout,
     StoreError,
 )
-from .redaction import redact
+from ai_lease.redaction import redact
 
 # `ai-lease --help` must stay quick: the settings (pydantic-settings), the prompts (Jinja2),
 # the runner, the providers (httpx, openai) and the console (rich) are imported by the
@@ -43,12 +43,12 @@ if TYPE_CHECKING:
 
     from pydantic import SecretStr
 
-    from .events import Event
-    from .job import JobState
-    from .lease import LeaseStore
-    from .prompts import PromptLibrary
-    from .providers import Provider
-    from .settings import Settings
+    from ai_lease.job import JobState
+    from ai_lease.lease import LeaseStore
+    from ai_lease.observe.events import Event
+    from ai_lease.prompts import PromptLibrary
+    from ai_lease.providers import Provider
+    from ai_lease.settings import Settings
 
 T = TypeVar("T")
 
@@ -106,7 +106,7 @@ class Context:
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            from .settings import load_settings
+            from ai_lease.settings import load_settings
 
             overrides: dict[str, Any] = {"store": {"url": self.store_url}} if self.store_url else {}
             self._settings = load_settings(self.config_path, **overrides)
@@ -115,12 +115,12 @@ class Context:
 
     @property
     def where(self) -> str:
-        from .lease import mask_url
+        from ai_lease.lease import mask_url
 
         return mask_url(self.settings.store.url)
 
     def open_store(self) -> LeaseStore:
-        from .lease import open_store
+        from ai_lease.lease import open_store
 
         store = self.settings.store
         return open_store(
@@ -151,7 +151,7 @@ class Context:
 
     def prompts(self, folders: list[Path] | None = None) -> PromptLibrary:
         """The prompt library, bounded by the settings' ``[job]`` limits."""
-        from .prompts import PromptLibrary
+        from ai_lease.prompts import PromptLibrary
 
         job = self.settings.job
         return PromptLibrary(
@@ -161,8 +161,8 @@ class Context:
     def provider(self, overrides: dict[str, Any]) -> Provider:
         """The provider the settings name, with a job file's or the flags' overrides. The
         key goes only to the base URL it was configured for (or an allowed host)."""
-        from .providers import create_provider
-        from .providers.keys import check_key_destination
+        from ai_lease.providers import create_provider
+        from ai_lease.providers.keys import check_key_destination
 
         cfg = self.settings.provider
         name = overrides.get("name", cfg.name)
@@ -185,8 +185,8 @@ def _ambient_key() -> SecretStr | None:
     """``OPENAI_API_KEY``, checked like a configured key (and masked from then on)."""
     from pydantic import SecretStr
 
-    from .providers.keys import check_api_key
-    from .redaction import register_secret
+    from ai_lease.providers.keys import check_api_key
+    from ai_lease.redaction import register_secret
 
     key = os.environ.get("OPENAI_API_KEY") or None
     if key is None:
@@ -201,7 +201,7 @@ def _ambient_key() -> SecretStr | None:
 
 def _register_secrets(settings: Settings) -> None:
     """Every secret the settings hold, masked from every text that leaves the process."""
-    from .redaction import register_secret, register_url_secrets
+    from ai_lease.redaction import register_secret, register_url_secrets
 
     key = settings.provider.api_key
     register_secret(key.get_secret_value() if key is not None else None)
@@ -335,9 +335,9 @@ def submit(
     Exit 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream first-token,
     idle or total; stage or job deadline), 4 store unavailable or corrupt.
     """
-    from .console import JobView, TeeProvider
-    from .jobfile import load_job_file
-    from .runner import Runner
+    from ai_lease.cli.console import JobView, TeeProvider
+    from ai_lease.cli.jobfile import load_job_file
+    from ai_lease.run.runner import Runner
 
     spec = load_job_file(
         job_file,
@@ -536,7 +536,7 @@ def list_jobs(
 def result(obj: Context, key: str) -> None:
     """Print the result of job KEY (exit 1 if it failed, 3 if it failed by a timeout or
     has not finished, 4 if its stored record is corrupt)."""
-    from .job import Status
+    from ai_lease.job import Status
 
     job = _get(obj, key)
     if job.status is Status.DONE:
@@ -559,7 +559,7 @@ def cancel(obj: Context, key: str, reason: str) -> None:
     renew interval (its renewal is refused, its commit rejected); followers get an error.
     Exit 0 cancelled (also if it already was), 1 if it had already ended DONE or FAILED
     (nothing changed), 2 if there is no job KEY."""
-    from .job import Status
+    from ai_lease.job import Status
 
     job = obj.run(lambda store: store.cancel(key, reason))
     if job is None:
@@ -574,7 +574,7 @@ def cancel(obj: Context, key: str, reason: str) -> None:
 @main.command(short_help="List the provider names (built-in and plug-ins).")
 def providers() -> None:
     """List the providers that can be named (built-in and installed plug-ins)."""
-    from .providers import available_providers
+    from ai_lease.providers import available_providers
 
     for name in available_providers():
         click.echo(name)
@@ -634,7 +634,7 @@ def demo(obj: Context, as_json: bool) -> None:
     (or the --store given)."""
     import asyncio
 
-    from .demo import run_demo
+    from ai_lease.cli.demo import run_demo
 
     sys.exit(asyncio.run(run_demo(obj.store_url, as_json=as_json)))
 
@@ -733,14 +733,14 @@ def worker(
     first SIGTERM/SIGINT drains (running jobs get --grace seconds, then hand over); a
     second stops at once. Jobs submitted with `ai-lease submit --detach` are picked up.
     """
-    from .logs import JobLogger, configure_logging, fan_out
-    from .runner import Runner
-    from .worker import Worker
+    from ai_lease.observe.logs import JobLogger, configure_logging, fan_out
+    from ai_lease.run.runner import Runner
+    from ai_lease.run.worker import Worker
 
     settings = obj.settings
     metrics = None
     if metrics_port is not None:  # prometheus_client brings its HTTP server: only when asked
-        from .metrics import Metrics
+        from ai_lease.observe.metrics import Metrics
 
         metrics = Metrics()
     json_log = JobLogger(configure_logging(json=True), json=True) if log_json else None
@@ -785,7 +785,7 @@ def worker(
 
     server = None
     if metrics is not None:
-        from .metrics import serve_metrics
+        from ai_lease.observe.metrics import serve_metrics
 
         server = serve_metrics(metrics, metrics_port or 0, metrics_host)
     try:
@@ -805,7 +805,7 @@ def workers(obj: Context, as_json: bool) -> None:
     """List live workers: id, host, pid, jobs running, last seen."""
     from dataclasses import asdict
 
-    from .lease.base import JobQueue
+    from ai_lease.lease.base import JobQueue
 
     corrupt: list[CorruptRecord] = []
 
@@ -870,8 +870,8 @@ def tune(
 ) -> None:
     """Suggest budgets from recorded stage durations: max_no_progress = max(floor, P99 x
     factor) per stage, first_token and idle from the streams' own histograms."""
-    from .history import DurationHistory, suggest
-    from .tuning import render_table, render_toml
+    from ai_lease.observe.history import DurationHistory, suggest
+    from ai_lease.observe.tuning import render_table, render_toml
 
     corrupt: list[CorruptRecord] = []
 

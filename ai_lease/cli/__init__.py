@@ -1,0 +1,1 @@
+"""The ``ai-lease`` command line: commands, the live console, the demo and job files."""
