@@ -34,6 +34,8 @@ from ai_lease.observe.events import EventSink
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers import Provider, create_provider
 from ai_lease.resource import AsyncResource
+from ai_lease.retry import JOB_ATTEMPTS, MODEL_CALL
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import PersistHook, Pipeline
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
@@ -125,10 +127,11 @@ class Client(AsyncResource):
             ...
             await job.commit(value)
         """
+        runner = self.runner
         options = LeaseOptions(
-            self.runner.timings, self.runner.retry, self.runner.stall_policy, self.runner._sink
+            runner.timings, runner.retry, runner.stall_policy, runner.hooks.on_event
         )
-        owner = self.runner._new_owner_id()
+        owner = runner.new_owner_id()
         return JobLease(
             self.store,
             validate_key(key),
@@ -200,34 +203,40 @@ def connect(
     ...     await client.run(Job("k", input="…"))                      # doctest: +SKIP
     """
     timings = timings or LeaseTimings()
-    opened: list[Any] = []  # opening does no I/O: nothing to undo if a later step fails
-    if isinstance(provider, str):
-        provider = create_provider(provider, **dict(provider_options or {}))
-        opened.append(provider)  # closed before the store
-    elif provider_options:
-        raise InputError("connect(): provider_options go with a provider name, not an object")
+    provider, opened = _provider(provider, provider_options)
     if isinstance(store, str):
         poll = min(0.05, timings.poll_interval)
         store = open_store(
             store, namespace=namespace, op_timeout=timings.op_timeout, poll_interval=poll
         )
         opened.append(store)
-    runner = Runner(
-        store,
-        provider=provider,
-        pipeline=pipeline,
-        persist_hook=persist_hook,
+    config = RunConfig(
         timings=timings,
-        retry=retry,
-        stream_timeouts=stream_timeouts,
-        stream_limits=stream_limits,
-        call_retry=call_retry,
+        retry=retry or JOB_ATTEMPTS,
+        stream_timeouts=stream_timeouts or StreamTimeouts(),
+        stream_limits=stream_limits or StreamLimits(),
+        call_retry=call_retry or MODEL_CALL,
         stall_policy=stall_policy,
-        prompts=prompts,
         node_id=node_id,
-        on_event=on_event,
+    )
+    hooks = RunHooks(on_event=on_event, persist_hook=persist_hook)
+    runner = Runner(
+        store, provider=provider, pipeline=pipeline, prompts=prompts, config=config, hooks=hooks
     )
     return Client(store, runner, closes=tuple(opened))
+
+
+def _provider(
+    provider: str | Provider, options: Mapping[str, Any] | None
+) -> tuple[Provider, list[Any]]:
+    """The provider object, and a list of what was opened for it (closed before the store;
+    opening does no I/O: nothing to undo if a later step fails)."""
+    if isinstance(provider, str):
+        created = create_provider(provider, **dict(options or {}))
+        return created, [created]
+    if options:
+        raise InputError("connect(): provider_options go with a provider name, not an object")
+    return provider, []
 
 
 class SyncClient:

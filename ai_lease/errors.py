@@ -239,7 +239,7 @@ class StreamInterrupted(ProviderError):
     """The stream ended (``[DONE]`` or the body's end) before any finish reason: the server
     stopped this answer — llama.cpp's server does so to a running stream when another
     request arrives. What arrived is not a result; the call may be made again within the
-    stage (see :func:`~ai_lease.providers.retry.is_transient`)."""
+    stage (see :func:`~ai_lease.retry.is_transient`)."""
 
     def __init__(self, how: str, *, provider: str = "", chunks: int = 0) -> None:
         self.chunks = chunks

@@ -41,6 +41,7 @@ from ai_lease.job import MAX_TEMPERATURE, MAX_TOKENS
 from ai_lease.lease.urls import SCHEMES, mask_url
 from ai_lease.prompts import DEFAULT_MAX_PROMPT_CHARS
 from ai_lease.providers.keys import check_api_key
+from ai_lease.run.config import RunConfig
 from ai_lease.timeouts import (
     DEFAULT_STAGE_BUDGETS,
     AdaptiveBudgets,
@@ -352,6 +353,18 @@ class Settings(BaseSettings):
     def retry_policy(self) -> RetryPolicy:
         """How often, and after how long, a failed job is attempted again."""
         return RetryPolicy(**self.retry.model_dump())
+
+    def run_config(self) -> RunConfig:
+        """What a runner runs under, from these settings: lease timings, job retries,
+        stream budgets and limits, adaptive budgets and the input size bound."""
+        return RunConfig(
+            timings=self.lease_timings(),
+            retry=self.retry_policy(),
+            stream_timeouts=self.stream_timeouts(),
+            stream_limits=self.stream_limits(),
+            adaptive=self.adaptive_budgets(),
+            max_input_bytes=self.job.max_input_bytes,
+        )
 
 
 _SECTIONS = {

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from ai_lease.errors import ConfigError
+from ai_lease.retry import RetryPolicy  # re-exported: the one retry value object lives there
 
 __all__ = [
     "DEFAULT_STAGE_BUDGETS",
@@ -196,31 +197,6 @@ class LeaseTimings:
         if stage is None:
             return self.default_budget
         return self.stage_budgets.get(stage, self.default_budget)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Attempts of a whole job after a failure or takeover: 1 s, 2 s, 4 s, at most 3 attempts."""
-
-    attempts: int = 3
-    initial: float = 1.0
-    multiplier: float = 2.0
-    max_backoff: float = 30.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not (
-            isinstance(self.attempts, int) and self.attempts >= 1
-        ):
-            raise ConfigError(
-                f"RetryPolicy.attempts: must be an integer >= 1 (got {self.attempts!r})"
-            )
-        _positive(self, "initial", "max_backoff")
-        if self.multiplier < 1:
-            raise ConfigError(f"RetryPolicy.multiplier: must be >= 1 (got {self.multiplier!r})")
-
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait before attempt number ``attempt + 1`` (``attempt`` counts from 1)."""
-        return float(min(self.max_backoff, self.initial * self.multiplier ** (attempt - 1)))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import Any
 
 from ai_lease import Job, Runner
 from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.run.config import RunConfig
 from ai_lease.testing.scripted import ScriptedProvider
 
 SCALING_TARGET = 1.0
@@ -41,7 +42,11 @@ WARMUP_JOBS = 20
 async def jobs_for(path: str, tag: str, seconds: float, workers: int, start: Barrier) -> Any:
     """In one process: warm up, wait for the others, run jobs for ``seconds``."""
     store = SQLiteStore(path)
-    runner = Runner(store, provider=ScriptedProvider(["ok"]), record_history=False, trace=False)
+    runner = Runner(
+        store,
+        provider=ScriptedProvider(["ok"]),
+        config=RunConfig(record_history=False, trace=False),
+    )
 
     async def one(key: str) -> None:
         record = await runner.run(Job(key, input="x", prompt_text="{{ input }}"))

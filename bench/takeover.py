@@ -44,6 +44,7 @@ from ai_lease import Job, LeaseTimings, Runner, StageBudget, StallPolicy
 from ai_lease.lease.redis import RedisStore
 from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.testing.faults import FaultPlan
 from ai_lease.testing.scripted import Pause, ScriptedProvider
 from tests.harness.redis_server import RedisServer
@@ -121,12 +122,10 @@ async def owner(fault: str, policy: str, url: str, ns: str, key: str, offset: st
     runner = Runner(
         store,
         provider=provider,
-        timings=timings(policy),
-        node_id="owner",
-        faults=plan,
-        on_event=on_event,
-        record_history=False,
-        trace=False,
+        config=RunConfig(
+            timings=timings(policy), node_id="owner", record_history=False, trace=False
+        ),
+        hooks=RunHooks(fault=plan, on_event=on_event),
     )
     try:
         await runner.run(job(key))
@@ -164,11 +163,10 @@ async def one_run(fault: str, policy: str, url: str, ns: str) -> dict[str, float
     follower = Runner(
         store,
         provider=ScriptedProvider(["ok"]),
-        timings=timings(policy),
-        node_id="follower",
-        on_event=on_event,
-        record_history=False,
-        trace=False,
+        config=RunConfig(
+            timings=timings(policy), node_id="follower", record_history=False, trace=False
+        ),
+        hooks=RunHooks(on_event=on_event),
     )
     reader = asyncio.create_task(read_child())
     try:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ai_lease import FirstTokenTimeout, ProviderError, RetryPolicy, StreamIdleTimeout
-from ai_lease.providers.retry import call_with_retries, is_transient
+from ai_lease.retry import call_with_retries, is_transient
 
 FAST = RetryPolicy(attempts=3, initial=0.01, max_backoff=0.02)
 

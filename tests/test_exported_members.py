@@ -45,6 +45,8 @@ PUBLIC = [
     "RedisStore",
     "Renewal",
     "RetryPolicy",
+    "RunConfig",
+    "RunHooks",
     "Runner",
     "SQLiteStore",
     "Settings",

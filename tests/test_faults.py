@@ -9,6 +9,7 @@ import pytest
 from ai_lease import LeaseStore, LeaseTimings, StageBudget, Status
 from ai_lease.job import Job
 from ai_lease.observe.events import Event
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.testing.faults import FaultPlan
 from ai_lease.testing.scripted import ScriptedProvider
@@ -26,7 +27,9 @@ async def test_points_are_hit_in_pipeline_order(store: LeaseStore) -> None:
         dict.fromkeys([*names, "before_commit", "after_commit"], "block:0"),
         on_hit=lambda point, action: seen.append(point),
     )
-    await Runner(store, provider=ScriptedProvider(["x"]), faults=plan).run(Job("k", input="x"))
+    await Runner(store, provider=ScriptedProvider(["x"]), hooks=RunHooks(fault=plan)).run(
+        Job("k", input="x")
+    )
     assert seen.index("before:persist") < seen.index("before_commit")
     assert seen.index("before_commit") < seen.index("after_commit") < seen.index("after:persist")
     assert sorted(seen) == sorted([*names, "before_commit", "after_commit"])
@@ -54,9 +57,8 @@ async def test_blocked_loop_past_ttl_abandons_before_the_write(store: LeaseStore
     runner = Runner(
         store,
         provider=ScriptedProvider(["x"]),
-        timings=timings,
-        faults=plan,
-        on_event=events.append,
+        config=RunConfig(timings=timings),
+        hooks=RunHooks(fault=plan, on_event=events.append),
     )
     record = await asyncio.wait_for(runner.run(Job("k", input="x")), 30)
     kinds = [e.kind for e in events]

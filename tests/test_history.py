@@ -16,8 +16,10 @@ from ai_lease import LeaseStore, LeaseTimings, StageBudget
 from ai_lease.job import Job
 from ai_lease.observe.events import Event
 from ai_lease.observe.history import Histogram, HistoryRecorder, bucket_of, bucket_upper, suggest
+from ai_lease.run.budgets import learned_timings
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
-from ai_lease.run.runner import Runner, learned_timings
+from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import ScriptedProvider
 from ai_lease.timeouts import AdaptiveBudgets
 
@@ -147,8 +149,8 @@ async def test_thread_stage_finishing_after_its_stall_is_a_false_takeover(
     runner = Runner(
         store,
         pipeline=Pipeline([Stage("work", slow_stage)]),
-        timings=timings,
-        on_event=events.append,
+        config=RunConfig(timings=timings),
+        hooks=RunHooks(on_event=events.append),
     )
     task = asyncio.create_task(runner.run(Job("k")))
     for _ in range(100):

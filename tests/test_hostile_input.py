@@ -18,6 +18,7 @@ from ai_lease.job import Job, Status
 from ai_lease.lease.base import JobQueue
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.local import LocalExtractiveProvider
+from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
 from tests.harness.sse_server import SSEServer, chat_chunks, json_response, sse
@@ -94,7 +95,11 @@ async def test_worker_never_opens_a_path_from_a_stored_spec(tmp_path: Path) -> N
         assert isinstance(store, JobQueue)
         planted = Job("planted", input_file=str(secret))  # as an old or forged submit stores it
         await store.submit("planted", planted.to_spec(), planted.fingerprint())
-        runner = Runner(store, provider=LocalExtractiveProvider(pace_s=0), record_history=False)
+        runner = Runner(
+            store,
+            provider=LocalExtractiveProvider(pace_s=0),
+            config=RunConfig(record_history=False),
+        )
         worker = Worker(store, runner, sweep_interval=0.05)
         task = asyncio.create_task(worker.run())
         await asyncio.sleep(1.0)

@@ -105,3 +105,37 @@ def test_unknown_name_is_an_attribute_error() -> None:
     """A name ai_lease does not export is an AttributeError, as for any module."""
     with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
         _ = ai_lease.NoSuchThing  # type: ignore[attr-defined]
+
+
+def _imported_modules(tree: ast.Module, package: str) -> set[str]:
+    """Every module an ``import`` or ``from … import`` in ``tree`` names (relative ones
+    resolved against ``package``), at any depth (function-local and TYPE_CHECKING too)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_production_code_never_imports_the_testing_helpers() -> None:
+    """No module under ai_lease/ outside ai_lease/testing/ imports ai_lease.testing."""
+    root = Path(ai_lease.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root.parent)
+        if relative.parts[:2] == ("ai_lease", "testing"):
+            continue
+        package = ".".join(relative.with_suffix("").parts)
+        if path.name != "__init__.py":
+            package = package.rpartition(".")[0]
+        names = _imported_modules(ast.parse(path.read_text(encoding="utf-8")), package)
+        if any(n == "ai_lease.testing" or n.startswith("ai_lease.testing.") for n in names):
+            offenders.append(str(relative))
+    assert offenders == []

@@ -19,11 +19,10 @@ from ai_lease import (
     StoreUnavailable,
 )
 from ai_lease.lease import Acquired, Following, Renewal
-from ai_lease.lease.keeper import LeaseKeeper
+from ai_lease.lease.keeper import LeaseKeeper, alongside
 from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.observe.events import Event
 from ai_lease.run.progress import Progress
-from ai_lease.run.runner import _alongside
 
 
 class FakeClock:
@@ -202,7 +201,7 @@ async def test_run_loop_stops_a_blocked_owner_on_wake(store: SQLiteStore) -> Non
         await asyncio.wait_for(keeper.run(), 5)
 
 
-# -- the keeper beside the work (runner._alongside) ------------------------------------------
+# -- the keeper beside the work (keeper.alongside) ------------------------------------------
 
 
 async def _short_lived_keeper(
@@ -238,7 +237,7 @@ async def test_keeper_failure_wins_even_if_the_work_swallows_its_cancellation(
             return "fallback answer"
 
     with pytest.raises(LeaseLost, match="self-fenced"):
-        await _alongside(stubborn(), keeper)
+        await alongside(stubborn(), keeper)
     task = asyncio.current_task()
     assert task is not None and task.cancelling() == 0
 
@@ -257,7 +256,7 @@ async def test_a_keeper_ended_by_a_stray_cancellation_stops_the_work(store: SQLi
     keeper = await _short_lived_keeper(store, StrayCancel(), valid_for=5.0)
     started = asyncio.get_running_loop().time()
     with pytest.raises(LeaseLost, match="keeper stopped"):
-        await _alongside(asyncio.sleep(5), keeper)
+        await alongside(asyncio.sleep(5), keeper)
     assert asyncio.get_running_loop().time() - started < 1.0
 
 
@@ -320,7 +319,7 @@ async def test_after_a_stall_the_self_fence_not_the_stream_timeout_ends_the_work
 
         loop.call_later(0.6, time.sleep, 0.6)  # the process is stopped from 0.6 s to 1.2 s
         with pytest.raises(LeaseLost, match="self-fenced") as raised:
-            await _alongside(stream(), keeper)
+            await alongside(stream(), keeper)
         assert isinstance(raised.value.__cause__, StreamIdleTimeout)
         task = asyncio.current_task()
         assert task is not None and task.cancelling() == 0

@@ -21,6 +21,7 @@ from ai_lease import JobFailed, LeaseStore, ProviderError, StoreUnavailable, ope
 from ai_lease.job import Job
 from ai_lease.observe.events import Event
 from ai_lease.observe.logs import JobLogger, configure_logging, fan_out, redact
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Raise, ScriptedProvider
 
@@ -113,7 +114,7 @@ async def test_a_provider_error_with_the_key_is_logged_redacted(
     runner = Runner(
         sqlite_store,
         provider=ScriptedProvider([Raise(error)]),
-        on_event=JobLogger(logger, json=True),
+        hooks=RunHooks(on_event=JobLogger(logger, json=True)),
     )
     with pytest.raises(JobFailed):
         await runner.run(Job("k", input="x"))
@@ -127,7 +128,9 @@ async def test_every_job_line_has_key_and_token(sqlite_store: LeaseStore, captur
     also name the stage and the idle time."""
     logger, handler = captured
     runner = Runner(
-        sqlite_store, provider=ScriptedProvider(["a", "b"]), on_event=JobLogger(logger, json=True)
+        sqlite_store,
+        provider=ScriptedProvider(["a", "b"]),
+        hooks=RunHooks(on_event=JobLogger(logger, json=True)),
     )
     await runner.run(Job("k", input="x"))
     lines = [orjson.loads(line) for line in handler.lines]
@@ -295,9 +298,12 @@ async def test_json_log_has_every_lease_operation_at_info(
         JobLogger(logger, json=True), lambda e: renewed.append(e) if e.kind == "renewed" else None
     )
     provider = ScriptedProvider(["a", Pause(0.05)] * 25 + ["b"])
-    record = await Runner(sqlite_store, provider=provider, timings=timings, on_event=sink).run(
-        Job("k", input="x")
-    )
+    record = await Runner(
+        sqlite_store,
+        provider=provider,
+        config=RunConfig(timings=timings),
+        hooks=RunHooks(on_event=sink),
+    ).run(Job("k", input="x"))
     lines = [line for line in _json_lines(handler) if line["token"] == record.token]
     kinds = [line["event"] for line in lines]
     assert kinds[0] == "acquired" and "committed" in kinds
@@ -333,10 +339,10 @@ async def test_json_log_says_when_a_commit_answer_arrived_late(
     logger, handler = captured
     logger.setLevel(logging.INFO)
     runner = Runner(
-        _LostCommitAnswers(sqlite_store),  # type: ignore[arg-type]
+        _LostCommitAnswers(sqlite_store),
         provider=ScriptedProvider(["the answer"]),
-        retry=RetryPolicy(attempts=3, initial=0.05),
-        on_event=JobLogger(logger, json=True),
+        config=RunConfig(retry=RetryPolicy(attempts=3, initial=0.05)),
+        hooks=RunHooks(on_event=JobLogger(logger, json=True)),
     )
     record = await runner.run(Job("k", input="x"))
     assert record.output == "the answer"

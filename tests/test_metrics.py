@@ -23,6 +23,7 @@ from ai_lease.lease.base import Acquired, Fence
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.observe.logs import fan_out
 from ai_lease.observe.metrics import DEFAULT_STAGES, MAX_LABEL_VALUES, Metrics, serve_metrics
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, StageContext
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall
@@ -186,7 +187,9 @@ async def test_events_do_not_grow_with_streamed_chunks(sqlite_store: LeaseStore)
         runner = Runner(
             sqlite_store,
             provider=ScriptedProvider(["x"] * chunks),
-            on_event=fan_out(metrics, lambda e, kinds=kinds: kinds.update([e.kind])),
+            hooks=RunHooks(
+                on_event=fan_out(metrics, lambda e, kinds=kinds: kinds.update([e.kind]))
+            ),
         )
         record = await runner.run(Job(f"k{chunks}", input="x"))
         assert record.output == "x" * chunks
@@ -214,11 +217,15 @@ async def zombie_taken_over(store: LeaseStore, sink: EventSink) -> None:
     zombie = Runner(
         store,
         provider=ScriptedProvider(["x", Stall()]),
-        timings=FAST,
-        node_id="z",
-        on_event=on_event,
+        config=RunConfig(timings=FAST, node_id="z"),
+        hooks=RunHooks(on_event=on_event),
     )
-    good = Runner(store, provider=ScriptedProvider(["good"]), timings=FAST, on_event=on_event)
+    good = Runner(
+        store,
+        provider=ScriptedProvider(["good"]),
+        config=RunConfig(timings=FAST),
+        hooks=RunHooks(on_event=on_event),
+    )
     zombie_run = asyncio.create_task(zombie.run(Job("zombie", input="x")))
     await asyncio.sleep(0.1)
     good_run = asyncio.create_task(good.run(Job("zombie", input="x")))
@@ -240,8 +247,8 @@ async def renewal_refused(store: LeaseStore, sink: EventSink) -> None:
     runner = Runner(
         store,
         provider=ScriptedProvider(["a", Pause(0.05)] * 100),
-        timings=FAST,
-        on_event=fan_out(sink, on_event),
+        config=RunConfig(timings=FAST),
+        hooks=RunHooks(on_event=fan_out(sink, on_event)),
     )
     run = asyncio.create_task(runner.run(Job("stolen", input="x")))
     await steal(store, await asyncio.wait_for(renewed, 5), "the thief's")
@@ -258,9 +265,8 @@ async def late_write_fenced(store: LeaseStore, sink: EventSink) -> None:
     runner = Runner(
         store,
         provider=ScriptedProvider(["late"]),
-        timings=slow_keeper,
-        persist_hook=hook,
-        on_event=sink,
+        config=RunConfig(timings=slow_keeper),
+        hooks=RunHooks(persist_hook=hook, on_event=sink),
     )
     assert (await runner.run(Job("late", input="x"))).output == "the newer owner's"
 

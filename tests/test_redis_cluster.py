@@ -8,6 +8,7 @@ import pytest
 
 from ai_lease import LeaseStore, open_store
 from ai_lease.job import Job
+from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
 from ai_lease.testing.contract import (
     DurationHistoryContract,
@@ -53,7 +54,9 @@ async def test_a_job_end_to_end_on_the_cluster(cluster: RedisCluster) -> None:
     store = open_store(cluster.url)
     try:
         provider = ScriptedProvider(["clustered ", "answer"])
-        runners = [Runner(store, provider=provider, node_id=f"n{i}") for i in range(2)]
+        runners = [
+            Runner(store, provider=provider, config=RunConfig(node_id=f"n{i}")) for i in range(2)
+        ]
         import asyncio
 
         records = await asyncio.gather(*(r.run(Job("cluster-job", input="x")) for r in runners))

@@ -22,6 +22,7 @@ from ai_lease import (
 )
 from ai_lease.job import Job
 from ai_lease.observe.events import Event
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall
@@ -41,7 +42,10 @@ NO_CALL_RETRY = RetryPolicy(attempts=1)
 async def test_concurrent_runs_share_one_owner_and_one_call(store: LeaseStore) -> None:
     """Five runners on one key: one provider call, all five get the same stored result."""
     provider = ScriptedProvider(["one ", Pause(0.1), "answer"])
-    runners = [Runner(store, provider=provider, timings=FAST, node_id=f"n{i}") for i in range(5)]
+    runners = [
+        Runner(store, provider=provider, config=RunConfig(timings=FAST, node_id=f"n{i}"))
+        for i in range(5)
+    ]
     records = await asyncio.gather(*(r.run(Job("k", input="x")) for r in runners))
     assert provider.calls == 1
     assert {r.output for r in records} == {"one answer"}
@@ -51,17 +55,23 @@ async def test_concurrent_runs_share_one_owner_and_one_call(store: LeaseStore) -
 async def test_stored_result_is_returned_without_a_new_call(store: LeaseStore) -> None:
     """Resubmitting a finished job returns its result and never calls the provider again."""
     first = ScriptedProvider(["done"])
-    await Runner(store, provider=first, timings=FAST).run(Job("k", input="x"))
+    await Runner(store, provider=first, config=RunConfig(timings=FAST)).run(Job("k", input="x"))
     second = ScriptedProvider(["other"])
-    record = await Runner(store, provider=second, timings=FAST).run(Job("k", input="x"))
+    record = await Runner(store, provider=second, config=RunConfig(timings=FAST)).run(
+        Job("k", input="x")
+    )
     assert record.output == "done" and second.calls == 0
 
 
 async def test_same_key_different_payload_is_a_conflict(store: LeaseStore) -> None:
     """The same key with another payload is a conflict error, never the old result."""
-    await Runner(store, provider=ScriptedProvider(["a"]), timings=FAST).run(Job("k", input="x"))
+    await Runner(store, provider=ScriptedProvider(["a"]), config=RunConfig(timings=FAST)).run(
+        Job("k", input="x")
+    )
     with pytest.raises(JobConflict):
-        await Runner(store, provider=ScriptedProvider(["b"]), timings=FAST).run(Job("k", input="y"))
+        await Runner(store, provider=ScriptedProvider(["b"]), config=RunConfig(timings=FAST)).run(
+            Job("k", input="y")
+        )
 
 
 class Flaky:
@@ -90,7 +100,9 @@ async def test_retryable_failure_is_retried_then_succeeds(store: LeaseStore) -> 
     """Two transient failures, then success on the third attempt."""
     provider = Flaky(2)
     record = await Runner(
-        store, provider=provider, timings=FAST, retry=QUICK_RETRY, call_retry=NO_CALL_RETRY
+        store,
+        provider=provider,
+        config=RunConfig(timings=FAST, retry=QUICK_RETRY, call_retry=NO_CALL_RETRY),
     ).run(Job("k", input="x"))
     assert record.output == "recovered" and provider.calls == 3 and record.attempts == 3
 
@@ -101,8 +113,9 @@ async def test_transient_call_failures_are_retried_within_one_attempt(store: Lea
     runner = Runner(
         store,
         provider=provider,
-        timings=FAST,
-        call_retry=RetryPolicy(attempts=3, initial=0.01, max_backoff=0.02),
+        config=RunConfig(
+            timings=FAST, call_retry=RetryPolicy(attempts=3, initial=0.01, max_backoff=0.02)
+        ),
     )
     record = await runner.run(Job("k", input="x"))
     assert record.output == "recovered" and provider.calls == 3 and record.attempts == 1
@@ -113,7 +126,9 @@ async def test_attempts_run_out_into_failed(store: LeaseStore) -> None:
     provider = Flaky(99)
     with pytest.raises(JobFailed, match=r"3 attempts.*503"):
         await Runner(
-            store, provider=provider, timings=FAST, retry=QUICK_RETRY, call_retry=NO_CALL_RETRY
+            store,
+            provider=provider,
+            config=RunConfig(timings=FAST, retry=QUICK_RETRY, call_retry=NO_CALL_RETRY),
         ).run(Job("k", input="x"))
     assert provider.calls == 3
     job = await store.get("k")
@@ -125,7 +140,9 @@ async def test_non_retryable_failure_fails_at_once(store: LeaseStore) -> None:
     provider = Flaky(99, retryable=False)
     with pytest.raises(JobFailed, match="overloaded"):
         await Runner(
-            store, provider=provider, timings=FAST, retry=QUICK_RETRY, call_retry=NO_CALL_RETRY
+            store,
+            provider=provider,
+            config=RunConfig(timings=FAST, retry=QUICK_RETRY, call_retry=NO_CALL_RETRY),
         ).run(Job("k", input="x"))
     assert provider.calls == 1
 
@@ -134,7 +151,7 @@ async def test_missing_template_variable_fails_before_recording(store: LeaseStor
     """Bad input (a template variable nobody passed) fails before the job is recorded."""
     provider = ScriptedProvider(["never"])
     with pytest.raises(JobSpecError, match="'audience' is undefined"):
-        await Runner(store, provider=provider, timings=FAST).run(
+        await Runner(store, provider=provider, config=RunConfig(timings=FAST)).run(
             Job("k", input="x", prompt_text="Explain {{ input }} to {{ audience }}")
         )
     assert provider.calls == 0 and await store.get("k") is None
@@ -146,11 +163,12 @@ async def test_zombie_provider_is_taken_over_in_process(store: LeaseStore) -> No
     zombie = Runner(
         store,
         provider=ScriptedProvider(["x", Stall()]),
-        timings=FAST,
-        node_id="z",
-        on_event=lambda e: stalled.set() if e.kind == "stalled" else None,
+        config=RunConfig(timings=FAST, node_id="z"),
+        hooks=RunHooks(on_event=lambda e: stalled.set() if e.kind == "stalled" else None),
     )
-    good = Runner(store, provider=ScriptedProvider(["good"]), timings=FAST, node_id="g")
+    good = Runner(
+        store, provider=ScriptedProvider(["good"]), config=RunConfig(timings=FAST, node_id="g")
+    )
     zombie_run = asyncio.create_task(zombie.run(Job("k", input="x")))
     await asyncio.sleep(0.1)
     good_run = asyncio.create_task(good.run(Job("k", input="x")))
@@ -174,7 +192,11 @@ async def test_job_deadline_ends_failed(store: LeaseStore) -> None:
         job_deadline=0.6,
         stage_budgets={"call_ai": StageBudget(60, 60)},
     )
-    runner = Runner(store, provider=ScriptedProvider(["slow", Pause(0.2)] * 20), timings=timings)
+    runner = Runner(
+        store,
+        provider=ScriptedProvider(["slow", Pause(0.2)] * 20),
+        config=RunConfig(timings=timings),
+    )
     with pytest.raises(JobDeadlineExceeded):
         await runner.run(Job("k", input="x"))
     job = await store.get("k")
@@ -194,7 +216,10 @@ async def test_custom_pipeline_result_is_committed(store: LeaseStore) -> None:
         seen.append((ctx.fence.token, value))
 
     runner = Runner(
-        store, pipeline=Pipeline([Stage("compute", compute)]), timings=FAST, persist_hook=hook
+        store,
+        pipeline=Pipeline([Stage("compute", compute)]),
+        config=RunConfig(timings=FAST),
+        hooks=RunHooks(persist_hook=hook),
     )
     record = await runner.run(Job("k"))
     assert record.output == {"answer": 42}
@@ -202,8 +227,8 @@ async def test_custom_pipeline_result_is_committed(store: LeaseStore) -> None:
     runner2 = Runner(
         store,
         pipeline=Pipeline([Stage("compute", compute), Stage("persist", _persist)]),
-        timings=FAST,
-        persist_hook=hook,
+        config=RunConfig(timings=FAST),
+        hooks=RunHooks(persist_hook=hook),
     )
     record2 = await runner2.run(Job("k2"))
     assert seen[1:] == [(record2.token, {"answer": 42})]
@@ -235,7 +260,12 @@ async def test_a_loop_blocked_after_the_grant_self_fences_before_the_model_call(
             time.sleep(2.6)  # on the loop, as a stuck sync call would
 
     provider = ScriptedProvider(["late answer"])
-    runner = Runner(store, provider=provider, timings=timings, on_event=block_after_first_grant)
+    runner = Runner(
+        store,
+        provider=provider,
+        config=RunConfig(timings=timings),
+        hooks=RunHooks(on_event=block_after_first_grant),
+    )
     record = await runner.run(Job("k", input="x"))
     assert "self_fenced" in seen[: seen.index("acquired", 1)], seen
     assert provider.calls == 1 and record.attempts == 2 and record.output == "late answer"
@@ -252,7 +282,12 @@ async def test_cancelled_owners_hand_their_attempts_back(store: LeaseStore) -> N
                 calling.set()
 
         provider = ScriptedProvider(["x", Pause(30)])
-        runner = Runner(store, provider=provider, timings=FAST, on_event=on_event)
+        runner = Runner(
+            store,
+            provider=provider,
+            config=RunConfig(timings=FAST),
+            hooks=RunHooks(on_event=on_event),
+        )
         run = asyncio.create_task(runner.run(Job("k", input="x")))
         await asyncio.wait_for(calling.wait(), 5)
         run.cancel()
@@ -261,9 +296,9 @@ async def test_cancelled_owners_hand_their_attempts_back(store: LeaseStore) -> N
         record = await store.get("k")
         assert record is not None and record.status is Status.PENDING, record
         assert record.attempts == 0, record
-    done = await Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST).run(
-        Job("k", input="x")
-    )
+    done = await Runner(
+        store, provider=ScriptedProvider(["fine"]), config=RunConfig(timings=FAST)
+    ).run(Job("k", input="x"))
     assert done.output == "fine" and done.attempts == 1
 
 
@@ -271,7 +306,7 @@ async def test_the_job_deadline_starts_at_the_first_acquisition(store: LeaseStor
     """A job that waited in the queue longer than its job deadline still runs: the deadline
     starts at the first acquisition (recorded as started_at), not at submission."""
     timings = dataclasses.replace(FAST, job_deadline=0.5)
-    runner = Runner(store, provider=ScriptedProvider(["ran"]), timings=timings)
+    runner = Runner(store, provider=ScriptedProvider(["ran"]), config=RunConfig(timings=timings))
     submitted = await runner.submit(Job("k", input="x"))
     await asyncio.sleep(0.7)  # queued past the job deadline
     record = await runner.run(Job("k", input="x"))
@@ -293,7 +328,7 @@ async def test_the_queue_deadline_bounds_the_wait_for_a_first_acquisition(
     )
     timings = settings.lease_timings()
     provider = ScriptedProvider(["never"])
-    runner = Runner(store, provider=provider, timings=timings)
+    runner = Runner(store, provider=provider, config=RunConfig(timings=timings))
     await runner.submit(Job("k", input="x"))
     await asyncio.sleep(0.5)
     with pytest.raises(JobFailed, match=r"in the queue, past its queue deadline of 0\.3s"):
@@ -313,7 +348,12 @@ async def test_a_raising_event_sink_never_breaks_the_job(
     def broken(event: Event) -> None:
         raise RuntimeError("dashboard down")
 
-    runner = Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST, on_event=broken)
+    runner = Runner(
+        store,
+        provider=ScriptedProvider(["fine"]),
+        config=RunConfig(timings=FAST),
+        hooks=RunHooks(on_event=broken),
+    )
     record = await runner.run(Job("k", input="x"))
     stored = await store.get("k")
     assert record.output == "fine" and stored is not None and stored.status is Status.DONE
@@ -327,7 +367,9 @@ async def test_a_done_record_has_a_final_stage_and_no_growing_progress_age(
 ) -> None:
     """After the commit the record's stage is "done" (not call_ai) and its progress age is
     not shown (it would only grow); a FAILED record keeps the stage it failed in."""
-    await Runner(store, provider=ScriptedProvider(["fine"]), timings=FAST).run(Job("k", input="x"))
+    await Runner(store, provider=ScriptedProvider(["fine"]), config=RunConfig(timings=FAST)).run(
+        Job("k", input="x")
+    )
     await asyncio.sleep(0.2)
     record = await store.get("k")
     assert record is not None and record.status is Status.DONE
@@ -336,8 +378,7 @@ async def test_a_done_record_has_a_final_stage_and_no_growing_progress_age(
         await Runner(
             store,
             provider=Flaky(9, retryable=False),
-            timings=FAST,
-            call_retry=NO_CALL_RETRY,
+            config=RunConfig(timings=FAST, call_retry=NO_CALL_RETRY),
         ).run(Job("k2", input="x"))
     failed = await store.get("k2")
     assert failed is not None and failed.stage != "done" and failed.since_progress is None
@@ -386,10 +427,12 @@ async def test_a_follower_whose_notification_is_lost_returns_within_a_poll(
         owner = Runner(
             owner_store,
             provider=ScriptedProvider(["slow ", Pause(0.4), "answer"]),
-            timings=FAST,
-            on_event=on_event,
+            config=RunConfig(timings=FAST),
+            hooks=RunHooks(on_event=on_event),
         )
-        follower = Runner(follower_store, provider=ScriptedProvider(["never"]), timings=FAST)
+        follower = Runner(
+            follower_store, provider=ScriptedProvider(["never"]), config=RunConfig(timings=FAST)
+        )
         owned = asyncio.create_task(owner.run(Job("k", input="x")))
         await asyncio.sleep(0.1)
         record = await asyncio.wait_for(follower.run(Job("k", input="x")), 5)

@@ -38,7 +38,8 @@ from ai_lease.providers.base import ChatRequest, Completion, Provider
 from ai_lease.providers.errors import MAX_RETRY_AFTER_S, parse_retry_after
 from ai_lease.providers.openai_compat import OpenAICompatProvider, _sse_batches
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
-from ai_lease.providers.retry import call_with_retries
+from ai_lease.retry import call_with_retries
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.progress import Progress
 from ai_lease.run.runner import Runner
 from ai_lease.run.stream_guard import StreamGuard
@@ -193,7 +194,12 @@ async def test_first_token_event_is_said_while_the_answer_still_streams(
     store = SQLiteStore(tmp_path / "ai-lease.db")
     provider = OpenAICompatProvider(base_url=server.base_url, model="m")
     try:
-        runner = Runner(store, provider=provider, on_event=sink, record_history=False)
+        runner = Runner(
+            store,
+            provider=provider,
+            config=RunConfig(record_history=False),
+            hooks=RunHooks(on_event=sink),
+        )
         record = await runner.run(Job("paced", input="x", prompt_text="{{ input }}"))
     finally:
         await provider.aclose()

@@ -17,6 +17,7 @@ from ai_lease import LeaseStore, LeaseTimings, StoreUnavailable
 from ai_lease.job import Job
 from ai_lease.observe.events import Event
 from ai_lease.observe.tracing import tracing_sink
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider
 
@@ -26,7 +27,7 @@ async def test_job_and_stage_spans_with_first_token_and_tokens(store: LeaseStore
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    runner = Runner(store, provider=ScriptedProvider(["a", "b"]), trace=False)
+    runner = Runner(store, provider=ScriptedProvider(["a", "b"]), config=RunConfig(trace=False))
     runner.tracing = tracing_sink(provider.get_tracer("test"))
     await runner.run(Job("k", input="x"))
     spans = exporter.get_finished_spans()
@@ -108,11 +109,10 @@ async def test_spans_of_cancelled_and_store_unavailable_runs_are_ended(store: Le
                 calling.set()
 
         runner = Runner(
-            store if i < 20 else _NoRelease(store),  # type: ignore[arg-type]
+            store if i < 20 else _NoRelease(store),
             provider=ScriptedProvider(["x", Pause(30)]),
-            timings=timings,
-            on_event=on_event,
-            trace=False,
+            config=RunConfig(timings=timings, trace=False),
+            hooks=RunHooks(on_event=on_event),
         )
         runner.tracing = tracing_sink(provider.get_tracer("test"))
         run = asyncio.create_task(runner.run(Job(f"k{i}", input="x")))
@@ -151,10 +151,10 @@ async def test_a_failed_attempt_span_is_an_error_and_a_cancelled_one_is_not(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     runner = Runner(
         store,
-        provider=Broken(),  # type: ignore[arg-type]
-        retry=RetryPolicy(attempts=1),
-        call_retry=RetryPolicy(attempts=1),
-        trace=False,
+        provider=Broken(),
+        config=RunConfig(
+            retry=RetryPolicy(attempts=1), call_retry=RetryPolicy(attempts=1), trace=False
+        ),
     )
     runner.tracing = tracing_sink(provider.get_tracer("test"))
     with pytest.raises(Exception, match="503"):

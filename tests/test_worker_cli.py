@@ -15,6 +15,7 @@ import pytest
 from ai_lease import Status, open_store
 from ai_lease.job import Job
 from ai_lease.observe.history import bucket_of
+from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
 
 
@@ -62,7 +63,7 @@ async def test_worker_runs_jobs_with_adaptive_budgets(tmp_path: Path) -> None:
         # Every recorded load took ~10 ms: the learned load budget is the floor, 0.25 s
         # (the configured one, the ceiling, is 5 s).
         await store.add_durations({("default", "stage", "load"): {bucket_of(0.01): 50}})  # type: ignore[attr-defined]
-        await Runner(store, trace=False).submit(
+        await Runner(store, config=RunConfig(trace=False)).submit(
             Job("adaptive-job", input="One sentence to keep.", prompt_text="{{ input }}")
         )
         worker = await asyncio.create_subprocess_exec(

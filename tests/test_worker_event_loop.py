@@ -18,6 +18,7 @@ import pytest
 
 from ai_lease import Status, open_store
 from ai_lease.job import Job
+from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
 
 
@@ -40,7 +41,7 @@ async def _run_one_job(tmp_path: Path, loop: str, env: dict[str, str] | None = N
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     store = open_store(url)
     try:
-        await Runner(store, trace=False).submit(
+        await Runner(store, config=RunConfig(trace=False)).submit(
             Job("loop-job", input="One sentence to keep.", prompt_text="{{ input }}")
         )
         worker = await asyncio.create_subprocess_exec(

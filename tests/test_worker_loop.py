@@ -22,6 +22,7 @@ from ai_lease import LeaseStore, LeaseTimings, Status
 from ai_lease.job import Job
 from ai_lease.lease.base import Acquired, JobQueue
 from ai_lease.observe.events import Event
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
 from ai_lease.testing.scripted import Pause, ScriptedProvider
@@ -38,7 +39,10 @@ def make_worker(
     script: list[Any] = [Pause(job_seconds)] if job_seconds else []
     provider = ScriptedProvider([*script, "ok"])
     runner = Runner(
-        store, provider=provider, timings=TIMINGS, node_id="w1", trace=False, on_event=events.append
+        store,
+        provider=provider,
+        config=RunConfig(timings=TIMINGS, node_id="w1", trace=False),
+        hooks=RunHooks(on_event=events.append),
     )
     return Worker(
         store,
@@ -71,7 +75,7 @@ async def run_until(
 
 
 async def submit_good(store: LeaseStore, keys: list[str]) -> None:
-    runner = Runner(store, trace=False)
+    runner = Runner(store, config=RunConfig(trace=False))
     for key in keys:
         await runner.submit(Job(key, input=key, prompt_text="{{ input }}"))
 

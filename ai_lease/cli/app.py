@@ -337,6 +337,7 @@ def submit(
     """
     from ai_lease.cli.console import JobView, TeeProvider
     from ai_lease.cli.jobfile import load_job_file
+    from ai_lease.run.config import RunHooks
     from ai_lease.run.runner import Runner
 
     spec = load_job_file(
@@ -355,10 +356,10 @@ def submit(
     }
     settings = obj.settings
     prompts = obj.prompts([*([prompts_dir] if prompts_dir else []), job_file.parent / "prompts"])
-    limit = settings.job.max_input_bytes
+    run_config = settings.run_config()
     if detach:
         record = obj.run(
-            lambda store: Runner(store, prompts=prompts, max_input_bytes=limit).submit(spec.job)
+            lambda store: Runner(store, prompts=prompts, config=run_config).submit(spec.job)
         )
         click.echo(_json(record.to_dict()) if as_json else record.key)
         return
@@ -377,14 +378,9 @@ def submit(
         runner = Runner(
             store,
             provider=TeeProvider(model_provider, view),
-            timings=settings.lease_timings(),
-            retry=settings.retry_policy(),
-            stream_timeouts=settings.stream_timeouts(),
-            stream_limits=settings.stream_limits(),
-            adaptive=settings.adaptive_budgets(),
-            on_event=on_event,
             prompts=prompts,
-            max_input_bytes=limit,
+            config=run_config,
+            hooks=RunHooks(on_event=on_event),
         )
         try:
             return await runner.run(spec.job)
@@ -734,6 +730,7 @@ def worker(
     second stops at once. Jobs submitted with `ai-lease submit --detach` are picked up.
     """
     from ai_lease.observe.logs import JobLogger, configure_logging, fan_out
+    from ai_lease.run.config import RunHooks
     from ai_lease.run.runner import Runner
     from ai_lease.run.worker import Worker
 
@@ -757,14 +754,12 @@ def worker(
         runner = Runner(
             store,
             provider=model_provider,
-            timings=settings.lease_timings(),
-            retry=settings.retry_policy(),
-            stream_timeouts=settings.stream_timeouts(),
-            stream_limits=settings.stream_limits(),
-            adaptive=settings.adaptive_budgets(),
             prompts=obj.prompts(),
-            on_event=fan_out(
-                metrics, json_log or (lambda e: log(e) if e.kind in _WORKER_LOGGED else None)
+            config=settings.run_config(),
+            hooks=RunHooks(
+                on_event=fan_out(
+                    metrics, json_log or (lambda e: log(e) if e.kind in _WORKER_LOGGED else None)
+                )
             ),
         )
         node = Worker(

@@ -29,6 +29,7 @@ from ai_lease.job import Job
 from ai_lease.lease import Fence, open_store
 from ai_lease.observe.events import Event
 from ai_lease.providers.base import Completion
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
 from ai_lease.run.runner import Runner
 from ai_lease.timeouts import LeaseTimings, StageBudget
@@ -104,7 +105,12 @@ async def _node(name: str, url: str, key: str, start_at: float) -> None:
             stalled.append(Fence(event.key, event.owner_id, event.token))
 
     pipeline = Pipeline.default().replace("call_ai", Stage("call_ai", _model_call))
-    runner = Runner(store, pipeline=pipeline, timings=DEMO_TIMINGS, node_id=name, on_event=on_event)
+    runner = Runner(
+        store,
+        pipeline=pipeline,
+        config=RunConfig(timings=DEMO_TIMINGS, node_id=name),
+        hooks=RunHooks(on_event=on_event),
+    )
     await asyncio.sleep(max(0.0, start_at - time.time()))
     try:
         record = await runner.run(

@@ -39,12 +39,12 @@ from ai_lease.errors import JobCancelled, JobFailed, LeaseError, LeaseLost, Stor
 from ai_lease.job import Job, JobState, Status
 from ai_lease.lease.base import Acquired, LeaseStore, due_now
 from ai_lease.lease.follow import acquire_or_follow
-from ai_lease.lease.keeper import LeaseKeeper
+from ai_lease.lease.keeper import LeaseKeeper, Renewals
 from ai_lease.observe.events import EventSink
 from ai_lease.redaction import redact
+from ai_lease.run.classify import describe, retryable
 from ai_lease.run.pipeline import StageContext
 from ai_lease.run.progress import Progress
-from ai_lease.run.runner import _describe, _retryable  # the runner's error classification, shared
 from ai_lease.timeouts import LeaseTimings, RetryPolicy, StageBudget, StallPolicy
 
 __all__ = ["JobLease", "LeaseOptions"]
@@ -82,12 +82,7 @@ class JobLease:
         self.record: JobState | None = None
         self.progress_tracker = Progress()
         self._ctx: StageContext | None = None
-        self._keeper_task: asyncio.Task[Any] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._failure: list[BaseException] = []  # the keeper's error, once it stopped the body
-        self._body: asyncio.Task[Any] | None = None
-        self._cancelling = 0
-        self._stopped = False
+        self._renewals: Renewals | None = None  # the keeper beside the body, once owned
 
     # -- what the body uses ----------------------------------------------------------------
 
@@ -128,7 +123,8 @@ class JobLease:
             return self.record
         committed = await self._owned().commit(value)
         self.record = committed
-        self._stop_keeper()
+        if self._renewals is not None:
+            self._renewals.stop()
         return committed
 
     # -- entering and leaving --------------------------------------------------------------
@@ -184,35 +180,7 @@ class JobLease:
             tracker=tracker,
             keeper=keeper,
         )
-        self._body = asyncio.current_task()
-        assert self._body is not None
-        keeper.work = self._body
-        self._cancelling = self._body.cancelling()
-        loop = asyncio.get_running_loop()
-        at = loop.time() + (keeper.first_wake() - keeper.clock())
-        self._timer = loop.call_at(at, self._start_keeper)
-
-    def _start_keeper(self) -> None:
-        assert self._ctx is not None
-        self._keeper_task = asyncio.get_running_loop().create_task(
-            self._ctx.keeper.run(), name=f"ai-lease keeper {self.key}"
-        )
-        self._keeper_task.add_done_callback(self._keeper_done)
-
-    def _keeper_done(self, task: asyncio.Task[Any]) -> None:
-        error = task.exception() if not task.cancelled() else None  # always retrieved
-        if self._stopped or self._body is None:
-            return
-        fence = self._owned().fence
-        self._failure.append(error or LeaseLost(self.key, "the lease keeper stopped", fence.pair))
-        self._body.cancel()  # the body sees CancelledError at its next await
-
-    def _stop_keeper(self) -> None:
-        self._stopped = True
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._keeper_task is not None and not self._keeper_task.done():
-            self._keeper_task.cancel()
+        self._renewals = Renewals(keeper)  # the body (this task) is what a lost lease cancels
 
     async def __aexit__(
         self,
@@ -220,35 +188,33 @@ class JobLease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        if self._ctx is None:  # the job was DONE on entering: nothing was held
+        if self._ctx is None or self._renewals is None:  # DONE on entering: nothing held
             return None
-        self._stop_keeper()
+        renewals = self._renewals
         try:
-            if self._keeper_task is not None and not self._keeper_task.done():
-                await asyncio.wait([self._keeper_task])  # never leave the renewal loop running
-            if self._failure and not isinstance(exc, asyncio.CancelledError):
+            await renewals.close()  # never leave the renewal loop running
+            if renewals.failure and not isinstance(exc, asyncio.CancelledError):
                 await asyncio.sleep(0)  # take the keeper's cancellation if still pending
         except asyncio.CancelledError as cancelled:
-            if not self._failure:
+            if not renewals.failure:
                 raise
             exc = cancelled
-        if self._failure:
-            self._keeper_failed(exc)
+        if renewals.failure:
+            self._keeper_failed(renewals, exc)
             return None
         if self._ctx.committed is not None:
             return None
         await self._step_down(exc)
         return None
 
-    def _keeper_failed(self, exc: BaseException | None) -> None:
+    def _keeper_failed(self, renewals: Renewals, exc: BaseException | None) -> None:
         """The keeper cancelled the body: raise its error instead (LeaseLost, Stalled),
         unless the body was also cancelled from outside (a shutdown wins)."""
-        assert self._body is not None
-        outside = self._body.uncancel() > self._cancelling
+        outside = renewals.work.uncancel() > renewals.cancelling
         if outside and isinstance(exc, asyncio.CancelledError):
             return None  # the CancelledError goes on
         cause = None if isinstance(exc, asyncio.CancelledError) else exc
-        raise self._failure[0] from cause
+        raise renewals.failure[0] from cause
 
     async def _step_down(self, exc: BaseException | None) -> None:
         """No commit: release (an error counts as a failed attempt; a non-retryable one, or
@@ -260,10 +226,10 @@ class JobLease:
             async with asyncio.timeout(self.options.timings.op_timeout * 2):
                 if exc is None or not isinstance(exc, Exception):
                     await self.store.release(ctx.fence, interrupted=True)  # handed back
-                elif _retryable(exc):
-                    await self.store.release(ctx.fence, error=redact(_describe(exc)))
+                elif retryable(exc):
+                    await self.store.release(ctx.fence, error=redact(describe(exc)))
                 else:
-                    await self.store.fail(ctx.fence, redact(_describe(exc)))
+                    await self.store.fail(ctx.fence, redact(describe(exc)))
                     return
                 await due_now(self.store, self.key)
         except (StoreUnavailable, TimeoutError, LeaseError):

@@ -13,23 +13,30 @@ clock) with the current stage's ``max_no_progress``:
   lapsed (``self_fence_margin`` ahead, on the local monotonic clock, counted from when the
   last successful renewal was *sent*): the owner fences itself.
 
-It runs beside the work, started only when its first renewal is due (most short jobs end
-before: they never pay for a task); raising is how it stops the work.
+It runs beside the work (:func:`alongside`, or :class:`Renewals` for a body that is not one
+awaitable), started only when its first renewal is due (most short jobs end before: they
+never pay for a task); raising is how it stops the work: the keeper and the work are one
+unit, as in a task group — a lost lease cancels the work, a failure of either stops both,
+and the keeper never outlives the work.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, NoReturn
+from collections.abc import Awaitable
+from typing import Any, NoReturn, TypeVar
 
 from ai_lease.errors import LeaseLost, Stalled, StoreUnavailable
 from ai_lease.lease.base import Fence, LeaseStore, due_now
+from ai_lease.lease.fence import SelfFence
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.observe.snapshot import snapshot
 from ai_lease.run.progress import Progress
 from ai_lease.timeouts import LeaseTimings, StallPolicy
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["LeaseKeeper", "Renewals", "alongside"]
+
+T = TypeVar("T")
 
 
 class LeaseKeeper:
@@ -48,7 +55,7 @@ class LeaseKeeper:
     ) -> None:
         self.store, self.fence, self.progress, self.timings = store, fence, progress, timings
         self.clock = progress.clock
-        self.valid_until = valid_until  # local monotonic time the lease surely lasts until
+        self.self_fence = SelfFence(fence, valid_until, timings.self_fence_margin, self.clock)
         self.policy = StallPolicy(stall_policy or timings.stall_policy)
         self.misses = 0
         self.stalled_at: float | None = None  # local monotonic time of the stall, if any
@@ -61,21 +68,21 @@ class LeaseKeeper:
     # -- local checks (cheap; used by the pipeline before any side effect) ---------------------
 
     @property
+    def valid_until(self) -> float:
+        """Local monotonic time the lease surely lasts until."""
+        return self.self_fence.valid_until
+
+    @property
     def fence_at(self) -> float:
         """Local monotonic time at which the owner must stop working without a renewal."""
-        return self.valid_until - self.timings.self_fence_margin
+        return self.self_fence.fence_at
 
     def ensure_lease(self) -> None:
         """Raise :class:`LeaseLost` if the lease may have lapsed (e.g. the loop was blocked)."""
-        late = self.clock() - self.fence_at
+        late = self.self_fence.overdue()
         if late >= 0:
             self._event("self_fenced", detail=f"{late:.2f}s past the self-fence point")
-            raise LeaseLost(
-                self.fence.key,
-                f"no renewal landed in time (self-fenced {late:.2f}s past the safe point): "
-                "work stopped before the lease could lapse",
-                self.fence.pair,
-            )
+            raise self.self_fence.lost(late)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -127,7 +134,7 @@ class LeaseKeeper:
         if not answer.ok:
             self._event("renew_refused", detail=answer.reason or "")
             raise LeaseLost(self.fence.key, f"renewal refused ({answer.reason})", self.fence.pair)
-        self.valid_until = sent + answer.lease_remaining
+        self.self_fence.valid_until = sent + answer.lease_remaining
         moved = self.progress.version - self.reported_version
         self.reported_version = self.progress.version
         self._event("renewed", value=float(moved))
@@ -197,3 +204,109 @@ class LeaseKeeper:
 
 def _stall_text(progress: Progress, idle: float, budget: float) -> str:
     return f"stage {progress.stage!r} made no progress for {idle:.2f}s (budget {budget:g}s)"
+
+
+# -- the keeper beside the work -------------------------------------------------------------
+
+
+class Renewals:
+    """``keeper``'s task beside the current task (the work), from when its first renewal
+    (or the self-fence point) is due: a timer until then, so work shorter than one renew
+    interval runs no extra task. If the keeper stops on its own (lease lost, stalled,
+    self-fenced) its error is kept in ``failure`` and the work is cancelled."""
+
+    def __init__(self, keeper: LeaseKeeper) -> None:
+        work = asyncio.current_task()
+        assert work is not None
+        self.keeper, self.work = keeper, work
+        keeper.work = work
+        self.cancelling = work.cancelling()  # cancellations from outside are counted past it
+        self.failure: list[BaseException] = []  # the keeper's error, once it stopped the work
+        self.task: asyncio.Task[Any] | None = None
+        self._stopped = False
+        loop = asyncio.get_running_loop()
+        # The keeper's clock and the loop's are both monotonic, possibly offset: convert.
+        at = loop.time() + (keeper.first_wake() - keeper.clock())
+        self._timer = loop.call_at(at, self._start)
+
+    def _start(self) -> None:
+        name = f"ai-lease keeper {self.keeper.fence.key}"
+        self.task = asyncio.get_running_loop().create_task(self.keeper.run(), name=name)
+        self.task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        # Retrieved even when the work is over: no "Task exception was never retrieved".
+        error = task.exception() if not task.cancelled() else None
+        if self._stopped:
+            return
+        # Only stop() cancels the keeper, and only once the work is over: a keeper that
+        # ended any other way (even by a stray CancelledError) means nobody keeps the lease.
+        fence = self.keeper.fence
+        self.failure.append(error or LeaseLost(fence.key, "the lease keeper stopped", fence.pair))
+        self.work.cancel()
+
+    def stop(self) -> None:
+        """Stop renewing (the work is over): no keeper task starts, a running one is cancelled."""
+        self._stopped = True
+        self._timer.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    async def close(self) -> None:
+        """:meth:`stop`, and wait until the keeper's task has ended: never leave the renewal
+        loop running."""
+        task = self.task
+        pending = task is not None and not task.done()
+        self.stop()
+        if pending and task is not None:
+            await asyncio.wait([task])
+
+    def lost(self) -> BaseException | None:
+        """Why the lease is gone, if it is: the error of a keeper that has just failed (its
+        done callback not run yet), or the self-fence's if the lease may have lapsed."""
+        task = self.task
+        if task is not None and task.done() and not task.cancelled():
+            return task.exception()
+        try:
+            self.keeper.ensure_lease()
+        except LeaseLost as exc:
+            return exc
+        return None
+
+
+async def alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
+    """Run ``work`` in this task with ``keeper`` beside it; the first to fail stops the other.
+
+    If the keeper fails (lease lost, stalled, self-fenced) it cancels this task and its
+    error is raised here; a cancellation from outside (the job deadline, a shutdown) wins.
+    Work that fails on its own while the lease is gone (after a stopped process wakes, a
+    stream timeout and the self-fence are due together) fails for the lease, not for its
+    own error: the keeper's error (or the self-fence) is raised, from the work's.
+    """
+    renewals = Renewals(keeper)
+    try:
+        return await _watched(work, renewals)
+    finally:
+        await renewals.close()
+
+
+async def _watched(work: Awaitable[T], renewals: Renewals) -> T:
+    failure, this = renewals.failure, renewals.work
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if failure and this.uncancel() <= renewals.cancelling:
+            raise failure[0] from None
+        raise
+    except Exception as exc:
+        if failure:  # the keeper's cancellation is pending or was turned into exc
+            this.uncancel()
+            raise failure[0] from exc
+        lost = renewals.lost()
+        if lost is not None:
+            raise lost from exc
+        raise
+    if failure:  # the work swallowed the keeper's cancellation: the lease is gone anyway
+        this.uncancel()
+        raise failure[0]
+    return result

@@ -4,7 +4,8 @@
 as compact text or (``json=True``) one JSON object per line:
 
 >>> configure_logging(json=True)                                    # doctest: +SKIP
->>> runner = Runner(store, on_event=fan_out(JobLogger(json=True), metrics))  # doctest: +SKIP
+>>> hooks = RunHooks(on_event=fan_out(JobLogger(json=True), metrics))
+>>> runner = Runner(store, hooks=hooks)                            # doctest: +SKIP
 
     {"ts":"2026-11-05T09:14:02.117Z","level":"WARNING","event":"stalled","key":"report-42",
      "token":7,"owner":"node-a:311#1.9f2c","stage":"call_ai","idle_s":90.41,"value":null,
@@ -150,7 +151,7 @@ class JobLogger:
     """An event sink writing one line per event to ``logger`` (default ``ai_lease.observe.events``).
 
     >>> log = JobLogger(json=True)
-    >>> runner = Runner(store, on_event=log)                          # doctest: +SKIP
+    >>> runner = Runner(store, hooks=RunHooks(on_event=log))          # doctest: +SKIP
 
     The event's fields also ride on each record as ``record.ai_lease`` (a dict), for your
     own formatter.

@@ -5,7 +5,7 @@
 ``CollectorRegistry`` (never the global one), which you can serve or mount:
 
 >>> metrics = Metrics()
->>> runner = Runner(store, provider=provider, on_event=metrics)     # doctest: +SKIP
+>>> runner = Runner(store, provider=provider, hooks=RunHooks(on_event=metrics))  # doctest: +SKIP
 >>> app = prometheus_client.make_asgi_app(metrics.registry)          # doctest: +SKIP
 >>> server = serve_metrics(metrics, 9464)   # or: http://127.0.0.1:9464/metrics   # doctest: +SKIP
 

@@ -29,37 +29,33 @@ import threading
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import orjson
 
-from ai_lease.errors import (
-    JobSpecError,
-    ProviderError,
-    StageDeadlineExceeded,
-    StageTimeout,
-    StoreUnavailable,
-)
+from ai_lease.errors import JobSpecError, StageDeadlineExceeded
 from ai_lease.job import Job, JobState
 from ai_lease.lease.base import Fence, LeaseStore
+from ai_lease.lease.fence import fenced_commit
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.prompts import PromptLibrary
-from ai_lease.providers.base import ChatRequest, Completion, Provider
-from ai_lease.providers.retry import CALL_RETRY, call_with_retries
+from ai_lease.providers.base import Provider
+from ai_lease.retry import MODEL_CALL, RetryPolicy
+from ai_lease.run.config import FaultHook
 from ai_lease.run.progress import Progress
-from ai_lease.run.stream_guard import StreamGuard
-
-if TYPE_CHECKING:
-    from ai_lease.testing.faults import FaultPlan
-from ai_lease.timeouts import LeaseTimings, RetryPolicy, StageBudget, StreamLimits, StreamTimeouts
-
-__all__ = ["CAPPED_NOTE", "Pipeline", "Stage", "StageContext"]
-
-CAPPED_NOTE = (
-    "the model stopped at max_tokens (finish_reason length): the answer is whole but capped; "
-    "raise max_tokens for a longer one"
+from ai_lease.run.stages import (
+    build_prompt,
+    call_ai,
+    load,
+    parse,
+    persist,
+    read_input,
+    render_request,
 )
+from ai_lease.timeouts import LeaseTimings, StageBudget, StreamLimits, StreamTimeouts
+
+__all__ = ["PersistHook", "Pipeline", "Stage", "StageContext"]
 
 StageFn = Callable[["StageContext"], Any]
 PersistHook = Callable[["StageContext", Any], Awaitable[None] | None]
@@ -104,11 +100,11 @@ class StageContext:
     stream_timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
     persist_hook: PersistHook | None = None
-    call_retry: RetryPolicy = CALL_RETRY
+    call_retry: RetryPolicy = MODEL_CALL
     outputs: dict[str, Any] = field(default_factory=dict)
     committed: JobState | None = None
     finish_reason: str | None = None  # the model call's, kept in the committed record
-    faults: FaultPlan | None = None  # tests only: see ai_lease.testing.faults
+    fault_hook: FaultHook | None = None  # tests only: see ai_lease.testing.faults
     deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
     emit: EventSink | None = None
     prepared: Mapping[str, Any] = field(default_factory=dict)  # outputs preflight worked out
@@ -151,9 +147,9 @@ class StageContext:
             raise JobSpecError(f"stage output {stage!r} is not available yet") from None
 
     async def fault(self, point: str) -> None:
-        """A named fault point (a no-op unless a test installed a FaultPlan)."""
-        if self.faults is not None:
-            await self.faults.hit(point)
+        """A named fault point (a no-op unless a test installed a fault hook)."""
+        if self.fault_hook is not None:
+            await self.fault_hook(point)
 
     def ensure_lease(self) -> None:
         """Raise LeaseLost if our lease may have lapsed: call before any side effect."""
@@ -169,18 +165,13 @@ class StageContext:
             self.ensure_lease()
         blob = orjson.dumps(value).decode()
         await self.fault("before_commit")
-        for attempt in range(3):  # a commit repeated after a lost reply returns the same record
-            try:
-                self.committed = await self.store.commit(
-                    self.fence, blob, finish_reason=self.finish_reason
-                )
-                await self.fault("after_commit")
-                return self.committed
-            except StoreUnavailable:
-                if attempt == 2:
-                    raise
-                await asyncio.sleep(0.1 * 2**attempt)
-        raise AssertionError("unreachable")
+        return await fenced_commit(
+            self.store, self.fence, blob, finish_reason=self.finish_reason, after=self._committed
+        )
+
+    async def _committed(self, record: JobState) -> None:
+        self.committed = record
+        await self.fault("after_commit")
 
 
 class Pipeline:
@@ -235,8 +226,6 @@ class Pipeline:
         events are built at all."""
         value: Any = None
         ctx.emit = emit
-        faults = ctx.faults is not None
-        tracker, loop = ctx.tracker, asyncio.get_running_loop()
         budgets = self.budgets(timings)
         stage, budget = self.stages[0], budgets[0]  # named for the deadline's error below
         # One hard-deadline timer for the whole run, moved to each stage's deadline as the
@@ -247,41 +236,41 @@ class Pipeline:
         try:
             async with hard:
                 for stage, budget in zip(self.stages, budgets, strict=True):
-                    ctx.ensure_lease()
-                    tracker.enter(stage.name, budget)
-                    started = tracker.last_at
-                    if emit is not None:
-                        ctx.say(
-                            "stage",
-                            f"max_no_progress {budget.max_no_progress:g}s",
-                            stage=stage.name,
-                        )
-                    if faults:  # fault points stand between stages, under no deadline
-                        hard.reschedule(None)
-                        await ctx.fault(f"before:{stage.name}")
-                    if math.isinf(budget.deadline):
-                        hard.reschedule(None)
-                        ctx.deadline_at = None
-                    else:
-                        hard.reschedule(loop.time() + budget.deadline)
-                        ctx.deadline_at = tracker.clock() + budget.deadline
-                    if stage.is_async:
-                        value = await stage.fn(ctx)
-                    else:
-                        value = await _threaded(stage, ctx)
-                    if hard.expired():  # the stage swallowed the deadline's cancellation
-                        raise StageDeadlineExceeded(stage.name, budget.deadline)
-                    ctx.outputs[stage.name] = value
-                    if faults:
-                        hard.reschedule(None)
-                        await ctx.fault(f"after:{stage.name}")
-                    if emit is not None:
-                        ctx.say("stage_done", stage=stage.name, value=tracker.clock() - started)
+                    value = await _run_stage(ctx, stage, budget, hard)
         except TimeoutError:
             if hard.expired():
                 raise StageDeadlineExceeded(stage.name, budget.deadline) from None
             raise
         return value
+
+
+async def _run_stage(ctx: StageContext, stage: Stage, budget: StageBudget, hard: Any) -> Any:
+    """One stage under ``hard`` (the run's deadline timer, moved to this stage's deadline)."""
+    tracker, faults, emit = ctx.tracker, ctx.fault_hook is not None, ctx.emit
+    ctx.ensure_lease()
+    tracker.enter(stage.name, budget)
+    started = tracker.last_at
+    if emit is not None:
+        ctx.say("stage", f"max_no_progress {budget.max_no_progress:g}s", stage=stage.name)
+    if faults:  # fault points stand between stages, under no deadline
+        hard.reschedule(None)
+        await ctx.fault(f"before:{stage.name}")
+    if math.isinf(budget.deadline):
+        hard.reschedule(None)
+        ctx.deadline_at = None
+    else:
+        hard.reschedule(asyncio.get_running_loop().time() + budget.deadline)
+        ctx.deadline_at = tracker.clock() + budget.deadline
+    value = await stage.fn(ctx) if stage.is_async else await _threaded(stage, ctx)
+    if hard.expired():  # the stage swallowed the deadline's cancellation
+        raise StageDeadlineExceeded(stage.name, budget.deadline)
+    ctx.outputs[stage.name] = value
+    if faults:
+        hard.reschedule(None)
+        await ctx.fault(f"after:{stage.name}")
+    if emit is not None:
+        ctx.say("stage_done", stage=stage.name, value=tracker.clock() - started)
+    return value
 
 
 # Sync stages get threads of their own: a stuck one keeps its thread (Python cannot cancel
@@ -321,126 +310,3 @@ def _in_thread(fn: StageFn, ctx: StageContext) -> Any:
         return fn(ctx)
     finally:
         ctx.tracker.thread_ident = None
-
-
-# -- the default stages ------------------------------------------------------------------------
-
-
-async def read_input(job: Job) -> Any:
-    """The job's input: ``job.input``. A job still naming an ``input_file`` is refused: the
-    submitter reads the file (:func:`ai_lease.inputs.resolve_input`), a worker never opens
-    a path it was handed."""
-    if job.input_file is not None:
-        raise JobSpecError(
-            f"job {job.key!r}: input_file {job.input_file!r} was not read by its submitter; "
-            "a worker never opens a path it was handed (Runner.run and submit read it)"
-        )
-    return job.input
-
-
-def render_request(job: Job, prompts: PromptLibrary, data: Any) -> ChatRequest:
-    """Render the job's template with ``input`` and the job's variables into a request
-    (in the calling thread, under the library's render deadline: call it off the loop).
-    A job with no input renders without ``input``: a template that uses it is refused."""
-    variables = {**job.variables, "input": data} if data is not None else {**job.variables}
-    if job.prompt_text is not None:
-        text = prompts.render_text(job.prompt_text, variables)
-    else:
-        text = prompts.render(job.prompt, variables)
-    messages = ([{"role": "system", "content": job.system}] if job.system else []) + [
-        {"role": "user", "content": text}
-    ]
-    return ChatRequest(messages, job.model, job.temperature, job.max_tokens)
-
-
-async def load(ctx: StageContext) -> Any:
-    """The job's input: ``job.input``, or the text of ``job.input_file`` (as the preflight
-    read it, when this node ran one)."""
-    if "load" in ctx.prepared:
-        return ctx.prepared["load"]
-    return await read_input(ctx.job)
-
-
-async def build_prompt(ctx: StageContext) -> ChatRequest:
-    """Render the job's template with ``input`` and the job's variables into a request
-    (the preflight's rendering, when it rendered this very input)."""
-    data = ctx.output("load")
-    if "build_prompt" in ctx.prepared and data is ctx.prepared.get("load"):
-        return cast(ChatRequest, ctx.prepared["build_prompt"])
-    return await asyncio.to_thread(render_request, ctx.job, ctx.prompts, data)
-
-
-async def call_ai(ctx: StageContext) -> Completion:
-    """Call the model: streamed under the stream guard (every content delta is progress),
-    or in one response under the stage's hard deadline; transient failures are retried
-    within that deadline."""
-    provider = ctx.provider
-    if provider is None:
-        raise JobSpecError(f"job {ctx.job.key!r}: no provider to call")
-    request: ChatRequest = ctx.output("build_prompt")
-
-    async def once() -> Completion:
-        ctx.ensure_lease()  # each call (a retry too) is a side effect: only on a live lease
-        if not ctx.job.stream:
-            return await provider.complete(request)
-        guard = StreamGuard(
-            ctx.stream_timeouts,
-            ctx.tracker,
-            limits=ctx.stream_limits,
-            # said as the first content arrives, so a watcher sees it while the answer streams
-            on_first_token=lambda s: ctx.say("first_token", provider.name, value=s),
-        )
-        try:
-            return await guard.call(provider, request)
-        except StageTimeout as exc:
-            ctx.say(
-                "stream_timeout",
-                type(exc).__name__,
-                value=exc.budget_s,
-                attrs={"provider": provider.name},
-            )
-            raise
-        finally:
-            if guard.chunks > 1:
-                ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
-
-    completion = await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
-    usage = completion.usage
-    ctx.say(
-        "model_call",
-        provider.name,
-        attrs={
-            "provider": provider.name,
-            "chunks": completion.chunks,
-            "prompt_tokens": usage.prompt_tokens if usage else 0,
-            "completion_tokens": usage.completion_tokens if usage else 0,
-            "finish_reason": completion.finish_reason or "",
-        },
-    )
-    ctx.finish_reason = completion.finish_reason
-    if completion.finish_reason == "length":  # a whole answer, but capped: say so
-        ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
-    return completion
-
-
-async def parse(ctx: StageContext) -> Any:
-    """The answer as text, or as a JSON value when the job's output is ``json``."""
-    completion: Completion = ctx.output("call_ai")
-    text = completion.text.strip()
-    if ctx.job.output == "text":
-        return text
-    body = text.removeprefix("```json").removeprefix("```").removesuffix("```").strip()
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise ProviderError(
-            f"the model's answer is not JSON ({exc}); first 80 characters: {text[:80]!r}",
-            retryable=True,
-        ) from None
-
-
-async def persist(ctx: StageContext) -> Any:
-    """Commit the parsed output as the job's one result (fenced, idempotent)."""
-    value = ctx.output("parse")
-    await ctx.commit(value)
-    return value

@@ -182,7 +182,7 @@ class Worker:
 
     async def run(self) -> None:
         """Take due jobs until stopped; then drain within the grace window."""
-        adaptive = self.runner.adaptive
+        adaptive = self.runner.config.adaptive
         loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # asyncio | uvloop
         self._say(
             "worker_started",

@@ -2,9 +2,10 @@
 
 The pipeline passes through named points — ``before:<stage>``, ``after:<stage>``,
 ``before_commit`` (after the owner's own lease check, just before the fenced write) and
-``after_commit`` (after the write, before the runner returns). A :class:`FaultPlan` handed to
-``Runner(faults=...)`` acts at the points it names; without one, each point is a no-op
-attribute check. Nothing here runs unless a test installs a plan.
+``after_commit`` (after the write, before the runner returns). A :class:`FaultPlan` is a
+fault hook (:data:`ai_lease.run.config.FaultHook`): installed as
+``Runner(..., hooks=RunHooks(fault=plan))`` it acts at the points it names; without one,
+each point is a no-op attribute check. Nothing here runs unless a test installs a plan.
 
 >>> plan = FaultPlan({"before_commit": "pause"})   # SIGSTOP ourselves right before the write
 """
@@ -47,6 +48,10 @@ class FaultPlan:
         """From ``"before_commit=pause,after:load=block:3"``."""
         pairs = (item.split("=", 1) for item in spec.split(",") if item.strip())
         return cls({point.strip(): action.strip() for point, action in pairs}, on_hit)
+
+    async def __call__(self, point: str) -> None:
+        """The fault hook: act at ``point`` if the plan names it."""
+        await self.hit(point)
 
     async def hit(self, point: str) -> None:
         action = self.points.get(point)

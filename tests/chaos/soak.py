@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ai_lease import LeaseStore, Status, open_store
 from ai_lease.job import Job
+from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
 from tests.harness.chaos_cluster import check_job, key_view
 from tests.harness.chaos_proxy import ChaosProxy
@@ -102,7 +103,7 @@ class Soak:
         self.live.append(await group.start_ready(name, concurrency=4, job_seconds=1.0))
 
     async def submit_jobs(self, store: LeaseStore, until: float) -> None:
-        runner = Runner(store, record_history=False, trace=False)
+        runner = Runner(store, config=RunConfig(record_history=False, trace=False))
         while time.monotonic() < until:
             key = f"soak-{len(self.keys):05d}"
             with contextlib.suppress(Exception):  # a fault may hit the submitter too

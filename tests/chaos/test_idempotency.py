@@ -9,6 +9,7 @@ import pytest
 
 from ai_lease import JobConflict, LeaseStore
 from ai_lease.job import Job
+from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import ScriptedProvider
 from tests.harness.chaos_cluster import PROFILE, ChaosCluster, check_job
@@ -26,9 +27,9 @@ def job(text: str = "the input") -> Job:
 async def test_resubmitted_key_returns_the_stored_result(store: LeaseStore, repeat: int) -> None:
     """The same key and payload again returns the stored record; the model is not called."""
     first = ScriptedProvider(["first ", "answer"])
-    record = await Runner(store, provider=first, record_history=False).run(job())
+    record = await Runner(store, provider=first, config=RunConfig(record_history=False)).run(job())
     again = ScriptedProvider(["second answer"])
-    runner = Runner(store, provider=again, record_history=False)
+    runner = Runner(store, provider=again, config=RunConfig(record_history=False))
     for _ in range(3):
         repeated = await runner.run(job())
         assert (repeated.output, repeated.token) == (record.output, record.token)
@@ -40,9 +41,11 @@ async def test_resubmitted_key_returns_the_stored_result(store: LeaseStore, repe
 @pytest.mark.parametrize("repeat", range(3))
 async def test_same_key_other_payload_is_a_conflict(store: LeaseStore, repeat: int) -> None:
     """The same key with another payload raises JobConflict, never the old result."""
-    await Runner(store, provider=ScriptedProvider(["old"]), record_history=False).run(job())
+    await Runner(
+        store, provider=ScriptedProvider(["old"]), config=RunConfig(record_history=False)
+    ).run(job())
     other = ScriptedProvider(["new"])
-    runner = Runner(store, provider=other, record_history=False)
+    runner = Runner(store, provider=other, config=RunConfig(record_history=False))
     with pytest.raises(JobConflict, match=KEY):
         await runner.run(job("another input"))
     with pytest.raises(JobConflict):

@@ -23,6 +23,7 @@ from ai_lease import (
 )
 from ai_lease.job import Job
 from ai_lease.observe.events import Event
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, Raise, ScriptedProvider
 from ai_lease.timeouts import RetryPolicy
@@ -112,12 +113,14 @@ def runner(store: Any, provider: Any, events: list[Event], **lease: Any) -> Runn
     return Runner(
         store,
         provider=provider,
-        timings=timings(**lease),
-        retry=RetryPolicy(attempts=5, initial=1.0),
-        on_event=events.append,
-        record_history=False,
-        trace=False,
-        node_id="me",
+        config=RunConfig(
+            timings=timings(**lease),
+            retry=RetryPolicy(attempts=5, initial=1.0),
+            record_history=False,
+            trace=False,
+            node_id="me",
+        ),
+        hooks=RunHooks(on_event=events.append),
     )
 
 
@@ -213,12 +216,10 @@ async def self_fence_lateness(store: LeaseStore, **lease: float) -> tuple[float,
             fenced.set()
 
     owner = Runner(
-        blip,  # type: ignore[arg-type]
+        blip,
         provider=Slow(6.0),
-        timings=timings(**lease),
-        on_event=record,
-        record_history=False,
-        trace=False,
+        config=RunConfig(timings=timings(**lease), record_history=False, trace=False),
+        hooks=RunHooks(on_event=record),
     )
     task = asyncio.create_task(owner.run(job("k4")))
     try:

@@ -24,6 +24,7 @@ from ai_lease.job import Job
 from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta
 from ai_lease.providers.openai_compat import OpenAICompatProvider
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.timeouts import RetryPolicy
 from tests.harness.chaos_cluster import PROFILE, ChaosCluster, check_job, report
@@ -210,12 +211,14 @@ async def run_in_process(
     runner = Runner(
         store,
         provider=provider,
-        timings=timings,
-        stream_timeouts=StreamTimeouts(first_token=FIRST, idle=IDLE, total=TOTAL),
-        retry=RetryPolicy(attempts=5, initial=1.0),
-        on_event=lambda event: events.append((time.monotonic(), event)),
-        record_history=False,
-        trace=False,
+        config=RunConfig(
+            timings=timings,
+            stream_timeouts=StreamTimeouts(first_token=FIRST, idle=IDLE, total=TOTAL),
+            retry=RetryPolicy(attempts=5, initial=1.0),
+            record_history=False,
+            trace=False,
+        ),
+        hooks=RunHooks(on_event=lambda event: events.append((time.monotonic(), event))),
     )
     started = time.monotonic()
     try:

@@ -85,6 +85,7 @@ from ai_lease.job import Job  # noqa: E402
 from ai_lease.observe.events import Event  # noqa: E402
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider  # noqa: E402
 from ai_lease.providers.openai_compat import OpenAICompatProvider  # noqa: E402
+from ai_lease.run.config import RunConfig, RunHooks  # noqa: E402
 from ai_lease.run.runner import Runner  # noqa: E402
 from ai_lease.testing.faults import FaultPlan  # noqa: E402
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step  # noqa: E402
@@ -272,16 +273,17 @@ class ChaosNode:
         self.provider = RecordingProvider(options, history, inner)
         plan = FaultPlan.parse(options.faults, self.on_fault) if options.faults else None
         self.runner = Runner(
-            self.store,  # type: ignore[arg-type]
+            self.store,
             provider=self.provider,
-            timings=timings,
-            stream_timeouts=options.stream_timeouts(),
-            retry=RetryPolicy(attempts=5, initial=1.0),
-            node_id=options.node,
-            on_event=self.on_event,
-            record_history=False,
-            trace=False,
-            faults=plan,
+            config=RunConfig(
+                timings=timings,
+                stream_timeouts=options.stream_timeouts(),
+                retry=RetryPolicy(attempts=5, initial=1.0),
+                node_id=options.node,
+                record_history=False,
+                trace=False,
+            ),
+            hooks=RunHooks(on_event=self.on_event, fault=plan),
         )
 
     def on_event(self, event: Event) -> None:

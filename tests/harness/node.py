@@ -65,6 +65,7 @@ from ai_lease import (
 from ai_lease.job import Job
 from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step
@@ -184,9 +185,8 @@ class Node:
             store,
             provider=provider,
             pipeline=self.pipeline(),
-            timings=options.timings(),
-            node_id=options.node,
-            on_event=self.on_event,
+            config=RunConfig(timings=options.timings(), node_id=options.node),
+            hooks=RunHooks(on_event=self.on_event),
         )
 
     def pipeline(self) -> Pipeline:

@@ -48,6 +48,7 @@ from ai_lease.job import Job
 from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider
 from ai_lease.providers.openai_compat import OpenAICompatProvider
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step
@@ -150,7 +151,12 @@ async def amain(options: WorkerOptions) -> int:
     model: Provider = provider
     if options.base_url is not None:
         model = OpenAICompatProvider(base_url=options.base_url, model="m")
-    runner = Runner(store, provider=model, timings=timings, node_id=options.id, on_event=record)
+    runner = Runner(
+        store,
+        provider=model,
+        config=RunConfig(timings=timings, node_id=options.id),
+        hooks=RunHooks(on_event=record),
+    )
     worker = Worker(
         store,
         runner,

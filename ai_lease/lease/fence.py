@@ -1,0 +1,141 @@
+"""Fencing: every write an owner makes is fenced on its ``(token, owner)`` pair.
+
+The protocol, in one place:
+
+* **one fence per attempt** — each attempt owns the job under an owner id of its own
+  (:func:`new_owner_id`: ``<node_id>#<n>.<random>``), so two attempts never share a fence,
+  and the store hands out a higher token on every acquisition;
+* **the self-fence** — an owner stops before its lease could have lapsed
+  (:class:`SelfFence`: ``self_fence_margin`` ahead of the lease's end, local monotonic
+  clock, counted from when the last successful renewal was *sent*); the keeper checks it
+  on every wake, the pipeline before every side effect;
+* **the fenced commit** (:func:`fenced_commit`) — the store writes the one result only
+  while the pair still holds the lease; a commit repeated after a lost reply returns the
+  same record, so a lost answer is resent (:data:`~ai_lease.retry.COMMIT_RESEND`), and a
+  stale owner's write is refused with :class:`FencingRejected` (:func:`fenced_event` says so);
+* **an unknown outcome** — an attempt that ended without its commit's answer
+  (:class:`OutcomeUnknown`, or any store error) is remembered (:class:`UnansweredCommits`):
+  if the job turns out DONE under that very fence, the commit was applied after all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+
+from ai_lease.errors import FencingRejected, LeaseLost, StoreUnavailable
+from ai_lease.job import JobState
+from ai_lease.lease.base import Fence, LeaseStore
+from ai_lease.observe.events import Event
+from ai_lease.retry import COMMIT_RESEND, resending
+
+__all__ = [
+    "SelfFence",
+    "UnansweredCommits",
+    "default_node_id",
+    "fenced_commit",
+    "fenced_event",
+    "new_owner_id",
+]
+
+_attempts = itertools.count(1)
+
+
+def default_node_id() -> str:
+    """This node's name in records and logs: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def new_owner_id(node_id: str) -> str:
+    """A fresh owner id for one attempt on ``node_id``: ``<node_id>#<n>.<random>``."""
+    return f"{node_id}#{next(_attempts)}.{secrets.token_hex(2)}"
+
+
+class SelfFence:
+    """When an owner must stop working without a renewal: ``margin`` before ``valid_until``
+    (both on ``clock``, the local monotonic clock)."""
+
+    def __init__(
+        self, fence: Fence, valid_until: float, margin: float, clock: Callable[[], float]
+    ) -> None:
+        self.fence, self.valid_until, self.margin, self.clock = fence, valid_until, margin, clock
+
+    @property
+    def fence_at(self) -> float:
+        """Local monotonic time at which the owner must stop working without a renewal."""
+        return self.valid_until - self.margin
+
+    def overdue(self) -> float:
+        """Seconds past the self-fence point (negative: still safe)."""
+        return self.clock() - self.fence_at
+
+    def lost(self, late: float) -> LeaseLost:
+        """The error of an owner ``late`` seconds past its self-fence point."""
+        return LeaseLost(
+            self.fence.key,
+            f"no renewal landed in time (self-fenced {late:.2f}s past the safe point): "
+            "work stopped before the lease could lapse",
+            self.fence.pair,
+        )
+
+
+async def fenced_commit(
+    store: LeaseStore,
+    fence: Fence,
+    blob: str,
+    *,
+    finish_reason: str | None = None,
+    after: Callable[[JobState], Awaitable[None]] | None = None,
+) -> JobState:
+    """Write ``blob`` as the job's one result under ``fence``; resend after a lost reply
+    (the store answers a repeated commit with the same record). ``after`` sees the stored
+    record before it is returned. Raises :class:`FencingRejected` for a stale owner, and
+    the last :class:`StoreUnavailable` once the resends are used up."""
+    async for attempt in resending(COMMIT_RESEND, StoreUnavailable):
+        with attempt:
+            committed = await store.commit(fence, blob, finish_reason=finish_reason)
+            if after is not None:
+                await after(committed)
+    return committed
+
+
+def fenced_event(fence: Fence, exc: FencingRejected) -> Event:
+    """The ``fenced`` event of an owner whose write the store refused."""
+    return Event(
+        "fenced",
+        fence.key,
+        fence.owner_id,
+        fence.token,
+        None,
+        None,
+        str(exc),
+        attrs={"reason": exc.code},
+    )
+
+
+class UnansweredCommits:
+    """Fences of attempts that ended without their commit's answer (at most ``limit``,
+    the oldest forgotten first): if the job turns out DONE under one of them, that commit
+    was applied after all."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._pairs: dict[tuple[int, str], None] = {}
+
+    def expect(self, fence: Fence) -> None:
+        """``fence``'s attempt has started: its commit has no answer yet."""
+        self._pairs[fence.pair] = None
+        if len(self._pairs) > self.limit:
+            del self._pairs[next(iter(self._pairs))]
+
+    def answered(self, fence: Fence) -> None:
+        """``fence``'s attempt got its commit's answer."""
+        self._pairs.pop(fence.pair, None)
+
+    def applied_late(self, record: JobState) -> bool:
+        """Whether DONE ``record`` was written by a commit whose answer we never had."""
+        pair = (record.token, record.owner_id or "")
+        return self._pairs.pop(pair, ()) is None

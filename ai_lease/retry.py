@@ -1,0 +1,273 @@
+"""Retries, on tenacity: one value object, :class:`RetryPolicy`, and the policies that use it.
+
+Two retry loops run in ai_lease, at two scales:
+
+* :data:`JOB_ATTEMPTS` — attempts of a **whole job**, across nodes: after a failed attempt
+  (timeout, provider error, crash) the owner releases the job with its error and waits
+  1 s, 2 s, 4 s … before competing again; the *store* counts the attempts, so a job ends
+  FAILED after the last one whichever node made it. The runner's loop of rounds
+  (:func:`run_rounds`) is a tenacity loop that waits what each round asks for.
+* :data:`MODEL_CALL` — retries of **one model call** within the ``call_ai`` stage
+  (:func:`call_with_retries`): transient failures only, 0.5 s then 1 s apart with jitter,
+  honouring ``Retry-After``, and never past the stage's hard deadline. The first call goes
+  straight through; tenacity takes over after a transient error.
+
+A third, small one, :data:`COMMIT_RESEND`, resends a fenced commit whose answer was lost
+(:func:`resending`): the commit is idempotent on its fence, so a resend returns the same
+record.
+
+Retried by :func:`call_with_retries`: a :class:`ProviderError` marked retryable (429 —
+honouring ``Retry-After`` —, 5xx, connection reset, garbage where JSON was promised) and a
+:class:`FirstTokenTimeout`, as long as no content had arrived. A stream that broke after
+content arrived is not silently resent (the runner's next *attempt* may run the stage again,
+visibly) — except a :class:`StreamInterrupted` one: the server itself ended that answer
+without a finish reason (llama.cpp's server does so when another request arrives), its
+partial text is dropped, and calling again is what the caller would do. A retry is never
+progress.
+
+>>> JOB_ATTEMPTS.backoff(1), JOB_ATTEMPTS.backoff(2), JOB_ATTEMPTS.backoff(3)
+(1.0, 2.0, 4.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+    stop_never,
+    wait_exponential,
+)
+from tenacity.stop import stop_base
+
+from ai_lease.errors import ConfigError, FirstTokenTimeout, ProviderError, StreamInterrupted
+
+__all__ = [
+    "COMMIT_RESEND",
+    "JOB_ATTEMPTS",
+    "MODEL_CALL",
+    "RetryPolicy",
+    "call_with_retries",
+    "is_transient",
+    "resending",
+    "run_rounds",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often to try and how long to wait in between: ``attempts`` tries in all, waits
+    growing from ``initial`` by ``multiplier``, capped at ``max_backoff`` (float seconds).
+
+    >>> RetryPolicy(attempts=5, initial=0.5).backoff(3)
+    2.0
+    """
+
+    attempts: int = 3
+    initial: float = 1.0
+    multiplier: float = 2.0
+    max_backoff: float = 30.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not (
+            isinstance(self.attempts, int) and self.attempts >= 1
+        ):
+            raise ConfigError(
+                f"RetryPolicy.attempts: must be an integer >= 1 (got {self.attempts!r})"
+            )
+        for name in ("initial", "max_backoff"):
+            _seconds(self, name)
+        if self.multiplier < 1:
+            raise ConfigError(f"RetryPolicy.multiplier: must be >= 1 (got {self.multiplier!r})")
+
+    def wait(self) -> wait_exponential:
+        """The tenacity wait strategy of this policy (before try ``n + 1``, after try ``n``)."""
+        return wait_exponential(
+            multiplier=self.initial, exp_base=self.multiplier, max=self.max_backoff
+        )
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before attempt number ``attempt + 1`` (``attempt`` counts from 1)."""
+        return float(self.wait()(_after_try(attempt)))
+
+
+def _after_try(attempt: int) -> RetryCallState:
+    """A retry state as tenacity's wait strategies see it after try number ``attempt``."""
+    state = RetryCallState(cast(Any, None), None, (), {})  # waits read attempt_number only
+    state.attempt_number = attempt
+    return state
+
+
+def _seconds(owner: RetryPolicy, name: str) -> None:
+    value = getattr(owner, name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"RetryPolicy.{name}: must be a number of seconds")
+    if math.isnan(value) or value <= 0 or math.isinf(value):
+        raise ConfigError(
+            f"RetryPolicy.{name}: must be a positive number of seconds (got {value!r})"
+        )
+    object.__setattr__(owner, name, float(value))
+
+
+JOB_ATTEMPTS = RetryPolicy(attempts=3, initial=1.0, multiplier=2.0, max_backoff=30.0)
+"""Attempts of a whole job across nodes: at most 3, 1 s then 2 s apart (4 s after a third)."""
+
+MODEL_CALL = RetryPolicy(attempts=3, initial=0.5, multiplier=2.0, max_backoff=8.0)
+"""Retries of one model call within a stage: up to 3 tries, 0.5 s then 1 s apart (jitter)."""
+
+COMMIT_RESEND = RetryPolicy(attempts=3, initial=0.1, multiplier=2.0, max_backoff=30.0)
+"""Resends of a fenced commit whose answer was lost: 3 sends, 0.1 s then 0.2 s apart."""
+
+
+# -- the job's rounds -------------------------------------------------------------------------
+
+
+async def run_rounds(
+    round_: Callable[[], Awaitable[object]], pause: Callable[[float], Awaitable[None]]
+) -> object:
+    """The runner's loop: call ``round_`` again as long as it returns a float (how long to
+    stand aside first, spent in ``pause``); return its first other result. How long to wait
+    after a failed attempt is the job retry policy's backoff (:data:`JOB_ATTEMPTS`); the
+    store counts the attempts, and the job deadline bounds the loop.
+
+    The first round goes straight through (most jobs need one): tenacity takes over, with
+    the same rule, once a round asks for a pause.
+    """
+    first = await round_()
+    if not isinstance(first, float):
+        return first
+    await pause(first)
+    retrying = AsyncRetrying(
+        retry=retry_if_result(_is_pause),
+        wait=_pause_length,
+        stop=stop_never,
+        sleep=pause,
+        reraise=True,
+    )
+    return await retrying(round_)
+
+
+def _is_pause(outcome: object) -> bool:
+    return isinstance(outcome, float)
+
+
+def _pause_length(state: RetryCallState) -> float:
+    assert state.outcome is not None
+    return float(state.outcome.result())
+
+
+# -- a resend after a lost reply --------------------------------------------------------------
+
+
+def resending(
+    policy: RetryPolicy, on: type[BaseException] | tuple[type[BaseException], ...]
+) -> AsyncRetrying:
+    """Send again after an ``on`` error, up to ``policy.attempts`` sends in all, waiting the
+    policy's backoff (no jitter) in between; the last error is raised."""
+    return AsyncRetrying(
+        retry=retry_if_exception_type(on),
+        wait=policy.wait(),
+        stop=stop_after_attempt(policy.attempts),
+        sleep=asyncio.sleep,
+        reraise=True,
+    )
+
+
+# -- one model call ---------------------------------------------------------------------------
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth calling again: retryable and nothing was received yet (or interrupted)."""
+    if isinstance(exc, StreamInterrupted):
+        return True
+    if isinstance(exc, ProviderError):
+        return exc.retryable and not exc.partial
+    return isinstance(exc, FirstTokenTimeout)
+
+
+class _PastDeadline(stop_base):
+    def __init__(self, deadline_at: float | None, clock: Callable[[], float]) -> None:
+        self.deadline_at, self.clock = deadline_at, clock
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        if self.deadline_at is None:
+            return False
+        return self.clock() + retry_state.upcoming_sleep >= self.deadline_at
+
+
+async def call_with_retries(
+    call: Callable[[], Awaitable[T]],
+    policy: RetryPolicy = MODEL_CALL,
+    *,
+    deadline_at: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    on_retry: Callable[[BaseException, float], None] | None = None,
+) -> T:
+    """Await ``call()``, calling it again after transient failures (see module docstring).
+    A retry whose wait would end past ``deadline_at`` (monotonic clock) is not made."""
+    # The first call goes straight through: tenacity's machinery costs ~50 µs per call,
+    # and most calls succeed. It takes over, with the same policy, after a transient error.
+    try:
+        return await call()
+    except Exception as exc:
+        if not is_transient(exc) or policy.attempts < 2:
+            raise
+        first = exc
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(is_transient),
+        wait=_model_wait(policy),
+        stop=stop_after_attempt(policy.attempts) | _PastDeadline(deadline_at, clock),
+        reraise=True,
+        sleep=asyncio.sleep,
+        before_sleep=_reporting(on_retry),
+    )
+    return await retrying(_replaying(first, call))
+
+
+def _model_wait(policy: RetryPolicy) -> Callable[[RetryCallState], float]:
+    """The policy's backoff with jitter, or the server's ``Retry-After`` if longer."""
+
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        backoff = policy.backoff(state.attempt_number) * random.uniform(0.5, 1.0)
+        hint = exc.retry_after if isinstance(exc, ProviderError) else None
+        return max(backoff, hint or 0.0)
+
+    return wait
+
+
+def _reporting(
+    on_retry: Callable[[BaseException, float], None] | None,
+) -> Callable[[RetryCallState], None]:
+    def before_sleep(state: RetryCallState) -> None:
+        if on_retry is not None and state.outcome is not None:
+            on_retry(state.outcome.exception() or RuntimeError(), state.upcoming_sleep)
+
+    return before_sleep
+
+
+def _replaying(first: BaseException, call: Callable[[], Awaitable[T]]) -> Callable[[], Any]:
+    """``call``, whose first run raises ``first`` again (so waits and stops count it)."""
+    replayed = False
+
+    async def again() -> T:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            raise first
+        return await call()
+
+    return again

@@ -1,0 +1,242 @@
+"""One attempt as owner: the pipeline with the lease keeper beside it, and what its end means.
+
+An :class:`Attempt` starts once the runner holds the job's lease. It runs the pipeline under
+the job's deadline (counted from the job's first acquisition on the store's clock) with the
+keeper beside it (:func:`~ai_lease.lease.keeper.alongside`), and commits the result, fenced.
+How it ends decides what the runner does next:
+
+* committed — the DONE record is returned;
+* a stale owner (:class:`FencingRejected`) — follow the new owner at once;
+* stalled — stand aside long enough for another node to take over first;
+* lease lost — compete again after one poll interval;
+* failed — bad input or a non-retryable error fails the job at once, anything else is
+  released with its error and retried after the job retry policy's backoff;
+* cancelled from outside (a shutdown) — step down: the attempt is handed back, not failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ai_lease.errors import (
+    FencingRejected,
+    JobDeadlineExceeded,
+    JobFailed,
+    LeaseError,
+    Stalled,
+    StoreUnavailable,
+)
+from ai_lease.job import Job, JobState
+from ai_lease.lease.base import Acquired, Fence, due_now
+from ai_lease.lease.fence import fenced_event
+from ai_lease.lease.keeper import LeaseKeeper, alongside
+from ai_lease.observe.events import Event
+from ai_lease.redaction import redact
+from ai_lease.run.classify import describe, retryable
+from ai_lease.run.pipeline import StageContext
+from ai_lease.run.progress import Progress
+from ai_lease.timeouts import StallPolicy
+
+if TYPE_CHECKING:
+    from ai_lease.run.runner import Runner
+
+__all__ = ["Attempt"]
+
+
+class Attempt:
+    """One attempt of ``job`` as the owner of ``acquired`` (see the module docstring).
+    ``sent_at``: when (monotonic clock) the acquire that granted the lease was sent."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        job: Job,
+        acquired: Acquired,
+        prepared: Mapping[str, Any],
+        sent_at: float,
+    ) -> None:
+        self.runner, self.job, self.acquired = runner, job, acquired
+        self.prepared, self.sent_at = prepared, sent_at
+        self.fence = acquired.fence
+        self.timings = runner.timings
+
+    async def run(self) -> JobState | float:
+        """Returns the DONE record, or how long to stand aside (following only) before
+        competing again."""
+        fence, record, takeover = self.fence, self.acquired.job, self.acquired.takeover
+        emit = self.runner.emit
+        note = " (takeover)" if takeover else ""
+        emit("acquired", fence.key, fence, f"attempt {record.attempts}{note}")
+        if takeover:
+            emit("takeover", fence.key, fence, f"previous attempts {record.attempts - 1}")
+        # The job deadline runs from the first acquisition: queue time has its own bound.
+        started = record.read_at if record.started_at is None else record.started_at
+        if started - record.created_at > self.timings.queue_deadline:
+            reason = (
+                f"job {fence.key!r} waited {started - record.created_at:.1f}s in the queue, "
+                f"past its queue deadline of {self.timings.queue_deadline:g}s "
+                "(lease.queue_deadline)"
+            )
+            await self.fail(reason)
+            raise JobFailed(fence.key, reason)
+        left = self.timings.job_deadline - (record.read_at - started)
+        self.runner.commits.expect(fence)  # until the attempt has its commit's answer
+        committed = await self._ended(left)
+        if isinstance(committed, JobState):
+            self.runner.commits.answered(fence)
+        return committed
+
+    async def _ended(self, left: float) -> JobState | float:
+        """The attempt, and what its end means for the runner (see the module docstring)."""
+        fence, timings, record = self.fence, self.timings, self.acquired.job
+        backoff = self.runner.retry.backoff(record.attempts)
+        try:
+            return await self._own(left)
+        except asyncio.CancelledError:
+            await self.step_down()  # e.g. a worker shutting down: hand over at once
+            raise
+        except FencingRejected as exc:
+            self.runner.emit_event(fenced_event(fence, exc))
+            return 0.0  # someone else owns it now: follow them
+        except Stalled as exc:
+            # Our work was stuck: let the other nodes take over first, rather than racing
+            # them for the lease we are letting lapse (a zombie should not win it back).
+            self.runner.emit("retry", fence.key, fence, str(exc))
+            lapse = timings.ttl if self.runner.stall_policy is StallPolicy.EXPIRE else 0.0
+            return lapse + 2 * timings.poll_interval + backoff
+        except LeaseError as exc:
+            self.runner.emit("retry", fence.key, fence, str(exc))
+            return timings.poll_interval
+        except JobDeadlineExceeded as exc:
+            await self.fail(describe(exc))  # named like every other failure
+            raise
+        except Exception as exc:
+            return await self._failed(exc, backoff)
+
+    async def _failed(self, exc: Exception, backoff: float) -> float:
+        """The attempt's own failure: fail the job (not retryable) or release and retry."""
+        fence = self.fence
+        if not retryable(exc):
+            await self.fail(describe(exc))
+            raise JobFailed(fence.key, describe(exc)) from exc
+        await self.release(describe(exc))
+        if self.acquired.job.attempts >= self.runner.retry.attempts:
+            return 0.0  # the next acquire ends the job FAILED with this error
+        self.runner.emit("retry", fence.key, fence, f"{describe(exc)}; retrying in {backoff:g}s")
+        return backoff
+
+    async def _own(self, left: float) -> JobState:
+        """Run the pipeline with the keeper beside it, under the job's deadline; commit."""
+        runner, progress = self.runner, Progress()
+        started = progress.clock()
+        keeper = self._keeper(progress)
+        ctx = self._context(progress, keeper)
+        deadline = asyncio.timeout(max(left, 0.0))
+        try:
+            async with deadline:
+                emit = runner.emit_event if runner.listening else None
+                value = await alongside(runner.pipeline.run(ctx, self.timings, emit), keeper)
+        except TimeoutError:
+            if deadline.expired():
+                raise JobDeadlineExceeded(self.job.key, self.timings.job_deadline) from None
+            raise
+        committed = ctx.committed or await ctx.commit(value)
+        if runner.listening:
+            runner.emit_event(
+                Event(
+                    "committed",
+                    self.job.key,
+                    self.fence.owner_id,
+                    self.fence.token,
+                    progress.stage,
+                    progress.idle(),
+                    "one result stored",
+                    value=progress.clock() - started,
+                    attrs={"progress": progress.version - keeper.reported_version},
+                )
+            )
+        return committed
+
+    def _keeper(self, progress: Progress) -> LeaseKeeper:
+        return LeaseKeeper(
+            self.runner.store,
+            self.fence,
+            progress,
+            self.timings,
+            # Counted from when the acquire was sent (the store granted it later): a loop
+            # blocked after the reply cannot make us believe in a lease that has lapsed.
+            valid_until=self.sent_at + self.acquired.job.lease_remaining,
+            stall_policy=self.runner.stall_policy,
+            on_event=self.runner.emit_event,
+        )
+
+    def _context(self, progress: Progress, keeper: LeaseKeeper) -> StageContext:
+        runner, config, hooks = self.runner, self.runner.config, self.runner.hooks
+        return StageContext(
+            job=self.job,
+            fence=self.fence,
+            store=runner.store,
+            tracker=progress,
+            keeper=keeper,
+            provider=runner.provider,
+            prompts=runner.prompts,
+            stream_timeouts=config.stream_timeouts,
+            stream_limits=config.stream_limits,
+            persist_hook=hooks.persist_hook,
+            call_retry=config.call_retry,
+            fault_hook=hooks.fault,
+            prepared=self.prepared,
+        )
+
+    # -- handing the lease back ----------------------------------------------------------------
+
+    async def step_down(self) -> None:
+        """Release after a cancellation (Ctrl-C, a shutdown), bounded by the store's op
+        timeout. An interrupt is not the job's failure: the attempt is handed back."""
+        fence, store = self.fence, self.runner.store
+        try:
+            async with asyncio.timeout(self.timings.op_timeout * 2):
+                await store.release(fence, interrupted=True)
+                await due_now(store, fence.key)
+            if self.runner.listening:
+                self.runner.emit_event(_stepped_down(fence))
+        except (StoreUnavailable, TimeoutError) as exc:
+            self.runner.emit("store_unavailable", fence.key, fence, f"could not step down: {exc}")
+
+    async def release(self, error: str) -> None:
+        """Hand the lease back with ``error`` (a failed attempt, counted by the store)."""
+        fence, store = self.fence, self.runner.store
+        error = redact(error)  # stored: no secret leaves the process in a record
+        try:
+            released = await store.release(fence, error=error)
+            await due_now(store, fence.key)
+            # The log says what the store did: a lease no longer ours was not released.
+            note = "" if released else " (not released: the store no longer held this lease)"
+            self.runner.emit("released", fence.key, fence, error + note)
+        except StoreUnavailable as exc:  # the lease lapses on its own
+            self.runner.emit("store_unavailable", fence.key, fence, str(exc))
+
+    async def fail(self, reason: str) -> None:
+        """End the job FAILED with ``reason`` (fenced: a stale owner's verdict is refused)."""
+        fence = self.fence
+        reason = redact(reason)
+        try:
+            await self.runner.store.fail(fence, reason)
+            self.runner.emit("failed", fence.key, fence, reason)
+        except StoreUnavailable as exc:  # the lease lapses; the next attempt records it
+            self.runner.emit("store_unavailable", fence.key, fence, str(exc))
+        except FencingRejected as exc:
+            self.runner.emit_event(fenced_event(fence, exc))
+
+
+def _stepped_down(fence: Fence) -> Event:
+    return Event(
+        "released",
+        fence.key,
+        fence.owner_id,
+        fence.token,
+        detail="cancelled: stepped down",
+        attrs={"reason": "interrupted"},
+    )

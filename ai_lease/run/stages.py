@@ -1,0 +1,171 @@
+"""The five default stages: load → build_prompt → call_ai → parse → persist.
+
+``load`` takes the job's input (as the submitter read it), ``build_prompt`` renders the
+job's template into a request, ``call_ai`` calls the model (streamed under the stream guard,
+transient failures retried within the stage's deadline: :data:`~ai_lease.retry.MODEL_CALL`),
+``parse`` turns the answer into text or JSON, and ``persist`` commits it, fenced. Each is a
+plain ``async`` function of a :class:`~ai_lease.run.pipeline.StageContext`: replace one with
+``Pipeline.default().replace(name, Stage(name, fn))``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, cast
+
+import orjson
+
+from ai_lease.errors import JobSpecError, ProviderError, StageTimeout
+from ai_lease.job import Job
+from ai_lease.prompts import PromptLibrary
+from ai_lease.providers.base import ChatRequest, Completion, Provider
+from ai_lease.retry import call_with_retries
+from ai_lease.run.stream_guard import StreamGuard
+
+if TYPE_CHECKING:
+    from ai_lease.run.pipeline import StageContext
+
+__all__ = [
+    "CAPPED_NOTE",
+    "build_prompt",
+    "call_ai",
+    "load",
+    "parse",
+    "persist",
+    "read_input",
+    "render_request",
+]
+
+CAPPED_NOTE = (
+    "the model stopped at max_tokens (finish_reason length): the answer is whole but capped; "
+    "raise max_tokens for a longer one"
+)
+
+
+async def read_input(job: Job) -> Any:
+    """The job's input: ``job.input``. A job still naming an ``input_file`` is refused: the
+    submitter reads the file (:func:`ai_lease.inputs.resolve_input`), a worker never opens
+    a path it was handed."""
+    if job.input_file is not None:
+        raise JobSpecError(
+            f"job {job.key!r}: input_file {job.input_file!r} was not read by its submitter; "
+            "a worker never opens a path it was handed (Runner.run and submit read it)"
+        )
+    return job.input
+
+
+def render_request(job: Job, prompts: PromptLibrary, data: Any) -> ChatRequest:
+    """Render the job's template with ``input`` and the job's variables into a request
+    (in the calling thread, under the library's render deadline: call it off the loop).
+    A job with no input renders without ``input``: a template that uses it is refused."""
+    variables = {**job.variables, "input": data} if data is not None else {**job.variables}
+    if job.prompt_text is not None:
+        text = prompts.render_text(job.prompt_text, variables)
+    else:
+        text = prompts.render(job.prompt, variables)
+    messages = ([{"role": "system", "content": job.system}] if job.system else []) + [
+        {"role": "user", "content": text}
+    ]
+    return ChatRequest(messages, job.model, job.temperature, job.max_tokens)
+
+
+async def load(ctx: StageContext) -> Any:
+    """The job's input: ``job.input``, or the text of ``job.input_file`` (as the preflight
+    read it, when this node ran one)."""
+    if "load" in ctx.prepared:
+        return ctx.prepared["load"]
+    return await read_input(ctx.job)
+
+
+async def build_prompt(ctx: StageContext) -> ChatRequest:
+    """Render the job's template with ``input`` and the job's variables into a request
+    (the preflight's rendering, when it rendered this very input)."""
+    data = ctx.output("load")
+    if "build_prompt" in ctx.prepared and data is ctx.prepared.get("load"):
+        return cast(ChatRequest, ctx.prepared["build_prompt"])
+    return await asyncio.to_thread(render_request, ctx.job, ctx.prompts, data)
+
+
+async def call_ai(ctx: StageContext) -> Completion:
+    """Call the model: streamed under the stream guard (every content delta is progress),
+    or in one response under the stage's hard deadline; transient failures are retried
+    within that deadline."""
+    provider = ctx.provider
+    if provider is None:
+        raise JobSpecError(f"job {ctx.job.key!r}: no provider to call")
+    request: ChatRequest = ctx.output("build_prompt")
+
+    async def once() -> Completion:
+        ctx.ensure_lease()  # each call (a retry too) is a side effect: only on a live lease
+        if not ctx.job.stream:
+            return await provider.complete(request)
+        return await _streamed(ctx, provider, request)
+
+    completion = await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
+    _report(ctx, provider, completion)
+    ctx.finish_reason = completion.finish_reason
+    if completion.finish_reason == "length":  # a whole answer, but capped: say so
+        ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
+    return completion
+
+
+async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest) -> Completion:
+    """One streamed call under the stream guard; its timeouts and gaps are reported."""
+    guard = StreamGuard(
+        ctx.stream_timeouts,
+        ctx.tracker,
+        limits=ctx.stream_limits,
+        # said as the first content arrives, so a watcher sees it while the answer streams
+        on_first_token=lambda s: ctx.say("first_token", provider.name, value=s),
+    )
+    try:
+        return await guard.call(provider, request)
+    except StageTimeout as exc:
+        ctx.say(
+            "stream_timeout",
+            type(exc).__name__,
+            value=exc.budget_s,
+            attrs={"provider": provider.name},
+        )
+        raise
+    finally:
+        if guard.chunks > 1:
+            ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
+
+
+def _report(ctx: StageContext, provider: Provider, completion: Completion) -> None:
+    usage = completion.usage
+    ctx.say(
+        "model_call",
+        provider.name,
+        attrs={
+            "provider": provider.name,
+            "chunks": completion.chunks,
+            "prompt_tokens": usage.prompt_tokens if usage else 0,
+            "completion_tokens": usage.completion_tokens if usage else 0,
+            "finish_reason": completion.finish_reason or "",
+        },
+    )
+
+
+async def parse(ctx: StageContext) -> Any:
+    """The answer as text, or as a JSON value when the job's output is ``json``."""
+    completion: Completion = ctx.output("call_ai")
+    text = completion.text.strip()
+    if ctx.job.output == "text":
+        return text
+    body = text.removeprefix("```json").removeprefix("```").removesuffix("```").strip()
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ProviderError(
+            f"the model's answer is not JSON ({exc}); first 80 characters: {text[:80]!r}",
+            retryable=True,
+        ) from None
+
+
+async def persist(ctx: StageContext) -> Any:
+    """Commit the parsed output as the job's one result (fenced, idempotent)."""
+    value = ctx.output("parse")
+    await ctx.commit(value)
+    return value
