@@ -13,7 +13,7 @@ Two retry loops run in ai_lease, at two scales:
   straight through; tenacity takes over after a transient error.
 
 A third, small one, :data:`COMMIT_RESEND`, resends a fenced commit whose answer was lost
-(:func:`resending`): the commit is idempotent on its fence, so a resend returns the same
+(:func:`resend`): the commit is idempotent on its fence, so a resend returns the same
 record.
 
 Retried by :func:`call_with_retries`: a :class:`ProviderError` marked retryable (429 —
@@ -60,7 +60,7 @@ __all__ = [
     "RetryPolicy",
     "call_with_retries",
     "is_transient",
-    "resending",
+    "resend",
     "run_rounds",
 ]
 
@@ -172,18 +172,32 @@ def _pause_length(state: RetryCallState) -> float:
 # -- a resend after a lost reply --------------------------------------------------------------
 
 
-def resending(
-    policy: RetryPolicy, on: type[BaseException] | tuple[type[BaseException], ...]
-) -> AsyncRetrying:
-    """Send again after an ``on`` error, up to ``policy.attempts`` sends in all, waiting the
-    policy's backoff (no jitter) in between; the last error is raised."""
-    return AsyncRetrying(
+async def resend(
+    send: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    on: type[BaseException] | tuple[type[BaseException], ...],
+) -> T:
+    """Await ``send()``; after an ``on`` error send again, up to ``policy.attempts`` sends in
+    all, waiting the policy's backoff (no jitter) in between; the last error is raised.
+
+    The first send goes straight through (it nearly always lands): tenacity takes over,
+    counting that first failure, only after an ``on`` error.
+    """
+    try:
+        return await send()
+    except on as exc:
+        if policy.attempts < 2:
+            raise
+        first = exc
+    retrying = AsyncRetrying(
         retry=retry_if_exception_type(on),
         wait=policy.wait(),
         stop=stop_after_attempt(policy.attempts),
         sleep=asyncio.sleep,
         reraise=True,
     )
+    result: T = await retrying(_replaying(first, send))
+    return result
 
 
 # -- one model call ---------------------------------------------------------------------------

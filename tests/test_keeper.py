@@ -201,7 +201,7 @@ async def test_run_loop_stops_a_blocked_owner_on_wake(store: SQLiteStore) -> Non
         await asyncio.wait_for(keeper.run(), 5)
 
 
-# -- the keeper beside the work (keeper.alongside) ------------------------------------------
+# -- the keeper beside the work (lease.keeper.alongside) -------------------------------------
 
 
 async def _short_lived_keeper(

@@ -339,7 +339,7 @@ async def test_json_log_says_when_a_commit_answer_arrived_late(
     logger, handler = captured
     logger.setLevel(logging.INFO)
     runner = Runner(
-        _LostCommitAnswers(sqlite_store),
+        _LostCommitAnswers(sqlite_store),  # type: ignore[arg-type]
         provider=ScriptedProvider(["the answer"]),
         config=RunConfig(retry=RetryPolicy(attempts=3, initial=0.05)),
         hooks=RunHooks(on_event=JobLogger(logger, json=True)),

@@ -109,7 +109,7 @@ async def test_spans_of_cancelled_and_store_unavailable_runs_are_ended(store: Le
                 calling.set()
 
         runner = Runner(
-            store if i < 20 else _NoRelease(store),
+            store if i < 20 else _NoRelease(store),  # type: ignore[arg-type]
             provider=ScriptedProvider(["x", Pause(30)]),
             config=RunConfig(timings=timings, trace=False),
             hooks=RunHooks(on_event=on_event),
@@ -151,7 +151,7 @@ async def test_a_failed_attempt_span_is_an_error_and_a_cancelled_one_is_not(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     runner = Runner(
         store,
-        provider=Broken(),
+        provider=Broken(),  # type: ignore[arg-type]
         config=RunConfig(
             retry=RetryPolicy(attempts=1), call_retry=RetryPolicy(attempts=1), trace=False
         ),

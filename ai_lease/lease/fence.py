@@ -30,7 +30,7 @@ from ai_lease.errors import FencingRejected, LeaseLost, StoreUnavailable
 from ai_lease.job import JobState
 from ai_lease.lease.base import Fence, LeaseStore
 from ai_lease.observe.events import Event
-from ai_lease.retry import COMMIT_RESEND, resending
+from ai_lease.retry import COMMIT_RESEND, resend
 
 __all__ = [
     "SelfFence",
@@ -94,12 +94,14 @@ async def fenced_commit(
     (the store answers a repeated commit with the same record). ``after`` sees the stored
     record before it is returned. Raises :class:`FencingRejected` for a stale owner, and
     the last :class:`StoreUnavailable` once the resends are used up."""
-    async for attempt in resending(COMMIT_RESEND, StoreUnavailable):
-        with attempt:
-            committed = await store.commit(fence, blob, finish_reason=finish_reason)
-            if after is not None:
-                await after(committed)
-    return committed
+
+    async def send() -> JobState:
+        committed = await store.commit(fence, blob, finish_reason=finish_reason)
+        if after is not None:
+            await after(committed)
+        return committed
+
+    return await resend(send, COMMIT_RESEND, StoreUnavailable)
 
 
 def fenced_event(fence: Fence, exc: FencingRejected) -> Event:

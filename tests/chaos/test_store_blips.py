@@ -216,7 +216,7 @@ async def self_fence_lateness(store: LeaseStore, **lease: float) -> tuple[float,
             fenced.set()
 
     owner = Runner(
-        blip,
+        blip,  # type: ignore[arg-type]
         provider=Slow(6.0),
         config=RunConfig(timings=timings(**lease), record_history=False, trace=False),
         hooks=RunHooks(on_event=record),

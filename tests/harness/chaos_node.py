@@ -273,7 +273,7 @@ class ChaosNode:
         self.provider = RecordingProvider(options, history, inner)
         plan = FaultPlan.parse(options.faults, self.on_fault) if options.faults else None
         self.runner = Runner(
-            self.store,
+            self.store,  # type: ignore[arg-type]
             provider=self.provider,
             config=RunConfig(
                 timings=timings,
