@@ -17,8 +17,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves them at run time
-    from ai_lease.client import Client, SyncClient, connect, run_sync
-    from ai_lease.errors import (
+    from .client import Client, SyncClient, connect, run_sync
+    from .errors import (
         AiLeaseError,
         ConfigError,
         CorruptRecord,
@@ -46,8 +46,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         StreamLimitExceeded,
         StreamTotalTimeout,
     )
-    from ai_lease.job import Health, Job, JobState, Status
-    from ai_lease.lease import (
+    from .job import Health, Job, JobState, Status
+    from .lease import (
         Acquired,
         Fence,
         Finished,
@@ -57,14 +57,14 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         mask_url,
         open_store,
     )
-    from ai_lease.lease.handle import JobLease
-    from ai_lease.lease.redis import RedisStore
-    from ai_lease.lease.sqlite import SQLiteStore
-    from ai_lease.observe.events import Event
-    from ai_lease.observe.logs import JobLogger, configure_logging, fan_out
-    from ai_lease.observe.metrics import Metrics, serve_metrics
-    from ai_lease.prompts import PromptLibrary
-    from ai_lease.providers import (
+    from .lease.handle import JobLease
+    from .lease.redis import RedisStore
+    from .lease.sqlite import SQLiteStore
+    from .observe.events import Event
+    from .observe.logs import JobLogger, configure_logging, fan_out
+    from .observe.metrics import Metrics, serve_metrics
+    from .prompts import PromptLibrary
+    from .providers import (
         ChatRequest,
         Completion,
         Delta,
@@ -73,13 +73,13 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         available_providers,
         create_provider,
     )
-    from ai_lease.run.pipeline import Pipeline, Stage, StageContext
-    from ai_lease.run.progress import Progress
-    from ai_lease.run.runner import Runner
-    from ai_lease.run.stream_guard import StreamGuard
-    from ai_lease.run.worker import Worker
-    from ai_lease.settings import Settings, load_settings
-    from ai_lease.timeouts import (
+    from .run.pipeline import Pipeline, Stage, StageContext
+    from .run.progress import Progress
+    from .run.runner import Runner
+    from .run.stream_guard import StreamGuard
+    from .run.worker import Worker
+    from .settings import Settings, load_settings
+    from .timeouts import (
         AdaptiveBudgets,
         LeaseTimings,
         RetryPolicy,
