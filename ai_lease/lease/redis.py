@@ -53,6 +53,7 @@ from ai_lease.lease.base import (
     WorkerInfo,
 )
 from ai_lease.lease.redis_wire import WARM_CONNECTIONS, Tasks, WarmPool, within
+from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.urls import mask_url
 from ai_lease.observe.history import checked_histogram
@@ -481,8 +482,8 @@ class RedisStore(AsyncResource):
         reply = await self._call("renew", fence.key, "RENEW", args)
         if reply[0] == "ok":
             return Renewal(True, None, int(reply[1]) / 1_000_000, stalled=bool(reply[2]))
-        current = (int(reply[2]), reply[3]) if reply[2] not in ("", None) else None
-        return Renewal(False, reply[0], int(reply[1]) / 1_000_000, current=current)
+        current = _current(fence, reply[2], reply[3]) if reply[2] not in ("", None) else None
+        return Renewal(False, Refusal(reply[0]), int(reply[1]) / 1_000_000, current=current)
 
     async def release(
         self,
@@ -502,8 +503,8 @@ class RedisStore(AsyncResource):
         args = [fence.owner_id, fence.token, status, field, value, reason]
         reply = await self._call(op, fence.key, "FINISH", args)
         if reply[0] == "rejected":
-            current = (int(reply[2]), reply[3]) if reply[2] else None
-            raise FencingRejected(fence.key, fence.pair, current, reply[1])
+            current = _current(fence, reply[2], reply[3]) if reply[2] else None
+            raise FencingRejected(fence.key, fence, current, Refusal(reply[1]))
         # A fresh write's reply is lean (no result): the record holds the value just written.
         extra = {"result": value} if field == "result" else None
         self._forget(fence.key)
@@ -737,3 +738,8 @@ class RedisStore(AsyncResource):
 
     def __repr__(self) -> str:
         return f"RedisStore({self.where!r}, namespace={self._ns!r})"
+
+
+def _current(fence: Fence, token: Any, owner: Any) -> Fence:
+    """The fence a refusal reports the store holding (for ``fence``'s job)."""
+    return Fence(fence.key, owner or "", int(token))
