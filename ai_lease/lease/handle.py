@@ -204,7 +204,7 @@ class JobLease:
         if self._stopped or self._body is None:
             return
         fence = self._owned().fence
-        self._failure.append(error or LeaseLost(self.key, "the lease keeper stopped", fence.pair))
+        self._failure.append(error or LeaseLost(self.key, "the lease keeper stopped", fence))
         self._body.cancel()  # the body sees CancelledError at its next await
 
     def _stop_keeper(self) -> None:

@@ -74,7 +74,7 @@ class LeaseKeeper:
                 self.fence.key,
                 f"no renewal landed in time (self-fenced {late:.2f}s past the safe point): "
                 "work stopped before the lease could lapse",
-                self.fence.pair,
+                self.fence,
             )
 
     # -- the loop -----------------------------------------------------------------------------
@@ -126,7 +126,7 @@ class LeaseKeeper:
             return
         if not answer.ok:
             self._event("renew_refused", detail=answer.reason or "")
-            raise LeaseLost(self.fence.key, f"renewal refused ({answer.reason})", self.fence.pair)
+            raise LeaseLost.refused(self.fence, answer.reason)
         self.valid_until = sent + answer.lease_remaining
         moved = self.progress.version - self.reported_version
         self.reported_version = self.progress.version

@@ -27,7 +27,8 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
 
-from ai_lease.errors import ConfigError, FencingRejected
+from ai_lease.errors import ConfigError
+from ai_lease.lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.redaction import redact
 
@@ -41,9 +42,10 @@ STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 TASK_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 15, 30, 60, 120)
 
-RENEW_REASONS = ("missing", "not_owner", "not_running", "expired", "no_progress", OTHER)
-# FencingRejected's reasons (the same on both stores) -> a label value.
-FENCE_CODES = frozenset(FencingRejected.CODES.values())
+# Refusal codes are label values as they are (ai_lease/lease/refusal.py): a reworded
+# message never changes a label; anything not a code is counted as OTHER.
+RENEW_REASONS = (*(r.value for r in RENEWAL_REFUSALS), OTHER)
+FENCE_CODES = frozenset(r.value for r in WRITE_REFUSALS)
 STREAM_TIMEOUTS = {
     "FirstTokenTimeout": "first_token",
     "StreamIdleTimeout": "idle",

@@ -163,7 +163,7 @@ class Runner:
         self.sink_failures = 0  # events a raising sink (``on_event``) failed to take
         # Fences of attempts that ended without their commit's answer: if the job turns
         # out DONE under one of them, that commit was applied after all (and is logged).
-        self._unanswered: dict[tuple[int, str], None] = {}
+        self._unanswered: dict[Fence, None] = {}
         # Stage durations go to the store's history (for `ai-lease tune` and adaptive
         # budgets); learned budgets replace the configured ones, which stay the ceiling.
         self.history = (
@@ -356,9 +356,8 @@ class Runner:
 
     def _finished(self, record: JobState) -> JobState:
         if record.status is Status.DONE:
-            pair = (record.token, record.owner_id or "")
-            if self._unanswered.pop(pair, ()) is None:
-                fence = Fence(record.key, pair[1], pair[0])
+            fence = Fence.of(record)
+            if self._unanswered.pop(fence, ()) is None:
                 self._emit("commit_late", record.key, fence, "commit answer arrived late: applied")
             self._emit("done", record.key, detail="result stored")
             return record
@@ -393,12 +392,12 @@ class Runner:
             )
             await self._fail(fence, reason)
             raise JobFailed(job.key, reason)
-        self._unanswered[fence.pair] = None  # until the attempt has its commit's answer
+        self._unanswered[fence] = None  # until the attempt has its commit's answer
         if len(self._unanswered) > 1024:
             del self._unanswered[next(iter(self._unanswered))]
         try:
             committed = await self._own(job, acquired, left, prepared, sent_at)
-            self._unanswered.pop(fence.pair, None)
+            self._unanswered.pop(fence, None)
             return committed
         except asyncio.CancelledError:
             await self._step_down(fence)  # e.g. a worker shutting down: hand over at once
@@ -609,7 +608,7 @@ async def _alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
         # Only we cancel the keeper, and only once the work is over: a keeper that ended
         # any other way (even by a stray CancelledError) means nobody keeps the lease.
         failure.append(
-            error or LeaseLost(keeper.fence.key, "the lease keeper stopped", keeper.fence.pair)
+            error or LeaseLost(keeper.fence.key, "the lease keeper stopped", keeper.fence)
         )
         this.cancel()
 
