@@ -104,80 +104,66 @@ class Metrics:
         self._zero(pipeline, self._stage_names)
 
     def _declare(self) -> None:
-        r, p = self.registry, ["pipeline"]
         # prometheus_client drops a trailing "_total" from a counter's name and adds it back
-        # in the exposition: these are exactly the seed's names.
-        self.heartbeat = Counter(
-            "owner_heartbeat_total", "Lease keeper ticks (renewal decisions).", p, registry=r
-        )
-        self.renewed = Counter(
-            "owner_lease_renew_total", "Lease renewals the store accepted.", p, registry=r
-        )
-        self.renew_rejected = Counter(
+        # in the exposition: these are exactly the seed's names. Every metric is labelled
+        # by pipeline, some by one more label.
+        counter = partial(_counter, self.registry)
+        histogram = partial(_histogram, self.registry)
+        self.heartbeat = counter("owner_heartbeat_total", "Lease keeper ticks (renewal decisions).")
+        self.renewed = counter("owner_lease_renew_total", "Lease renewals the store accepted.")
+        self.renew_rejected = counter(
             "owner_lease_renew_rejected_total",
             "Lease renewals the store refused, by reason.",
-            [*p, "reason"],
-            registry=r,
+            "reason",
         )
-        self.progress = Counter(
-            "owner_progress_update_total",
-            "Real progress events, published with each renewal.",
-            p,
-            registry=r,
+        self.progress = counter(
+            "owner_progress_update_total", "Real progress events, published with each renewal."
         )
-        self.no_progress = Counter(
+        self.no_progress = counter(
             "owner_no_progress_timeout_total",
             "Owners that stalled: no progress within the stage's max_no_progress.",
-            [*p, "stage"],
-            registry=r,
+            "stage",
         )
-        self.takeover = Counter(
-            "owner_takeover_total", "Jobs acquired from a previous owner.", p, registry=r
-        )
-        self.fencing_rejected = Counter(
+        self.takeover = counter("owner_takeover_total", "Jobs acquired from a previous owner.")
+        self.fencing_rejected = counter(
             "owner_fencing_rejected_total",
             "Writes rejected for a stale (token, owner) fence, by reason.",
-            [*p, "reason"],
-            registry=r,
+            "reason",
         )
-        self.stage_duration = Histogram(
+        self.stage_duration = histogram(
             "owner_stage_duration",
             "Seconds each stage took (completed stages).",
-            [*p, "stage"],
-            registry=r,
-            buckets=STAGE_BUCKETS,
+            STAGE_BUCKETS,
+            "stage",
         )
-        self.task_duration = Histogram(
+        self.task_duration = histogram(
             "owner_task_total_duration",
             "Seconds from acquiring a job to committing its result.",
-            p,
-            registry=r,
-            buckets=TASK_BUCKETS,
+            TASK_BUCKETS,
         )
-        self.first_token = Histogram(
+        self.first_token = histogram(
             "owner_ai_first_token_duration",
             "Seconds from the model call to its first content.",
-            [*p, "provider"],
-            registry=r,
-            buckets=FIRST_TOKEN_BUCKETS,
+            FIRST_TOKEN_BUCKETS,
+            "provider",
         )
-        self.stream_idle = Counter(
+        self._declare_stream_counters()
+
+    def _declare_stream_counters(self) -> None:
+        counter = partial(_counter, self.registry)
+        self.stream_idle = counter(
             "owner_stream_idle_timeout_total",
             "Model streams that went quiet for longer than the idle budget.",
-            p,
-            registry=r,
         )
-        self.false_takeover = Counter(
+        self.false_takeover = counter(
             "owner_false_takeover_total",
             "Stalled thread stages that finished after all: slow, not stuck (budget too tight).",
-            [*p, "stage"],
-            registry=r,
+            "stage",
         )
-        self.stream_timeout = Counter(
+        self.stream_timeout = counter(
             "owner_stream_timeout_total",
             "Model stream timeouts of every kind (first_token, idle, total).",
-            [*p, "kind"],
-            registry=r,
+            "kind",
         )
 
     def _zero(self, pipeline: str, stages: Iterable[str]) -> None:
@@ -284,6 +270,18 @@ _HANDLERS: dict[str, Callable[[Metrics, Event, str], None]] = {
 
 
 # -- serving --------------------------------------------------------------------------------------
+
+
+def _counter(registry: CollectorRegistry, name: str, doc: str, *labels: str) -> Counter:
+    """A counter on ``registry``, labelled by pipeline and ``labels``."""
+    return Counter(name, doc, ["pipeline", *labels], registry=registry)
+
+
+def _histogram(
+    registry: CollectorRegistry, name: str, doc: str, buckets: tuple[float, ...], *labels: str
+) -> Histogram:
+    """A histogram on ``registry`` with ``buckets``, labelled by pipeline and ``labels``."""
+    return Histogram(name, doc, ["pipeline", *labels], registry=registry, buckets=buckets)
 
 
 class MetricsServer:
