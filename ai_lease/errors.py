@@ -36,9 +36,13 @@ Messages say what happened and what to do; they never carry secrets.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from ai_lease.redaction import redact
+
+if TYPE_CHECKING:  # not imported at run time: the lease room imports this module
+    from ai_lease.lease.base import Fence
+    from ai_lease.lease.refusal import Refusal
 
 __all__ = [
     "AiLeaseError",
@@ -70,9 +74,6 @@ __all__ = [
     "StreamTotalTimeout",
 ]
 
-Fence = tuple[int, str]
-"""A fencing pair: (token, owner id)."""
-
 
 class AiLeaseError(Exception):
     """The root of every error ai_lease raises."""
@@ -87,41 +88,54 @@ class LeaseError(AiLeaseError):
 
 
 class LeaseLost(LeaseError):
-    """A renewal was refused or the lease lapsed; local work must stop."""
+    """A renewal was refused or the lease lapsed; local work must stop.
 
-    def __init__(self, key: str, reason: str, held: Fence | None = None) -> None:
-        self.key, self.reason, self.held = key, reason, held
-        token = f" (token {held[0]})" if held else ""
+    ``refusal`` is the store's reason when the store refused a renewal (see
+    :meth:`refused`), None when the owner stopped on its own (self-fenced, its keeper
+    stopped); ``code`` is the refusal's value, or ``"local"`` without one.
+    """
+
+    def __init__(
+        self, key: str, reason: str, held: Fence | None = None, *, refusal: Refusal | None = None
+    ) -> None:
+        self.key, self.reason, self.held, self.refusal = key, reason, held, refusal
+        self.code: str = "local" if refusal is None else refusal.value
+        token = f" (token {held.token})" if held else ""
         super().__init__(f"lease for job {key!r}{token} lost: {reason}")
 
+    @classmethod
+    def refused(cls, held: Fence, refusal: Refusal | None) -> LeaseLost:
+        """The store refused ``held``'s renewal for ``refusal`` (None: a store gave none).
 
-def _fence_text(fence: Fence | None) -> str:
-    return "none" if fence is None else f"token {fence[0]} of {fence[1]!r}"
+        >>> from ai_lease.lease import Fence, Refusal
+        >>> print(LeaseLost.refused(Fence("job-1", "a", 11), Refusal.EXPIRED))  # doctest: +ELLIPSIS
+        lease for job 'job-1' (token 11) lost: renewal refused (expired): the lease had expired...
+        """
+        text = "renewal refused"
+        if refusal is not None:
+            text += f" ({refusal.value}): {refusal.message}"
+        return cls(held.key, text, held, refusal=refusal)
 
 
 class FencingRejected(LeaseError):
     """A fenced write was refused because the caller's (token, owner) is not current.
 
-    >>> print(FencingRejected("job-1", held=(11, "a"), current=(12, "b")))
-    job 'job-1': fence token 11 of 'a' is stale, the store holds token 12 of 'b': result not written
+    ``refusal`` says why (one of :data:`~ai_lease.lease.refusal.WRITE_REFUSALS`); ``code``
+    is its value, the label metrics and logs use.
+
+    >>> from ai_lease.lease import Fence, Refusal
+    >>> held, current = Fence("job-1", "a", 11), Fence("job-1", "b", 12)
+    >>> print(FencingRejected("job-1", held, current, Refusal.NEWER_OWNER))  # doctest: +ELLIPSIS
+    job 'job-1': fence token 11 of 'a' is stale, the store holds token 12 of 'b' (a newer...
     """
 
-    CODES: ClassVar[dict[str, str]] = {  # the store's reasons -> codes for metrics and logs
-        "a newer owner took the job over": "newer_owner",
-        "another owner already committed its result": "already_committed",
-        "the job already ended FAILED": "already_finished",
-        "the job already ended DONE": "already_finished",
-        "the job already ended CANCELLED": "cancelled",
-        "the store holds no record for this job": "missing",
-    }
-
-    def __init__(self, key: str, held: Fence, current: Fence | None, reason: str = "") -> None:
-        self.key, self.held, self.current, self.reason = key, held, current, reason
-        self.code = self.CODES.get(reason, "other")
-        why = f" ({reason})" if reason else ""
+    def __init__(self, key: str, held: Fence, current: Fence | None, refusal: Refusal) -> None:
+        self.key, self.held, self.current, self.refusal = key, held, current, refusal
+        self.code: str = refusal.value
+        self.reason = refusal.message
         super().__init__(
-            f"job {key!r}: fence {_fence_text(held)} is stale, the store holds "
-            f"{_fence_text(current)}{why}: result not written"
+            f"job {key!r}: fence {held} is stale, the store holds {current or 'none'} "
+            f"({refusal.message}): result not written"
         )
 
 

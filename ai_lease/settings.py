@@ -11,17 +11,17 @@ back a :class:`Settings`, which converts into the plain value objects the librar
 
 Every problem raises :class:`ConfigError` with one line per problem: where the value came
 from, the dotted field and the rule. Secrets (``provider.api_key``, a password in
-``store.url``) never appear in a repr, a dump or an error.
+``store.url``) never appear in a repr, a dump or an error. :mod:`ai_lease.settings_sources`
+reads the file and the environment; :mod:`ai_lease.settings_errors` words the problems.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -32,9 +32,9 @@ from pydantic import (
     field_serializer,
     field_validator,
 )
-from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from ai_lease import settings_sources as sources
 from ai_lease.errors import ConfigError
 from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES
 from ai_lease.job import MAX_TEMPERATURE, MAX_TOKENS
@@ -42,6 +42,8 @@ from ai_lease.lease.urls import SCHEMES, mask_url
 from ai_lease.prompts import DEFAULT_MAX_PROMPT_CHARS
 from ai_lease.providers.keys import check_api_key
 from ai_lease.run.config import RunConfig
+from ai_lease.settings_errors import Loc, Origins, allowed, report, rule, where
+from ai_lease.settings_sources import CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENV_DELIMITER, ENV_PREFIX
 from ai_lease.timeouts import (
     DEFAULT_STAGE_BUDGETS,
     AdaptiveBudgets,
@@ -70,10 +72,6 @@ __all__ = [
     "mask_url",
 ]
 
-ENV_PREFIX = "AI_LEASE_"
-ENV_DELIMITER = "__"
-CONFIG_ENV_VAR = "AI_LEASE_CONFIG"
-DEFAULT_CONFIG_PATH = Path("config/ai-lease.toml")
 STORE_SCHEMES = SCHEMES
 
 DAY_S = 86_400.0
@@ -91,9 +89,6 @@ Factor = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
 
 MAX_EVENT_BYTES = 1 << 30
 MAX_ANSWER_BYTES = 1 << 32
-
-Loc = tuple[str | int, ...]
-Origins = Mapping[Loc, str]
 
 
 class _Section(BaseModel):
@@ -293,11 +288,12 @@ class Settings(BaseSettings):
             problems = self._cross_field_problems()
         except ValidationError as exc:
             problems = [
-                (err["loc"], _rule(err) + _allowed(err)) for err in exc.errors(include_input=False)
+                (err["loc"], rule(err) + allowed(err, Settings))
+                for err in exc.errors(include_input=False)
             ]
         # Raised outside the except block, so no __context__ carries the inputs along.
         if problems:
-            raise ConfigError(_report((_where(_origins, loc), loc, r) for loc, r in problems))
+            raise ConfigError(report((where(_origins, loc), loc, r) for loc, r in problems))
 
     def _cross_field_problems(self) -> list[tuple[Loc, str]]:
         """The value objects' own rules (renew_interval <= ttl/2, ...), under settings names."""
@@ -383,115 +379,6 @@ def _settings_loc(name: str) -> Loc:
     return (_SECTIONS.get(owner, "stages"), field)
 
 
-_RULES = {
-    "extra_forbidden": "unknown key",
-    "missing": "is required",
-    "greater_than": "must be greater than {gt}",
-    "greater_than_equal": "must be at least {ge}",
-    "less_than_equal": "must be at most {le}",
-    "finite_number": "must be a finite number",
-    "float_parsing": "must be a number",
-    "float_type": "must be a number",
-    "int_parsing": "must be an integer",
-    "int_type": "must be an integer",
-    "int_from_float": "must be an integer",
-    "string_type": "must be a string",
-    "string_too_short": "must not be empty",
-    "model_type": "must be a table",
-    "dict_type": "must be a table",
-    "enum": "must be one of {expected}",
-    "literal_error": "must be one of {expected}",
-}
-
-
-def _rule(err: ErrorDetails) -> str:
-    """The rule an error broke, in words; built from its type, never from its input."""
-    ctx = err.get("ctx", {})
-    if err["type"] == "value_error":
-        return str(ctx["error"])
-    template = _RULES.get(err["type"])
-    if template is None:
-        return err["msg"]
-    words = {k: f"{v:g}" if isinstance(v, float) else str(v) for k, v in ctx.items()}
-    if "expected" in words:  # "'expire', 'release' or 'alert'" -> "expire, release, alert"
-        words["expected"] = words["expected"].replace("'", "").replace(" or ", ", ")
-    return template.format(**words)
-
-
-_NUMBER_ERRORS = {
-    "greater_than",
-    "greater_than_equal",
-    "less_than_equal",
-    "finite_number",
-    "float_parsing",
-    "float_type",
-    "int_parsing",
-    "int_type",
-    "int_from_float",
-}
-
-
-def _allowed(err: ErrorDetails) -> str:
-    """For a number out of range: the range the field allows, e.g. " (allowed: 0 < x <= 86400)"."""
-    if err["type"] not in _NUMBER_ERRORS:
-        return ""
-    low = high = ""
-    for rule in _constraints(Settings, err["loc"]):
-        for name, sign in (("gt", "<"), ("ge", "<=")):
-            if (bound := getattr(rule, name, None)) is not None:
-                low = f"{_number(bound)} {sign} "
-        if (bound := getattr(rule, "le", None)) is not None:
-            high = f" <= {_number(bound)}"
-    return f" (allowed: {low}x{high})" if low or high else ""
-
-
-def _number(value: float) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _constraints(model: type[BaseModel], loc: Loc) -> list[Any]:
-    """The annotated-types constraints (Gt, Le, ...) of the field at ``loc``, if any."""
-    field = model.model_fields.get(str(loc[0])) if loc else None
-    if field is None:
-        return []
-    kind, rest = field.annotation, loc[1:]
-    if get_origin(kind) is dict:
-        kind, rest = get_args(kind)[1], rest[1:]
-    if isinstance(kind, type) and issubclass(kind, BaseModel):
-        return _constraints(kind, rest)
-    found = list(field.metadata)
-    for arg in get_args(kind):  # Annotated[int, Field(...)] | None keeps them on the arg
-        found += getattr(arg, "__metadata__", ())
-        found += [m for f in getattr(arg, "__metadata__", ()) for m in getattr(f, "metadata", ())]
-    return found
-
-
-def _where(origins: Origins | None, loc: Loc) -> str:
-    if origins is None:
-        return ""
-    hits = (where for key, where in origins.items() if _overlaps(key, loc))
-    return next(hits, "default value")
-
-
-def _overlaps(a: Loc, b: Loc) -> bool:
-    n = min(len(a), len(b))
-    return a[:n] == b[:n]
-
-
-def _report(problems: Iterable[tuple[str, Loc, str]]) -> str:
-    lines = []
-    for where, loc, rule in problems:
-        field = ".".join(map(str, loc)) or "settings"
-        lines.append(f"  {where}: {field}: {rule}" if where else f"  {field}: {rule}")
-    return "invalid ai_lease settings:\n" + "\n".join(lines)
-
-
-# --- loading -------------------------------------------------------------------------
-
-Entry = tuple[Loc, Any, str]
-"""One leaf value: its dotted location, the value, where it came from."""
-
-
 def load_settings(
     config_path: str | Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -505,101 +392,13 @@ def load_settings(
     >>> load_settings(env={}, lease={"ttl": 60}).lease.ttl
     60.0
     """
-    ours = _our_variables(os.environ if env is None else env)
+    ours = sources.our_variables(os.environ if env is None else env)
     from_env = ours.pop(CONFIG_ENV_VAR, None)
-    entries: list[Entry] = []
-    path = _config_file(config_path, from_env)
+    entries: list[sources.Entry] = []
+    path = sources.config_file(config_path, from_env)
     if path is not None:
-        entries += _leaves(_read_toml(path), (), str(path))
-    entries += _env_entries(ours)
-    entries += _leaves(overrides, (), "argument")
-    data, origins = _merge(entries)
+        entries += sources.leaves(sources.read_toml(path), (), str(path))
+    entries += sources.env_entries(ours, Settings)
+    entries += sources.leaves(overrides, (), "argument")
+    data, origins = sources.merge(entries)
     return Settings(_origins=origins, **data)
-
-
-def _our_variables(environ: Mapping[str, str]) -> dict[str, str]:
-    # Names match case-insensitively, as pydantic-settings does by default.
-    return {k.upper(): v for k, v in environ.items() if k.upper().startswith(ENV_PREFIX)}
-
-
-def _config_file(config_path: str | Path | None, from_env: str | None) -> Path | None:
-    if config_path is not None:
-        return _existing(Path(config_path), "given as the config path")
-    if from_env:
-        return _existing(Path(from_env), f"named by {CONFIG_ENV_VAR}")
-    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
-
-
-def _existing(path: Path, how: str) -> Path:
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} ({how}) does not exist or is not a file")
-    return path
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    # Errors are raised "from None": the file's text may hold secrets.
-    try:
-        with path.open("rb") as file:
-            return tomllib.load(file)
-    except tomllib.TOMLDecodeError as exc:  # its message carries "(at line L, column C)"
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8"
-        raise ConfigError(f"config file {str(path)!r} cannot be read: {why}") from None
-
-
-_UNKNOWN_VARIABLE = "unknown key (each variable names one field, e.g. AI_LEASE_LEASE__TTL)"
-
-
-def _env_entries(variables: Mapping[str, str]) -> list[Entry]:
-    entries: list[Entry] = []
-    unknown: list[tuple[str, Loc, str]] = []
-    for name, value in sorted(variables.items()):
-        loc: Loc = tuple(name[len(ENV_PREFIX) :].lower().split(ENV_DELIMITER))
-        if _names_a_field(Settings, loc):
-            entries.append((loc, value, f"environment {name}"))
-        else:
-            unknown.append((f"environment {name}", loc, _UNKNOWN_VARIABLE))
-    if unknown:
-        raise ConfigError(_report(unknown))
-    return entries
-
-
-def _names_a_field(model: type[BaseModel], loc: Loc) -> bool:
-    """Whether ``loc`` ends at one field of ``model``; a dict field's keys are free names."""
-    field = model.model_fields.get(str(loc[0]))
-    if field is None:
-        return False
-    kind, rest = field.annotation, loc[1:]
-    if get_origin(kind) is dict:  # skip the free key: stages.<name>.deadline
-        kind, rest = get_args(kind)[1], rest[1:]
-    if isinstance(kind, type) and issubclass(kind, BaseModel):
-        return bool(rest) and _names_a_field(kind, rest)
-    return not rest
-
-
-def _leaves(tree: Mapping[str, Any], prefix: Loc, where: str) -> list[Entry]:
-    entries: list[Entry] = []
-    for key, value in tree.items():
-        if isinstance(value, Mapping) and value:
-            entries += _leaves(value, (*prefix, key), where)
-        else:
-            entries.append(((*prefix, key), value, where))
-    return entries
-
-
-def _merge(entries: Iterable[Entry]) -> tuple[dict[str, Any], dict[Loc, str]]:
-    """Nest ``entries`` (lowest precedence first); a later value replaces any it overlaps."""
-    flat: dict[Loc, Any] = {}
-    origins: dict[Loc, str] = {}
-    for loc, value, where in entries:
-        for old in [key for key in flat if _overlaps(key, loc)]:
-            del flat[old], origins[old]
-        flat[loc], origins[loc] = value, where
-    tree: dict[str, Any] = {}
-    for loc, value in flat.items():
-        node = tree
-        for key in loc[:-1]:
-            node = node.setdefault(str(key), {})
-        node[str(loc[-1])] = value
-    return tree, origins

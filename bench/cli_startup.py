@@ -85,8 +85,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=30, help="interleaved runs per variant")
     p.add_argument("--baseline", type=Path, help="an older checkout of the repository to compare")
     args = p.parse_args()
-    if args.baseline is not None and not (args.baseline / "ai_lease" / "cli.py").is_file():
-        p.error(f"--baseline {args.baseline}: no ai_lease/cli.py there")
+    if args.baseline is not None and not (args.baseline / "ai_lease" / "__init__.py").is_file():
+        p.error(f"--baseline {args.baseline}: no ai_lease package there")
     chosen = variants(args.baseline)
     print(f"cli start-up: {args.runs} interleaved runs; Python {sys.version.split()[0]}")
     for _, argv, env in chosen:  # warm the page cache and .pyc files

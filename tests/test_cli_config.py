@@ -50,3 +50,16 @@ def test_config_masks_passwords_in_urls(
     section, field = variable.removeprefix("AI_LEASE_").lower().split("__")
     assert settings[section][field] == shown
     assert settings["lease"]["ttl"] == 30.0 and settings["provider"]["api_key"] == MASK
+
+
+def test_config_defaults_prints_the_shipped_annotated_file(tmp_path: Path) -> None:
+    """`config --defaults` prints the default settings file shipped in the package, and
+    every value in it loads as the built-in default."""
+    from ai_lease.settings import Settings, load_settings
+
+    out = CliRunner().invoke(main, ["config", "--defaults"])
+    assert out.exit_code == 0, out.output
+    assert out.output.startswith("# ai_lease defaults")
+    written = tmp_path / "defaults.toml"
+    written.write_text(out.output, encoding="utf-8")
+    assert load_settings(written, env={}) == Settings()

@@ -260,7 +260,7 @@ async def test_stale_lease_commit_is_fencing_rejected(tmp_path: Path) -> None:
                 newer = await store.acquire("stale", "B", ttl=30, max_no_progress=30)
                 assert isinstance(newer, Acquired) and newer.fence.token > (job.token or 0)
                 await job.commit("zombie's answer")
-        assert rejected.value.current == newer.fence.pair
+        assert rejected.value.current == newer.fence
         await store.commit(newer.fence, '"the real answer"')
         assert await client.result("stale") == "the real answer"
 

@@ -19,7 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from ai_lease import ConfigError, LeaseStore, LeaseTimings, StageBudget
 from ai_lease.errors import FencingRejected
 from ai_lease.job import Job
+from ai_lease.lease import refusal as refusal_module
 from ai_lease.lease.base import Acquired, Fence
+from ai_lease.lease.refusal import WRITE_REFUSALS, Refusal
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.observe.logs import fan_out
 from ai_lease.observe.metrics import DEFAULT_STAGES, MAX_LABEL_VALUES, Metrics, serve_metrics
@@ -129,16 +131,36 @@ def test_events_map_to_the_seed_metrics() -> None:
     assert sample(m, "owner_stream_timeout_total", kind="first_token") == 1
 
 
+def _fenced(m: Metrics, exc: FencingRejected) -> None:
+    """What the runner emits for a rejected write (``attrs["reason"]`` is the code)."""
+    m(Event("fenced", "k", "a", 3, detail=str(exc), attrs={"reason": exc.code}))
+
+
 def test_fencing_rejections_are_counted_by_reason() -> None:
     """A fenced write counts under its FencingRejected code; anything else is ``other``."""
     m = Metrics()
-    for reason in ("a newer owner took the job over", "another owner already committed its result"):
-        exc = FencingRejected("k", (3, "a"), (4, "b"), reason)
-        m(Event("fenced", "k", "a", 3, detail=str(exc), attrs={"reason": exc.code}))
+    held, current = Fence("k", "a", 3), Fence("k", "b", 4)
+    for refusal in (Refusal.NEWER_OWNER, Refusal.ALREADY_COMMITTED):
+        _fenced(m, FencingRejected("k", held, current, refusal))
     m(Event("fenced", "k", "a", 3, detail="no code given"))
     assert sample(m, "owner_fencing_rejected_total", reason="newer_owner") == 1
     assert sample(m, "owner_fencing_rejected_total", reason="already_committed") == 1
     assert sample(m, "owner_fencing_rejected_total", reason="other") == 1
+
+
+@pytest.mark.parametrize("refusal", WRITE_REFUSALS)
+def test_fencing_label_follows_the_refusal_not_its_message(
+    refusal: Refusal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The label is the refusal's code: a reworded message still counts under it."""
+    reworded = {**refusal_module.MESSAGES, refusal: "some brand-new wording"}
+    monkeypatch.setattr(refusal_module, "MESSAGES", reworded)
+    exc = FencingRejected("k", Fence("k", "a", 3), None, refusal)
+    assert "some brand-new wording" in str(exc)
+    m = Metrics()
+    _fenced(m, exc)
+    assert sample(m, "owner_fencing_rejected_total", reason=refusal.value) == 1
+    assert sample(m, "owner_fencing_rejected_total", reason="other") == 0
 
 
 def test_labels_never_carry_keys_owners_or_tokens() -> None:

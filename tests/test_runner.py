@@ -358,7 +358,7 @@ async def test_a_raising_event_sink_never_breaks_the_job(
     stored = await store.get("k")
     assert record.output == "fine" and stored is not None and stored.status is Status.DONE
     assert runner.sink_failures > 3
-    logged = [r for r in caplog.records if r.name == "ai_lease.run.runner"]
+    logged = [r for r in caplog.records if r.name == "ai_lease.runner"]
     assert len(logged) == 1 and logged[0].exc_info is not None
 
 

@@ -1,4 +1,4 @@
-"""Leases: the store protocol, its SQLite and Redis implementations, and store URLs."""
+"""Leases: the store protocol, refusal codes, the SQLite and Redis stores, and store URLs."""
 
 from ai_lease.lease.base import (
     Acquired,
@@ -9,6 +9,7 @@ from ai_lease.lease.base import (
     LeaseStore,
     Renewal,
 )
+from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.urls import mask_url, open_store
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "Finished",
     "Following",
     "LeaseStore",
+    "Refusal",
     "Renewal",
     "mask_url",
     "open_store",

@@ -30,6 +30,7 @@ import orjson
 
 from ai_lease.errors import CorruptRecord, CorruptSink
 from ai_lease.job import JobState
+from ai_lease.lease.refusal import Refusal
 
 __all__ = [
     "AcquireOutcome",
@@ -47,15 +48,30 @@ SNAPSHOT_LIMIT = 16_000
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """What an owner presents with every write: the job key and its (token, owner id) pair."""
+    """What an owner presents with every write: the job key and its (token, owner id) pair.
+
+    The one fence type: stores take it, answers and errors (``Renewal.current``,
+    ``FencingRejected.held``/``.current``, ``LeaseLost.held``) carry it.
+
+    >>> str(Fence("job-1", "a", 11))
+    "token 11 of 'a'"
+    """
 
     key: str
     owner_id: str
     token: int
 
-    @property
-    def pair(self) -> tuple[int, str]:
-        return (self.token, self.owner_id)
+    @classmethod
+    def of(cls, job: JobState) -> Fence:
+        """The fence a record holds (owner ``""`` when it never had one)."""
+        return cls(job.key, job.owner_id or "", job.token)
+
+    def holds(self, job: JobState) -> bool:
+        """Whether the record's (token, owner id) is exactly this fence's."""
+        return job.token == self.token and job.owner_id == self.owner_id
+
+    def __str__(self) -> str:
+        return f"token {self.token} of {self.owner_id!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,17 +112,18 @@ AcquireOutcome = Acquired | Following | Finished
 class Renewal:
     """The answer to a renewal.
 
-    ``ok`` false means the lease is not extended; ``reason`` is one of ``missing``,
-    ``not_owner``, ``not_running``, ``expired`` or ``no_progress``, and ``current`` the
-    (token, owner) pair the store holds. ``stalled`` with ``ok`` true happens only under
-    the ``alert`` stall policy: renewed, but the miss was recorded and counted.
+    ``ok`` false means the lease is not extended; ``reason`` is one of
+    :data:`~ai_lease.lease.refusal.RENEWAL_REFUSALS` (``missing``, ``not_owner``,
+    ``not_running``, ``expired``, ``no_progress``), and ``current`` the fence the store
+    holds. ``stalled`` with ``ok`` true happens only under the ``alert`` stall policy:
+    renewed, but the miss was recorded and counted.
     """
 
     ok: bool
-    reason: str | None = None
+    reason: Refusal | None = None
     lease_remaining: float = 0.0
     stalled: bool = False
-    current: tuple[int, str] | None = None
+    current: Fence | None = None
 
 
 @runtime_checkable

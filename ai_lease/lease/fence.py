@@ -78,7 +78,7 @@ class SelfFence:
             self.fence.key,
             f"no renewal landed in time (self-fenced {late:.2f}s past the safe point): "
             "work stopped before the lease could lapse",
-            self.fence.pair,
+            self.fence,
         )
 
 
@@ -125,19 +125,18 @@ class UnansweredCommits:
 
     def __init__(self, limit: int = 1024) -> None:
         self.limit = limit
-        self._pairs: dict[tuple[int, str], None] = {}
+        self._fences: dict[Fence, None] = {}
 
     def expect(self, fence: Fence) -> None:
         """``fence``'s attempt has started: its commit has no answer yet."""
-        self._pairs[fence.pair] = None
-        if len(self._pairs) > self.limit:
-            del self._pairs[next(iter(self._pairs))]
+        self._fences[fence] = None
+        if len(self._fences) > self.limit:
+            del self._fences[next(iter(self._fences))]
 
     def answered(self, fence: Fence) -> None:
         """``fence``'s attempt got its commit's answer."""
-        self._pairs.pop(fence.pair, None)
+        self._fences.pop(fence, None)
 
     def applied_late(self, record: JobState) -> bool:
         """Whether DONE ``record`` was written by a commit whose answer we never had."""
-        pair = (record.token, record.owner_id or "")
-        return self._pairs.pop(pair, ()) is None
+        return self._fences.pop(Fence.of(record), ()) is None

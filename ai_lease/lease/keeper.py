@@ -133,7 +133,7 @@ class LeaseKeeper:
             return
         if not answer.ok:
             self._event("renew_refused", detail=answer.reason or "")
-            raise LeaseLost(self.fence.key, f"renewal refused ({answer.reason})", self.fence.pair)
+            raise LeaseLost.refused(self.fence, answer.reason)
         self.self_fence.valid_until = sent + answer.lease_remaining
         moved = self.progress.version - self.reported_version
         self.reported_version = self.progress.version
@@ -242,7 +242,7 @@ class Renewals:
         # Only stop() cancels the keeper, and only once the work is over: a keeper that
         # ended any other way (even by a stray CancelledError) means nobody keeps the lease.
         fence = self.keeper.fence
-        self.failure.append(error or LeaseLost(fence.key, "the lease keeper stopped", fence.pair))
+        self.failure.append(error or LeaseLost(fence.key, "the lease keeper stopped", fence))
         self.work.cancel()
 
     def stop(self) -> None:

@@ -12,6 +12,9 @@ The namespace's own keys (queue, lease index, epoch marker) share the hash tag
 because Lua's default number formatting (``%.14g``) would round 16-digit tokens. A hash
 without ``schema = 1`` is not ours: the scripts answer ``AILEASE_CORRUPT`` and change
 nothing. Each script is safe to run twice (redis-py may resend after a dropped reply).
+A refusal is returned as its code, a value of :class:`~ai_lease.lease.refusal.Refusal`
+(never English text); each script's header lists the codes it can return, and
+tests/test_refusal.py holds the script text to that list and to the enum.
 """
 
 from __future__ import annotations
@@ -128,7 +131,8 @@ local mine = num(v[3]) == token and ok and v[2] == owner
 
 # KEYS: job, events · ARGV: owner, token, ttl_us, stage, progress_version, max_no_progress_us,
 # grace_us · returns {'ok', lease_remaining_us, stalled(0|1)}
-#       | {reason, lease_remaining_us, current_token, current_owner}
+#       | {refusal, lease_remaining_us, current_token, current_owner}
+# refusals (ai_lease.lease.refusal.Refusal): missing, not_owner, not_running, expired, no_progress
 RENEW = (
     _PRELUDE
     + _FENCE_CHECK
@@ -176,21 +180,25 @@ return 1
 
 # KEYS: job, events · ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
 # finish reason ('' = none; kept on a DONE record)
-# returns {'ok', now, fields...} | {'rejected', reason, current_token, current_owner}
+# returns {'ok', now, fields...} | {'rejected', refusal, current_token, current_owner}
+# refusals (ai_lease.lease.refusal.Refusal): missing, newer_owner, already_committed,
+# already_finished, cancelled
 FINISH = (
     _PRELUDE
     + _FENCE_CHECK
     + r"""
-if not ok then return {'rejected', 'the store holds no record for this job', '', ''} end
+if not ok then return {'rejected', 'missing', '', ''} end
 if ended(v[1]) then
   if mine and v[1] == ARGV[3] then return {'ok', fmt(now), unpack(redis.call('HGETALL', k))} end
-  local why = 'the job already ended ' .. v[1]
-  if v[1] == 'DONE' and ARGV[3] == 'DONE' then
-    why = 'another owner already committed its result'
+  local why = 'already_finished'
+  if v[1] == 'CANCELLED' then
+    why = 'cancelled'
+  elseif v[1] == 'DONE' and ARGV[3] == 'DONE' then
+    why = 'already_committed'
   end
   return {'rejected', why, v[3], v[2]}
 end
-if not mine then return {'rejected', 'a newer owner took the job over', v[3], v[2]} end
+if not mine then return {'rejected', 'newer_owner', v[3], v[2]} end
 redis.call('HSET', k, 'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '',
   'updated_at', fmt(now))
 unindex(k)

@@ -2,7 +2,8 @@
 
 The SQLite store runs these inside one transaction; the Redis store's Lua scripts
 (``redis_scripts.py``) are the same rules, line for line, and the contract suite holds both
-to them. ``None`` as the new record means "write nothing".
+to them. ``None`` as the new record means "write nothing". A refusal is a
+:class:`~ai_lease.lease.refusal.Refusal` member, the code the scripts return for it.
 
 Fencing tokens are ``max(previous + 1, store time in microseconds)``: strictly increasing
 per key while the record lives, and still increasing after the store lost every record,
@@ -25,6 +26,7 @@ from ai_lease.lease.base import (
     Following,
     Renewal,
 )
+from ai_lease.lease.refusal import Refusal
 
 __all__ = ["acquire", "cancel", "commit", "fail", "release", "renew", "report_stall", "submit"]
 
@@ -51,34 +53,52 @@ def acquire(
     fingerprint: str | None,
     max_attempts: int | None,
 ) -> tuple[Change, AcquireOutcome]:
-    if rec is not None and fingerprint and rec.fingerprint and rec.fingerprint != fingerprint:
-        raise JobConflict(key)
-    if rec is not None and rec.status.terminal:
-        return None, Finished(rec)
-    live = rec is not None and rec.status is Status.RUNNING and (rec.lease_expires_at or 0) > now
-    if rec is not None and live:
-        if rec.owner_id == owner_id:  # a repeated acquire (e.g. after a lost reply)
-            return None, Acquired(Fence(key, owner_id, rec.token), False, rec)
-        return None, Following(rec)
+    if rec is not None:
+        if fingerprint and rec.fingerprint and rec.fingerprint != fingerprint:
+            raise JobConflict(key)
+        if rec.status.terminal:
+            return None, Finished(rec)
+        if rec.status is Status.RUNNING and (rec.lease_expires_at or 0) > now:
+            if rec.owner_id == owner_id:  # a repeated acquire (e.g. after a lost reply)
+                return None, Acquired(Fence.of(rec), False, rec)
+            return None, Following(rec)
     base = rec or JobState(key=key, status=Status.PENDING, created_at=now)
     if max_attempts is not None and base.attempts >= max_attempts:
-        reason = f"gave up after {base.attempts} attempts: {base.last_error or 'lease lapsed'}"
-        done = replace(
-            base,
-            status=Status.FAILED,
-            last_error=clip(reason),
-            lease_expires_at=None,
-            updated_at=now,
-            read_at=now,
-            fingerprint=base.fingerprint or fingerprint,
-        )
+        done = _gave_up(base, now, fingerprint)
         return done, Finished(done)
-    token = next_token(base.token, now)
-    new = replace(
+    new = _granted(base, owner_id, now, ttl, max_no_progress, stall_policy, fingerprint)
+    return new, Acquired(Fence.of(new), base.owner_id is not None, new)
+
+
+def _gave_up(base: JobState, now: float, fingerprint: str | None) -> JobState:
+    """The record of a job out of attempts: FAILED, naming the last error."""
+    reason = f"gave up after {base.attempts} attempts: {base.last_error or 'lease lapsed'}"
+    return replace(
+        base,
+        status=Status.FAILED,
+        last_error=clip(reason),
+        lease_expires_at=None,
+        updated_at=now,
+        read_at=now,
+        fingerprint=base.fingerprint or fingerprint,
+    )
+
+
+def _granted(
+    base: JobState,
+    owner_id: str,
+    now: float,
+    ttl: float,
+    max_no_progress: float,
+    stall_policy: str,
+    fingerprint: str | None,
+) -> JobState:
+    """The record of a new lease for ``owner_id``: RUNNING under a fresh token."""
+    return replace(
         base,
         status=Status.RUNNING,
         owner_id=owner_id,
-        token=token,
+        token=next_token(base.token, now),
         stage=None,
         progress_version=0,
         heartbeat_at=now,
@@ -93,18 +113,17 @@ def acquire(
         updated_at=now,
         read_at=now,
     )
-    return new, Acquired(Fence(key, owner_id, token), base.owner_id is not None, new)
 
 
-def _refusal(rec: JobState | None, fence: Fence, now: float) -> str | None:
+def _refusal(rec: JobState | None, fence: Fence, now: float) -> Refusal | None:
     if rec is None:
-        return "missing"
-    if (rec.token, rec.owner_id) != fence.pair:
-        return "not_owner"
+        return Refusal.MISSING
+    if not fence.holds(rec):
+        return Refusal.NOT_OWNER
     if rec.status is not Status.RUNNING:
-        return "not_running"
+        return Refusal.NOT_RUNNING
     if (rec.lease_expires_at or 0) <= now:
-        return "expired"
+        return Refusal.EXPIRED
     return None
 
 
@@ -121,7 +140,7 @@ def renew(
 ) -> tuple[Change, Renewal]:
     refused = _refusal(rec, fence, now)
     if rec is None or refused:
-        current = None if rec is None else (rec.token, rec.owner_id or "")
+        current = None if rec is None else Fence.of(rec)
         return None, Renewal(False, refused, current=current)
     last_progress = rec.last_progress_at or now
     version = rec.progress_version
@@ -141,7 +160,7 @@ def renew(
         base = replace(base, missed_renewals=rec.missed_renewals + 1)
         if rec.stall_policy != "alert":
             remaining = max(0.0, (rec.lease_expires_at or now) - now)
-            return base, Renewal(False, "no_progress", remaining, current=fence.pair)
+            return base, Renewal(False, Refusal.NO_PROGRESS, remaining, current=fence)
     renewed = replace(base, heartbeat_at=now, lease_expires_at=now + ttl)
     return renewed, Renewal(True, None, ttl, stalled=stalled)
 
@@ -155,7 +174,7 @@ def release(
     snapshot: str | None,
     interrupted: bool = False,
 ) -> tuple[Change, bool]:
-    if _refusal(rec, fence, now) not in (None, "expired") or rec is None:
+    if _refusal(rec, fence, now) not in (None, Refusal.EXPIRED) or rec is None:
         return None, False
     new = replace(
         rec,
@@ -171,9 +190,18 @@ def release(
     return new, True
 
 
-def _reject(rec: JobState | None, fence: Fence, reason: str) -> FencingRejected:
-    current = None if rec is None or rec.owner_id is None else (rec.token, rec.owner_id)
-    return FencingRejected(fence.key, fence.pair, current, reason)
+def _reject(rec: JobState | None, fence: Fence, refusal: Refusal) -> FencingRejected:
+    current = None if rec is None or rec.owner_id is None else Fence.of(rec)
+    return FencingRejected(fence.key, fence, current, refusal)
+
+
+def _ended_refusal(rec: JobState, status: Status) -> Refusal:
+    """Why a write meets a job that has already ended (the FINISH script's ``why``)."""
+    if rec.status is Status.CANCELLED:
+        return Refusal.CANCELLED
+    if rec.status is Status.DONE and status is Status.DONE:
+        return Refusal.ALREADY_COMMITTED
+    return Refusal.ALREADY_FINISHED
 
 
 def finish(
@@ -187,16 +215,14 @@ def finish(
     """End the job DONE (``value`` is the result) or FAILED (``value`` is the reason), fenced;
     the same call repeated by the same owner returns the stored record (the FINISH script)."""
     if rec is None:
-        raise _reject(rec, fence, "the store holds no record for this job")
-    mine = (rec.token, rec.owner_id) == fence.pair
+        raise _reject(rec, fence, Refusal.MISSING)
+    mine = fence.holds(rec)
     if rec.status.terminal:
         if mine and rec.status is status:  # repeated after a lost reply: the stored record
             return None, rec
-        if rec.status is Status.DONE and status is Status.DONE:
-            raise _reject(rec, fence, "another owner already committed its result")
-        raise _reject(rec, fence, f"the job already ended {rec.status.value}")
+        raise _reject(rec, fence, _ended_refusal(rec, status))
     if not mine:
-        raise _reject(rec, fence, "a newer owner took the job over")
+        raise _reject(rec, fence, Refusal.NEWER_OWNER)
     # A DONE record's stage is final ("done"); a FAILED one keeps the stage it failed in.
     done = status is Status.DONE
     field: dict[str, Any] = (
@@ -239,7 +265,7 @@ def cancel(rec: JobState | None, now: float, reason: str) -> tuple[Change, JobSt
 def report_stall(
     rec: JobState | None, fence: Fence, now: float, stage: str | None, snapshot: str
 ) -> tuple[Change, bool]:
-    if rec is None or (rec.token, rec.owner_id) != fence.pair or rec.status.terminal:
+    if rec is None or not fence.holds(rec) or rec.status.terminal:
         return None, False
     new = replace(
         rec,

@@ -27,7 +27,8 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
 
-from ai_lease.errors import ConfigError, FencingRejected
+from ai_lease.errors import ConfigError
+from ai_lease.lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.redaction import redact
 
@@ -41,9 +42,10 @@ STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 TASK_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 15, 30, 60, 120)
 
-RENEW_REASONS = ("missing", "not_owner", "not_running", "expired", "no_progress", OTHER)
-# FencingRejected's reasons (the same on both stores) -> a label value.
-FENCE_CODES = frozenset(FencingRejected.CODES.values())
+# Refusal codes are label values as they are (ai_lease/lease/refusal.py): a reworded
+# message never changes a label; anything not a code is counted as OTHER.
+RENEW_REASONS = (*(r.value for r in RENEWAL_REFUSALS), OTHER)
+FENCE_CODES = frozenset(r.value for r in WRITE_REFUSALS)
 STREAM_TIMEOUTS = {
     "FirstTokenTimeout": "first_token",
     "StreamIdleTimeout": "idle",
@@ -102,80 +104,66 @@ class Metrics:
         self._zero(pipeline, self._stage_names)
 
     def _declare(self) -> None:
-        r, p = self.registry, ["pipeline"]
         # prometheus_client drops a trailing "_total" from a counter's name and adds it back
-        # in the exposition: these are exactly the seed's names.
-        self.heartbeat = Counter(
-            "owner_heartbeat_total", "Lease keeper ticks (renewal decisions).", p, registry=r
-        )
-        self.renewed = Counter(
-            "owner_lease_renew_total", "Lease renewals the store accepted.", p, registry=r
-        )
-        self.renew_rejected = Counter(
+        # in the exposition: these are exactly the seed's names. Every metric is labelled
+        # by pipeline, some by one more label.
+        counter = partial(_counter, self.registry)
+        histogram = partial(_histogram, self.registry)
+        self.heartbeat = counter("owner_heartbeat_total", "Lease keeper ticks (renewal decisions).")
+        self.renewed = counter("owner_lease_renew_total", "Lease renewals the store accepted.")
+        self.renew_rejected = counter(
             "owner_lease_renew_rejected_total",
             "Lease renewals the store refused, by reason.",
-            [*p, "reason"],
-            registry=r,
+            "reason",
         )
-        self.progress = Counter(
-            "owner_progress_update_total",
-            "Real progress events, published with each renewal.",
-            p,
-            registry=r,
+        self.progress = counter(
+            "owner_progress_update_total", "Real progress events, published with each renewal."
         )
-        self.no_progress = Counter(
+        self.no_progress = counter(
             "owner_no_progress_timeout_total",
             "Owners that stalled: no progress within the stage's max_no_progress.",
-            [*p, "stage"],
-            registry=r,
+            "stage",
         )
-        self.takeover = Counter(
-            "owner_takeover_total", "Jobs acquired from a previous owner.", p, registry=r
-        )
-        self.fencing_rejected = Counter(
+        self.takeover = counter("owner_takeover_total", "Jobs acquired from a previous owner.")
+        self.fencing_rejected = counter(
             "owner_fencing_rejected_total",
             "Writes rejected for a stale (token, owner) fence, by reason.",
-            [*p, "reason"],
-            registry=r,
+            "reason",
         )
-        self.stage_duration = Histogram(
+        self.stage_duration = histogram(
             "owner_stage_duration",
             "Seconds each stage took (completed stages).",
-            [*p, "stage"],
-            registry=r,
-            buckets=STAGE_BUCKETS,
+            STAGE_BUCKETS,
+            "stage",
         )
-        self.task_duration = Histogram(
+        self.task_duration = histogram(
             "owner_task_total_duration",
             "Seconds from acquiring a job to committing its result.",
-            p,
-            registry=r,
-            buckets=TASK_BUCKETS,
+            TASK_BUCKETS,
         )
-        self.first_token = Histogram(
+        self.first_token = histogram(
             "owner_ai_first_token_duration",
             "Seconds from the model call to its first content.",
-            [*p, "provider"],
-            registry=r,
-            buckets=FIRST_TOKEN_BUCKETS,
+            FIRST_TOKEN_BUCKETS,
+            "provider",
         )
-        self.stream_idle = Counter(
+        self._declare_stream_counters()
+
+    def _declare_stream_counters(self) -> None:
+        counter = partial(_counter, self.registry)
+        self.stream_idle = counter(
             "owner_stream_idle_timeout_total",
             "Model streams that went quiet for longer than the idle budget.",
-            p,
-            registry=r,
         )
-        self.false_takeover = Counter(
+        self.false_takeover = counter(
             "owner_false_takeover_total",
             "Stalled thread stages that finished after all: slow, not stuck (budget too tight).",
-            [*p, "stage"],
-            registry=r,
+            "stage",
         )
-        self.stream_timeout = Counter(
+        self.stream_timeout = counter(
             "owner_stream_timeout_total",
             "Model stream timeouts of every kind (first_token, idle, total).",
-            [*p, "kind"],
-            registry=r,
+            "kind",
         )
 
     def _zero(self, pipeline: str, stages: Iterable[str]) -> None:
@@ -282,6 +270,18 @@ _HANDLERS: dict[str, Callable[[Metrics, Event, str], None]] = {
 
 
 # -- serving --------------------------------------------------------------------------------------
+
+
+def _counter(registry: CollectorRegistry, name: str, doc: str, *labels: str) -> Counter:
+    """A counter on ``registry``, labelled by pipeline and ``labels``."""
+    return Counter(name, doc, ["pipeline", *labels], registry=registry)
+
+
+def _histogram(
+    registry: CollectorRegistry, name: str, doc: str, buckets: tuple[float, ...], *labels: str
+) -> Histogram:
+    """A histogram on ``registry`` with ``buckets``, labelled by pipeline and ``labels``."""
+    return Histogram(name, doc, ["pipeline", *labels], registry=registry, buckets=buckets)
 
 
 class MetricsServer:

@@ -52,7 +52,7 @@ from ai_lease.timeouts import StallPolicy
 
 __all__ = ["Runner"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("ai_lease.runner")
 
 
 class _Contact:
@@ -238,7 +238,7 @@ class Runner:
         """``record`` of a job that has ended: returned if DONE, else raised."""
         if record.status is Status.DONE:
             if self.commits.applied_late(record):
-                fence = Fence(record.key, record.owner_id or "", record.token)
+                fence = Fence.of(record)
                 self.emit("commit_late", record.key, fence, "commit answer arrived late: applied")
             self.emit("done", record.key, detail="result stored")
             return record

@@ -34,6 +34,7 @@ from ai_lease.errors import FencingRejected, JobConflict
 from ai_lease.job import Status
 from ai_lease.lease.base import Acquired, Fence, Finished, Following, LeaseStore
 from ai_lease.lease.follow import acquire_or_follow
+from ai_lease.lease.refusal import Refusal
 
 __all__ = ["DurationHistoryContract", "JobQueueContract", "LeaseStoreContract"]
 
@@ -212,10 +213,10 @@ class LeaseStoreContract:
         fence = await _own(store, key)
         for bad in (Fence(key, "B", fence.token), Fence(key, "A", fence.token - 1)):
             answer = await _renew(store, bad, 1)
-            assert not answer.ok and answer.reason == "not_owner"
-            assert answer.current == fence.pair
+            assert not answer.ok and answer.reason is Refusal.NOT_OWNER
+            assert answer.current == fence
         missing = await _renew(store, Fence(_key("none"), "A", 1), 1)
-        assert not missing.ok and missing.reason == "missing"
+        assert not missing.ok and missing.reason is Refusal.MISSING
 
     async def test_renew_without_progress_past_budget_is_refused(self, store: LeaseStore) -> None:
         """A heartbeat with no new progress past budget + grace is refused: no blind renewals."""
@@ -224,7 +225,8 @@ class LeaseStoreContract:
         assert (await _renew(store, fence, 1, mnp=0.2, grace=0.1, ttl=5)).ok
         await asyncio.sleep(0.5)
         blind = await _renew(store, fence, 1, mnp=0.2, grace=0.1, ttl=5)
-        assert not blind.ok and blind.reason == "no_progress"
+        assert not blind.ok and blind.reason is Refusal.NO_PROGRESS
+        assert blind.current == fence
         job = await store.get(key)
         assert job is not None and job.missed_renewals == 1
         assert job.lease_remaining < 5, "a refused renewal must not extend the lease"
@@ -245,9 +247,9 @@ class LeaseStoreContract:
         key = _key("late")
         fence = await _own(store, key, ttl=0.2)
         await asyncio.sleep(0.4)
-        assert (await _renew(store, fence, 1)).reason == "expired"
+        assert (await _renew(store, fence, 1)).reason is Refusal.EXPIRED
         await store.commit(fence, "r")
-        assert (await _renew(store, fence, 2)).reason == "not_running"
+        assert (await _renew(store, fence, 2)).reason is Refusal.NOT_RUNNING
 
     # -- commit / fail ------------------------------------------------------------------------
 
@@ -261,7 +263,8 @@ class LeaseStoreContract:
         new = await _own(store, key, "B")
         with pytest.raises(FencingRejected) as info:
             await store.commit(old, "zombie result")
-        assert info.value.held == old.pair and info.value.current == new.pair
+        assert info.value.held == old and info.value.current == new
+        assert info.value.refusal is Refusal.NEWER_OWNER and info.value.code == "newer_owner"
         assert str(old.token) in str(info.value) and str(new.token) in str(info.value)
         job = await store.get(key)
         assert job is not None and job.status is Status.RUNNING and job.result is None
@@ -270,10 +273,12 @@ class LeaseStoreContract:
         """The fence is the (token, owner) pair: an equal token from another owner does not pass."""
         key = _key("pair")
         fence = await _own(store, key, "A")
-        with pytest.raises(FencingRejected):
+        with pytest.raises(FencingRejected) as imposter:
             await store.commit(Fence(key, "B", fence.token), "imposter")
-        with pytest.raises(FencingRejected):
+        with pytest.raises(FencingRejected) as future:
             await store.commit(Fence(key, "A", fence.token + 1), "future token")
+        assert imposter.value.refusal is future.value.refusal is Refusal.NEWER_OWNER
+        assert imposter.value.current == future.value.current == fence
 
     async def test_commit_after_own_lapse_before_takeover_is_accepted(
         self, store: LeaseStore
@@ -292,8 +297,9 @@ class LeaseStoreContract:
         first = await store.commit(fence, "first")
         again = await store.commit(fence, "second")
         assert first.result == again.result == "first"
-        with pytest.raises(FencingRejected):
+        with pytest.raises(FencingRejected) as other:
             await store.commit(Fence(key, "B", fence.token + 1), "other")
+        assert other.value.refusal is Refusal.ALREADY_COMMITTED
         done = await store.acquire(key, "C", ttl=5, max_no_progress=5)
         assert isinstance(done, Finished) and done.job.result == "first"
 
@@ -312,21 +318,24 @@ class LeaseStoreContract:
     async def test_commit_without_record_is_rejected(self, store: LeaseStore) -> None:
         """A commit for a key the store has no record of is rejected, not silently created."""
         key = _key("ghost")
-        with pytest.raises(FencingRejected):
+        with pytest.raises(FencingRejected) as ghost:
             await store.commit(Fence(key, "A", 1), "r")
+        assert ghost.value.refusal is Refusal.MISSING and ghost.value.current is None
         assert await store.get(key) is None
 
     async def test_fail_is_terminal_and_fenced(self, store: LeaseStore) -> None:
         """fail() ends the job FAILED with its reason; stale fences cannot fail or commit it."""
         key = _key("fail")
         fence = await _own(store, key)
-        with pytest.raises(FencingRejected):
+        with pytest.raises(FencingRejected) as stale:
             await store.fail(Fence(key, "B", fence.token), "not yours")
+        assert stale.value.refusal is Refusal.NEWER_OWNER
         job = await store.fail(fence, "provider said 401")
         assert job.status is Status.FAILED and job.last_error == "provider said 401"
         assert (await store.fail(fence, "again")).last_error == "provider said 401"
-        with pytest.raises(FencingRejected):
+        with pytest.raises(FencingRejected) as late:
             await store.commit(fence, "too late")
+        assert late.value.refusal is Refusal.ALREADY_FINISHED
         outcome = await store.acquire(key, "B", ttl=5, max_no_progress=5)
         assert isinstance(outcome, Finished) and outcome.job.status is Status.FAILED
 
@@ -376,10 +385,10 @@ class LeaseStoreContract:
         cancelled = await store.cancel(key)
         assert cancelled is not None and cancelled.status is Status.CANCELLED
         renewal = await _renew(store, fence, 5)
-        assert not renewal.ok and renewal.reason == "not_running"
+        assert not renewal.ok and renewal.reason is Refusal.NOT_RUNNING
         with pytest.raises(FencingRejected) as rejected:
             await store.commit(fence, "too late")
-        assert rejected.value.code == "cancelled"
+        assert rejected.value.code == "cancelled" and rejected.value.refusal is Refusal.CANCELLED
         assert not await store.release(fence)
         job = await store.get(key)
         assert job is not None and job.status is Status.CANCELLED and job.result is None

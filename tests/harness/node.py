@@ -249,7 +249,7 @@ class Node:
         deadline = time.monotonic() + 10 * self.options.ttl
         while time.monotonic() < deadline:
             record = await self.store.get(fence.key)
-            if record is not None and (record.token, record.owner_id) != fence.pair:
+            if record is not None and not fence.holds(record):
                 self.history.write({"kind": "takeover_seen", "token": record.token})
                 return
             await asyncio.sleep(_POLL_S)

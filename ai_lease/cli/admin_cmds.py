@@ -1,0 +1,175 @@
+"""Commands that manage: ``cancel``, ``providers``, ``config``, ``tune``."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import click
+
+from ai_lease.cli.context import Context
+from ai_lease.cli.exits import EXIT_FAILED
+from ai_lease.cli.output import end_with_corrupt, to_json
+from ai_lease.errors import CorruptRecord, InputError
+from ai_lease.redaction import redact
+
+if TYPE_CHECKING:
+    from ai_lease.lease import LeaseStore
+
+# Shipped inside the package (ai_lease/data/), beside the default prompts.
+DEFAULT_CONFIG_TEXT = Path(__file__).resolve().parents[1] / "data" / "ai-lease.toml"
+
+
+@click.command(short_help="Cancel job KEY: it never runs (again), its owner stops.")
+@click.argument("key")
+@click.option("--reason", default="cancelled with ai-lease cancel", help="Stored as its error.")
+@click.pass_obj
+def cancel(obj: Context, key: str, reason: str) -> None:
+    """Cancel job KEY. A PENDING job never runs; a RUNNING one's owner stops within one
+    renew interval (its renewal is refused, its commit rejected); followers get an error.
+    Exit 0 cancelled (also if it already was), 1 if it had already ended DONE or FAILED
+    (nothing changed), 2 if there is no job KEY."""
+    from ai_lease.job import Status
+
+    job = obj.run(lambda store: store.cancel(key, reason))
+    if job is None:
+        raise InputError(f"no job {key!r} in {obj.where}")
+    if job.status is not Status.CANCELLED:
+        ended = job.status.value
+        click.echo(f"ai-lease: job {key!r} already ended {ended}: not cancelled", err=True)
+        sys.exit(EXIT_FAILED)
+    click.echo(f"cancelled {key}")
+
+
+@click.command(short_help="List the provider names (built-in and plug-ins).")
+def providers() -> None:
+    """List the providers that can be named (built-in and installed plug-ins)."""
+    from ai_lease.providers import available_providers
+
+    for name in available_providers():
+        click.echo(name)
+
+
+@click.command("config")
+@click.option(
+    "--defaults",
+    is_flag=True,
+    help="Print the annotated default settings file instead (a start for your own).",
+)
+@click.pass_obj
+def show_config(obj: Context, defaults: bool) -> None:
+    """Print the effective settings (secrets masked) as JSON."""
+    if defaults:
+        click.echo(DEFAULT_CONFIG_TEXT.read_text(encoding="utf-8"), nl=False)
+        return
+    click.echo(redact(to_json(_masked_urls(obj.settings.model_dump(mode="json")))))
+
+
+_SECRET_PARAMS = {"password", "pass", "api_key", "apikey", "key", "token", "access_token", "secret"}
+
+
+def _masked_urls(value: Any) -> Any:
+    """Every URL in a settings dump with its password (user info or a secret-named query
+    parameter) shown as ``***``: ``provider.base_url`` may carry ``user:password@``."""
+    if isinstance(value, dict):
+        return {name: _masked_urls(item) for name, item in value.items()}
+    if isinstance(value, str) and "://" in value:
+        return _masked_url(value)
+    return value
+
+
+def _masked_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not parseable as a URL: show nothing after the scheme
+        return url.partition("://")[0] + "://***"
+    netloc = parts.netloc
+    if password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    query = [
+        (name, "***" if name.lower() in _SECRET_PARAMS else item)
+        for name, item in parse_qsl(parts.query, keep_blank_values=True)
+    ]
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
+
+
+def _in_range(low: float, high: float) -> Callable[[click.Context, click.Parameter, float], float]:
+    """An option callback: a finite number in (low, high], else a usage error (exit 2)
+    naming the option and the range (click's FloatRange lets nan through)."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: float) -> float:
+        if not (math.isfinite(value) and low < value <= high):
+            raise click.BadParameter(f"{value:g} is not in the range {low:g} < x <= {high:g}")
+        return value
+
+    return check
+
+
+@click.command(short_help="Suggest budgets from recorded stage durations.")
+@click.option(
+    "--factor",
+    default=1.5,
+    show_default=True,
+    type=float,
+    callback=_in_range(0, 100),
+    help="Safety factor over the P99.",
+)
+@click.option(
+    "--floor",
+    default=1.0,
+    show_default=True,
+    type=float,
+    callback=_in_range(0, 86_400),
+    help="Never suggest less (seconds).",
+)
+@click.option(
+    "--min-samples",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000_000),
+    help="Suggest nothing for stages with fewer recorded durations.",
+)
+@click.option(
+    "--write",
+    "write_to",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write the suggestions as a TOML settings file (use with --config).",
+)
+@click.option("--force", is_flag=True, help="Overwrite the --write file if it exists.")
+@click.pass_obj
+def tune(
+    obj: Context, factor: float, floor: float, min_samples: int, write_to: Path | None, force: bool
+) -> None:
+    """Suggest budgets from recorded stage durations: max_no_progress = max(floor, P99 x
+    factor) per stage, first_token and idle from the streams' own histograms."""
+    from ai_lease.observe.history import DurationHistory, suggest
+    from ai_lease.observe.tuning import render_table, render_toml
+
+    corrupt: list[CorruptRecord] = []
+
+    async def fetch(store: LeaseStore) -> Any:
+        if not isinstance(store, DurationHistory):
+            raise InputError(f"{obj.where} keeps no duration history")
+        return await store.load_durations(on_corrupt=corrupt.append)
+
+    suggestions = suggest(obj.run(fetch), factor=factor, floor=floor, min_samples=min_samples)
+    click.echo(render_table(suggestions, obj.settings))
+    if write_to is not None:
+        if write_to.exists() and not force:
+            raise InputError(f"{str(write_to)!r} exists: pass --force to overwrite it")
+        try:
+            write_to.write_text(render_toml(suggestions), encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write {str(write_to)!r}: {exc.strerror}") from None
+        click.echo(f"wrote {write_to} (use it with --config, or copy its tables)", err=True)
+    for bad in corrupt:
+        click.echo(f"ai-lease: skipped: {bad}", err=True)
+    end_with_corrupt(corrupt, "skipped, named above")
+
+
+COMMANDS = (cancel, providers, show_config, tune)

@@ -1,0 +1,51 @@
+"""The ``ai-lease`` exit codes, and which error ends a command with which.
+
+0 done, 1 job failed (a cancelled job too), 2 bad input (config, job file, arguments, a key
+reused with another payload), 3 timed out (any timeout: a stream's first-token, idle or
+total budget, a stage's hard deadline, the job's deadline — also when the job ended FAILED
+for it), 4 store unavailable or corrupt.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+from ai_lease.errors import (
+    AiLeaseError,
+    InputError,
+    JobConflict,
+    JobFailed,
+    StageTimeout,
+    StoreError,
+)
+
+EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_TIMED_OUT, EXIT_STORE = 0, 1, 2, 3, 4
+
+
+def exit_code(exc: AiLeaseError) -> int:
+    """The exit code a command that raised ``exc`` ends with."""
+    if isinstance(exc, InputError | JobConflict):
+        return EXIT_BAD_INPUT
+    if isinstance(exc, StageTimeout):
+        return EXIT_TIMED_OUT
+    if isinstance(exc, JobFailed) and _timed_out().match(exc.reason or ""):
+        return EXIT_TIMED_OUT
+    if isinstance(exc, StoreError):
+        return EXIT_STORE
+    return EXIT_FAILED
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    direct: type
+    for direct in cls.__subclasses__():
+        found += [direct, *_subclasses(direct)]
+    return found
+
+
+@cache
+def _timed_out() -> re.Pattern[str]:
+    """A FAILED job's reason starts with the error that ended its last attempt, by class name."""
+    names = "|".join(sorted(c.__name__ for c in _subclasses(StageTimeout)))
+    return re.compile(r"(?:gave up after \d+ attempts: )?(?:" + names + "): ")

@@ -1,0 +1,358 @@
+"""Commands that run jobs: ``submit`` (here, or recorded for workers), ``worker``, ``demo``.
+
+:func:`_runner` builds every :class:`~ai_lease.run.runner.Runner` the CLI uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ai_lease.cli.context import Context
+from ai_lease.cli.output import print_result, to_json
+from ai_lease.redaction import redact
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from ai_lease.job import Job, JobState
+    from ai_lease.lease import LeaseStore
+    from ai_lease.observe.events import Event, EventSink
+    from ai_lease.observe.metrics import Metrics
+    from ai_lease.prompts import PromptLibrary
+    from ai_lease.providers import Provider
+    from ai_lease.run.runner import Runner
+    from ai_lease.settings import Settings
+
+
+def _runner(
+    store: LeaseStore,
+    settings: Settings,
+    prompts: PromptLibrary,
+    *,
+    provider: Provider | None = None,
+    on_event: EventSink | None = None,
+    max_input_bytes: int | None = None,
+) -> Runner:
+    """Every Runner the CLI builds. Without a provider it only records jobs for workers
+    (``submit --detach``); with one it runs them under the settings' budgets."""
+    import dataclasses
+
+    from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES
+    from ai_lease.run.config import RunHooks
+    from ai_lease.run.runner import Runner
+
+    limit = DEFAULT_MAX_INPUT_BYTES if max_input_bytes is None else max_input_bytes
+    config = dataclasses.replace(settings.run_config(), max_input_bytes=limit)
+    if provider is None:
+        return Runner(store, prompts=prompts, config=config)
+    hooks = RunHooks(on_event=on_event)
+    return Runner(store, provider=provider, prompts=prompts, config=config, hooks=hooks)
+
+
+@click.command(short_help="Run a job file here (or --detach it for workers).")
+@click.argument("job_file", type=click.Path(path_type=Path))
+@click.option("--key", help="Override the job's key.")
+@click.option("--input", "input_text", metavar="TEXT", help="Override the job's input text.")
+@click.option(
+    "--input-file",
+    type=click.Path(path_type=Path),
+    help="Read the input from this file (read here, stored with the job).",
+)
+@click.option(
+    "--prompts",
+    "prompts_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Look for prompt templates here first (then in prompts/ beside the job file).",
+)
+@click.option("--provider", help="Override the provider (see `ai-lease providers`).")
+@click.option("--model", help="Override the model.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the result.")
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Only record the job for workers (`ai-lease worker`) and print its key.",
+)
+@click.pass_obj
+def submit(
+    obj: Context,
+    job_file: Path,
+    key: str | None,
+    input_text: str | None,
+    input_file: Path | None,
+    prompts_dir: Path | None,
+    provider: str | None,
+    model: str | None,
+    as_json: bool,
+    quiet: bool,
+    detach: bool,
+) -> None:
+    """Run JOB_FILE (TOML or JSON) here under the lease.
+
+    If another node already runs the same key, follow it and print its result; if the key
+    already has a result, print it at once. With --detach, only record it for workers.
+    Exit 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream first-token,
+    idle or total; stage or job deadline), 4 store unavailable or corrupt.
+    """
+    from ai_lease.cli.jobfile import load_job_file
+
+    spec = load_job_file(
+        job_file,
+        {
+            "key": key,
+            "input": input_text,
+            "input_file": str(input_file) if input_file else None,
+            "model": model,
+        },
+    )
+    overrides = {
+        **spec.provider,
+        **({"name": provider} if provider else {}),
+        **({"model": model} if model else {}),
+    }
+    settings = obj.settings
+    prompts = obj.prompts([*([prompts_dir] if prompts_dir else []), job_file.parent / "prompts"])
+    if detach:
+        record = obj.run(
+            lambda store: _runner(
+                store, settings, prompts, max_input_bytes=settings.job.max_input_bytes
+            ).submit(spec.job)
+        )
+        click.echo(to_json(record.to_dict()) if as_json else record.key)
+        return
+    _run_here(obj, spec.job, overrides, prompts, chatty=not (quiet or as_json), as_json=as_json)
+
+
+def _run_here(
+    obj: Context,
+    job: Job,
+    overrides: dict[str, Any],
+    prompts: PromptLibrary,
+    *,
+    chatty: bool,
+    as_json: bool,
+) -> None:
+    """Run ``job`` on this node (or follow the node that runs it) and print how it ended."""
+    from ai_lease.cli.console import JobView, TeeProvider
+
+    settings = obj.settings
+    view = JobView(job.key, live=chatty and sys.stderr.isatty())
+    capped: list[Event] = []
+
+    def on_event(event: Event) -> None:
+        if event.kind == "answer_capped":
+            capped.append(event)
+        if chatty:
+            view.on_event(event)
+
+    async def work(store: LeaseStore) -> JobState:
+        model_provider = obj.provider(overrides)
+        tee = TeeProvider(model_provider, view)
+        limit = settings.job.max_input_bytes
+        runner = _runner(
+            store, settings, prompts, provider=tee, on_event=on_event, max_input_bytes=limit
+        )
+        try:
+            return await runner.run(job)
+        finally:
+            await runner.flush_history()
+            await model_provider.aclose()
+
+    with view if chatty else contextlib.nullcontext():
+        record = obj.run(work)
+    if as_json:
+        click.echo(to_json(record.to_dict()))
+        return
+    print_result(record)
+    if capped:
+        click.echo(f"ai-lease: note: {capped[-1].detail}", err=True)
+
+
+def _event_loop(
+    ctx: click.Context, param: click.Parameter, value: str
+) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """``--loop``: asyncio's loop (None), or uvloop's; ``auto`` takes uvloop when installed.
+    Asking for uvloop without it installed is a usage error (exit 2) saying how to get it."""
+    if value == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if value == "auto":
+            return None
+        raise click.BadParameter(
+            "uvloop is not installed: pip install 'ai_lease[uvloop]' (or use --loop asyncio)"
+        ) from None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """Refuse nan and inf, which FloatRange lets through."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"must be a finite number of seconds (got {value!r})")
+    return value
+
+
+@click.command()
+@click.option(
+    "--concurrency",
+    "-c",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Jobs run at once.",
+)
+@click.option(
+    "--sweep-interval",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    callback=_finite,
+    help="Seconds between looks at the queue for due jobs (at least 0.01).",
+)
+@click.option(
+    "--grace",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    callback=_finite,
+    help="On SIGTERM/SIGINT, seconds running jobs get to finish before stepping down.",
+)
+@click.option("--provider", help="Provider for jobs (default: the settings').")
+@click.option("--worker-id", help="Name shown by `ai-lease workers` (default host:pid).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (see docs/observability.md).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics server binds (0.0.0.0: every interface).",
+)
+@click.option("--log-json", is_flag=True, help="Log every event as one JSON line on stderr.")
+@click.option(
+    "--loop",
+    "loop_factory",
+    type=click.Choice(["asyncio", "uvloop", "auto"]),
+    default="asyncio",
+    show_default=True,
+    callback=_event_loop,
+    help="Event loop: uvloop needs the 'uvloop' extra; auto takes it when installed.",
+)
+@click.pass_obj
+def worker(
+    obj: Context,
+    concurrency: int,
+    sweep_interval: float,
+    grace: float,
+    provider: str | None,
+    worker_id: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_json: bool,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
+) -> None:
+    """Run submitted jobs: discover them, compete for them, recover abandoned ones.
+
+    Start any number of workers on any number of machines against the same store. The
+    first SIGTERM/SIGINT drains (running jobs get --grace seconds, then hand over); a
+    second stops at once. Jobs submitted with `ai-lease submit --detach` are picked up.
+    """
+    from ai_lease.observe.logs import JobLogger, configure_logging, fan_out
+    from ai_lease.run.worker import Worker
+
+    settings = obj.settings
+    metrics = _metrics() if metrics_port is not None else None
+    json_log = JobLogger(configure_logging(json=True), json=True) if log_json else None
+
+    async def work(store: LeaseStore) -> None:
+        model_provider = obj.provider({"name": provider} if provider else {})
+        on_event = fan_out(metrics, json_log or _log_job_event)
+        runner = _runner(store, settings, obj.prompts(), provider=model_provider, on_event=on_event)
+        node = Worker(
+            store,
+            runner,
+            concurrency=concurrency,
+            sweep_interval=sweep_interval,
+            grace=grace,
+            worker_id=worker_id,
+            on_event=json_log or _log_worker_event,
+        )
+        undo = node.install_signal_handlers()
+        try:
+            await node.run()
+        finally:
+            undo()
+            await model_provider.aclose()
+
+    with _serving(metrics, metrics_port or 0, metrics_host):
+        obj.run(work, loop_factory)
+
+
+def _metrics() -> Metrics:
+    # prometheus_client brings its HTTP server: imported only when metrics are asked for.
+    from ai_lease.observe.metrics import Metrics
+
+    return Metrics()
+
+
+@contextlib.contextmanager
+def _serving(metrics: Metrics | None, port: int, host: str) -> Iterator[None]:
+    """``metrics`` served at http://HOST:PORT/metrics while the block runs (if any)."""
+    if metrics is None:
+        yield
+        return
+    from ai_lease.observe.metrics import serve_metrics
+
+    server = serve_metrics(metrics, port, host)
+    try:
+        yield
+    finally:
+        server.close()
+
+
+_WORKER_LOGGED = {"acquired", "stalled", "committed", "fenced", "failed", "retry", "released"}
+
+
+def _log_worker_event(event: Event) -> None:
+    """One line on stderr per event: kind, job key, owner and token, detail."""
+    who = f" {event.owner_id} token {event.token}" if event.token else ""
+    click.echo(
+        f"ai-lease worker: {event.kind:<14} {event.key}{who} {redact(event.detail)}".rstrip(),
+        err=True,
+    )
+
+
+def _log_job_event(event: Event) -> None:
+    """The runner's events a worker's plain log shows (metrics and --log-json see them all)."""
+    if event.kind in _WORKER_LOGGED:
+        _log_worker_event(event)
+
+
+@click.command(short_help="Watch a zombie owner lose its job (about 15 s).")
+@click.option("--json", "as_json", is_flag=True, help="Emit every node's events as JSON lines.")
+@click.pass_obj
+def demo(obj: Context, as_json: bool) -> None:
+    """Watch a zombie owner lose its job: three nodes race for one job, the owner's model
+    call hangs while its heartbeat lives, a follower takes over with a higher token, and the
+    old owner's late write is rejected. About 30 seconds, on a throw-away SQLite store
+    (or the --store given)."""
+    import asyncio
+
+    from ai_lease.cli.demo import run_demo
+
+    sys.exit(asyncio.run(run_demo(obj.store_url, as_json=as_json)))
+
+
+COMMANDS = (submit, worker, demo)

@@ -1,0 +1,355 @@
+"""How the Redis store calls Redis: the client, its scripts, and every call bounded.
+
+The client is built with redis-py's own retries **off** (redis-py 8 retries by default: a
+black-holed PING took 8-9 s to fail here, and a resent ``INCRBY`` was applied twice), and
+every operation is bounded by ``op_timeout`` without losing its connection
+(lease/redis_wire.py). Lost replies are handled a level up: every script is safe to run
+twice. The data-loss marker (an epoch id the store keeps) is checked on every new
+connection, and the specs of jobs this process may run are kept to re-create a record lost
+with the data. :class:`RedisCalls` is the base the store's parts share
+(:mod:`ai_lease.lease.redis_queue`, :mod:`ai_lease.lease.redis`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from ai_lease.errors import CorruptRecord, OutcomeUnknown, StoreDataLost, StoreUnavailable
+from ai_lease.lease import redis_scripts as lua
+from ai_lease.lease.redis_keys import job_keys, untag
+from ai_lease.lease.redis_wire import WARM_CONNECTIONS, Tasks, WarmPool, within
+
+__all__ = ["RedisCalls", "connect"]
+
+log = logging.getLogger("ai_lease.store")
+
+_SCRIPTS = (
+    "ACQUIRE",
+    "RENEW",
+    "RELEASE",
+    "FINISH",
+    "REPORT_STALL",
+    "CANCEL",
+    "GET",
+    "SUBMIT",
+    "EPOCH",
+    "DUE",
+    "RESCHEDULE",
+    "RECOVER_AT",
+    "DUE_RECOVERIES",
+    "BEAT",
+    "WORKER_GONE",
+    "LIST_WORKERS",
+)
+# Scripts that also keep the namespace's lease index (and, for SUBMIT, the queue).
+_INDEXED = frozenset({"ACQUIRE", "RENEW", "RELEASE", "FINISH", "CANCEL"})
+# Specs remembered to write back into a record re-created after a data loss.
+_SPECS_KEPT, _SPEC_CHARS_KEPT = 64, 32 * 1024 * 1024
+
+
+# No CLIENT SETINFO on connect: two extra round trips per new connection, which a slow
+# link pays inside the first operation's deadline.
+try:
+    from redis.driver_info import DriverInfo
+
+    _NO_SETINFO: dict[str, Any] = {"driver_info": DriverInfo(name=None, lib_version=None)}
+except ImportError:  # redis-py before 7.1
+    _NO_SETINFO = {"lib_name": None, "lib_version": None}
+
+# Maintenance notifications off: while on ("auto", redis-py 7+), the pool skips its check
+# that an idle connection is still open, and after a server restart hands out dead ones.
+try:
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    _POOL_OPTIONS: dict[str, Any] = {
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False)
+    }
+except ImportError:  # redis-py before 7
+    _POOL_OPTIONS = {}
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """True when the error proves the command never reached the server."""
+    text = str(exc)
+    return (
+        isinstance(exc, AuthenticationError)
+        or "Connection refused" in text
+        or "Error connecting" in text
+        or "Timeout connecting" in text
+    )
+
+
+def connect(url: str, op_timeout: float) -> Any:
+    """A redis-py client for ``redis://``, ``rediss://``, ``unix://`` or, for Redis
+    Cluster, ``redis+cluster://`` / ``rediss+cluster://`` — with redis-py's retries off."""
+    options: dict[str, Any] = dict(
+        decode_responses=True,
+        # A reply later than op_timeout is still read (its caller has given up) for as
+        # long again; one that never comes drops its connection then.
+        socket_timeout=2 * op_timeout,
+        socket_connect_timeout=op_timeout,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+        **_NO_SETINFO,
+    )
+    if url.startswith(("redis+cluster://", "rediss+cluster://")):
+        from redis.asyncio.cluster import RedisCluster
+
+        plain = url.replace("+cluster://", "://", 1)
+        return RedisCluster.from_url(plain, **options)
+    pool = WarmPool.from_url(url, retry_on_timeout=False, **options, **_POOL_OPTIONS)
+    return aioredis.Redis.from_pool(pool)
+
+
+class RedisCalls:
+    """The client, its scripts and the bounded calls every part of the Redis store makes."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        namespace: str = "ai_lease",
+        op_timeout: float = 2.0,
+        where: str = "redis",
+    ) -> None:
+        self._client, self._ns, self._op_timeout, self.where = client, namespace, op_timeout, where
+        self._prepared, self._prepare_lock = False, asyncio.Lock()
+        self._cluster = hasattr(client, "get_nodes")
+        self._scripts = {name: client.register_script(getattr(lua, name)) for name in _SCRIPTS}
+        tag = f"{{{namespace}:queue}}"  # the slot of "<ns>:queue" itself
+        self._queue, self._leases = f"{namespace}:queue", f"{tag}:leases"
+        self._marks = [f"{tag}:epoch", f"{tag}:data_lost"]
+        self._recovery = f"{tag}:recovery"  # the looks at RUNNING jobs, asked for first
+        self._epoch: str | None = None  # the epoch this process saw first
+        self.lost_data: StoreDataLost | None = None
+        """Set once this process has seen the store lose its data (or a recent note of it)."""
+        self._specs: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._spec_chars = 0
+        # Commands still reading a late reply, and the pool's re-warming (lease/redis_wire.py).
+        self._tasks, self._rewarming = Tasks(), False
+        pool = getattr(client, "connection_pool", None)
+        self._pool = pool if isinstance(pool, WarmPool) else None
+        self._pubsub: Any = client
+        if pool is not None and not self._cluster:
+            # Pub/sub closes its connection after each wait: a pool of its own, so that it
+            # never takes (and closes) one of the warm ones.
+            kw = dict(pool.connection_kwargs)
+            if self._pool is not None:
+                plain = ConnectionPool(connection_class=pool.connection_class, **kw)
+                self._pubsub = aioredis.Redis.from_pool(plain)
+            # The data-loss marker is checked on every new connection, as it is set up.
+            pool.connection_kwargs.setdefault("redis_connect_func", self._set_up)
+
+    def keys(self, key: str) -> list[str]:
+        """The Redis keys of one job: its hash and its event channel (one hash tag)."""
+        return job_keys(self._ns, key)
+
+    def _key_of(self, name: str) -> str:
+        """The job key of a job hash's name (the inverse of ``keys(key)[0]``)."""
+        return untag(name[len(self._ns) + 2 : -len("}:job")])
+
+    def _script_keys(self, key: str, script: str) -> list[str]:
+        keys = self.keys(key)
+        if self._cluster:  # the namespace's keys are in another slot
+            return keys
+        if script in _INDEXED:
+            keys.append(self._leases)
+        elif script == "SUBMIT":
+            keys += [self._leases, self._queue]
+        return keys
+
+    # -- the data-loss marker ------------------------------------------------------------
+
+    def _epoch_args(self) -> list[str]:
+        return [self._epoch or "", secrets.token_hex(8)]
+
+    async def _set_up(self, connection: Any) -> None:
+        """A new connection's set-up (redis-py's, then the data-loss marker's check): the
+        marker is checked at each connect, so a restart without data is noticed at once."""
+        await connection.on_connect()
+        sha, args = self._scripts["EPOCH"].sha, [*self._marks, *self._epoch_args()]
+        try:
+            try:
+                await connection.send_command("EVALSHA", sha, 2, *args)
+                reply = await connection.read_response()
+            except NoScriptError:
+                await connection.send_command("EVAL", lua.EPOCH, 2, *args)
+                reply = await connection.read_response()
+        except ResponseError:  # a read-only replica, an ACL: costs the check, not the link
+            return
+        self._saw_epoch(reply)
+
+    def _saw_epoch(self, reply: Any) -> None:
+        epoch, note = reply[0], reply[1]
+        if self._epoch is None:
+            self._epoch = epoch
+        elif epoch != self._epoch:
+            previous, self._epoch = self._epoch, epoch
+            self._lost(StoreDataLost(self.where, previous=previous, current=epoch))
+            return
+        if note and self.lost_data is None:  # another process noticed: data_lost() says it
+            at, previous, current = note.split(" ", 2)
+            self.lost_data = StoreDataLost(self.where, previous, current, at=int(at) / 1_000_000)
+
+    def _lost(self, loss: StoreDataLost) -> None:
+        """This process saw the marker vanish: say so loudly, once per loss."""
+        self.lost_data = loss
+        log.error("%s", loss)
+
+    async def data_lost(self) -> StoreDataLost | None:
+        """Whether the store lost its data (a restart without persistence): this process saw
+        its epoch marker vanish, or another process left a note of it (kept 7 days). One
+        round trip.
+
+        >>> if (loss := await store.data_lost()) is not None:   # doctest: +SKIP
+        ...     print(loss)
+        """
+        self._saw_epoch(await self._eval("data_lost", "EPOCH", self._marks, self._epoch_args()))
+        return self.lost_data
+
+    async def _prepare(self) -> None:
+        """Open the warm connections and load every script once per client (on Cluster: on
+        every primary), so that many first operations at once neither connect inside their
+        own deadlines nor all meet NOSCRIPT. Under a deadline of its own, before the
+        operation's; if it fails, connections open on demand and NOSCRIPT falls back to EVAL."""
+        async with self._prepare_lock:
+            if self._prepared:
+                return
+            texts = [s.script for s in self._scripts.values()]
+            try:
+                async with asyncio.timeout(2 * self._op_timeout):  # once per client
+                    if self._pool is not None:
+                        await self._pool.warm(WARM_CONNECTIONS, 2 * self._op_timeout)
+                    if self._cluster:  # every primary
+                        await asyncio.gather(*(self._client.script_load(t) for t in texts))
+                    else:  # one connection, one round trip
+                        pipe = self._client.pipeline(transaction=False)
+                        for text in texts:
+                            pipe.script_load(text)
+                        await pipe.execute()
+            except (TimeoutError, RedisError, OSError):
+                pass  # connections open on demand; EVAL stands in for a missing script
+            self._prepared = True
+        if self._epoch is None:  # the marker, checked at the first contact
+            with contextlib.suppress(StoreUnavailable):
+                await self.data_lost()
+
+    async def _call(self, op: str, key: str, script: str, args: list[Any]) -> Any:
+        return await self._eval(op, script, self._script_keys(key, script), args, key)
+
+    async def _eval(
+        self, op: str, script: str, keys: list[str], args: list[Any], key: str = ""
+    ) -> Any:
+        sha, count, execute = self._scripts[script].sha, len(keys), self._client.execute_command
+
+        async def run() -> Any:
+            try:
+                return await execute("EVALSHA", sha, count, *keys, *args)
+            except NoScriptError:  # the server lost its script cache: EVAL caches it again
+                return await execute("EVAL", getattr(lua, script), count, *keys, *args)
+
+        return await self._bounded(op, key, run)
+
+    async def _cmd(self, op: str, *args: Any) -> Any:
+        """One plain command, bounded like every script."""
+        return await self._bounded(op, "", lambda: self._client.execute_command(*args))
+
+    async def _bounded(
+        self, op: str, key: str, run: Callable[[], Awaitable[Any]], *, resend: bool = True
+    ) -> Any:
+        if not self._prepared:
+            await self._prepare()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._op_timeout
+
+        async def attempt() -> Any:
+            try:
+                return await run()
+            except RedisConnectionError:
+                if not resend or loop.time() >= deadline:
+                    raise
+                # The connection went stale (e.g. the server restarted). One resend on
+                # another connection, inside the same deadline: every script is safe to run
+                # twice, so a command that did land is not applied differently. The idle
+                # connections went stale with it (most likely): closed, then re-opened in
+                # the background.
+                if self._pool is not None:
+                    await self._pool.drop_idle()
+                    self._rewarm()
+                return await run()
+
+        try:
+            # The deadline ends the wait, not the command: it reads its late reply and
+            # gives its connection back (lease/redis_wire.py).
+            return await within(self._tasks.start(attempt(), self._failed), self._op_timeout)
+        except UnicodeDecodeError:  # replies are decoded strictly
+            raise CorruptRecord(key, "a field is not valid UTF-8") from None
+        except ResponseError as exc:
+            text = str(exc)
+            if "AILEASE_CORRUPT" in text:
+                detail = text.split("AILEASE_CORRUPT ", 1)[1].split(" script:", 1)[0]
+                raise CorruptRecord(key, detail[:120]) from None
+            if "WRONGTYPE" in text:
+                raise CorruptRecord(key, "the key holds a non-hash value") from None
+            raise StoreUnavailable(self.where, op, text[:200]) from exc
+        except TimeoutError:  # its connection is still reading the reply: the spares serve
+            raise self._unavailable(op, key, f"no answer within {self._op_timeout:g}s") from None
+        except (RedisError, OSError) as exc:
+            detail = type(exc).__name__ + ": " + str(exc)
+            raise self._unavailable(op, key, detail, maybe_applied=not _never_sent(exc)) from exc
+
+    def _failed(self, error: BaseException) -> None:
+        """A command failed (its caller may have given up long ago): an error reply leaves
+        its connection as it was; anything else may have closed it."""
+        if not isinstance(error, ResponseError):
+            self._rewarm()
+
+    def _rewarm(self) -> None:
+        """Open connections again in the background, up to the warm count."""
+        if self._pool is None or self._rewarming:
+            return
+        self._rewarming = True
+        pool, timeout = self._pool, 2 * self._op_timeout
+
+        async def rewarm() -> None:
+            try:
+                await pool.warm(WARM_CONNECTIONS, timeout)
+            finally:
+                self._rewarming = False
+
+        self._tasks.start(rewarm())
+
+    def _unavailable(
+        self, op: str, key: str, detail: str, *, maybe_applied: bool = True
+    ) -> StoreUnavailable:
+        if maybe_applied and op == "submit":  # the caller must be told it may be stored
+            return OutcomeUnknown(self.where, op, detail, key=key)
+        return StoreUnavailable(self.where, op, detail, maybe_applied=maybe_applied)
+
+    # -- the specs kept against a data loss -----------------------------------------------
+
+    def _remember(self, key: str, spec: str) -> None:
+        """Keep the spec of a job this process may run: if the store loses its data, the
+        record its owner re-creates gets the spec back (and a worker can run it again).
+        The newest few, bounded in number and in size."""
+        specs = self._specs
+        self._spec_chars += len(spec) - len(specs.pop(key, ""))
+        specs[key] = spec
+        while len(specs) > _SPECS_KEPT or self._spec_chars > _SPEC_CHARS_KEPT:
+            self._spec_chars -= len(specs.popitem(last=False)[1])
+
+    def _forget(self, key: str) -> None:
+        self._spec_chars -= len(self._specs.pop(key, ""))

@@ -1,0 +1,72 @@
+"""Where one job lives in Redis, and how its hash reads back as a :class:`JobState`.
+
+Keys are ``<namespace>:{<tag>}:job`` (a hash) and ``<namespace>:{<tag>}:events`` (a pub/sub
+channel), ``<tag>`` being :func:`hash_tag` of the job key: one Cluster slot per job. Times
+are stored as microseconds of the server's clock and read back as seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ai_lease.errors import CorruptRecord
+from ai_lease.job import JobState
+
+__all__ = ["decode", "hash_tag", "job_keys", "untag", "us"]
+
+_TIME_FIELDS = frozenset(
+    {
+        "heartbeat_at",
+        "last_progress_at",
+        "lease_expires_at",
+        "max_no_progress",
+        "created_at",
+        "updated_at",
+        "started_at",
+    }
+)
+
+
+def hash_tag(key: str) -> str:
+    """The Cluster hash tag of a job key: the key with ``%``, ``{`` and ``}`` escaped, so
+    that no key (not even one starting with ``}``) gives an empty or a cut tag.
+
+    >>> hash_tag("}abc{")
+    '%7Dabc%7B'
+    """
+    return key.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def untag(tag: str) -> str:
+    """The job key of a hash tag (the inverse of :func:`hash_tag`)."""
+    return re.sub("%(25|7B|7D)", lambda m: chr(int(m[1], 16)), tag)
+
+
+def job_keys(namespace: str, key: str) -> list[str]:
+    """The Redis keys of one job: its hash and its event channel (one hash tag)."""
+    tag = hash_tag(key)
+    return [f"{namespace}:{{{tag}}}:job", f"{namespace}:{{{tag}}}:events"]
+
+
+def us(seconds: float) -> str:
+    """A duration as the scripts take it: whole microseconds."""
+    return str(round(seconds * 1_000_000))
+
+
+def decode(key: str, flat: list[Any], now_us: Any, extra: dict[str, Any] | None = None) -> JobState:
+    """A job hash (a flat field, value list) read at ``now_us``; ``extra`` fills in values
+    the reply left out (or empty) that the caller knows."""
+    data: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))
+    if extra:
+        for name, value in extra.items():
+            if not data.get(name):
+                data[name] = value
+    try:
+        for name in _TIME_FIELDS & data.keys():
+            if data[name] != "":
+                data[name] = int(data[name]) / 1_000_000
+        read_at = int(now_us) / 1_000_000
+    except ValueError:
+        raise CorruptRecord(key, f"a time field holds {data.get(name)!r:.40}") from None
+    return JobState.from_fields(key, data, read_at)

@@ -1,0 +1,144 @@
+"""The Redis store's job queue, workers and duration history.
+
+The queue is a sorted set of "look again at" times, beside the lease index and one key per
+worker; the history one hash per (pipeline, kind, stage) plus an index set. One script
+each, one round trip, on the shared connection like the lease calls. The schedule is a hint
+that workers correct, never the judge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+from redis.exceptions import ResponseError
+
+from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
+from ai_lease.job import JobState
+from ai_lease.lease.base import WorkerInfo
+from ai_lease.lease.redis_calls import RedisCalls
+from ai_lease.lease.redis_keys import decode
+from ai_lease.observe.history import checked_histogram
+
+__all__ = ["RedisQueue"]
+
+
+class RedisQueue(RedisCalls):
+    """The :class:`~ai_lease.lease.base.JobQueue` part of the Redis store, and its history."""
+
+    async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
+        """Record the job and its queue entry in one script (standalone): a lost reply is
+        :class:`~ai_lease.errors.OutcomeUnknown` (stored or not: check ``status``)."""
+        if self._cluster:  # the queue is in another slot: its entry first, then the record
+            await self._cmd("submit", "ZADD", self._queue, "LT", 0, key)
+        reply = await self._call("submit", key, "SUBMIT", [spec, fingerprint, key])
+        if reply[0] == "conflict":
+            raise JobConflict(key)
+        job = decode(key, reply[2:], reply[1])
+        if not job.status.terminal:
+            self._remember(key, spec)
+        return job
+
+    async def due(self, limit: int) -> list[str]:
+        """Jobs whose lease lapsed first (recovery before fresh work; found through the lease
+        index even without a queue entry; at most ``limit``), then the queue's due keys. The
+        data-loss marker is checked in the same round trip."""
+        keys = [self._queue, self._leases, *self._marks]
+        reply = await self._eval("due", "DUE", keys, [limit, *self._epoch_args()])
+        self._saw_epoch(reply[:2])
+        lapsed = int(reply[2])
+        found = [self._key_of(name) for name in reply[3 : 3 + lapsed]] + reply[3 + lapsed :]
+        return list(dict.fromkeys(found))[:limit]
+
+    async def reschedule(self, key: str, at: float | None) -> None:
+        args = [key, self.keys(key)[0], "" if at is None else repr(float(at))]
+        keys = [self._queue, self._leases, self._recovery]
+        await self._eval("reschedule", "RESCHEDULE", keys, args)
+
+    async def recover_at(self, key: str, at: float) -> None:
+        keys = [self._queue, self._recovery]
+        await self._eval("recover_at", "RECOVER_AT", keys, [key, repr(float(at))])
+
+    async def due_recoveries(self, limit: int) -> list[str]:
+        return list(await self._eval("due_recoveries", "DUE_RECOVERIES", [self._recovery], [limit]))
+
+    def _worker_keys(self, worker_id: str) -> list[str]:
+        index = f"{self._ns}:workers"
+        return [f"{{{index}}}:worker:{worker_id}", index]
+
+    async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
+        blob = orjson.dumps({k: v for k, v in asdict(info).items() if k != "last_seen"})
+        args = [info.worker_id, blob.decode(), round(ttl * 1000)]
+        await self._eval("worker_beat", "BEAT", self._worker_keys(info.worker_id), args)
+
+    async def worker_gone(self, worker_id: str) -> None:
+        keys = self._worker_keys(worker_id)
+        await self._eval("worker_gone", "WORKER_GONE", keys, [worker_id])
+
+    async def list_workers(self, *, on_corrupt: CorruptSink | None = None) -> list[WorkerInfo]:
+        prefix, index = self._worker_keys("")
+        pairs = await self._eval("list_workers", "LIST_WORKERS", [index], [prefix])
+        out = []
+        for worker_id, blob in zip(pairs[::2], pairs[1::2], strict=True):
+            try:
+                out.append(WorkerInfo.from_json(worker_id, blob))
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
+        return out
+
+    @staticmethod
+    async def _listed(name: str, call: Awaitable[Any]) -> Any:
+        """A read of a listing: a value that is not ours is a :class:`CorruptRecord`."""
+        try:
+            return await call
+        except UnicodeDecodeError:
+            raise CorruptRecord(name, "it holds bytes that are not UTF-8", kind="key") from None
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            raise CorruptRecord(name, "the key holds a value of another type", kind="key") from None
+
+    # -- duration history: one hash per (pipeline, kind, stage), plus an index set -----------
+
+    async def add_durations(self, counts: Mapping[tuple[str, str, str], Mapping[int, int]]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for series, buckets in counts.items():
+            name = orjson.dumps(list(series)).decode()
+            pipe.sadd(f"{self._ns}:hists", name)
+            for bucket, n in buckets.items():
+                pipe.hincrby(f"{self._ns}:hist:{name}", str(bucket), n)
+        # One round trip; never resent (HINCRBY applied twice would count twice).
+        if len(pipe):
+            await self._bounded("add_durations", "", pipe.execute, resend=False)
+
+    async def load_durations(
+        self, *, on_corrupt: CorruptSink | None = None
+    ) -> dict[tuple[str, str, str], dict[int, int]]:
+        index = f"{self._ns}:hists"
+        names = sorted(await self._listed(index, self._cmd("load_durations", "SMEMBERS", index)))
+        hists = [f"{self._ns}:hist:{name}" for name in names]
+        raws = await asyncio.gather(
+            *(self._listed(h, self._cmd("load_durations", "HGETALL", h)) for h in hists),
+            return_exceptions=True,
+        )
+        out: dict[tuple[str, str, str], dict[int, int]] = {}
+        for name, raw in zip(names, raws, strict=True):
+            try:
+                if isinstance(raw, BaseException):
+                    raise raw
+                pairs = (
+                    raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=False)
+                )
+                try:
+                    parts = orjson.loads(name)
+                except orjson.JSONDecodeError:
+                    parts = None
+                series, counts = checked_histogram(name, parts, pairs)
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
+                continue
+            out[series] = counts
+        return out

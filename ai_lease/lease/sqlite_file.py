@@ -1,0 +1,221 @@
+"""The SQLite store's file: its connection, its schema and one transaction per operation.
+
+All SQLite work runs on one thread per store, keeping the event loop free while another
+process holds the write lock (closing too). A file this user cannot write is opened
+read-only: reads work, a write fails saying why. :class:`SQLiteFile` is the base the
+store's parts share (:mod:`ai_lease.lease.sqlite_queue`, :mod:`ai_lease.lease.sqlite`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import orjson
+
+from ai_lease.errors import CorruptRecord, StoreUnavailable
+from ai_lease.job import JobState
+
+__all__ = ["SQLiteFile"]
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ai_lease_jobs (
+    key TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    lease_expires_at REAL,
+    record BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ai_lease_jobs_by_expiry
+    ON ai_lease_jobs (status, lease_expires_at);
+CREATE TABLE IF NOT EXISTS ai_lease_queue (
+    key TEXT PRIMARY KEY,
+    due_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ai_lease_queue_by_due ON ai_lease_queue (due_at);
+CREATE TABLE IF NOT EXISTS ai_lease_recovery (
+    key TEXT PRIMARY KEY,
+    due_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ai_lease_recovery_by_due ON ai_lease_recovery (due_at);
+CREATE TABLE IF NOT EXISTS ai_lease_durations (
+    pipeline TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    bucket INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, kind, stage, bucket)
+);
+CREATE TABLE IF NOT EXISTS ai_lease_workers (
+    worker_id TEXT PRIMARY KEY,
+    expires_at REAL NOT NULL,
+    info BLOB NOT NULL
+);
+"""
+
+
+class SQLiteFile:
+    """One SQLite file in WAL mode, and the transactions the store runs on it.
+
+    ``clock`` is the store's clock (seconds since the epoch); tests may inject one.
+    ``op_timeout`` bounds how long an operation waits for another process's write lock.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        op_timeout: float = 2.0,
+        poll_interval: float = 0.05,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = str(path)
+        self.where = f"sqlite:///{self.path}"
+        self._op_timeout, self._poll, self._clock = op_timeout, poll_interval, clock
+        self._conn: sqlite3.Connection | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ai-lease-sqlite")
+        self.read_only = False
+        self.lost_data: None = None  # an embedded file does not lose data behind our back
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is None and self._not_writable():
+            self._conn, self.read_only = self._open_read_only(), True
+        if self._conn is None:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._op_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._setup(conn)
+            self._conn = conn
+        return self._conn
+
+    def _not_writable(self) -> bool:
+        return (
+            self.path != ":memory:"
+            and os.path.exists(self.path)
+            and not os.access(self.path, os.W_OK)
+        )
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """``mode=ro``; where WAL's shared-memory file cannot be made either (a read-only
+        directory), ``immutable=1``: nobody can write this file through us anyway."""
+        uri = Path(self.path).resolve().as_uri()
+        for query in ("mode=ro", "mode=ro&immutable=1"):
+            conn = sqlite3.connect(
+                f"{uri}?{query}", uri=True, timeout=self._op_timeout, check_same_thread=False
+            )
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return conn
+            except sqlite3.OperationalError:
+                conn.close()
+        raise sqlite3.OperationalError(f"cannot open {self.path} even read-only")
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        """WAL mode and the schema. Switching a new file to WAL does not wait on SQLite's busy
+        handler, so processes opening one file at once retry here, within op_timeout."""
+        deadline = time.monotonic() + self._op_timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    conn.close()
+                    raise
+                time.sleep(0.01)
+
+    async def _run(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, lambda: fn(self._connect()))
+        except (sqlite3.Error, OSError) as exc:
+            # A failed statement or transaction is rolled back: nothing was applied.
+            detail = str(exc)
+            if self.read_only and "readonly" in detail:
+                detail = (
+                    f"the file is not writable by this user, so it was opened read-only: {op} "
+                    "needs write access (make the file and its directory writable)"
+                )
+            raise StoreUnavailable(self.where, op, detail, maybe_applied=False) from exc
+
+    def _load(self, conn: sqlite3.Connection, key: str, now: float) -> JobState | None:
+        row = conn.execute("SELECT record FROM ai_lease_jobs WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        try:
+            data = orjson.loads(row[0])
+        except orjson.JSONDecodeError:
+            raise CorruptRecord(key, "record is not JSON") from None
+        if not isinstance(data, dict) or data.get("schema") != 1:
+            raise CorruptRecord(key, "record has no ai_lease schema marker")
+        return JobState.from_fields(key, data, now)
+
+    @staticmethod
+    def _save(conn: sqlite3.Connection, job: JobState) -> None:
+        data = job.to_dict()
+        del data["key"], data["read_at"]
+        data["schema"] = 1
+        conn.execute(
+            "INSERT INTO ai_lease_jobs (key, status, lease_expires_at, record) VALUES (?,?,?,?)"
+            " ON CONFLICT(key) DO UPDATE SET status = excluded.status,"
+            " lease_expires_at = excluded.lease_expires_at, record = excluded.record",
+            (job.key, job.status.value, job.lease_expires_at, orjson.dumps(data)),
+        )
+
+    async def _write(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one write transaction (``BEGIN IMMEDIATE``: processes queue here)."""
+
+        def work(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                answer = fn(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return answer
+
+        return await self._run(op, work)
+
+    async def _transact(
+        self, op: str, key: str, rule: Callable[[JobState | None, float], tuple[JobState | None, T]]
+    ) -> T:
+        """Read, decide and write one job's record in one write transaction."""
+
+        def work(conn: sqlite3.Connection) -> T:
+            now = self._clock()
+            new, answer = rule(self._load(conn, key, now), now)
+            if new is not None:
+                self._save(conn, new)
+            return answer
+
+        return await self._write(op, work)
+
+    async def aclose(self) -> None:
+        def close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, close)
+        # Work queued behind the close may still run (seconds, on a held write lock):
+        # wait for it off the event loop.
+        await asyncio.to_thread(self._executor.shutdown, wait=True)
+
+    async def data_lost(self) -> None:
+        """Always None: an embedded file does not lose data behind its users' backs."""
+        return None

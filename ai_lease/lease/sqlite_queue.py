@@ -1,0 +1,179 @@
+"""The SQLite store's job queue, workers and duration history: tables beside the jobs'.
+
+The queue is a table of "look again at" times (plus the recovery looks asked for first);
+workers and duration buckets have a table each. The schedule is a hint that workers
+correct, never the judge.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+
+from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
+from ai_lease.job import JobState
+from ai_lease.lease import rules
+from ai_lease.lease.base import WorkerInfo
+from ai_lease.lease.sqlite_file import SQLiteFile
+from ai_lease.observe.history import checked_histogram
+
+__all__ = ["SQLiteQueue"]
+
+
+class SQLiteQueue(SQLiteFile):
+    """The :class:`~ai_lease.lease.base.JobQueue` part of the SQLite store, and its history."""
+
+    async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
+        def work(conn: sqlite3.Connection) -> JobState:
+            now = self._clock()
+            new, job = rules.submit(
+                self._load(conn, key, now), key, now, spec=spec, fingerprint=fingerprint
+            )
+            if new is not None:
+                self._save(conn, new)
+            if not job.status.terminal:
+                conn.execute(
+                    "INSERT INTO ai_lease_queue VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
+                    " SET due_at = min(due_at, excluded.due_at)",
+                    (key, now),
+                )
+            return job
+
+        return await self._write("submit", work)
+
+    async def due(self, limit: int) -> list[str]:
+        """Queued jobs whose lease lapsed first (recovery before fresh work, however far back
+        in the queue they sort; at most ``limit``), then the queue's due keys."""
+
+        def work(conn: sqlite3.Connection) -> list[str]:
+            now = self._clock()
+            lapsed = conn.execute(
+                "SELECT j.key FROM ai_lease_jobs j JOIN ai_lease_queue q ON q.key = j.key"
+                " WHERE j.status = 'RUNNING' AND j.lease_expires_at <= ?"
+                " ORDER BY j.lease_expires_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            due = conn.execute(
+                "SELECT key FROM ai_lease_queue WHERE due_at <= ? ORDER BY due_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            return list(dict.fromkeys(key for (key,) in lapsed + due))[:limit]
+
+        return await self._run("due", work)
+
+    async def reschedule(self, key: str, at: float | None) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
+            if at is None:
+                conn.execute("DELETE FROM ai_lease_queue WHERE key = ?", (key,))
+            else:
+                conn.execute(
+                    "INSERT INTO ai_lease_queue VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
+                    " SET due_at = excluded.due_at",
+                    (key, at),
+                )
+
+        await self._write("reschedule", work)
+
+    async def recover_at(self, key: str, at: float) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            for table in ("ai_lease_queue", "ai_lease_recovery"):
+                conn.execute(
+                    f"INSERT INTO {table} VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
+                    " SET due_at = excluded.due_at",
+                    (key, at),
+                )
+
+        await self._write("recover_at", work)
+
+    async def due_recoveries(self, limit: int) -> list[str]:
+        def work(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT key FROM ai_lease_recovery WHERE due_at <= ? ORDER BY due_at LIMIT ?",
+                (self._clock(), limit),
+            )
+            return [key for (key,) in rows]
+
+        return await self._run("due_recoveries", work)
+
+    async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            now = self._clock()
+            blob = orjson.dumps({**asdict(info), "last_seen": now})
+            conn.execute(
+                "INSERT INTO ai_lease_workers VALUES (?, ?, ?) ON CONFLICT(worker_id) DO UPDATE"
+                " SET expires_at = excluded.expires_at, info = excluded.info",
+                (info.worker_id, now + ttl, blob),
+            )
+
+        await self._run("worker_beat", work)
+
+    async def worker_gone(self, worker_id: str) -> None:
+        await self._run(
+            "worker_gone",
+            lambda conn: conn.execute(
+                "DELETE FROM ai_lease_workers WHERE worker_id = ?", (worker_id,)
+            ),
+        )
+
+    async def list_workers(self, *, on_corrupt: CorruptSink | None = None) -> list[WorkerInfo]:
+        def work(conn: sqlite3.Connection) -> list[tuple[Any, Any]]:
+            return conn.execute(
+                "SELECT worker_id, info FROM ai_lease_workers WHERE expires_at > ?"
+                " ORDER BY worker_id",
+                (self._clock(),),
+            ).fetchall()
+
+        out = []
+        for worker_id, blob in await self._run("list_workers", work):
+            try:
+                if not isinstance(blob, str | bytes):
+                    raise CorruptRecord(str(worker_id), "the entry is not JSON", kind="worker")
+                out.append(WorkerInfo.from_json(str(worker_id), blob))
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
+        return out
+
+    # -- duration history ------------------------------------------------------------------
+
+    async def add_durations(self, counts: Mapping[tuple[str, str, str], Mapping[int, int]]) -> None:
+        rows = [
+            (*series, bucket, n)
+            for series, buckets in counts.items()
+            for bucket, n in buckets.items()
+        ]
+
+        await self._write(
+            "add_durations",
+            lambda conn: conn.executemany(
+                "INSERT INTO ai_lease_durations VALUES (?, ?, ?, ?, ?) ON CONFLICT"
+                " (pipeline, kind, stage, bucket) DO UPDATE SET count = count + excluded.count",
+                rows,
+            ),
+        )
+
+    async def load_durations(
+        self, *, on_corrupt: CorruptSink | None = None
+    ) -> dict[tuple[str, str, str], dict[int, int]]:
+        def work(conn: sqlite3.Connection) -> dict[tuple[Any, ...], list[tuple[Any, Any]]]:
+            rows: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {}
+            for pipeline, kind, stage, bucket, n in conn.execute(
+                "SELECT pipeline, kind, stage, bucket, count FROM ai_lease_durations"
+            ):
+                rows.setdefault((pipeline, kind, stage), []).append((bucket, n))
+            return rows
+
+        out: dict[tuple[str, str, str], dict[int, int]] = {}
+        for parts, buckets in (await self._run("load_durations", work)).items():
+            name = "/".join(map(str, parts))[:120]
+            try:
+                series, counts = checked_histogram(name, parts, buckets)
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
+                continue
+            out[series] = counts
+        return out
