@@ -90,8 +90,7 @@ class Attempt:
 
     async def _ended(self, left: float) -> JobState | float:
         """The attempt, and what its end means for the runner (see the module docstring)."""
-        fence, timings, record = self.fence, self.timings, self.acquired.job
-        backoff = self.runner.retry.backoff(record.attempts)
+        fence, timings = self.fence, self.timings
         try:
             return await self._own(left)
         except asyncio.CancelledError:
@@ -105,7 +104,7 @@ class Attempt:
             # them for the lease we are letting lapse (a zombie should not win it back).
             self.runner.emit("retry", fence.key, fence, str(exc))
             lapse = timings.ttl if self.runner.stall_policy is StallPolicy.EXPIRE else 0.0
-            return lapse + 2 * timings.poll_interval + backoff
+            return lapse + 2 * timings.poll_interval + self._backoff()
         except LeaseError as exc:
             self.runner.emit("retry", fence.key, fence, str(exc))
             return timings.poll_interval
@@ -113,9 +112,13 @@ class Attempt:
             await self.fail(describe(exc))  # named like every other failure
             raise
         except Exception as exc:
-            return await self._failed(exc, backoff)
+            return await self._failed(exc)
 
-    async def _failed(self, exc: Exception, backoff: float) -> float:
+    def _backoff(self) -> float:
+        """How long to wait after this attempt: the job retry policy's backoff."""
+        return self.runner.retry.backoff(self.acquired.job.attempts)
+
+    async def _failed(self, exc: Exception) -> float:
         """The attempt's own failure: fail the job (not retryable) or release and retry."""
         fence = self.fence
         if not retryable(exc):
@@ -124,6 +127,7 @@ class Attempt:
         await self.release(describe(exc))
         if self.acquired.job.attempts >= self.runner.retry.attempts:
             return 0.0  # the next acquire ends the job FAILED with this error
+        backoff = self._backoff()
         self.runner.emit("retry", fence.key, fence, f"{describe(exc)}; retrying in {backoff:g}s")
         return backoff
 

@@ -244,7 +244,9 @@ class Pipeline:
         return value
 
 
-async def _run_stage(ctx: StageContext, stage: Stage, budget: StageBudget, hard: Any) -> Any:
+async def _run_stage(
+    ctx: StageContext, stage: Stage, budget: StageBudget, hard: asyncio.Timeout
+) -> Any:
     """One stage under ``hard`` (the run's deadline timer, moved to this stage's deadline)."""
     tracker, faults, emit = ctx.tracker, ctx.fault_hook is not None, ctx.emit
     ctx.ensure_lease()
