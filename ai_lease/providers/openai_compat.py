@@ -7,8 +7,9 @@ spends about a quarter to a third of the SDK's CPU per event, which decides how 
 one process can hold (figures in docs/benchmarks.md).
 
 Two HTTP paths, one parser: ``http="aiohttp"`` streams through aiohttp (its llhttp parser
-in C: TLS, proxies from the environment, decompression, keep-alive, connect and read
-timeouts are aiohttp's); ``http="httpx"`` streams through httpx. ``"auto"`` (the default)
+in C: TLS, proxies from the environment, decompression, keep-alive and connect timeouts
+are aiohttp's; the read timeout is one lazy timer per stream, not one re-armed per read);
+``http="httpx"`` streams through httpx. ``"auto"`` (the default)
 is aiohttp unless a caller passes its own httpx ``client=``, which always means httpx; a call
 that is not streamed always goes through httpx. ``"fast"`` (the name of a hand-written
 HTTP/1.1 reader this replaced) is accepted as an alias of ``"aiohttp"``.
@@ -26,6 +27,12 @@ arrives), and a 200 event stream with no events at all is :class:`EmptyEventStre
 SSE comments (``: ping``) are skipped and are never progress. One event may hold at most
 ``max_event_bytes``: the reader's buffer never grows past it, and a longer event (an endless
 line) closes the connection with :class:`StreamLimitExceeded`.
+
+The pieces: :mod:`~ai_lease.providers.http_paths` (the two HTTP paths, each a ``read()`` per
+network read), :mod:`~ai_lease.providers.sse` (the bounded framer) and
+:mod:`~ai_lease.providers.chunks` (chunk payloads to deltas); this module puts them together
+in one async generator, so nothing else is resumed per event between the socket and the
+stream guard.
 """
 
 from __future__ import annotations
@@ -174,9 +181,7 @@ class OpenAICompatProvider(AsyncResource):
             limits=httpx.Limits(max_connections=max_connections),
         )
         self._http = http_path(http, client)
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout, sock_read=read_timeout
-        )
+        self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
         self._session: aiohttp.ClientSession | None = None  # made in the loop that uses it
 
     @property
@@ -250,13 +255,19 @@ class OpenAICompatProvider(AsyncResource):
     def _open_aiohttp(self, body: bytes) -> contextlib.AbstractAsyncContextManager[Read]:
         session = self._aiohttp()
         return aiohttp_reads(
-            self.name, session, self._url, body, self._stream_headers, self._shown_url
+            self.name,
+            session,
+            self._url,
+            body,
+            self._stream_headers,
+            self._shown_url,
+            self._read_timeout,
         )
 
     def _aiohttp(self) -> aiohttp.ClientSession:
         """The provider's one session, made on first use inside the running loop."""
         if self._session is None:
-            self._session = new_session(self.max_connections, self._timeout)
+            self._session = new_session(self.max_connections, self._connect_timeout)
         return self._session
 
     async def complete(self, request: ChatRequest) -> Completion:
