@@ -47,6 +47,19 @@ class SSEFramer:
 
     def feed(self, raw: bytes) -> list[bytes]:
         """The payloads of the events ``raw`` completed (comments and empty events skipped)."""
+        # Fast path, once per streamed token: a read that is exactly one "data: …" event.
+        if (
+            raw[:6] == b"data: "
+            and raw.find(b"\n") == len(raw) - 2
+            and raw[-1:] == b"\n"
+            and not self._pending
+            and not self._cr
+            and b"\r" not in raw
+        ):
+            if len(raw) - 2 > self._limit:
+                raise EventTooLarge(self._limit)
+            self._last = b"\n"
+            return [raw[6:-2]]
         if self._cr:
             raw, self._cr = b"\r" + raw, False
         if b"\r" in raw:
