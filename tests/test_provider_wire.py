@@ -225,3 +225,24 @@ async def test_read_timeout_fails_a_silent_stream(server: SSEServer, http: str, 
     took = asyncio.get_running_loop().time() - started
     assert caught.value.retryable and "timeout" in str(caught.value).lower(), caught.value
     assert 0.35 < took < 3.0, f"took {took:.2f}s for a 0.4 s read timeout"
+
+
+async def test_the_sdk_adapter_decodes_then_bounds_a_compressed_stream(server: SSEServer) -> None:
+    """The SDK adapter's event watch reads the decoded body: a gzipped stream is text, and a
+    compressed endless event stops at max_event_bytes, measured after decoding."""
+    from ai_lease.providers.openai_sdk import OpenAISDKProvider
+
+    server.enqueue(sse(gzip.compress(wire(*chat_chunks(["Hel", "lo"]))), done=False, headers=GZIP))
+    server.enqueue(sse(gzip.compress(b"data: " + b"x" * (64 << 20)), done=False, headers=GZIP))
+    provider = OpenAISDKProvider(base_url=server.base_url, model="m", max_event_bytes=256 * 1024)
+    try:
+        completion = await StreamGuard(RELAXED, Progress()).call(provider, REQUEST)
+        assert completion.text == "Hello"
+        with pytest.raises(StreamLimitExceeded) as caught:
+            await StreamGuard(RELAXED, Progress()).call(provider, REQUEST)
+        assert caught.value.limit == "max_event_bytes"
+    finally:
+        await provider.aclose()
+
+
+GZIP = {"Content-Encoding": "gzip"}
