@@ -20,7 +20,8 @@ A stream that ends (``[DONE]`` or the body's end) without a finish reason is
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import openai
@@ -108,6 +109,14 @@ class OpenAISDKProvider(AsyncResource):
         )
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
+        async with contextlib.aclosing(self.stream_batches(request)) as batches:
+            async for batch in batches:
+                for delta in batch:
+                    yield delta
+
+    async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
+        """The deltas of each SDK chunk together (see :class:`~.base.BatchStreaming`): the
+        guard reads this directly, with no per-delta generator between it and the SDK."""
         body = request_body(request, self.model, stream=True, defaults=self.defaults)
         chunks, finished = 0, False
         stream: Any = None
@@ -115,10 +124,12 @@ class OpenAISDKProvider(AsyncResource):
             stream = await self._client.chat.completions.create(**body)
             try:
                 async for chunk in stream:
-                    for delta in self._deltas(chunk, chunks):
+                    deltas = self._deltas(chunk, chunks)
+                    for delta in deltas:
                         finished = finished or delta.finish_reason is not None
                         chunks += bool(delta.text)
-                        yield delta
+                    if deltas:
+                        yield deltas
             finally:
                 await stream.close()
         except self._openai.OpenAIError as exc:
