@@ -25,13 +25,13 @@ Variants, interleaved round by round on one event loop (medians over ``--rounds`
   kept), the cheapest way to read it; ``http="auto"`` takes the aiohttp path here
 * ``d compat guard`` the same under ``StreamGuard`` + ``Progress`` (what the call_ai stage runs)
 * ``k compat delta`` ``OpenAICompatProvider.stream()``, one delta at a time, consumed directly
-* ``e compat+sse``   ``i`` with its ``_sse_batches`` parser swapped for httpx-sse's decoders
+* ``e compat+sse``   ``i`` with its ``SSEFramer`` swapped for httpx-sse's decoders
 * ``f sdk raw``      the official ``AsyncOpenAI`` stream iterated
 * ``g sdk adapter``  ai_lease ``OpenAISDKProvider.stream()`` consumed directly (text kept)
 * ``h sdk guard``    the same under ``StreamGuard`` + ``Progress``
 * ``i httpx raw``    ``OpenAICompatProvider(http="httpx").stream_batches()`` consumed directly
 * ``j httpx guard``  the same under ``StreamGuard`` + ``Progress``
-* ``l lines guard``  ``d`` with aiohttp's ``readline()`` framing in place of ``_sse_batches``
+* ``l lines guard``  ``d`` with aiohttp's ``readline()`` framing in place of ``SSEFramer``
 
 SDK variants stream ``--sdk-chunks`` (default chunks / 10); every figure is per content chunk.
 """
@@ -151,17 +151,30 @@ def request_json(n: int) -> dict[str, Any]:
     }
 
 
-async def sse_via_httpx_sse(
-    chunks: AsyncIterator[bytes], max_event_bytes: int = 0
-) -> AsyncIterator[list[bytes]]:
-    """Drop-in for ai_lease's ``_sse_batches`` built on httpx-sse's decoders (variant e),
-    fed as ``aiter_sse()`` feeds them: bytes → text → lines → events."""
-    text = httpx._decoders.TextDecoder()  # what Response.aiter_text() uses
-    lines, events = httpx_sse._decoders.SSELineDecoder(), httpx_sse._decoders.SSEDecoder()
-    async for raw in chunks:
-        for line in lines.decode(text.decode(raw)):
-            if (event := events.decode(line.rstrip("\n"))) is not None:
-                yield [event.data.encode()]
+class HttpxSSEFramer:
+    """Drop-in for ai_lease's ``SSEFramer`` built on httpx-sse's decoders (variant e), fed as
+    ``aiter_sse()`` feeds them: bytes → text → lines → events."""
+
+    def __init__(self, max_event_bytes: int = 0) -> None:
+        self.text = httpx._decoders.TextDecoder()  # what Response.aiter_text() uses
+        self.lines, self.events = (
+            httpx_sse._decoders.SSELineDecoder(),
+            httpx_sse._decoders.SSEDecoder(),
+        )
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        out = []
+        for line in self.lines.decode(self.text.decode(raw)):
+            if (event := self.events.decode(line.rstrip("\n"))) is not None:
+                out.append(event.data.encode())
+        return out
+
+    def close(self) -> list[bytes]:
+        return []
+
+
+class HttpxSSEFramed(compat.OpenAICompatProvider):
+    framer = HttpxSSEFramer  # type: ignore[assignment]
 
 
 async def count_data_events(chunks: AsyncIterator[bytes]) -> int:
@@ -197,6 +210,7 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
     lean = compat.OpenAICompatProvider(base_url=base_url, model="bench")
     assert lean.http == "aiohttp", lean
     lean_httpx = compat.OpenAICompatProvider(base_url=base_url, model="bench", http="httpx")
+    with_sse = HttpxSSEFramed(base_url=base_url, model="bench", http="httpx")
     sdk = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
     adapter = OpenAISDKProvider(base_url=base_url, api_key="x", model="bench")
     lines = stream_paced.LineFramed(base_url=base_url, model="bench")
@@ -225,13 +239,6 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
                 seen += bool(choices and choices[0]["delta"].get("content"))
         return seen
 
-    async def compat_with_httpx_sse(n: int) -> int:
-        original, compat._sse_batches = compat._sse_batches, sse_via_httpx_sse
-        try:
-            return await collect_raw_batches(lean_httpx.stream_batches(req(n)))
-        finally:
-            compat._sse_batches = original
-
     async def sdk_raw(n: int) -> int:
         stream: Any = await sdk.chat.completions.create(**request_json(n))
         parts = [c.choices[0].delta.content async for c in stream if c.choices]
@@ -243,7 +250,7 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
         "b httpx-sse": httpx_sse_raw,
         "c compat raw": lambda n: collect_raw_batches(lean.stream_batches(req(n))),
         "d compat guard": lambda n: collect_guarded(lean, req(n)),
-        "e compat+sse": compat_with_httpx_sse,
+        "e compat+sse": lambda n: collect_raw_batches(with_sse.stream_batches(req(n))),
         "f sdk raw": sdk_raw,
         "g sdk adapter": lambda n: collect_raw(adapter.stream(req(n))),
         "h sdk guard": lambda n: collect_guarded(adapter, req(n)),
@@ -252,7 +259,7 @@ def make_variants(base_url: str) -> tuple[dict[str, Variant], list[Any]]:
         "k compat delta": lambda n: collect_raw(lean.stream(req(n))),
         "l lines guard": lambda n: collect_guarded(lines, req(n)),
     }
-    closers = [client.aclose, fast_client.close, lean.aclose, lean_httpx.aclose]
+    closers = [client.aclose, fast_client.close, lean.aclose, lean_httpx.aclose, with_sse.aclose]
     return variants, [*closers, lines.aclose, sdk.close, adapter.aclose]
 
 
@@ -260,17 +267,15 @@ async def measure(args: argparse.Namespace, base_url: str) -> Results:
     variants, closers = make_variants(base_url)
     res: Results = {name: {"rate": [], "cpu_us": []} for name in variants}
     try:
-        for name, fn in variants.items():  # warm up: connections, imports, caches
-            with stream_paced.framed_by_lines(name.startswith("l ")):
-                await fn(200)
+        for fn in variants.values():  # warm up: connections, imports, caches
+            await fn(200)
         for _ in range(args.rounds):
             for name, fn in variants.items():
                 n = args.sdk_chunks if name in SDK_VARIANTS else args.chunks
                 gc.collect()  # every variant starts from the same heap; no collection mid-run
                 gc.disable()
                 t0, c0 = time.perf_counter(), time.process_time()
-                with stream_paced.framed_by_lines(name.startswith("l ")):
-                    seen = await fn(n)
+                seen = await fn(n)
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 gc.enable()
                 if seen != n:

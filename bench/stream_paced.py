@@ -18,7 +18,7 @@ min-max spread):
 * ``httpx raw`` / ``httpx guard``    the lean adapter on httpx
 * ``sdk raw`` / ``sdk guard``        the official SDK iterated / ai_lease's SDK adapter guarded
 * ``lines raw`` / ``lines guard``    the lean adapter on aiohttp with aiohttp's ``readline()``
-  framing in place of its own ``_sse_batches`` parser: the measurement that decides whether
+  framing in place of its own ``SSEFramer`` over ``readany()``: the measurement that decides whether
   that parser is worth keeping (docs/benchmarks.md)
 """
 
@@ -32,15 +32,15 @@ import multiprocessing
 import socket
 import statistics
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import openai
 import orjson
 
-import ai_lease.providers.openai_compat as compat
 from ai_lease.providers.base import ChatRequest
+from ai_lease.providers.http_paths import Read
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
 from ai_lease.run.progress import Progress
@@ -109,41 +109,38 @@ def serve(sock: socket.socket, rate: float) -> None:
 Variant = Callable[[int], Awaitable[int]]
 
 
-async def sse_lines(content: Any, limit: int) -> AsyncGenerator[list[bytes], None]:
-    """SSE framing on aiohttp's ``readline()`` (bounded): one batch per event."""
-    data: list[bytes] = []
-    readline = content.readline
-    while line := await readline(max_line_length=limit):
+class LineFramer:
+    """SSE framing on whole lines (what ``readline()`` hands over): one payload per event."""
+
+    def __init__(self, limit: int) -> None:
+        self.data: list[bytes] = []
+
+    def feed(self, line: bytes) -> list[bytes]:
         if line in (b"\n", b"\r\n"):
-            if data:
-                yield [data[0] if len(data) == 1 else b"\n".join(data)]
-                data = []
-        elif line[:5] == b"data:":
+            data, self.data = self.data, []
+            return [data[0] if len(data) == 1 else b"\n".join(data)] if data else []
+        if line[:5] == b"data:":
             value = line[5:].rstrip(b"\r\n")
-            data.append(value[1:] if value[:1] == b" " else value)
+            self.data.append(value[1:] if value[:1] == b" " else value)
+        return []
+
+    def close(self) -> list[bytes]:
+        return []
 
 
 class LineFramed(OpenAICompatProvider):
-    """The lean adapter with its aiohttp body handed over as a StreamReader (for sse_lines)."""
+    """The lean adapter reading its aiohttp body with aiohttp's bounded ``readline()``
+    framing in place of its own ``SSEFramer`` over ``readany()``."""
+
+    framer = LineFramer  # type: ignore[assignment]
 
     @contextlib.asynccontextmanager
-    async def _open_aiohttp(self, body: bytes) -> AsyncGenerator[AsyncIterator[bytes], None]:
+    async def _open_aiohttp(self, body: bytes) -> AsyncGenerator[Read, None]:  # type: ignore[override]
         async with self._aiohttp().post(
             self._url, data=body, headers=self._stream_headers, allow_redirects=False
         ) as response:
-            yield response.content
-
-
-@contextlib.contextmanager
-def framed_by_lines(active: bool) -> Iterator[None]:
-    """While active, the adapter frames events with ``sse_lines`` (one variant at a time)."""
-    original = compat._sse_batches
-    if active:
-        compat._sse_batches = sse_lines  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        compat._sse_batches = original
+            readline, limit = response.content.readline, self.max_event_bytes
+            yield lambda: readline(max_line_length=limit)
 
 
 def variants(base_url: str, port: int) -> tuple[dict[str, Variant], list[Any]]:
@@ -225,15 +222,13 @@ async def measure(args: argparse.Namespace, base_url: str, port: int) -> dict[st
     cpu: dict[str, list[float]] = {name: [] for name in table}
     n = int(args.rate * args.seconds)
     try:
-        for name, fn in table.items():
-            with framed_by_lines(name.startswith("lines")):
-                await asyncio.gather(*(fn(5) for _ in range(args.streams)))  # warm connections
+        for fn in table.values():
+            await asyncio.gather(*(fn(5) for _ in range(args.streams)))  # warm connections
         for _ in range(args.rounds):
             for name, fn in table.items():
                 gc.collect()
                 c0 = time.process_time()
-                with framed_by_lines(name.startswith("lines")):
-                    seen = await asyncio.gather(*(fn(n) for _ in range(args.streams)))
+                seen = await asyncio.gather(*(fn(n) for _ in range(args.streams)))
                 used = time.process_time() - c0
                 if name != "floor" and seen != [n] * args.streams:
                     raise RuntimeError(f"bench: {name} saw {seen[:3]}..., expected {n} each")

@@ -69,3 +69,30 @@ def test_third_party_provider_is_found_through_its_entry_point(
     assert type(provider).__name__ == "AcmeProvider"
     assert provider.options == {"model": "rocket-1"}  # type: ignore[attr-defined]
     sys.modules.pop("acme_llm", None)
+
+
+def test_the_sdk_adapter_uses_only_the_sdks_public_api() -> None:
+    """No private module or hook of the openai package (they change without notice)."""
+    import ast
+    import inspect
+
+    from ai_lease.providers import openai_sdk, sdk_events
+
+    for module in (openai_sdk, sdk_events):
+        tree = ast.parse(inspect.getsource(module))
+        imported = [
+            node.module or ""
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("openai")
+        ]
+        assert not [name for name in imported if "._" in name], imported
+        private = [
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("openai", "httpx2")
+        ]
+        assert not private, private
+        assert "_make_sse_decoder" not in inspect.getsource(module)

@@ -21,7 +21,7 @@ from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
-from tests.harness.sse_server import Sleep, SSEServer, chat_chunks, raw, sse
+from tests.harness.sse_server import Hang, Sleep, SSEServer, chat_chunks, raw, sse
 
 REQUEST = ChatRequest([{"role": "user", "content": "hi"}])
 RELAXED = StreamTimeouts(first_token=5.0, idle=5.0, total=10.0)
@@ -199,3 +199,50 @@ async def test_a_proxy_from_the_environment_is_used(
         assert server.requests[0].path == "http://llm.invalid/v1/chat/completions"
     finally:
         await provider.aclose()
+
+
+@pytest.mark.parametrize("http", PATHS)
+@pytest.mark.parametrize("where", ["body", "head"])
+async def test_read_timeout_fails_a_silent_stream(server: SSEServer, http: str, where: str) -> None:
+    """No byte for ``read_timeout``, before the head or mid-body: a retryable ProviderError
+    (the read timeout, not the guard's idle timer, which is far away here), soon after."""
+    if where == "body":
+        server.enqueue(sse(*chat_chunks(["Hel"], finish_reason=None)[:2], Hang()))
+    else:
+        server.enqueue(sse(*chat_chunks(["x"]), delay=30.0))
+    provider = OpenAICompatProvider(
+        base_url=server.base_url,
+        model="m",
+        http=http,  # type: ignore[arg-type]
+        read_timeout=0.4,
+    )
+    started = asyncio.get_running_loop().time()
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await guarded(provider, StreamTimeouts(first_token=20.0, idle=20.0, total=30.0))
+    finally:
+        await provider.aclose()
+    took = asyncio.get_running_loop().time() - started
+    assert caught.value.retryable and "timeout" in str(caught.value).lower(), caught.value
+    assert 0.35 < took < 3.0, f"took {took:.2f}s for a 0.4 s read timeout"
+
+
+async def test_the_sdk_adapter_decodes_then_bounds_a_compressed_stream(server: SSEServer) -> None:
+    """The SDK adapter's event watch reads the decoded body: a gzipped stream is text, and a
+    compressed endless event stops at max_event_bytes, measured after decoding."""
+    from ai_lease.providers.openai_sdk import OpenAISDKProvider
+
+    server.enqueue(sse(gzip.compress(wire(*chat_chunks(["Hel", "lo"]))), done=False, headers=GZIP))
+    server.enqueue(sse(gzip.compress(b"data: " + b"x" * (64 << 20)), done=False, headers=GZIP))
+    provider = OpenAISDKProvider(base_url=server.base_url, model="m", max_event_bytes=256 * 1024)
+    try:
+        completion = await StreamGuard(RELAXED, Progress()).call(provider, REQUEST)
+        assert completion.text == "Hello"
+        with pytest.raises(StreamLimitExceeded) as caught:
+            await StreamGuard(RELAXED, Progress()).call(provider, REQUEST)
+        assert caught.value.limit == "max_event_bytes"
+    finally:
+        await provider.aclose()
+
+
+GZIP = {"Content-Encoding": "gzip"}

@@ -7,8 +7,9 @@ spends about a quarter to a third of the SDK's CPU per event, which decides how 
 one process can hold (figures in docs/benchmarks.md).
 
 Two HTTP paths, one parser: ``http="aiohttp"`` streams through aiohttp (its llhttp parser
-in C: TLS, proxies from the environment, decompression, keep-alive, connect and read
-timeouts are aiohttp's); ``http="httpx"`` streams through httpx. ``"auto"`` (the default)
+in C: TLS, proxies from the environment, decompression, keep-alive and connect timeouts
+are aiohttp's; the read timeout is one lazy timer per stream, not one re-armed per read);
+``http="httpx"`` streams through httpx. ``"auto"`` (the default)
 is aiohttp unless a caller passes its own httpx ``client=``, which always means httpx; a call
 that is not streamed always goes through httpx. ``"fast"`` (the name of a hand-written
 HTTP/1.1 reader this replaced) is accepted as an alias of ``"aiohttp"``.
@@ -26,14 +27,19 @@ arrives), and a 200 event stream with no events at all is :class:`EmptyEventStre
 SSE comments (``: ping``) are skipped and are never progress. One event may hold at most
 ``max_event_bytes``: the reader's buffer never grows past it, and a longer event (an endless
 line) closes the connection with :class:`StreamLimitExceeded`.
+
+The pieces: :mod:`~ai_lease.providers.http_paths` (the two HTTP paths, each a ``read()`` per
+network read), :mod:`~ai_lease.providers.sse` (the bounded framer) and
+:mod:`~ai_lease.providers.chunks` (chunk payloads to deltas); this module puts them together
+in one async generator, so nothing else is resumed per event between the socket and the
+stream guard.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -46,22 +52,28 @@ from ai_lease.errors import (
     ConfigError,
     EmptyEventStream,
     PoolTimeout,
-    ProviderError,
-    StreamInterrupted,
     StreamLimitExceeded,
 )
 from ai_lease.job import sampling_problem
 from ai_lease.lease.urls import mask_url
-from ai_lease.providers.base import ChatRequest, Completion, Delta, Usage
-from ai_lease.providers.errors import status_error
+from ai_lease.providers.base import ChatRequest, Completion, Delta
+from ai_lease.providers.chunks import ChunkParser, refuse_filtered, stream_error, usage_of
+from ai_lease.providers.http_paths import (
+    Read,
+    aiohttp_reads,
+    check_answer,
+    http_path,
+    httpx_reads,
+    new_session,
+)
+from ai_lease.providers.sse import EventTooLarge, SSEFramer
+from ai_lease.providers.sse import sse_batches as _sse_batches  # noqa: F401  (tests use it)
 from ai_lease.resource import AsyncResource
 from ai_lease.timeouts import StreamLimits
 
-log = logging.getLogger(__name__)
 HTTPPath = Literal["auto", "aiohttp", "httpx", "fast"]  # "fast": the old name of "aiohttp"
-_ERROR_BODY = 64 * 1024  # how much of an error answer is read for its message
 
-__all__ = ["OpenAICompatProvider", "check_base_url", "request_body"]
+__all__ = ["OpenAICompatProvider", "check_base_url", "request_body", "sampling_defaults"]
 
 
 def request_body(
@@ -123,12 +135,6 @@ def sampling_defaults(temperature: float | None, max_tokens: int | None) -> dict
     return out
 
 
-def _usage(data: Mapping[str, Any] | None) -> Usage | None:
-    if not data:
-        return None
-    return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0))
-
-
 class OpenAICompatProvider(AsyncResource):
     """Streams chat completions from ``base_url`` (default OpenAI's) with aiohttp or httpx.
 
@@ -137,6 +143,7 @@ class OpenAICompatProvider(AsyncResource):
 
     name = "openai-compatible"
     announces_connection = True  # stream_batches() yields [] once it holds a connection
+    framer: Callable[[int], SSEFramer] = SSEFramer  # the SSE framing, per stream
 
     def __init__(
         self,
@@ -157,18 +164,7 @@ class OpenAICompatProvider(AsyncResource):
         check_base_url(base_url)
         self.defaults = sampling_defaults(temperature, max_tokens)
         self.max_event_bytes = StreamLimits(max_event_bytes=max_event_bytes).max_event_bytes
-        key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
-        if key is None and "api.openai.com" in base_url:
-            raise ConfigError(
-                "provider.api_key: OpenAI needs an API key "
-                "(set AI_LEASE_PROVIDER__API_KEY or OPENAI_API_KEY)"
-            )
-        if (
-            isinstance(max_connections, bool)
-            or not isinstance(max_connections, int)
-            or (max_connections < 1)
-        ):
-            raise ConfigError(f"provider.max_connections: {max_connections!r} is not a count >= 1")
+        key = _api_key(api_key, base_url)
         self.model = model
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._shown_url = mask_url(self._url)
@@ -176,7 +172,7 @@ class OpenAICompatProvider(AsyncResource):
         # Event streams are not worth compressing: identity is asked for (a server that
         # compresses anyway is decoded by the HTTP library, its output still bounded).
         self._stream_headers = {**self._post_headers(), "Accept-Encoding": "identity"}
-        self.max_connections = max_connections
+        self.max_connections = _connection_count(max_connections)
         self.pool_timeout = connect_timeout if pool_timeout is None else pool_timeout
         self._slots = asyncio.Semaphore(max_connections)
         self._own_client = client is None
@@ -184,10 +180,8 @@ class OpenAICompatProvider(AsyncResource):
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=self.pool_timeout),
             limits=httpx.Limits(max_connections=max_connections),
         )
-        self._http = _http_path(http, client)
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout, sock_read=read_timeout
-        )
+        self._http = http_path(http, client)
+        self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
         self._session: aiohttp.ClientSession | None = None  # made in the loop that uses it
 
     @property
@@ -205,67 +199,38 @@ class OpenAICompatProvider(AsyncResource):
                     yield delta
 
     async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
-        """The deltas of each network read together (see :class:`~.base.BatchStreaming`)."""
+        """The deltas of each network read together (see :class:`~.base.BatchStreaming`).
+
+        One generator between the socket and the guard: each ``read()`` is framed and
+        parsed in plain calls, and only a read that brought content is yielded."""
         body = orjson.dumps(request_body(request, self.model, stream=True, defaults=self.defaults))
-        chunks, events, finished = 0, 0, False
-        loads = orjson.loads
-        open_stream = self._open_aiohttp if self._http == "aiohttp" else self._open_httpx
+        parser = ChunkParser(self.name)
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                await stack.enter_async_context(self._connection_slot())
+            async with self._connection_slot():
                 yield []  # a connection is ours: the guard's first-token clock starts here
-                body_bytes = await stack.enter_async_context(open_stream(body))
-                parser = _sse_batches(body_bytes, self.max_event_bytes)
-                async with contextlib.aclosing(parser) as reader:
-                    async for batch in reader:
-                        events += len(batch)
-                        out: list[Delta] = []
-                        try:
-                            for data in batch:
-                                if data == b"[DONE]":
-                                    if out:
-                                        yield out
-                                    if not finished:
-                                        raise StreamInterrupted(
-                                            "[DONE] came", provider=self.name, chunks=chunks
-                                        )
-                                    return
-                                # Fast path, once per streamed token: one choice, text only.
-                                try:
-                                    obj = loads(data)
-                                    choice = obj["choices"][0]
-                                    text = choice["delta"]["content"]
-                                    fast = (
-                                        text.__class__ is str
-                                        and text
-                                        and choice["finish_reason"] is None
-                                        and obj.get("usage") is None
-                                    )
-                                except (ValueError, LookupError, TypeError, AttributeError):
-                                    obj, fast = None, False
-                                if fast:
-                                    chunks += 1
-                                    out.append(Delta(text))
-                                    continue
-                                for delta in self._deltas(data, chunks, obj):
-                                    chunks += bool(delta.text)
-                                    finished = finished or delta.finish_reason is not None
-                                    out.append(delta)
-                        except ProviderError:
-                            if out:  # what arrived before the bad chunk is still delivered
-                                yield out
-                            raise
-                        if out:
-                            yield out
-                if not events:
+                async with self._open(body) as read:
+                    framer = self.framer(self.max_event_bytes)
+                    feed, deltas = framer.feed, parser.deltas
+                    while raw := await read():
+                        if (payloads := feed(raw)) and (out := deltas(payloads)):
+                            yield out  # what came before a bad chunk is still delivered
+                        if parser.stopped:
+                            parser.end()
+                            return
+                    if (payloads := framer.close()) and (out := deltas(payloads)):
+                        yield out
+                    if parser.stopped:
+                        parser.end()
+                        return
+                if not parser.events:
                     raise EmptyEventStream(provider=self.name)
-                raise self._error("the stream ended before [DONE]", chunks)
-        except _EventTooLarge as exc:
+                raise stream_error(self.name, "the stream ended before [DONE]", parser.chunks)
+        except EventTooLarge as exc:
             raise StreamLimitExceeded(
-                "max_event_bytes", exc.limit, provider=self.name, chunks=chunks
+                "max_event_bytes", exc.limit, provider=self.name, chunks=parser.chunks
             ) from None
         except (httpx.HTTPError, aiohttp.ClientError) as exc:
-            raise self._error(f"{type(exc).__name__}: {exc}", chunks) from exc
+            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", parser.chunks) from exc
 
     @contextlib.asynccontextmanager
     async def _connection_slot(self) -> AsyncGenerator[None, None]:
@@ -280,48 +245,29 @@ class OpenAICompatProvider(AsyncResource):
         finally:
             self._slots.release()
 
-    @contextlib.asynccontextmanager
-    async def _open_httpx(self, body: bytes) -> AsyncGenerator[AsyncIterator[bytes], None]:
-        """The event stream's bytes through httpx, after its status and type are checked."""
-        async with self._client.stream(
-            "POST", self._url, content=body, headers=self._stream_headers
-        ) as response:
-            await self._check(
-                response.status_code, response.headers, "text/event-stream", response.aread
-            )
-            # Raw bytes: identity was asked for, so there is nothing to decode; a server
-            # that compresses anyway goes through httpx's decoders.
-            raw = response.aiter_raw() if _identity(response.headers) else response.aiter_bytes()
-            async with contextlib.aclosing(raw) as chunks:  # type: ignore[type-var]
-                yield chunks
+    def _open(self, body: bytes) -> contextlib.AbstractAsyncContextManager[Read]:
+        """The event stream's reads on this provider's HTTP path."""
+        return self._open_aiohttp(body) if self._http == "aiohttp" else self._open_httpx(body)
 
-    @contextlib.asynccontextmanager
-    async def _open_aiohttp(self, body: bytes) -> AsyncGenerator[AsyncIterator[bytes], None]:
-        """The same through aiohttp: whatever each network read brought, decoded."""
-        async with self._aiohttp().post(
-            self._url, data=body, headers=self._stream_headers, allow_redirects=False
-        ) as response:
-            # The exchange in one line, as httpx logs its own (never a header, so never a key)
-            log.debug(
-                "HTTP Request: POST %s %d %s", self._shown_url, response.status, response.reason
-            )
-            await self._check(
-                response.status,
-                response.headers,
-                "text/event-stream",
-                lambda: _head_of(response.content, _ERROR_BODY),
-            )
-            yield response.content.iter_any()
+    def _open_httpx(self, body: bytes) -> contextlib.AbstractAsyncContextManager[Read]:
+        return httpx_reads(self.name, self._client, self._url, body, self._stream_headers)
+
+    def _open_aiohttp(self, body: bytes) -> contextlib.AbstractAsyncContextManager[Read]:
+        session = self._aiohttp()
+        return aiohttp_reads(
+            self.name,
+            session,
+            self._url,
+            body,
+            self._stream_headers,
+            self._shown_url,
+            self._read_timeout,
+        )
 
     def _aiohttp(self) -> aiohttp.ClientSession:
         """The provider's one session, made on first use inside the running loop."""
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=self._timeout,
-                trust_env=True,  # HTTP(S)_PROXY / NO_PROXY, as httpx does
-            )
+            self._session = new_session(self.max_connections, self._connect_timeout)
         return self._session
 
     async def complete(self, request: ChatRequest) -> Completion:
@@ -330,21 +276,26 @@ class OpenAICompatProvider(AsyncResource):
             response = await self._client.post(
                 self._url, content=body, headers=self._post_headers()
             )
-            await self._check(
-                response.status_code, response.headers, "application/json", response.aread
+            await check_answer(
+                self.name,
+                response.status_code,
+                response.headers,
+                "application/json",
+                response.aread,
             )
         except httpx.HTTPError as exc:
-            raise self._error(f"{type(exc).__name__}: {exc}", 0) from exc
+            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
         try:
             data = orjson.loads(response.content)
             choice = data["choices"][0]
             text = choice["message"]["content"] or ""
-            usage = _usage(data.get("usage"))
+            usage = usage_of(data.get("usage"))
             if not isinstance(text, str):
                 raise TypeError(text)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise self._error(f"not a chat completion: {response.text[:80]!r}", 0) from None
-        self._refuse_filtered(choice.get("finish_reason"))
+            message = f"not a chat completion: {response.text[:80]!r}"
+            raise stream_error(self.name, message, 0) from None
+        refuse_filtered(self.name, choice.get("finish_reason"))
         return Completion(text, choice.get("finish_reason"), usage)
 
     async def aclose(self) -> None:
@@ -354,155 +305,24 @@ class OpenAICompatProvider(AsyncResource):
         if self._own_client:
             await self._client.aclose()
 
-    # -- helpers --------------------------------------------------------------------------------
-
     def _post_headers(self) -> dict[str, str]:
         return {**self._headers, "Content-Type": "application/json"}
 
-    async def _check(
-        self,
-        status: int,
-        headers: Mapping[str, str],
-        expect: str,
-        read_body: Callable[[], Awaitable[bytes]],
-    ) -> None:
-        """Refuse an answer that is not a success of the ``expect``-ed content type; the
-        body (read only then) gives the error its message. A 3xx is refused too: it is a
-        wrong ``base_url``, which no retry mends."""
-        kind = headers.get("content-type", "")
-        if status < 300 and expect in kind:
-            return
-        content = await read_body()
-        if status >= 300:
-            raise status_error(self.name, status, content, headers)
-        raise self._error(
-            f"expected {expect}, got {kind or 'no content type'}: {content[:80]!r}", 0
-        )
 
-    def _deltas(self, data: bytes, chunks: int, obj: Any = None) -> list[Delta]:
-        """Every delta of one chunk (the slow path); ``obj`` is the chunk already parsed."""
-        try:
-            if obj is None:
-                obj = orjson.loads(data)
-            if "error" in obj:
-                raise self._error(f"error in stream: {obj['error']}", chunks)
-            out = []
-            for choice in obj.get("choices") or ():
-                content = (choice.get("delta") or {}).get("content") or ""
-                if not isinstance(content, str):
-                    raise TypeError(content)
-                finish = choice.get("finish_reason")
-                self._refuse_filtered(finish)
-                if content or finish:
-                    out.append(Delta(content, finish))
-            usage = obj.get("usage")
-            if usage:
-                out.append(Delta(usage=_usage(usage)))
-            return out
-        except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
-            raise self._error(f"malformed chunk: {data[:80]!r}", chunks) from None
-
-    def _refuse_filtered(self, finish: str | None) -> None:
-        if finish == "content_filter":
-            raise ProviderError(
-                "the answer was stopped by the content filter", retryable=False, provider=self.name
-            )
-
-    def _error(self, message: str, chunks: int) -> ProviderError:
-        return ProviderError(message, retryable=True, provider=self.name, partial=chunks > 0)
-
-
-class _EventTooLarge(Exception):
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-
-
-async def _sse_batches(
-    chunks: AsyncIterator[bytes], max_event_bytes: int = StreamLimits.max_event_bytes
-) -> AsyncGenerator[list[bytes], None]:
-    """Per network read, the ``data:`` payloads of the events it completed; comments skipped.
-
-    A small bytes-level parser (measured against httpx-sse in docs/benchmarks.md): events end
-    at a blank line; an event that is one ``data: …`` line — what chat servers send — takes a
-    fast path; anything else (comments, several data lines, ``\r\n`` line ends, other
-    fields) is parsed line by line per the SSE spec. ``event``/``id``/``retry`` are ignored.
-
-    Linear in the bytes received, whatever their shape: each read is searched once (plus the
-    one byte before it) for an event's end; the unfinished event's pieces are kept in a list
-    and joined only when it ends; an event longer than ``max_event_bytes`` raises.
-    """
-    pending: list[bytes] = []  # the unfinished event, in pieces (no blank line among them)
-    size = 0
-    last = b""  # the last byte seen: half of a "\n\n" split across two reads
-    for_later_cr = False  # a read ended in "\r", which may be half of a "\r\n"
-    async for raw in chunks:
-        if for_later_cr:
-            raw = b"\r" + raw
-            for_later_cr = False
-        if b"\r" in raw:
-            if raw.endswith(b"\r"):
-                raw, for_later_cr = raw[:-1], True
-            raw = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        if not raw:
-            continue
-        if b"\n\n" not in raw and not (last == b"\n" and raw[:1] == b"\n"):
-            pending.append(raw)
-            size += len(raw)
-            last = raw[-1:]
-            if size > max_event_bytes:
-                raise _EventTooLarge(max_event_bytes)
-            continue
-        buffer = b"".join(pending) + raw if pending else raw
-        last = raw[-1:]
-        *events, tail = buffer.split(b"\n\n")
-        pending, size = ([tail], len(tail)) if tail else ([], 0)
-        if size > max_event_bytes:
-            raise _EventTooLarge(max_event_bytes)
-        batch = []
-        for event in events:
-            if len(event) > max_event_bytes:
-                raise _EventTooLarge(max_event_bytes)
-            if event[:6] == b"data: " and b"\n" not in event:
-                batch.append(event[6:])
-            elif payload := _slow_event(event):
-                batch.append(payload)
-        if batch:
-            yield batch
-    if for_later_cr:
-        pending.append(b"\n")
-    if last_event := _slow_event(b"".join(pending)):
-        yield [last_event]
-
-
-async def _head_of(content: aiohttp.StreamReader, limit: int) -> bytes:
-    """At most ``limit`` bytes of a body (an error answer's message), however it arrives."""
-    parts, size = [], 0
-    while size < limit and (piece := await content.read(limit - size)):
-        parts.append(piece)
-        size += len(piece)
-    return b"".join(parts)
-
-
-def _identity(headers: Mapping[str, str]) -> bool:
-    return headers.get("content-encoding", "identity").strip().lower() in ("", "identity")
-
-
-def _http_path(http: str, client: httpx.AsyncClient | None) -> str:
-    """``"aiohttp"`` or ``"httpx"``, from the ``http`` setting (``"fast"`` = ``"aiohttp"``)."""
-    if http not in ("auto", "aiohttp", "httpx", "fast"):
+def _api_key(api_key: str | SecretStr | None, base_url: str) -> str | None:
+    """The key as text; OpenAI itself needs one (a local server does not)."""
+    key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
+    if key is None and "api.openai.com" in base_url:
         raise ConfigError(
-            f"provider.http: {http!r} is not one of auto, aiohttp, httpx "
-            '("fast" is accepted as the old name of aiohttp)'
+            "provider.api_key: OpenAI needs an API key "
+            "(set AI_LEASE_PROVIDER__API_KEY or OPENAI_API_KEY)"
         )
-    if http == "auto":
-        return "httpx" if client is not None else "aiohttp"
-    return "httpx" if http == "httpx" else "aiohttp"
+    return key
 
 
-def _slow_event(event: bytes) -> bytes | None:
-    data = []
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            value = line[5:]
-            data.append(value[1:] if value.startswith(b" ") else value)
-    return b"\n".join(data) if data else None
+def _connection_count(max_connections: object) -> int:
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+        raise ConfigError(f"provider.max_connections: {max_connections!r} is not a count >= 1")
+    if max_connections < 1:
+        raise ConfigError(f"provider.max_connections: {max_connections!r} is not a count >= 1")
+    return max_connections

@@ -10,6 +10,8 @@ Measured traps of the SDK (3.x, on httpx2) that this adapter closes:
 * its SSE decoder hands over an event with no ``data:`` (``retry: 3000`` alone), which the
   SDK then fails to decode as JSON — here such an event is not dispatched, as the SSE spec
   says; and it grows a line without bound — here one event may hold ``max_event_bytes``.
+  Both through public API only: an httpx2 response hook on the SDK's ``http_client=``
+  (:mod:`ai_lease.providers.sdk_events`); the SDK's private decoder is not touched.
 
 A stream that ends (``[DONE]`` or the body's end) without a finish reason is
 :class:`StreamInterrupted`; a 200 event stream with no events at all is
@@ -18,11 +20,11 @@ A stream that ends (``[DONE]`` or the body's end) without a finish reason is
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import openai
-from openai._streaming import ServerSentEvent, SSEDecoder
 from pydantic import SecretStr
 
 from ai_lease.errors import (
@@ -35,61 +37,14 @@ from ai_lease.errors import (
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Usage
 from ai_lease.providers.errors import parse_retry_after
 from ai_lease.providers.openai_compat import check_base_url, request_body, sampling_defaults
+from ai_lease.providers.sdk_events import WATCH, EventWatch, watching_hook
+from ai_lease.providers.sse import EventTooLarge
 from ai_lease.resource import AsyncResource
 from ai_lease.timeouts import StreamLimits
 
 __all__ = ["OpenAISDKProvider"]
 
 _TRANSPORT_MODULES = ("httpx", "httpx2", "httpcore", "httpcore2", "h11", "anyio")
-
-
-class _EventTooLarge(Exception):
-    pass
-
-
-class _Decoder(SSEDecoder):
-    """The SDK's SSE decoder, per the spec where it is not, and bounded: an event without
-    data is not dispatched, and no line or event grows past ``max_event_bytes``. Counts the
-    events it dispatched and whether ``[DONE]`` was one."""
-
-    def __init__(self, max_event_bytes: int) -> None:
-        super().__init__()
-        self.max_event_bytes, self.size, self.events, self.done = max_event_bytes, 0, 0, False
-
-    def decode(self, line: str) -> ServerSentEvent | None:
-        if not line:
-            self.size = 0
-        else:
-            self.size += len(line)
-            if self.size > self.max_event_bytes:
-                raise _EventTooLarge
-        sse = super().decode(line)
-        if sse is None or not sse.data:
-            return None  # the spec: an event whose data buffer is empty is not dispatched
-        self.events += 1
-        self.done = self.done or sse.data.startswith("[DONE]")
-        return sse
-
-    async def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[ServerSentEvent]:
-        async for sse in super().aiter_bytes(self._bounded(iterator)):
-            yield sse
-
-    async def _bounded(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """The bytes, refused once one line (not yet seen by ``decode``) grows too long."""
-        run = 0
-        async for chunk in iterator:
-            end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
-            run = len(chunk) - end - 1 if end >= 0 else run + len(chunk)
-            if run > self.max_event_bytes:
-                raise _EventTooLarge
-            yield chunk
-
-
-class _Client(openai.AsyncOpenAI):
-    max_event_bytes = StreamLimits.max_event_bytes
-
-    def _make_sse_decoder(self) -> _Decoder:
-        return _Decoder(self.max_event_bytes)
 
 
 class OpenAISDKProvider(AsyncResource):
@@ -123,13 +78,15 @@ class OpenAISDKProvider(AsyncResource):
             )
         self.model = model
         self._openai = openai
-        self._client = _Client(
+        self.max_event_bytes = StreamLimits(max_event_bytes=max_event_bytes).max_event_bytes
+        hooks = {"response": [watching_hook(self.max_event_bytes)]}
+        self._client = openai.AsyncOpenAI(
             api_key=key or "not-needed",
             base_url=base_url,
             max_retries=0,
             timeout=openai.Timeout(read_timeout, connect=connect_timeout),
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks=hooks),
         )
-        self._client.max_event_bytes = StreamLimits(max_event_bytes=max_event_bytes).max_event_bytes
 
     def __repr__(self) -> str:
         return f"OpenAISDKProvider(base_url={str(self._client.base_url)!r}, model={self.model!r})"
@@ -152,6 +109,14 @@ class OpenAISDKProvider(AsyncResource):
         )
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
+        async with contextlib.aclosing(self.stream_batches(request)) as batches:
+            async for batch in batches:
+                for delta in batch:
+                    yield delta
+
+    async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
+        """The deltas of each SDK chunk together (see :class:`~.base.BatchStreaming`): the
+        guard reads this directly, with no per-delta generator between it and the SDK."""
         body = request_body(request, self.model, stream=True, defaults=self.defaults)
         chunks, finished = 0, False
         stream: Any = None
@@ -159,19 +124,21 @@ class OpenAISDKProvider(AsyncResource):
             stream = await self._client.chat.completions.create(**body)
             try:
                 async for chunk in stream:
-                    for delta in self._deltas(chunk, chunks):
+                    deltas = self._deltas(chunk, chunks)
+                    for delta in deltas:
                         finished = finished or delta.finish_reason is not None
                         chunks += bool(delta.text)
-                        yield delta
+                    if deltas:
+                        yield deltas
             finally:
                 await stream.close()
         except self._openai.OpenAIError as exc:
             raise self._translate(exc, chunks) from exc
         except ProviderError:
             raise
-        except _EventTooLarge:
+        except EventTooLarge:
             raise StreamLimitExceeded(
-                "max_event_bytes", self._client.max_event_bytes, provider=self.name, chunks=chunks
+                "max_event_bytes", self.max_event_bytes, provider=self.name, chunks=chunks
             ) from None
         except ValueError as exc:  # the SDK's own JSON decoding of a malformed chunk
             raise self._malformed(exc, chunks) from exc
@@ -184,9 +151,10 @@ class OpenAISDKProvider(AsyncResource):
 
     def _unfinished(self, stream: Any, chunks: int) -> ProviderError:
         """Why a stream that ended without a finish reason is not an answer."""
-        decoder = getattr(stream, "_decoder", None)
-        kind = stream.response.headers.get("content-type", "") if stream is not None else ""
-        if isinstance(decoder, _Decoder) and decoder.events == 0 and "text/event-stream" in kind:
+        response = stream.response if stream is not None else None
+        kind = response.headers.get("content-type", "") if response is not None else ""
+        watch = response.extensions.get(WATCH) if response is not None else None
+        if isinstance(watch, EventWatch) and watch.events == 0 and "text/event-stream" in kind:
             return EmptyEventStream(provider=self.name)
         if "text/event-stream" not in kind:
             return ProviderError(
@@ -194,7 +162,7 @@ class OpenAISDKProvider(AsyncResource):
                 retryable=True,
                 provider=self.name,
             )
-        if isinstance(decoder, _Decoder) and decoder.done:
+        if isinstance(watch, EventWatch) and watch.done:
             return StreamInterrupted("[DONE] came", provider=self.name, chunks=chunks)
         return ProviderError(  # cut: as the lean adapter says it
             "the stream ended before [DONE]",

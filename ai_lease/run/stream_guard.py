@@ -146,56 +146,16 @@ class StreamGuard:
         ``connecting``, the clocks start at the first batch (the provider's empty "connection
         held" batch), not before: a wait for a pooled connection is not the model's."""
         self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
-        assert self._task is not None
-        cancelling = self._task.cancelling()
+        self._task = task = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
         self.started_at = self.clock()
-        finish: str | None = None
-        usage: Usage | None = None
         if not connecting:
             self._arm()
-        clock, parts, progress = self.clock, self.text_parts, self.progress
-        last: float | None = None  # local mirrors of the hot fields: attribute reads cost
-        max_gap = 0.0
-        size, max_size = 0, self.limits.max_answer_bytes
         try:
-            async for batch in batches:
-                content = len(parts)
-                for text, finish_reason, delta_usage in batch:
-                    if text:
-                        parts.append(text)
-                        # isascii() is a flag read: no encoding on the usual path
-                        size += len(text) if text.isascii() else len(text.encode())
-                    if finish_reason:
-                        finish = finish_reason
-                    if delta_usage is not None:
-                        usage = delta_usage
-                if len(parts) == content:
-                    if connecting:  # the connection is held: the clocks start now
-                        connecting = False
-                        self.started_at = clock()
-                        self._arm()
-                    continue  # no content: moves neither the deadlines nor the job
-                if size > max_size:  # leaving the loop closes the stream and its connection
-                    raise StreamLimitExceeded(
-                        "max_answer_bytes", max_size, provider=self.provider_name, chunks=content
-                    )
-                now = clock()
-                if last is None:  # once per stream
-                    connecting = False
-                    self.first_token_s = now - self.started_at
-                    self.last_content_at = now
-                    self._rearm()  # the idle deadline may be nearer than the first-token one
-                    if self.on_first_token is not None:
-                        self.on_first_token(self.first_token_s)
-                elif now - last > max_gap:
-                    max_gap = self.max_gap_s = now - last
-                last = self.last_content_at = now  # the watchdog reads the attribute
-                if progress is not None:  # Progress.progress(), inlined: one clock read
-                    progress.version += 1
-                    progress.last_at = now
+            finish, usage = await self._consume(batches, connecting)
         except asyncio.CancelledError:
-            if self._fired is not None and self._task.uncancel() <= cancelling:
+            if self._fired is not None and task.uncancel() <= cancelling:
                 raise self._fired from None
             raise
         finally:
@@ -209,6 +169,57 @@ class StreamGuard:
                 "the stream ended", provider=self.provider_name, chunks=self.chunks
             )
         return Completion("".join(self.text_parts), finish, usage, self.chunks)
+
+    async def _consume(
+        self, batches: AsyncIterator[Sequence[Delta]], connecting: bool
+    ) -> tuple[str | None, Usage | None]:
+        """The loop of :meth:`collect_batches`: per batch, the text kept, the clock read once
+        and progress marked once; the finish reason and usage, at the end."""
+        finish: str | None = None
+        usage: Usage | None = None
+        clock, parts, progress = self.clock, self.text_parts, self.progress
+        last: float | None = None  # local mirrors of the hot fields: attribute reads cost
+        max_gap = 0.0
+        size, max_size = 0, self.limits.max_answer_bytes
+        async for batch in batches:
+            content = len(parts)
+            for text, finish_reason, delta_usage in batch:
+                if text:
+                    parts.append(text)
+                    # isascii() is a flag read: no encoding on the usual path
+                    size += len(text) if text.isascii() else len(text.encode())
+                if finish_reason:
+                    finish = finish_reason
+                if delta_usage is not None:
+                    usage = delta_usage
+            if len(parts) == content:
+                if connecting:  # the connection is held: the clocks start now
+                    connecting = False
+                    self.started_at = clock()
+                    self._arm()
+                continue  # no content: moves neither the deadlines nor the job
+            if size > max_size:  # leaving the loop closes the stream and its connection
+                raise StreamLimitExceeded(
+                    "max_answer_bytes", max_size, provider=self.provider_name, chunks=content
+                )
+            now = clock()
+            if last is None:  # once per stream
+                connecting = False
+                self._first_content(now)
+            elif now - last > max_gap:
+                max_gap = self.max_gap_s = now - last
+            last = self.last_content_at = now  # the watchdog reads the attribute
+            if progress is not None:  # Progress.progress(), inlined: one clock read
+                progress.version += 1
+                progress.last_at = now
+        return finish, usage
+
+    def _first_content(self, now: float) -> None:
+        self.first_token_s = now - self.started_at
+        self.last_content_at = now
+        self._rearm()  # the idle deadline may be nearer than the first-token one
+        if self.on_first_token is not None:
+            self.on_first_token(self.first_token_s)
 
     @property
     def chunks(self) -> int:
