@@ -410,16 +410,25 @@ class RedisStore(AsyncResource):
         return StoreUnavailable(self.where, op, detail, maybe_applied=maybe_applied)
 
     def _decode(
-        self, key: str, flat: list[Any], now_us: Any, extra: dict[str, Any] | None = None
+        self,
+        key: str,
+        flat: list[Any],
+        now_us: Any,
+        extra: dict[str, Any] | None = None,
+        names: tuple[str, ...] | None = None,
     ) -> JobState:
-        data: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))
+        """A record from a reply's field/value pairs, or from its values of ``names``."""
+        if names is None:
+            data: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))
+        else:
+            data = dict(zip(names, flat, strict=True))
         if extra:  # values the reply left out (or empty) that the caller knows
             for name, value in extra.items():
                 if not data.get(name):
                     data[name] = value
         try:
             for name in _TIME_FIELDS & data.keys():
-                if data[name] != "":
+                if data[name]:  # '' or None (nil): no time
                     data[name] = int(data[name]) / 1_000_000
             read_at = int(now_us) / 1_000_000
         except ValueError:
@@ -507,7 +516,8 @@ class RedisStore(AsyncResource):
         # A fresh write's reply is lean (no result): the record holds the value just written.
         extra = {"result": value} if field == "result" else None
         self._forget(fence.key)
-        return self._decode(fence.key, reply[2:], reply[1], extra)
+        names = lua.LEAN_FIELDS if reply[0] == "written" else None  # values only, in order
+        return self._decode(fence.key, reply[2:], reply[1], extra, names)
 
     async def commit(
         self, fence: Fence, result: str, *, finish_reason: str | None = None
