@@ -23,6 +23,10 @@ Targets: a whole job's throughput >= 0.9x the pair's, and Redis server CPU per j
 ``usec`` of ``INFO commandstats``, every command) <= 1.3x the pair's. Round trips are the
 commands clients sent (every command except the ones the Lua scripts run inside).
 
+``--scripts`` measures the scripts alone, warm: ``--script-jobs`` fresh jobs' ACQUIRE, then
+their FINISH, each batch pipelined in one write (no client between two calls), against the
+pair's acquire and commit, interleaved over 5 rounds, the lowest µs per call of each.
+
 ``--breakdown`` then runs ``--breakdown-jobs`` jobs of each variant one at a time and prints,
 per command, its calls, µs per call and µs per job (the commands scripts run inside listed
 apart: their time is part of their script's), and a cProfile of the pipeline's jobs summed
@@ -48,10 +52,12 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harness
 
+import _pair
 from _pair import RESULT, Pair, client_for
 from _redis_stats import Calls, snapshot
 
 from ai_lease import Acquired, Job, Pipeline, Runner
+from ai_lease.lease import redis_scripts as lua
 from ai_lease.lease.redis import RedisStore
 from ai_lease.testing.scripted import ScriptedProvider
 from tests.harness.redis_server import RedisServer
@@ -163,6 +169,8 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Stats]:
                 st.server.add(before, await snapshot(admin))
         if args.profile:
             await profile(variants["pipeline"], run_id, args)
+        if args.scripts:
+            await script_costs(admin, run_id, args.script_jobs)
         if args.breakdown:
             await breakdown(variants, admin, run_id, args.breakdown_jobs)
     finally:
@@ -182,6 +190,49 @@ async def profile(job: JobFn, run_id: str, args: argparse.Namespace) -> None:
     pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(40)
 
 
+async def script_costs(admin: Any, run_id: str, n: int) -> None:
+    """Server µs per call of each job script alone, warm (pipelined batches of ``n``)."""
+
+    async def batch(script: str, calls: list[tuple[list[str], list[Any]]]) -> tuple[float, Any]:
+        sha = await admin.script_load(script)
+        pipe = admin.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.evalsha(sha, len(keys), *keys, *args)
+        before = await snapshot(admin)
+        replies = await pipe.execute()
+        spent = Calls()
+        spent.add(before, await snapshot(admin))
+        return spent.usec["evalsha"] / spent.calls["evalsha"], replies
+
+    ns, best = f"scripts-{run_id}", {"ai_lease": [1e9, 1e9], "pair": [1e9, 1e9]}
+    fp, owner = Job("k", input="x", prompt_text="{{ input }}").fingerprint(), "host:1234#1.abcd"
+    for r in range(5):
+        keys = [f"{ns}:{{{r}-{i}}}" for i in range(n)]
+        job = [[f"{k}:job", f"{k}:events", f"{{{ns}:queue}}:leases"] for k in keys]
+        argv = [owner, "30000000", "5000000", "expire", fp, "3", ""]
+        acquire, got = await batch(lua.ACQUIRE, [(ks, argv) for ks in job])
+        tokens = [dict(zip(g[3::2], g[4::2], strict=True))["token"] for g in got]
+        finish = [[owner, t, "DONE", "result", '"ok"', "stop"] for t in tokens]
+        commit, _ = await batch(lua.FINISH, list(zip(job, finish, strict=True)))
+        best["ai_lease"] = [min(best["ai_lease"][0], acquire), min(best["ai_lease"][1], commit)]
+        locks = [[f"p{k}:lock", f"p{k}:token"] for k in keys]
+        acquire, got = await batch(_pair.ACQUIRE, [(ks, ["node-1", 30000]) for ks in locks])
+        fences = [f"node-1:{token}" for token in got]
+        done = [
+            ([ks[0], f"{ks[0]}:result"], [f, RESULT]) for ks, f in zip(locks, fences, strict=True)
+        ]
+        commit, _ = await batch(_pair.COMMIT, done)
+        best["pair"] = [min(best["pair"][0], acquire), min(best["pair"][1], commit)]
+    print(f"\nscripts alone, warm ({n} per batch, best of 5), server µs per call:")
+    pair = sum(best["pair"])
+    for name, (acquire, commit) in best.items():
+        print(
+            f"  {name:<9} acquire {acquire:6.2f}  commit {commit:6.2f}  per job "
+            f"{acquire + commit:6.2f}  ({(acquire + commit) / pair:.2f}x the pair)"
+        )
+    print(f"RESULT ratio_scripts_alone_vs_pair {(sum(best['ai_lease'])) / pair:.3f}")
+
+
 async def breakdown(variants: dict[str, JobFn], admin: Any, run_id: str, n: int) -> None:
     """Each variant's jobs one at a time: the server's work per command, per job; then
     where the pipeline's client CPU goes, by area (cProfile: slower, read the shares)."""
@@ -199,14 +250,15 @@ async def breakdown(variants: dict[str, JobFn], admin: Any, run_id: str, n: int)
             f"{sum(calls.sent().values()) / n:.2f} round trips"
         )
         print("\n".join(calls.table(n)))
-    prof = cProfile.Profile(time.process_time)  # CPU, not the waits on a reply
+    prof = cProfile.Profile()
     prof.enable()
     for i in range(n):
         await variants["pipeline"](f"seqprof:{run_id}:{i}", 0)
     prof.disable()
     areas: collections.Counter[str] = collections.Counter()
     for fn, (_, _, own, _, _) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
-        areas[_area(fn)] += own
+        if "poll" not in fn[2]:  # the selector's wait for a reply is not CPU
+            areas[_area(fn)] += own
     total = sum(areas.values())
     print(f"\n  pipeline client CPU by area (cProfile, {total / n * 1e6:.0f} µs/job profiled):")
     for area, own in areas.most_common(16):
@@ -245,10 +297,12 @@ def report(res: dict[str, Stats]) -> None:
         "store_cpu_us_per_job": store.cpu / store.jobs * 1e6,
         "pair_cpu_us_per_job": pair.cpu / pair.jobs * 1e6,
         "pipeline_server_us_per_job": pipe.server_us,
+        "store_server_us_per_job": store.server_us,
         "pair_server_us_per_job": pair.server_us,
         "ratio_pipeline_vs_pair": pipe.rate / pair.rate,
         "ratio_store_vs_pair": store.rate / pair.rate,
         "ratio_server_cpu_pipeline_vs_pair": pipe.server_us / pair.server_us,
+        "ratio_server_cpu_store_vs_pair": store.server_us / pair.server_us,
         "round_trips_pipeline_per_job": pipe.round_trips,
         "round_trips_pair_per_job": pair.round_trips,
     }
@@ -272,6 +326,8 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per variant")
     p.add_argument("--profile", action="store_true", help="cProfile the pipeline afterwards")
     p.add_argument("--named-prompt", action="store_true", help="prompt file, not inline text")
+    p.add_argument("--scripts", action="store_true", help="the job scripts alone, warm")
+    p.add_argument("--script-jobs", type=int, default=3000, help="jobs per batch for it")
     p.add_argument("--breakdown", action="store_true", help="per command; client CPU by area")
     p.add_argument("--breakdown-jobs", type=int, default=2000, help="jobs per variant for it")
     args = p.parse_args()
