@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/coordination.py             # 3 s per variant, 8 concurrent, 3 rounds
     .venv/bin/python bench/coordination.py --profile   # also: where the pipeline's time goes
+    .venv/bin/python bench/coordination.py --breakdown # also: per command, per job; CPU by area
 
 Run from the repository root in the dev environment (``pip install -e '.[dev]'``; needs the
 ``redis-server`` binary). It starts its own ``redis-server`` (tests/harness).
@@ -13,19 +14,30 @@ Variants, each looping over fresh keys with ``--concurrency`` tasks on one event
   persist = the fenced commit). The Runner's defaults (history, tracing), as the CLI and
   the worker run it. What a caller actually pays.
 * ``store``     ``RedisStore`` acquire + commit alone (the lease part of ``pipeline``).
-* ``pair``      what a careful user hand-rolls on redis-py + hiredis: an acquire script (SET NX
-  PX + INCR fencing token) and a compare-and-set commit script, 2 round trips per job, same
-  server, same client settings (decoded replies, 2 s socket timeouts, redis-py retries off).
+* ``pair``      what a careful user hand-rolls on redis-py + hiredis (bench/_pair.py): an acquire
+  script (SET NX PX + INCR fencing token) and a compare-and-set commit script, 2 round trips
+  per job, same server, same client settings (decoded replies, 2 s socket timeouts, redis-py
+  retries off).
 
 Targets: a whole job's throughput >= 0.9x the pair's, and Redis server CPU per job (the
 ``usec`` of ``INFO commandstats``, every command) <= 1.3x the pair's. Round trips are the
 commands clients sent (every command except the ones the Lua scripts run inside).
+
+``--scripts`` measures the scripts alone, warm: ``--script-jobs`` fresh jobs' ACQUIRE, then
+their FINISH, each batch pipelined in one write (no client between two calls), against the
+pair's acquire and commit, interleaved over 5 rounds, the lowest µs per call of each.
+
+``--breakdown`` then runs ``--breakdown-jobs`` jobs of each variant one at a time and prints,
+per command, its calls, µs per call and µs per job (the commands scripts run inside listed
+apart: their time is part of their script's), and a cProfile of the pipeline's jobs summed
+by area (ai_lease module, redis-py, asyncio, ...).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import cProfile
 import pstats
 import sys
@@ -37,40 +49,20 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harness
 
+import _pair
+from _pair import RESULT, Pair, client_for
+from _redis_stats import Calls, snapshot
+
 from ai_lease import Acquired, Job, Pipeline, Runner
+from ai_lease.lease import redis_scripts as lua
 from ai_lease.lease.redis import RedisStore
 from ai_lease.testing.scripted import ScriptedProvider
 from tests.harness.redis_server import RedisServer
 
 TARGET, CPU_TARGET = 0.9, 1.3
-# Commands the Lua scripts run inside (ai_lease's, and the lock's extend/release): not sent
-# by a client, so not round trips. INFO is this bench's own counter.
-INNER = {"exists", "hget", "hgetall", "hincrby", "hmget", "hset", "publish", "time"}
-INNER |= {"get", "pttl", "pexpire", "del", "info", "incr", "set", "zadd", "zrem", "expire"}
-
-# The hand-rolled pair (what a careful user writes): fencing token + lease, then a fenced
-# compare-and-set commit. KEYS: lock, token counter / lock, result.
-PAIR_ACQUIRE = """
-local token = redis.call('INCR', KEYS[2])
-if redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'NX', 'PX', ARGV[2]) then
-  return token
-end
-return false
-"""
-PAIR_COMMIT = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('DEL', KEYS[1])
-return 1
-"""
-RESULT = '{"answer": 42}'
 
 
 @dataclass
@@ -78,9 +70,12 @@ class Stats:
     jobs: int = 0
     seconds: float = 0.0
     cpu: float = 0.0
-    commands: dict[str, int] = field(default_factory=dict)
-    server_usec: float = 0.0
+    server: Calls = field(default_factory=Calls)
     lat: list[float] = field(default_factory=list)
+
+    @property
+    def commands(self) -> dict[str, int]:
+        return self.server.sent()
 
     @property
     def rate(self) -> float:
@@ -92,7 +87,7 @@ class Stats:
 
     @property
     def server_us(self) -> float:
-        return self.server_usec / self.jobs if self.jobs else float("nan")
+        return self.server.server_usec() / self.jobs if self.jobs else float("nan")
 
     def pct(self, q: float) -> float:
         xs = sorted(self.lat)
@@ -100,18 +95,6 @@ class Stats:
 
 
 JobFn = Callable[[str, int], Awaitable[None]]
-
-
-def client_for(url: str) -> Any:
-    """The client RedisStore.from_url builds: decoded replies, no retries, 2 s timeouts."""
-    return aioredis.from_url(
-        url,
-        decode_responses=True,
-        socket_timeout=2.0,
-        socket_connect_timeout=2.0,
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-    )
 
 
 def pipeline_job(runner: Runner, named: bool) -> JobFn:
@@ -136,19 +119,9 @@ def store_job(store: RedisStore) -> JobFn:
     return job
 
 
-def pair_job(client: Any) -> JobFn:
-    acquire, commit = client.register_script(PAIR_ACQUIRE), client.register_script(PAIR_COMMIT)
-
+def pair_job(pair: Pair) -> JobFn:
     async def job(key: str, w: int) -> None:
-        keys = [f"pair:{{{key}}}:lock", f"pair:{{{key}}}:token"]
-        owner = f"node-{w}"
-        token = await acquire(keys=keys, args=[owner, 30000])
-        if token is None:
-            raise RuntimeError(f"bench: pair {key} was not acquired")
-        fence, result_key = f"{owner}:{token}", f"pair:{{{key}}}:result"
-        done = await commit(keys=[keys[0], result_key], args=[fence, RESULT])
-        if done != 1:
-            raise RuntimeError(f"bench: pair {key} commit refused ({done})")
+        await pair.commit(key, await pair.acquire(key, f"node-{w}"))
 
     return job
 
@@ -173,15 +146,6 @@ async def drive(job: JobFn, st: Stats, tag: str, seconds: float, workers: int) -
     st.jobs += sum(counts)
 
 
-async def command_counts(admin: Any) -> tuple[dict[str, int], float]:
-    """Commands clients sent, and the server's CPU (usec) in them: a script's usec includes
-    the commands it runs, which are counted apart too, so only the sent ones are summed."""
-    info = await admin.info("commandstats")
-    sent = {k[8:]: int(v["calls"]) for k, v in info.items() if k[8:] not in INNER}
-    usec = sum(float(v["usec"]) for k, v in info.items() if k[8:] not in INNER)
-    return sent, usec
-
-
 async def run(args: argparse.Namespace, url: str) -> dict[str, Stats]:
     run_id = uuid.uuid4().hex[:8]
     admin, pair_client = client_for(url), client_for(url)
@@ -190,7 +154,7 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Stats]:
     variants = {
         "pipeline": pipeline_job(runner, args.named_prompt),
         "store": store_job(store),
-        "pair": pair_job(pair_client),
+        "pair": pair_job(Pair(pair_client)),
     }
     results = {name: Stats() for name in variants}
     try:
@@ -198,17 +162,17 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Stats]:
             await drive(job, Stats(), f"warm:{run_id}:{name}", args.warmup, args.concurrency)
         for r in range(args.rounds):
             for name, job in variants.items():
-                st, (before, usec0) = results[name], await command_counts(admin)
+                st, before = results[name], await snapshot(admin)
                 await drive(
                     job, st, f"{run_id}:{r}:{name}", args.seconds / args.rounds, args.concurrency
                 )
-                after, usec1 = await command_counts(admin)
-                st.server_usec += usec1 - usec0
-                for cmd, n in after.items():
-                    if n - before.get(cmd, 0):
-                        st.commands[cmd] = st.commands.get(cmd, 0) + n - before.get(cmd, 0)
+                st.server.add(before, await snapshot(admin))
         if args.profile:
             await profile(variants["pipeline"], run_id, args)
+        if args.scripts:
+            await script_costs(admin, run_id, args.script_jobs)
+        if args.breakdown:
+            await breakdown(variants, admin, run_id, args.breakdown_jobs)
     finally:
         await store.aclose()
         await pair_client.aclose()
@@ -224,6 +188,95 @@ async def profile(job: JobFn, run_id: str, args: argparse.Namespace) -> None:
     prof.disable()
     print("\nprofile of the pipeline variant (cumulative, top 40):")
     pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(40)
+
+
+async def script_costs(admin: Any, run_id: str, n: int) -> None:
+    """Server µs per call of each job script alone, warm (pipelined batches of ``n``)."""
+
+    async def batch(script: str, calls: list[tuple[list[str], list[Any]]]) -> tuple[float, Any]:
+        sha = await admin.script_load(script)
+        pipe = admin.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.evalsha(sha, len(keys), *keys, *args)
+        before = await snapshot(admin)
+        replies = await pipe.execute()
+        spent = Calls()
+        spent.add(before, await snapshot(admin))
+        return spent.usec["evalsha"] / spent.calls["evalsha"], replies
+
+    ns, best = f"scripts-{run_id}", {"ai_lease": [1e9, 1e9], "pair": [1e9, 1e9]}
+    fp, owner = Job("k", input="x", prompt_text="{{ input }}").fingerprint(), "host:1234#1.abcd"
+    for r in range(5):
+        keys = [f"{ns}:{{{r}-{i}}}" for i in range(n)]
+        job = [[f"{k}:job", f"{k}:events", f"{{{ns}:queue}}:leases"] for k in keys]
+        argv = [owner, "30000000", "5000000", "expire", fp, "3", ""]
+        acquire, got = await batch(lua.ACQUIRE, [(ks, argv) for ks in job])
+        tokens = [dict(zip(g[3::2], g[4::2], strict=True))["token"] for g in got]
+        finish = [[owner, t, "DONE", "result", '"ok"', "stop"] for t in tokens]
+        commit, _ = await batch(lua.FINISH, list(zip(job, finish, strict=True)))
+        best["ai_lease"] = [min(best["ai_lease"][0], acquire), min(best["ai_lease"][1], commit)]
+        locks = [[f"p{k}:lock", f"p{k}:token"] for k in keys]
+        acquire, got = await batch(_pair.ACQUIRE, [(ks, ["node-1", 30000]) for ks in locks])
+        fences = [f"node-1:{token}" for token in got]
+        done = [
+            ([ks[0], f"{ks[0]}:result"], [f, RESULT]) for ks, f in zip(locks, fences, strict=True)
+        ]
+        commit, _ = await batch(_pair.COMMIT, done)
+        best["pair"] = [min(best["pair"][0], acquire), min(best["pair"][1], commit)]
+    print(f"\nscripts alone, warm ({n} per batch, best of 5), server µs per call:")
+    pair = sum(best["pair"])
+    for name, (acquire, commit) in best.items():
+        print(
+            f"  {name:<9} acquire {acquire:6.2f}  commit {commit:6.2f}  per job "
+            f"{acquire + commit:6.2f}  ({(acquire + commit) / pair:.2f}x the pair)"
+        )
+    print(f"RESULT ratio_scripts_alone_vs_pair {(sum(best['ai_lease'])) / pair:.3f}")
+
+
+async def breakdown(variants: dict[str, JobFn], admin: Any, run_id: str, n: int) -> None:
+    """Each variant's jobs one at a time: the server's work per command, per job; then
+    where the pipeline's client CPU goes, by area (cProfile: slower, read the shares)."""
+    print(f"\nbreakdown: {n} jobs per variant, one at a time")
+    for name, job in variants.items():
+        calls, before = Calls(), await snapshot(admin)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for i in range(n):
+            await job(f"seq:{run_id}:{name}:{i}", 0)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        calls.add(before, await snapshot(admin))
+        print(
+            f"\n  {name}: {n / wall:.0f} jobs/s one at a time, client CPU {cpu / n * 1e6:.0f} "
+            f"µs/job, server {calls.server_usec() / n:.1f} µs/job in "
+            f"{sum(calls.sent().values()) / n:.2f} round trips"
+        )
+        print("\n".join(calls.table(n)))
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(n):
+        await variants["pipeline"](f"seqprof:{run_id}:{i}", 0)
+    prof.disable()
+    areas: collections.Counter[str] = collections.Counter()
+    for fn, (_, _, own, _, _) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        if "poll" not in fn[2]:  # the selector's wait for a reply is not CPU
+            areas[_area(fn)] += own
+    total = sum(areas.values())
+    print(f"\n  pipeline client CPU by area (cProfile, {total / n * 1e6:.0f} µs/job profiled):")
+    for area, own in areas.most_common(16):
+        print(f"    {own / total * 100:5.1f} %  {own / n * 1e6:7.1f} µs/job  {area}")
+
+
+def _area(fn: tuple[str, int, str]) -> str:
+    """Where a profiled function lives: an ai_lease module, redis-py, asyncio, or a builtin."""
+    path, _, name = fn
+    if "/ai_lease/" in path:
+        return "ai_lease/" + path.rsplit("/ai_lease/", 1)[1]
+    if "/redis/" in path or "hiredis" in name:
+        return "redis-py + hiredis"
+    if "/asyncio/" in path or "select" in name or "_asyncio" in name:
+        return "asyncio (loop, tasks, timers, selector)"
+    if "socket" in name:
+        return "socket send/recv"
+    return "other (" + (path.rsplit("/", 1)[-1] if path != "~" else "builtins") + ")"
 
 
 def report(res: dict[str, Stats]) -> None:
@@ -244,10 +297,12 @@ def report(res: dict[str, Stats]) -> None:
         "store_cpu_us_per_job": store.cpu / store.jobs * 1e6,
         "pair_cpu_us_per_job": pair.cpu / pair.jobs * 1e6,
         "pipeline_server_us_per_job": pipe.server_us,
+        "store_server_us_per_job": store.server_us,
         "pair_server_us_per_job": pair.server_us,
         "ratio_pipeline_vs_pair": pipe.rate / pair.rate,
         "ratio_store_vs_pair": store.rate / pair.rate,
         "ratio_server_cpu_pipeline_vs_pair": pipe.server_us / pair.server_us,
+        "ratio_server_cpu_store_vs_pair": store.server_us / pair.server_us,
         "round_trips_pipeline_per_job": pipe.round_trips,
         "round_trips_pair_per_job": pair.round_trips,
     }
@@ -271,6 +326,10 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per variant")
     p.add_argument("--profile", action="store_true", help="cProfile the pipeline afterwards")
     p.add_argument("--named-prompt", action="store_true", help="prompt file, not inline text")
+    p.add_argument("--scripts", action="store_true", help="the job scripts alone, warm")
+    p.add_argument("--script-jobs", type=int, default=3000, help="jobs per batch for it")
+    p.add_argument("--breakdown", action="store_true", help="per command; client CPU by area")
+    p.add_argument("--breakdown-jobs", type=int, default=2000, help="jobs per variant for it")
     args = p.parse_args()
     prompt = "named" if args.named_prompt else "inline"
     print(

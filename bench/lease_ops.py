@@ -1,4 +1,4 @@
-"""The hot lease operations, side by side in one run, with ratios and a verdict per target.
+"""The hot lease operations against the hand-rolled pair, side by side in one run, with verdicts.
 
     .venv/bin/python bench/lease_ops.py              # 3 s per variant, 8 workers, 3 rounds
     .venv/bin/python bench/lease_ops.py --seconds 6 --concurrency 1
@@ -11,16 +11,21 @@ Variants, each looping over fresh keys with ``--concurrency`` workers on one eve
 
 * ``redis full``   ai_lease ``RedisStore``: acquire + renew + commit (a job longer than one renew
   interval; 3 round trips).
+* ``pair full``    the hand-rolled pair on redis-py + hiredis (bench/_pair.py, the anchor of
+  bench/coordination.py too): acquire (INCR token + SET NX PX) + extend (fenced PEXPIRE) +
+  fenced commit, 3 round trips, same server, same client settings.
 * ``redis short``  ai_lease ``RedisStore``: acquire + commit (a job shorter than one renew
-  interval; 2 round trips). Target: at least as many jobs/s as bare lock cycles.
-* ``redis lock``   bare redis-py ``redis.asyncio.lock.Lock``: acquire (SET NX PX) + extend
-  (EVALSHA) + release (EVALSHA) on the same server, same client settings.
+  interval; 2 round trips).
+* ``pair short``   the pair's acquire + commit (2 round trips).
 * ``sqlite full``  ai_lease ``SQLiteStore`` (WAL file): acquire + renew + commit.
 
+Targets, ai_lease against the pair with as many round trips: jobs/s >= 0.9x (full and short),
+Redis server CPU per job (``INFO commandstats`` usec of the commands clients sent) <= 1.3x,
+and one round trip per lease operation.
+
 ``--seconds`` of measuring per variant is split into ``--rounds`` interleaved slices, so a
-slow patch of the machine hits every variant alike. Round trips are counted server-side from
-``INFO commandstats``: evalsha/eval for ai_lease; set + evalsha/eval for the lock (the commands
-the scripts run inside are counted too, but neither side's scripts call SET).
+slow patch of the machine hits every variant alike. Round trips are the commands clients sent
+(bench/_redis_stats.py: every command but the ones the scripts run inside).
 """
 
 from __future__ import annotations
@@ -37,13 +42,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
-from redis.asyncio.lock import Lock
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.utils import HIREDIS_AVAILABLE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harness
+
+from _pair import Pair, client_for
+from _redis_stats import Calls, snapshot
 
 from ai_lease.lease.base import Acquired
 from ai_lease.lease.redis import RedisStore
@@ -59,7 +63,7 @@ RENEW_ARGS: dict[str, Any] = {
     "max_no_progress": 90.0,
     "grace": 5.0,
 }
-SHORT_TARGET = 1.0  # a whole short job costs no more than one bare lock cycle
+TARGET, CPU_TARGET = 0.9, 1.3  # against the pair, as many round trips
 
 
 @dataclass
@@ -68,12 +72,20 @@ class Stats:
 
     jobs: int = 0
     seconds: float = 0.0
-    round_trips: int = 0
+    server: Calls = field(default_factory=Calls)
     lat: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
         return self.jobs / self.seconds if self.seconds else 0.0
+
+    @property
+    def round_trips(self) -> float:
+        return sum(self.server.sent().values()) / self.jobs if self.jobs else float("nan")
+
+    @property
+    def server_us(self) -> float:
+        return self.server.server_usec() / self.jobs if self.jobs else float("nan")
 
     def pct(self, op: str, q: float) -> float:
         xs = sorted(self.lat.get(op, ()))
@@ -106,15 +118,14 @@ def lease_job(store: Any, renew: bool) -> Job:
     return job
 
 
-def lock_job(client: Any) -> Job:
-    """One bare redis-py lock cycle: acquire (SET NX PX), extend, release."""
+def pair_job(pair: Pair, renew: bool) -> Job:
+    """One job through the hand-rolled pair: acquire, (extend,) commit."""
 
     async def job(key: str, owner: str, st: Stats) -> None:
-        lock = Lock(client, f"bench-lock:{{{key}}}", timeout=TTL_S, blocking=False)
-        if not await timed(st, "acquire", lock.acquire()):
-            raise RuntimeError(f"bench: lock {key} was not acquired")
-        await timed(st, "renew", lock.extend(TTL_S, replace_ttl=True))
-        await timed(st, "commit", lock.release())
+        fence = await timed(st, "acquire", pair.acquire(key, owner))
+        if renew:
+            await timed(st, "renew", pair.extend(key, fence))
+        await timed(st, "commit", pair.commit(key, fence, RESULT))
 
     return job
 
@@ -137,50 +148,32 @@ async def drive(job: Job, stats: Stats, tag: str, seconds: float, workers: int) 
     stats.jobs += sum(counts)
 
 
-async def script_calls(admin: Any, commands: tuple[str, ...]) -> int:
-    info = await admin.info("commandstats")
-    return sum(int(info.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in commands)
-
-
-def client_for(url: str) -> Any:
-    """The client RedisStore.from_url builds, for the bare lock: decoded replies, no retries."""
-    return aioredis.from_url(
-        url,
-        decode_responses=True,
-        socket_timeout=2.0,
-        socket_connect_timeout=2.0,
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-    )
-
-
 async def run(args: argparse.Namespace, url: str, tmp: str) -> dict[str, Stats]:
     run_id = uuid.uuid4().hex[:8]
-    admin, lock_client = client_for(url), client_for(url)
+    admin, pair = client_for(url), Pair(client_for(url), ttl_ms=round(TTL_S * 1000))
     redis_store = RedisStore.from_url(url, namespace=f"bench-{run_id}", op_timeout=2.0)
     sqlite_store = SQLiteStore(Path(tmp) / "bench.db")
-    scripts, lock_cmds = ("evalsha", "eval"), ("set", "evalsha", "eval")
-    variants: dict[str, tuple[Job, tuple[str, ...] | None]] = {
-        "redis full": (lease_job(redis_store, renew=True), scripts),
-        "redis short": (lease_job(redis_store, renew=False), scripts),
-        "redis lock": (lock_job(lock_client), lock_cmds),
-        "sqlite full": (lease_job(sqlite_store, renew=True), None),
+    variants: dict[str, tuple[Job, bool]] = {  # name: (job, counted on the Redis server)
+        "redis full": (lease_job(redis_store, renew=True), True),
+        "pair full": (pair_job(pair, renew=True), True),
+        "redis short": (lease_job(redis_store, renew=False), True),
+        "pair short": (pair_job(pair, renew=False), True),
+        "sqlite full": (lease_job(sqlite_store, renew=True), False),
     }
     results = {name: Stats() for name in variants}
     try:
         for name, (job, _) in variants.items():  # warm up: connections, script cache
             await drive(job, Stats(), f"warm:{run_id}:{name}", args.warmup, args.concurrency)
         for r in range(args.rounds):
-            for name, (job, cmds) in variants.items():
-                before = await script_calls(admin, cmds) if cmds else 0
+            for name, (job, on_redis) in variants.items():
+                before = await snapshot(admin) if on_redis else None
                 tag = f"{run_id}:{r}:{name}"
                 await drive(job, results[name], tag, args.seconds / args.rounds, args.concurrency)
-                if cmds:
-                    results[name].round_trips += await script_calls(admin, cmds) - before
+                if before is not None:
+                    results[name].server.add(before, await snapshot(admin))
     finally:
         await redis_store.aclose()
         await sqlite_store.aclose()
-        await lock_client.aclose()
         await admin.aclose()
     return results
 
@@ -188,29 +181,27 @@ async def run(args: argparse.Namespace, url: str, tmp: str) -> dict[str, Stats]:
 def report(res: dict[str, Stats]) -> None:
     ops = ("acquire", "renew", "commit")
     heads = " ".join(f"{op + ' p50/p99':>16}" for op in ops)
-    print(f"\n{'variant':<12} {'jobs/s':>8} {'RT/job':>7}   {heads}  (µs)")
+    print(f"\n{'variant':<12} {'jobs/s':>8} {'RT/job':>7} {'srv µs/job':>10}   {heads}  (µs)")
     for name, st in res.items():
-        rt = f"{st.round_trips / st.jobs:.2f}" if st.round_trips else "-"
+        redis_side = st.server.calls != {}
+        rt = f"{st.round_trips:.2f}" if redis_side else "-"
+        srv = f"{st.server_us:.1f}" if redis_side else "-"
         cells = [
             f"{st.pct(op, 0.5):7.0f}/{st.pct(op, 0.99):<8.0f}" if op in st.lat else f"{'-':>16}"
             for op in ops
         ]
-        print(f"{name:<12} {st.rate:8.0f} {rt:>7}   " + " ".join(cells))
-    print("(redis lock: renew = extend, commit = release)\n")
+        print(f"{name:<12} {st.rate:8.0f} {rt:>7} {srv:>10}   " + " ".join(cells))
+    print("(pair: renew = extend)\n")
 
-    names = ("redis full", "redis short", "redis lock", "sqlite full")
-    full, short, lock, lite = (res[n] for n in names)
-    out: dict[str, float] = {
-        "redis_full_jobs_per_s": full.rate,
-        "redis_short_jobs_per_s": short.rate,
-        "redis_lock_cycles_per_s": lock.rate,
-        "sqlite_full_jobs_per_s": lite.rate,
-        "ratio_redis_full_vs_lock": full.rate / lock.rate,
-        "ratio_redis_short_vs_lock": short.rate / lock.rate,
-        "round_trips_redis_full_per_job": full.round_trips / full.jobs,
-        "round_trips_redis_short_per_job": short.round_trips / short.jobs,
-        "round_trips_redis_lock_per_cycle": lock.round_trips / lock.jobs,
-    }
+    out: dict[str, float] = {f"{n.replace(' ', '_')}_jobs_per_s": st.rate for n, st in res.items()}
+    for kind in ("full", "short"):
+        ours, pair = res[f"redis {kind}"], res[f"pair {kind}"]
+        out[f"ratio_redis_{kind}_vs_pair"] = ours.rate / pair.rate
+        out[f"ratio_server_cpu_redis_{kind}_vs_pair"] = ours.server_us / pair.server_us
+        out[f"round_trips_redis_{kind}_per_job"] = ours.round_trips
+        out[f"round_trips_pair_{kind}_per_job"] = pair.round_trips
+        out[f"server_us_redis_{kind}_per_job"] = ours.server_us
+        out[f"server_us_pair_{kind}_per_job"] = pair.server_us
     for vname, st in res.items():
         for op in st.lat:
             for q in (0.5, 0.99):
@@ -218,20 +209,22 @@ def report(res: dict[str, Stats]) -> None:
     for k, v in out.items():
         print(f"RESULT {k} {v:.3f}" if k.startswith(("ratio", "round")) else f"RESULT {k} {v:.0f}")
 
+    full, short = out["round_trips_redis_full_per_job"], out["round_trips_redis_short_per_job"]
     verdicts = [
         (
-            out["ratio_redis_short_vs_lock"] >= SHORT_TARGET,
-            f"redis_short_job_vs_bare_lock_cycle>={SHORT_TARGET:.1f} "
-            f"(ratio {out['ratio_redis_short_vs_lock']:.2f})",
-        ),
-        (
-            abs(out["round_trips_redis_full_per_job"] - 3) < 0.01
-            and abs(out["round_trips_redis_short_per_job"] - 2) < 0.01,
-            "redis_one_round_trip_per_lease_op "
-            f"(full {out['round_trips_redis_full_per_job']:.2f}/3, "
-            f"short {out['round_trips_redis_short_per_job']:.2f}/2)",
+            abs(full - 3) < 0.01 and abs(short - 2) < 0.01,
+            f"redis_one_round_trip_per_lease_op (full {full:.2f}/3, short {short:.2f}/2)",
         ),
     ]
+    for kind in ("full", "short"):
+        ratio, cpu = (
+            out[f"ratio_redis_{kind}_vs_pair"],
+            out[f"ratio_server_cpu_redis_{kind}_vs_pair"],
+        )
+        verdicts.append((ratio >= TARGET, f"redis_{kind}_vs_pair>={TARGET:g} ({ratio:.3f})"))
+        verdicts.append(
+            (cpu <= CPU_TARGET, f"server_cpu_redis_{kind}_vs_pair<={CPU_TARGET:g} ({cpu:.3f})")
+        )
     for ok, text in verdicts:
         print(f"VERDICT {'ok' if ok else 'miss'} {text}")
 

@@ -23,7 +23,9 @@ workers' CPU read (/proc) and the clock started as they are resumed (SIGCONT); t
 at the last job's commit (the DONE records' ``updated_at``). Every store x loop x worker-count
 combination runs once per round, interleaved, so a slow patch of the machine hits each alike;
 the table shows medians of jobs/s, of the workers' CPU per job (all worker processes
-together) and of redis-server's CPU per job.
+together) and of redis-server's CPU per job. On Redis it also counts, from ``INFO
+commandstats``, the commands the workers sent per job (the bench's own reads of the records
+left out): what one queued job costs in round trips, sweeps and heartbeats included.
 """
 
 from __future__ import annotations
@@ -39,10 +41,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harness
+
+from _pair import client_for
+from _redis_stats import Calls, snapshot
 
 from ai_lease import LeaseStore, Status, open_store
 from ai_lease.job import Job
@@ -98,12 +104,14 @@ async def submit(store: LeaseStore, keys: list[str]) -> None:
 
 async def wait_done(
     store: LeaseStore, keys: list[str], procs: list[asyncio.subprocess.Process]
-) -> float:
-    """Until every key is DONE; returns the last commit's time (the records' clock)."""
+) -> tuple[float, int]:
+    """Until every key is DONE; returns the last commit's time (the records' clock) and how
+    many reads it took."""
     deadline = time.monotonic() + DONE_TIMEOUT_S
-    i, last = 0, 0.0
+    i, last, reads = 0, 0.0, 0
     while i < len(keys):  # workers take the longest-due first: scan forward from the first gap
         record = await store.get(keys[i])
+        reads += 1
         if record is not None and record.status is Status.FAILED:
             raise RuntimeError(f"{keys[i]} FAILED: {record.last_error}")
         if record is not None and record.status is Status.DONE:
@@ -115,7 +123,7 @@ async def wait_done(
         if any(proc.returncode is not None for proc in procs):
             raise RuntimeError("a worker exited before the jobs were done")
         await asyncio.sleep(0.02)
-    return last
+    return last, reads
 
 
 @dataclass
@@ -125,6 +133,7 @@ class Sample:
     jobs_per_s: float
     worker_cpu_ms: float  # CPU of all worker processes, per job
     server_cpu_ms: float  # CPU of redis-server, per job (0 on SQLite)
+    sent: dict[str, float]  # commands the workers sent to Redis, per job ({} on SQLite)
 
 
 @dataclass
@@ -160,25 +169,39 @@ class Bench:
             await submit(store, warm)
             for i in range(variant.workers):
                 procs.append(await self.start_worker(config, variant, directory, i))
-            await wait_done(store, warm, procs)
+            await wait_done(store, warm, procs)  # (the warm-up's reads are not counted)
             for proc in procs:
                 proc.send_signal(signal.SIGSTOP)
             keys = [f"bench-{i:05d}" for i in range(args.jobs)]
             await submit(store, keys)
             pids = [proc.pid for proc in procs]
+            admin = client_for(url) if variant.store == "redis" else None
+            before = await snapshot(admin) if admin is not None else Calls()
             cpu0 = cpu_seconds(pids)
             server0 = cpu_seconds([server.pid]) if variant.store == "redis" else 0.0
             started = time.time()
             for proc in procs:
                 proc.send_signal(signal.SIGCONT)
-            ended = await wait_done(store, keys, procs)
+            ended, reads = await wait_done(store, keys, procs)
             cpu = cpu_seconds(pids) - cpu0
             server_cpu = cpu_seconds([server.pid]) - server0 if variant.store == "redis" else 0.0
+            sent = await self.sent(admin, before, reads) if admin is not None else {}
         finally:
             await self.stop(procs, directory)
             await store.aclose()
         n = args.jobs
-        return Sample(n / (ended - started), 1000 * cpu / n, 1000 * server_cpu / n)
+        per_job = {name: count / n for name, count in sent.items()}
+        return Sample(n / (ended - started), 1000 * cpu / n, 1000 * server_cpu / n, per_job)
+
+    @staticmethod
+    async def sent(admin: Any, before: Calls, reads: int) -> dict[str, int]:
+        """The commands sent since ``before``, less the bench's ``reads`` (one EVALSHA each)."""
+        calls = Calls()
+        calls.add(before, await snapshot(admin))
+        await admin.aclose()
+        sent = calls.sent()
+        sent["evalsha"] = sent.get("evalsha", 0) - reads
+        return {name: count for name, count in sent.items() if count}
 
     async def start_worker(
         self, config: Path, variant: Variant, directory: Path, i: int
@@ -245,7 +268,8 @@ class Bench:
                         f"{variant.workers} worker(s) {sample.jobs_per_s:6.0f} jobs/s  "
                         f"worker CPU {sample.worker_cpu_ms:.2f} ms/job"
                         + (
-                            f"  redis CPU {sample.server_cpu_ms:.2f} ms/job"
+                            f"  redis CPU {sample.server_cpu_ms:.2f} ms/job, sent per job "
+                            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(sample.sent.items()))
                             if variant.store == "redis"
                             else ""
                         ),
@@ -284,6 +308,8 @@ def report(variants: list[Variant], results: dict[str, list[Sample] | str]) -> N
         print(f"RESULT {v.name}_worker_cpu_ms_per_job {med(samples, 'worker_cpu_ms'):.3f}")
         if v.store == "redis":
             print(f"RESULT {v.name}_redis_cpu_ms_per_job {med(samples, 'server_cpu_ms'):.3f}")
+            total = statistics.median(sum(s.sent.values()) for s in samples)
+            print(f"RESULT {v.name}_redis_commands_per_job {total:.3f}")
     for v in variants:  # uvloop against asyncio, same store and worker count
         if v.loop != "uvloop":
             continue

@@ -13,7 +13,7 @@ from ai_lease.lease.base import Fence
 from ai_lease.lease.refusal import MESSAGES, RENEWAL_REFUSALS, WRITE_REFUSALS, Refusal
 
 # The first element of a script's reply table that is a kind of answer, not a refusal.
-_REPLY_KINDS = {"ok", "acquired", "following", "finished", "conflict", "rejected"}
+_REPLY_KINDS = {"ok", "written", "acquired", "following", "finished", "conflict", "rejected"}
 
 
 def _scripts() -> dict[str, str]:

@@ -26,6 +26,7 @@ from ai_lease.errors import (
     skip_corrupt,
 )
 from ai_lease.job import JobState
+from ai_lease.lease import redis_scripts as lua
 from ai_lease.lease.base import (
     Acquired,
     AcquireOutcome,
@@ -146,7 +147,8 @@ class RedisStore(RedisQueue, AsyncResource):
         # A fresh write's reply is lean (no result): the record holds the value just written.
         extra = {"result": value} if field == "result" else None
         self._forget(fence.key)
-        return decode(fence.key, reply[2:], reply[1], extra)
+        names = lua.LEAN_FIELDS if reply[0] == "written" else None  # values only, in order
+        return decode(fence.key, reply[2:], reply[1], extra, names)
 
     async def commit(
         self, fence: Fence, result: str, *, finish_reason: str | None = None

@@ -54,17 +54,27 @@ def us(seconds: float) -> str:
     return str(round(seconds * 1_000_000))
 
 
-def decode(key: str, flat: list[Any], now_us: Any, extra: dict[str, Any] | None = None) -> JobState:
-    """A job hash (a flat field, value list) read at ``now_us``; ``extra`` fills in values
-    the reply left out (or empty) that the caller knows."""
-    data: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))
+def decode(
+    key: str,
+    flat: list[Any],
+    now_us: Any,
+    extra: dict[str, Any] | None = None,
+    names: tuple[str, ...] | None = None,
+) -> JobState:
+    """A job hash read at ``now_us``: a flat field, value list, or the values of ``names``
+    in order (nil: no such field); ``extra`` fills in values the reply left out (or empty)
+    that the caller knows."""
+    if names is None:
+        data: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))
+    else:
+        data = dict(zip(names, flat, strict=True))
     if extra:
         for name, value in extra.items():
             if not data.get(name):
                 data[name] = value
     try:
         for name in _TIME_FIELDS & data.keys():
-            if data[name] != "":
+            if data[name]:  # '' or None (nil): no time
                 data[name] = int(data[name]) / 1_000_000
         read_at = int(now_us) / 1_000_000
     except ValueError:

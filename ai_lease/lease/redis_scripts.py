@@ -21,6 +21,24 @@ from __future__ import annotations
 
 SCHEMA = "1"
 
+# The record without its big fields (spec, result, stall_snapshot), in the order FINISH
+# returns their values: the fence's five first (the order every fenced script reads them in).
+LEAN_FIELDS = (
+    *("status", "owner_id", "token", "lease_expires_at", "schema"),
+    *("stage", "progress_version", "heartbeat_at", "last_progress_at", "max_no_progress"),
+    *("stall_policy", "attempts", "takeovers", "missed_renewals", "last_error"),
+    *("fingerprint", "created_at", "updated_at", "started_at", "finish_reason"),
+)
+
+
+def _lean_lua() -> str:
+    """``LEAN`` (the names) and ``AT_<FIELD>`` (each one's position) as Lua locals."""
+    names = ", ".join(f"'{name}'" for name in LEAN_FIELDS)
+    ats = ", ".join(f"AT_{name.upper()}" for name in LEAN_FIELDS)
+    places = ", ".join(str(i) for i in range(1, len(LEAN_FIELDS) + 1))
+    return f"local LEAN = {{{names}}}\nlocal {ats} =\n  {places}"
+
+
 _PRELUDE = r"""
 local function now_us()
   local t = redis.call('TIME')
@@ -33,12 +51,10 @@ local function num(v)
   if n == nil then error('AILEASE_CORRUPT a number field holds ' .. string.sub(v, 1, 40)) end
   return n
 end
--- Every field but the big ones (spec, result, stall_snapshot): what acquire and a fresh
--- commit send back, so an input or a result never crosses the network twice.
-local LEAN = {'schema', 'status', 'owner_id', 'token', 'stage', 'progress_version',
-  'heartbeat_at', 'last_progress_at', 'lease_expires_at', 'max_no_progress', 'stall_policy',
-  'attempts', 'takeovers', 'missed_renewals', 'last_error', 'fingerprint', 'created_at',
-  'updated_at', 'started_at', 'finish_reason'}
+-- Every field but the big ones (spec, result, stall_snapshot): what acquire sends back, so
+-- an input or a result never crosses the network twice. LEAN and the AT_<FIELD> positions
+-- are written from LEAN_FIELDS (the Python side, above).
+%LEAN%
 local function lean(k)
   local v = redis.call('HMGET', k, unpack(LEAN))
   local out = {}
@@ -47,6 +63,10 @@ local function lean(k)
     out[#out + 1] = v[i] or ''
   end
   return out
+end
+local function add(t, name, value)  -- one field of an HSET's argument list
+  t[#t + 1] = name
+  t[#t + 1] = value
 end
 -- The lease index (standalone only): where DUE finds leases that lapsed.
 local function index_lease(k, expires_us)
@@ -64,7 +84,14 @@ local function check(k)
   if s ~= '1' then return redis.error_reply('AILEASE_CORRUPT schema marker is ' .. tostring(s)) end
   return true
 end
-"""
+-- check() for a hash whose schema field was already read (with the fields a script needs):
+-- EXISTS only when the field is missing.
+local function ours(k, schema)
+  if schema == '1' then return true end
+  if not schema and redis.call('EXISTS', k) == 0 then return false end
+  return redis.error_reply('AILEASE_CORRUPT schema marker is ' .. tostring(schema))
+end
+""".replace("%LEAN%", _lean_lua())
 
 # KEYS: job, events[, lease index] · ARGV: owner, ttl_us, max_no_progress_us, stall_policy,
 # fingerprint ('' none), max_attempts ('' none), spec ('' none: written only into a record
@@ -76,56 +103,65 @@ ACQUIRE = (
     + r"""
 local k, owner = KEYS[1], ARGV[1]
 local ttl, fp, maxatt = tonumber(ARGV[2]), ARGV[5], tonumber(ARGV[6])
-local ok = check(k)
+local v = redis.call('HMGET', k, 'schema', 'status', 'owner_id', 'token', 'lease_expires_at',
+  'fingerprint', 'attempts', 'takeovers', 'last_error', 'started_at')
+local ok = ours(k, v[1])
 if type(ok) == 'table' then return ok end
 local now = now_us()
+local at = fmt(now)
 local prev, attempts, takeovers, had_owner, last_error = 0, 0, 0, false, ''
+local first = {}  -- the fields a new record (or one without a fingerprint yet) gets
 if ok then
-  local v = redis.call('HMGET', k, 'status', 'owner_id', 'token', 'lease_expires_at',
-    'fingerprint', 'attempts', 'takeovers', 'last_error')
-  if fp ~= '' and v[5] and v[5] ~= '' and v[5] ~= fp then return {'conflict'} end
-  if ended(v[1]) then
-    return {'finished', fmt(now), unpack(redis.call('HGETALL', k))}
+  if fp ~= '' and v[6] and v[6] ~= '' and v[6] ~= fp then return {'conflict'} end
+  if ended(v[2]) then
+    return {'finished', at, unpack(redis.call('HGETALL', k))}
   end
-  if v[1] == 'RUNNING' and num(v[4]) > now then
-    if v[2] == owner then return {'acquired', fmt(now), 0, unpack(lean(k))} end
-    return {'following', fmt(now), unpack(lean(k))}
+  if v[2] == 'RUNNING' and num(v[5]) > now then
+    if v[3] == owner then return {'acquired', at, 0, unpack(lean(k))} end
+    return {'following', at, unpack(lean(k))}
   end
-  prev, attempts, takeovers = num(v[3]), num(v[6]), num(v[7])
-  had_owner, last_error = (v[2] and v[2] ~= ''), (v[8] or '')
-  if fp ~= '' and (not v[5] or v[5] == '') then redis.call('HSET', k, 'fingerprint', fp) end
+  prev, attempts, takeovers = num(v[4]), num(v[7]), num(v[8])
+  had_owner, last_error = (v[3] and v[3] ~= ''), (v[9] or '')
+  if fp ~= '' and (not v[6] or v[6] == '') then first = {'fingerprint', fp} end
 else
-  redis.call('HSET', k, 'schema', '1', 'created_at', fmt(now), 'fingerprint', fp)
+  first = {'schema', '1', 'created_at', at, 'fingerprint', fp}
   if ARGV[7] and ARGV[7] ~= '' then redis.call('HSET', k, 'spec', ARGV[7]) end
+end
+local function write(w)  -- one HSET: w and the first fields
+  for _, f in ipairs(first) do w[#w + 1] = f end
+  redis.call('HSET', k, unpack(w))
+  return w
 end
 if maxatt and attempts >= maxatt then
   if last_error == '' then last_error = 'lease lapsed' end
-  redis.call('HSET', k, 'status', 'FAILED', 'lease_expires_at', '', 'updated_at', fmt(now),
-    'last_error', 'gave up after ' .. fmt(attempts) .. ' attempts: ' .. last_error)
+  write({'status', 'FAILED', 'lease_expires_at', '', 'updated_at', at,
+    'last_error', 'gave up after ' .. fmt(attempts) .. ' attempts: ' .. last_error})
   redis.call('PUBLISH', KEYS[2], 'FAILED')
   unindex(k)
-  return {'finished', fmt(now), unpack(redis.call('HGETALL', k))}
+  return {'finished', at, unpack(redis.call('HGETALL', k))}
 end
-local token = math.max(prev + 1, now)
 if had_owner then takeovers = takeovers + 1 end
-redis.call('HSET', k, 'status', 'RUNNING', 'owner_id', owner, 'token', fmt(token),
-  'stage', '', 'progress_version', '0', 'heartbeat_at', fmt(now), 'last_progress_at', fmt(now),
+local w = {'status', 'RUNNING', 'owner_id', owner, 'token', fmt(math.max(prev + 1, now)),
+  'stage', '', 'progress_version', '0', 'heartbeat_at', at, 'last_progress_at', at,
   'lease_expires_at', fmt(now + ttl), 'max_no_progress', ARGV[3], 'stall_policy', ARGV[4],
-  'attempts', fmt(attempts + 1), 'takeovers', fmt(takeovers), 'updated_at', fmt(now))
+  'attempts', fmt(attempts + 1), 'takeovers', fmt(takeovers), 'updated_at', at}
+if (v[10] or '') == '' then add(w, 'started_at', at) end  -- the job deadline starts here
+write(w)
 index_lease(k, now + ttl)
-if (redis.call('HGET', k, 'started_at') or '') == '' then  -- the job deadline starts here
-  redis.call('HSET', k, 'started_at', fmt(now))
-end
-return {'acquired', fmt(now), had_owner and 1 or 0, unpack(lean(k))}
+if not ok then return {'acquired', at, 0, unpack(w)} end  -- a new record: all it holds
+return {'acquired', at, had_owner and 1 or 0, unpack(lean(k))}
 """
 )
 
+# A fenced script reads the fence's fields (LEAN_FIELDS' first five), and whatever else it
+# needs after them, in one HMGET: READ names them (FINISH reads all of LEAN).
+_FENCE = "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema'}\n"
 _FENCE_CHECK = r"""
 local k, owner, token = KEYS[1], ARGV[1], tonumber(ARGV[2])
-local ok = check(k)
+local v = redis.call('HMGET', k, unpack(READ))
+local ok = ours(k, v[5])
 if type(ok) == 'table' then return ok end
 local now = now_us()
-local v = redis.call('HMGET', k, 'status', 'owner_id', 'token', 'lease_expires_at')
 local mine = num(v[3]) == token and ok and v[2] == owner
 """
 
@@ -135,6 +171,8 @@ local mine = num(v[3]) == token and ok and v[2] == owner
 # refusals (ai_lease.lease.refusal.Refusal): missing, not_owner, not_running, expired, no_progress
 RENEW = (
     _PRELUDE
+    + "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema',\n"
+    + "  'progress_version', 'last_progress_at', 'stall_policy'}\n"
     + _FENCE_CHECK
     + r"""
 if not ok then return {'missing', 0, '', ''} end
@@ -142,18 +180,22 @@ if not mine then return {'not_owner', 0, v[3] or '', v[2] or ''} end
 if v[1] ~= 'RUNNING' then return {'not_running', 0, v[3], v[2]} end
 local expires = num(v[4])
 if expires <= now then return {'expired', 0, v[3], v[2]} end
-local p = redis.call('HMGET', k, 'progress_version', 'last_progress_at', 'stall_policy')
-local version, last = num(p[1]), num(p[2])
+local version, last = num(v[6]), num(v[7])
 if last == 0 then last = now end
 if tonumber(ARGV[5]) > version then version, last = tonumber(ARGV[5]), now end
-redis.call('HSET', k, 'stage', ARGV[4], 'max_no_progress', ARGV[6],
-  'progress_version', fmt(version), 'last_progress_at', fmt(last), 'updated_at', fmt(now))
+local w = {'stage', ARGV[4], 'max_no_progress', ARGV[6], 'progress_version', fmt(version),
+  'last_progress_at', fmt(last), 'updated_at', fmt(now)}
 local stalled = (now - last) > (tonumber(ARGV[6]) + tonumber(ARGV[7]))
 if stalled then
   redis.call('HINCRBY', k, 'missed_renewals', 1)
-  if p[3] ~= 'alert' then return {'no_progress', fmt(expires - now), v[3], v[2]} end
+  if v[8] ~= 'alert' then
+    redis.call('HSET', k, unpack(w))
+    return {'no_progress', fmt(expires - now), v[3], v[2]}
+  end
 end
-redis.call('HSET', k, 'heartbeat_at', fmt(now), 'lease_expires_at', fmt(now + tonumber(ARGV[3])))
+add(w, 'heartbeat_at', fmt(now))
+add(w, 'lease_expires_at', fmt(now + tonumber(ARGV[3])))
+redis.call('HSET', k, unpack(w))
 index_lease(k, now + tonumber(ARGV[3]))
 return {'ok', ARGV[3], stalled and 1 or 0}
 """
@@ -163,6 +205,7 @@ return {'ok', ARGV[3], stalled and 1 or 0}
 # interrupted ('1': give the attempt back) · returns 1 | 0
 RELEASE = (
     _PRELUDE
+    + _FENCE
     + _FENCE_CHECK
     + r"""
 if not mine or v[1] ~= 'RUNNING' then return 0 end
@@ -180,11 +223,14 @@ return 1
 
 # KEYS: job, events · ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
 # finish reason ('' = none; kept on a DONE record)
-# returns {'ok', now, fields...} | {'rejected', refusal, current_token, current_owner}
+# returns {'written', now, LEAN_FIELDS values...} (this call wrote it; nil: no such field)
+#       | {'ok', now, fields...} (it was already written: the whole record)
+#       | {'rejected', refusal, current_token, current_owner}
 # refusals (ai_lease.lease.refusal.Refusal): missing, newer_owner, already_committed,
 # already_finished, cancelled
 FINISH = (
     _PRELUDE
+    + "local READ = LEAN\n"
     + _FENCE_CHECK
     + r"""
 if not ok then return {'rejected', 'missing', '', ''} end
@@ -199,19 +245,29 @@ if ended(v[1]) then
   return {'rejected', why, v[3], v[2]}
 end
 if not mine then return {'rejected', 'newer_owner', v[3], v[2]} end
-redis.call('HSET', k, 'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '',
-  'updated_at', fmt(now))
+local at = fmt(now)
+local w = {'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '', 'updated_at', at}
+v[AT_STATUS], v[AT_LEASE_EXPIRES_AT], v[AT_UPDATED_AT] = ARGV[3], '', at
+if ARGV[4] == 'last_error' then v[AT_LAST_ERROR] = ARGV[5] end
+if ARGV[3] == 'DONE' then  -- a final stage
+  add(w, 'stage', 'done')
+  v[AT_STAGE] = 'done'
+end
+if (ARGV[6] or '') ~= '' then
+  add(w, 'finish_reason', ARGV[6])
+  v[AT_FINISH_REASON] = ARGV[6]
+end
+redis.call('HSET', k, unpack(w))
 unindex(k)
-if ARGV[3] == 'DONE' then redis.call('HSET', k, 'stage', 'done') end  -- a final stage
-if (ARGV[6] or '') ~= '' then redis.call('HSET', k, 'finish_reason', ARGV[6]) end
 redis.call('PUBLISH', KEYS[2], ARGV[3])
-return {'ok', fmt(now), unpack(lean(k))}
+return {'written', at, unpack(v)}  -- the record's LEAN_FIELDS values, as written
 """
 )
 
 # KEYS: job, events · ARGV: owner, token, stage, snapshot · returns 1 | 0
 REPORT_STALL = (
     _PRELUDE
+    + _FENCE
     + _FENCE_CHECK
     + r"""
 if not mine or ended(v[1]) then return 0 end
