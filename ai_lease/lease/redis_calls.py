@@ -28,6 +28,7 @@ from redis.exceptions import AuthenticationError, NoScriptError, RedisError, Res
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ai_lease.errors import CorruptRecord, OutcomeUnknown, StoreDataLost, StoreUnavailable
+from ai_lease.lease import redis_queue_scripts as ns_lua
 from ai_lease.lease import redis_scripts as lua
 from ai_lease.lease.redis_keys import job_keys, untag
 from ai_lease.lease.redis_wire import WARM_CONNECTIONS, Tasks, WarmPool, within
@@ -36,24 +37,12 @@ __all__ = ["RedisCalls", "connect"]
 
 log = logging.getLogger("ai_lease.store")
 
-_SCRIPTS = (
-    "ACQUIRE",
-    "RENEW",
-    "RELEASE",
-    "FINISH",
-    "REPORT_STALL",
-    "CANCEL",
-    "GET",
-    "SUBMIT",
-    "EPOCH",
-    "DUE",
-    "RESCHEDULE",
-    "RECOVER_AT",
-    "DUE_RECOVERIES",
-    "BEAT",
-    "WORKER_GONE",
-    "LIST_WORKERS",
-)
+_SCRIPTS = {  # each script by name, from the module that holds its text
+    **{name: lua for name in ("ACQUIRE", "RENEW", "RELEASE", "FINISH", "REPORT_STALL")},
+    **{name: lua for name in ("CANCEL", "GET", "SUBMIT")},
+    **{name: ns_lua for name in ("EPOCH", "DUE", "RESCHEDULE", "RECOVER_AT", "DUE_RECOVERIES")},
+    **{name: ns_lua for name in ("BEAT", "WORKER_GONE", "LIST_WORKERS")},
+}
 # Scripts that also keep the namespace's lease index (and, for SUBMIT, the queue).
 _INDEXED = frozenset({"ACQUIRE", "RENEW", "RELEASE", "FINISH", "CANCEL"})
 # Specs remembered to write back into a record re-created after a data loss.
@@ -128,7 +117,9 @@ class RedisCalls:
         self._client, self._ns, self._op_timeout, self.where = client, namespace, op_timeout, where
         self._prepared, self._prepare_lock = False, asyncio.Lock()
         self._cluster = hasattr(client, "get_nodes")
-        self._scripts = {name: client.register_script(getattr(lua, name)) for name in _SCRIPTS}
+        self._scripts = {
+            name: client.register_script(getattr(module, name)) for name, module in _SCRIPTS.items()
+        }
         tag = f"{{{namespace}:queue}}"  # the slot of "<ns>:queue" itself
         self._queue, self._leases = f"{namespace}:queue", f"{tag}:leases"
         self._marks = [f"{tag}:epoch", f"{tag}:data_lost"]
@@ -186,7 +177,7 @@ class RedisCalls:
                 await connection.send_command("EVALSHA", sha, 2, *args)
                 reply = await connection.read_response()
             except NoScriptError:
-                await connection.send_command("EVAL", lua.EPOCH, 2, *args)
+                await connection.send_command("EVAL", ns_lua.EPOCH, 2, *args)
                 reply = await connection.read_response()
         except ResponseError:  # a read-only replica, an ACL: costs the check, not the link
             return

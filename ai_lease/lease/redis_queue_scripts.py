@@ -1,0 +1,128 @@
+"""The Redis store's namespace scripts: the queue, the lease index, the epoch marker, workers.
+
+The job scripts (one per lease operation) are in :mod:`ai_lease.lease.redis_scripts`; these
+touch the namespace's own keys, which share the hash tag ``{<ns>:queue}`` (a worker's keys
+share ``{<ns>:workers}``). Each is safe to run twice.
+"""
+
+from __future__ import annotations
+
+from ai_lease.lease.redis_scripts import _PRELUDE
+
+_EPOCH = r"""
+-- The data-loss marker: KEYS[e] holds this store's epoch id, written at first contact. A
+-- caller that saw epoch X and now finds none (or another) knows the data was lost; the
+-- first to notice writes a note (KEYS[n], kept 7 days) that later processes read.
+local function epoch(ke, kn, expected, fresh, now)
+  local e = redis.call('GET', ke)
+  if not e then
+    e = fresh
+    redis.call('SET', ke, e)
+    if expected ~= '' then
+      redis.call('SET', kn, fmt(now) .. ' ' .. expected .. ' ' .. e, 'PX', 604800000)
+    end
+  elseif expected ~= '' and e ~= expected and not redis.call('GET', kn) then
+    redis.call('SET', kn, fmt(now) .. ' ' .. expected .. ' ' .. e, 'PX', 604800000)
+  end
+  return {e, redis.call('GET', kn) or ''}
+end
+"""
+
+# KEYS: epoch, loss note · ARGV: expected epoch ('' none yet), fresh epoch id
+# returns {epoch, note ('' none)}
+EPOCH = (
+    _PRELUDE
+    + _EPOCH
+    + r"""
+return epoch(KEYS[1], KEYS[2], ARGV[1], ARGV[2], now_us())
+"""
+)
+
+# KEYS: queue, lease index, epoch, loss note · ARGV: limit, expected epoch, fresh epoch id
+# returns {epoch, note, n_lapsed, lapsed job hashes..., due job keys...}: jobs whose lease
+# lapsed first (at most limit, oldest lapse first; found even without a queue entry), then
+# the queue's due keys.
+DUE = (
+    _PRELUDE
+    + _EPOCH
+    + r"""
+local now, limit = now_us(), tonumber(ARGV[1])
+local e = epoch(KEYS[3], KEYS[4], ARGV[2], ARGV[3], now)
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', fmt(now), 'LIMIT', 0, limit)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now / 1000000),
+  'LIMIT', 0, limit)
+local out = {e[1], e[2], #lapsed}
+for _, name in ipairs(lapsed) do out[#out + 1] = name end
+for _, key in ipairs(due) do out[#out + 1] = key end
+return out
+"""
+)
+
+# KEYS: queue, lease index, recovery looks · ARGV: job key, job hash, at (seconds; '' = leave
+# the schedule) · returns 1. Any recovery look goes; leaving the schedule also leaves the lease
+# index: a worker gave the job up.
+RESCHEDULE = r"""
+redis.call('ZREM', KEYS[3], ARGV[1])
+if ARGV[3] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[2])
+else
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+end
+return 1
+"""
+
+# KEYS: queue, recovery looks · ARGV: job key, at (seconds) · returns 1: a look at a job
+# someone owns, when its lease may lapse; it stays visible to DUE as well.
+RECOVER_AT = r"""
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return 1
+"""
+
+# KEYS: recovery looks · ARGV: limit · returns the due recovery looks, longest-due first
+DUE_RECOVERIES = (
+    _PRELUDE
+    + r"""
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now_us() / 1000000),
+  'LIMIT', 0, tonumber(ARGV[1]))
+"""
+)
+
+# KEYS: worker, worker index · ARGV: worker id, info JSON (without last_seen), ttl_ms
+# returns 1; last_seen is the server's clock
+BEAT = (
+    _PRELUDE
+    + r"""
+local seen = now_us() / 1000000
+local blob = string.sub(ARGV[2], 1, -2) .. ',"last_seen":' .. string.format('%.6f', seen) .. '}'
+redis.call('SET', KEYS[1], blob, 'PX', ARGV[3])
+redis.call('ZADD', KEYS[2], string.format('%.6f', seen + tonumber(ARGV[3]) / 1000), ARGV[1])
+return 1
+"""
+)
+
+# KEYS: worker, worker index · ARGV: worker id · returns 1
+WORKER_GONE = r"""
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: worker index · ARGV: worker key prefix · returns id, info JSON, id, info JSON, ... of
+# the live workers
+LIST_WORKERS = (
+    _PRELUDE
+    + r"""
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now_us() / 1000000))
+local out = {}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local blob = redis.call('GET', ARGV[1] .. id)
+  if blob then
+    out[#out + 1] = id
+    out[#out + 1] = blob
+  end
+end
+return out
+"""
+)
