@@ -12,9 +12,12 @@ Two retry loops run in ai_lease, at two scales:
   honouring ``Retry-After``, and never past the stage's hard deadline. The first call goes
   straight through; tenacity takes over after a transient error.
 
-A third, small one, :data:`COMMIT_RESEND`, resends a fenced commit whose answer was lost
-(:func:`resend`): the commit is idempotent on its fence, so a resend returns the same
-record.
+Below them, the stores resend one operation (:func:`resend`), never more than their
+``op_timeout`` allows: :data:`COMMIT_RESEND` resends a fenced commit whose answer was lost
+(the commit is idempotent on its fence, so a resend returns the same record);
+:data:`STALE_CONNECTION` sends a Redis call once more on another connection after its pooled
+one went stale (every script is safe to run twice); and :func:`while_locked` retries the
+SQLite file's switch to WAL, which SQLite's busy handler does not cover.
 
 Retried by :func:`call_with_retries`: a :class:`ProviderError` marked retryable (429 —
 honouring ``Retry-After`` —, 5xx, connection reset, garbage where JSON was promised) and a
@@ -34,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,13 +46,17 @@ from typing import Any, TypeVar, cast
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
+    Retrying,
     retry_if_exception,
     retry_if_exception_type,
     retry_if_result,
     stop_after_attempt,
+    stop_after_delay,
     stop_never,
     wait_exponential,
+    wait_fixed,
 )
+from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 
 from ai_lease.errors import ConfigError, FirstTokenTimeout, ProviderError, StreamInterrupted
@@ -57,11 +65,13 @@ __all__ = [
     "COMMIT_RESEND",
     "JOB_ATTEMPTS",
     "MODEL_CALL",
+    "STALE_CONNECTION",
     "RetryPolicy",
     "call_with_retries",
     "is_transient",
     "resend",
     "run_rounds",
+    "while_locked",
 ]
 
 T = TypeVar("T")
@@ -132,6 +142,10 @@ COMMIT_RESEND = RetryPolicy(attempts=3, initial=0.1, multiplier=2.0, max_backoff
 """Resends of a fenced commit whose answer was lost: 3 sends, 0.1 s then 0.2 s apart."""
 
 
+STALE_CONNECTION = RetryPolicy(attempts=2, initial=0.001, multiplier=1.0, max_backoff=0.001)
+"""One resend of a store call whose pooled connection went stale, at once (1 ms)."""
+
+
 # -- the job's rounds -------------------------------------------------------------------------
 
 
@@ -176,9 +190,12 @@ async def resend(
     send: Callable[[], Awaitable[T]],
     policy: RetryPolicy,
     on: type[BaseException] | tuple[type[BaseException], ...],
+    *,
+    until: Callable[[], bool] | None = None,
 ) -> T:
     """Await ``send()``; after an ``on`` error send again, up to ``policy.attempts`` sends in
-    all, waiting the policy's backoff (no jitter) in between; the last error is raised.
+    all, waiting the policy's backoff (no jitter) in between; the last error is raised. With
+    ``until``, no resend is made once ``until()`` is true (a deadline has passed).
 
     The first send goes straight through (it nearly always lands): tenacity takes over,
     counting that first failure, only after an ``on`` error.
@@ -186,11 +203,14 @@ async def resend(
     try:
         return await send()
     except on as exc:
-        if policy.attempts < 2:
+        if policy.attempts < 2 or (until is not None and until()):
             raise
         first = exc
+    retry: retry_base = retry_if_exception_type(on)
+    if until is not None:
+        retry = retry & retry_if_exception(lambda _: not until())
     retrying = AsyncRetrying(
-        retry=retry_if_exception_type(on),
+        retry=retry,
         wait=policy.wait(),
         stop=stop_after_attempt(policy.attempts),
         sleep=asyncio.sleep,
@@ -198,6 +218,24 @@ async def resend(
     )
     result: T = await retrying(_replaying(first, send))
     return result
+
+
+def while_locked(call: Callable[[], T], seconds: float, every: float = 0.01) -> T:
+    """Call ``call()`` (blocking, in the store's thread) again every ``every`` seconds while
+    it raises a "database is locked" :class:`sqlite3.OperationalError`, for up to
+    ``seconds``; then (or on any other error) the last error is raised."""
+    retrying = Retrying(
+        retry=retry_if_exception(_locked),
+        wait=wait_fixed(every),
+        stop=stop_after_delay(seconds),
+        sleep=time.sleep,
+        reraise=True,
+    )
+    return retrying(call)
+
+
+def _locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
 
 # -- one model call ---------------------------------------------------------------------------

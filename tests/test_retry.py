@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
+
 import pytest
 
 from ai_lease import ConfigError, RetryPolicy, StoreUnavailable
-from ai_lease.retry import COMMIT_RESEND, JOB_ATTEMPTS, MODEL_CALL, resend, run_rounds
+from ai_lease.retry import (
+    COMMIT_RESEND,
+    JOB_ATTEMPTS,
+    MODEL_CALL,
+    STALE_CONNECTION,
+    resend,
+    run_rounds,
+    while_locked,
+)
 
 
 def test_job_attempts_wait_one_two_four_seconds_at_most_three_attempts() -> None:
@@ -111,3 +122,57 @@ async def test_rounds_raise_the_rounds_error() -> None:
 
     with pytest.raises(LookupError, match="gone"):
         await run_rounds(round_, pause)
+
+
+async def test_a_stale_connection_gets_exactly_one_resend() -> None:
+    """STALE_CONNECTION: one resend at once; a second stale connection raises."""
+    landed, stale_twice = Sends(failures=1), Sends(failures=2)
+    assert await resend(landed, STALE_CONNECTION, StoreUnavailable) == "stored"
+    with pytest.raises(StoreUnavailable):
+        await resend(stale_twice, STALE_CONNECTION, StoreUnavailable)
+    assert (landed.count, stale_twice.count) == (2, 2)
+
+
+async def test_no_resend_once_until_says_the_deadline_passed() -> None:
+    """``until()`` true after the first failure: that failure is raised, nothing resent."""
+    send = Sends(failures=1)
+    with pytest.raises(StoreUnavailable):
+        await resend(send, COMMIT_RESEND, StoreUnavailable, until=lambda: True)
+    assert send.count == 1
+
+
+def test_while_locked_retries_a_locked_file_until_it_opens() -> None:
+    """Two "database is locked" answers, then the call lands; other errors pass at once."""
+    tries = 0
+
+    def open_file() -> str:
+        nonlocal tries
+        tries += 1
+        if tries < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return "open"
+
+    assert while_locked(open_file, seconds=5.0, every=0.001) == "open"
+    assert tries == 3
+
+    def broken() -> str:
+        nonlocal tries
+        tries += 1
+        raise sqlite3.OperationalError("disk I/O error")
+
+    tries = 0
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        while_locked(broken, seconds=5.0)
+    assert tries == 1
+
+
+def test_while_locked_gives_up_after_its_seconds() -> None:
+    """A file locked for good: the last "locked" error is raised once the time is up."""
+    started = time.monotonic()
+
+    def locked() -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        while_locked(locked, seconds=0.05, every=0.01)
+    assert time.monotonic() - started < 5.0  # generous: it stops, it does not spin forever

@@ -27,6 +27,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from ai_lease import retry
 from ai_lease.errors import CorruptRecord, OutcomeUnknown, StoreDataLost, StoreUnavailable
 from ai_lease.lease import redis_queue_scripts as ns_lua
 from ai_lease.lease import redis_scripts as lua
@@ -250,7 +251,7 @@ class RedisCalls:
             try:
                 return await execute("EVALSHA", sha, count, *keys, *args)
             except NoScriptError:  # the server lost its script cache: EVAL caches it again
-                return await execute("EVAL", getattr(lua, script), count, *keys, *args)
+                return await execute("EVAL", self._scripts[script].script, count, *keys, *args)
 
         return await self._bounded(op, key, run)
 
@@ -266,21 +267,26 @@ class RedisCalls:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._op_timeout
 
-        async def attempt() -> Any:
-            try:
-                return await run()
-            except RedisConnectionError:
-                if not resend or loop.time() >= deadline:
-                    raise
-                # The connection went stale (e.g. the server restarted). One resend on
-                # another connection, inside the same deadline: every script is safe to run
-                # twice, so a command that did land is not applied differently. The idle
-                # connections went stale with it (most likely): closed, then re-opened in
-                # the background.
-                if self._pool is not None:
-                    await self._pool.drop_idle()
-                    self._rewarm()
-                return await run()
+        sends = 0
+
+        async def send() -> Any:
+            # A resend follows a stale connection (e.g. the server restarted): it goes out on
+            # another connection, inside the same deadline; every script is safe to run
+            # twice, so a command that did land is not applied differently. The idle
+            # connections went stale with it (most likely): closed, then re-opened in the
+            # background.
+            nonlocal sends
+            sends += 1
+            if sends > 1 and self._pool is not None:
+                await self._pool.drop_idle()
+                self._rewarm()
+            return await run()
+
+        def attempt() -> Awaitable[Any]:
+            if not resend:
+                return run()
+            past = lambda: loop.time() >= deadline  # noqa: E731
+            return retry.resend(send, retry.STALE_CONNECTION, RedisConnectionError, until=past)
 
         try:
             # The deadline ends the wait, not the command: it reads its late reply and

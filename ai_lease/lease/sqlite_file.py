@@ -21,6 +21,7 @@ import orjson
 
 from ai_lease.errors import CorruptRecord, StoreUnavailable
 from ai_lease.job import JobState
+from ai_lease.retry import while_locked
 
 __all__ = ["SQLiteFile"]
 
@@ -126,17 +127,16 @@ class SQLiteFile:
     def _setup(self, conn: sqlite3.Connection) -> None:
         """WAL mode and the schema. Switching a new file to WAL does not wait on SQLite's busy
         handler, so processes opening one file at once retry here, within op_timeout."""
-        deadline = time.monotonic() + self._op_timeout
-        while True:
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.executescript(_SCHEMA)
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    conn.close()
-                    raise
-                time.sleep(0.01)
+
+        def once() -> None:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+
+        try:
+            while_locked(once, self._op_timeout)
+        except sqlite3.OperationalError:
+            conn.close()
+            raise
 
     async def _run(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
