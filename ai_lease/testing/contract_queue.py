@@ -1,0 +1,113 @@
+"""The job-queue and duration-history contracts: what a store with a queue promises."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from ai_lease.errors import JobConflict
+from ai_lease.job import Status
+from ai_lease.testing.contract_support import key_for, own
+
+
+class JobQueueContract:
+    """The job queue every built-in store also keeps (``ai_lease.lease.base.JobQueue``)."""
+
+    async def test_submit_records_pending_job_and_makes_it_due(self, store: Any) -> None:
+        """A submitted job is PENDING with its spec, and due at once."""
+        key = key_for("submit")
+        job = await store.submit(key, '{"key": "x"}', "fp1")
+        assert job.status is Status.PENDING and job.spec == '{"key": "x"}'
+        assert key in await store.due(1000)
+
+    async def test_resubmit_same_payload_is_idempotent_other_payload_conflicts(
+        self, store: Any
+    ) -> None:
+        """The same key and payload again returns the job; another payload is a conflict."""
+        key = key_for("resubmit")
+        first = await store.submit(key, "{}", "fp1")
+        again = await store.submit(key, "{}", "fp1")
+        assert again.created_at == first.created_at
+        with pytest.raises(JobConflict):
+            await store.submit(key, '{"other": 1}', "fp2")
+
+    async def test_reschedule_moves_and_removes(self, store: Any) -> None:
+        """A key scheduled later is not due; a removed key is never due."""
+        key, gone = key_for("later"), key_for("gone")
+        job = await store.submit(key, "{}", "fp")
+        await store.submit(gone, "{}", "fp")
+        await store.reschedule(key, job.read_at + 60)
+        await store.reschedule(gone, None)
+        due = await store.due(1000)
+        assert key not in due and gone not in due
+        await store.reschedule(key, job.read_at - 1)
+        assert key in await store.due(1000)
+
+    async def test_recovery_looks_are_handed_out_apart(self, store: Any) -> None:
+        """A due recover_at() look is in due_recoveries() (and due()); a later one is not;
+        reschedule() replaces it, reschedule(None) drops it from both."""
+        orphan, later = key_for("orphan"), key_for("recover-later")
+        job = await store.submit(orphan, "{}", "fp")
+        await store.submit(later, "{}", "fp")
+        await store.recover_at(orphan, job.read_at - 1)
+        await store.recover_at(later, job.read_at + 3600)
+        recoveries = await store.due_recoveries(1000)
+        assert orphan in recoveries and later not in recoveries
+        assert orphan in await store.due(1000)
+        await store.reschedule(orphan, job.read_at - 1)  # a plain look replaces the recovery
+        assert orphan not in await store.due_recoveries(1000)
+        assert orphan in await store.due(1000)
+        await store.recover_at(orphan, job.read_at - 1)
+        await store.reschedule(orphan, None)
+        assert orphan not in await store.due_recoveries(1000)
+        assert orphan not in await store.due(1000)
+
+    async def test_due_is_bounded_by_limit(self, store: Any) -> None:
+        """due() returns at most ``limit`` keys, the longest-due first."""
+        keys = [key_for(f"limit{i}") for i in range(5)]
+        for key in keys:
+            await store.submit(key, "{}", "fp")
+        assert len(await store.due(3)) == 3
+
+    async def test_acquire_after_submit_keeps_the_spec(self, store: Any) -> None:
+        """Running a submitted job keeps its spec and fingerprint; a done job stays done."""
+        key = key_for("run-submitted")
+        await store.submit(key, '{"k": 1}', "fp")
+        fence = await own(store, key, fingerprint="fp")
+        await store.commit(fence, "r")
+        done = await store.get(key)  # acquire/commit answers may leave the big fields out
+        assert done is not None and done.spec == '{"k": 1}' and done.fingerprint == "fp"
+        again = await store.submit(key, '{"k": 1}', "fp")
+        assert again.status is Status.DONE and again.result == "r"
+
+    async def test_workers_are_listed_until_gone_or_expired(self, store: Any) -> None:
+        """A beating worker is listed; it disappears when gone or when its beat expires."""
+        from ai_lease.lease.base import WorkerInfo
+
+        alive = WorkerInfo(key_for("w1"), "host", 1, 2, 4, 0.0, 0.0)
+        brief = WorkerInfo(key_for("w2"), "host", 2, 0, 4, 0.0, 0.0)
+        await store.worker_beat(alive, 30)
+        await store.worker_beat(brief, 0.2)
+        listed = {w.worker_id: w for w in await store.list_workers()}
+        assert alive.worker_id in listed and listed[alive.worker_id].running == 2
+        await asyncio.sleep(0.4)
+        ids = {w.worker_id for w in await store.list_workers()}
+        assert alive.worker_id in ids and brief.worker_id not in ids
+        await store.worker_gone(alive.worker_id)
+        assert alive.worker_id not in {w.worker_id for w in await store.list_workers()}
+
+
+class DurationHistoryContract:
+    """Duration histograms kept by the store (``ai_lease.observe.history.DurationHistory``)."""
+
+    async def test_durations_add_up_across_writers(self, store: Any) -> None:
+        """Counts added by several nodes for one series are summed; series stay apart."""
+        series = ("default", "stage", key_for("stage"))
+        other = ("default", "first_token", "call_ai")
+        await store.add_durations({series: {3: 2, 10: 1}})
+        await store.add_durations({series: {3: 5}, other: {1: 1}})
+        loaded = await store.load_durations()
+        assert loaded[series] == {3: 7, 10: 1}
+        assert loaded[other][1] >= 1
