@@ -13,7 +13,8 @@ the client's CPU (``process_time``) per content event, median over the rounds (w
 min-max spread):
 
 * ``floor``          bare asyncio: ``open_connection``, write the request, ``read()`` to the end
-* ``aiohttp bare``   aiohttp ``content`` lines + orjson + ``choices[0].delta.content``
+* ``aiohttp bare``   aiohttp ``content`` lines + orjson + ``choices[0].delta.content``, with
+                     aiohttp's read timeout (``sock_read``) set, as the lean adapter sets it
 * ``compat raw`` / ``compat guard``  the lean adapter on aiohttp, direct / under the guard
 * ``httpx raw`` / ``httpx guard``    the lean adapter on httpx
 * ``sdk raw`` / ``sdk guard``        the official SDK iterated / ai_lease's SDK adapter guarded
@@ -144,7 +145,12 @@ class LineFramed(OpenAICompatProvider):
 
 
 def variants(base_url: str, port: int) -> tuple[dict[str, Variant], list[Any]]:
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    # The bare consumer keeps the read timeout a careful user sets (aiohttp's sock_read, the
+    # adapter's default 600 s), as the lean adapter does: the same guarantee on both sides.
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=None, sock_read=600.0),
+    )
     lean = OpenAICompatProvider(base_url=base_url, model="b", max_connections=2000)
     lean_httpx = OpenAICompatProvider(
         base_url=base_url, model="b", http="httpx", max_connections=2000

@@ -7,21 +7,15 @@ brought, decoded, and ``b""`` at the body's end. The aiohttp path is aiohttp's
 of ``aiter_raw()`` (``aiter_bytes()`` for a server that compresses although identity was
 asked).
 
-The aiohttp path keeps its read timeout itself, lazily: aiohttp's ``sock_read`` cancels and
-re-arms a timer on every network read (measured ~4 µs of a ~50 µs paced event), where
-:class:`_ReadDeadline` is one timer per stream that wakes every eighth of the timeout and
-fails the body with aiohttp's own ``SocketTimeoutError`` once no byte came for the whole
-timeout (so it fires between 1 and 1.125 timeouts after the last byte). The wait for the
-answer's head is bounded the same, with the same error.
+Read timeouts are the libraries': aiohttp's ``sock_read`` (no byte for ``read_timeout``
+seconds, the answer's head included) and httpx's read timeout.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from typing import Any
 
 import aiohttp
 import httpx
@@ -34,7 +28,6 @@ __all__ = ["Read", "aiohttp_reads", "check_answer", "http_path", "httpx_reads", 
 log = logging.getLogger("ai_lease.providers.openai_compat")  # the adapter's own log, as before
 Read = Callable[[], Awaitable[bytes]]
 _ERROR_BODY = 64 * 1024  # how much of an error answer is read for its message
-_TIMED_OUT = "Timeout on reading data from socket"  # aiohttp's own words for sock_read
 
 
 async def check_answer(
@@ -74,8 +67,12 @@ async def aiohttp_reads(
     """The event stream's reads through aiohttp, after its status and type are checked;
     ``shown_url`` is ``url`` as the log may show it (no password); no byte for
     ``read_timeout`` seconds fails the stream (see the module's docstring)."""
-    post = session.post(url, data=body, headers=headers, allow_redirects=False)
-    async with await _head_within(post, read_timeout) as response:
+    connect = session.timeout.sock_connect  # a request's timeout replaces the session's whole
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=connect, sock_read=read_timeout or None
+    )
+    post = session.post(url, data=body, headers=headers, allow_redirects=False, timeout=timeout)
+    async with post as response:
         # The exchange in one line, as httpx logs its own (never a header, so never a key)
         log.debug("HTTP Request: POST %s %d %s", shown_url, response.status, response.reason)
         content = response.content
@@ -86,14 +83,7 @@ async def aiohttp_reads(
             "text/event-stream",
             lambda: _head_of(content, _ERROR_BODY),
         )
-        if not read_timeout:
-            yield content.readany
-            return
-        deadline = _ReadDeadline(content, read_timeout)
-        try:
-            yield content.readany
-        finally:
-            deadline.cancel()
+        yield content.readany
 
 
 @contextlib.asynccontextmanager
@@ -123,7 +113,7 @@ async def httpx_reads(
 
 def new_session(max_connections: int, connect_timeout: float) -> aiohttp.ClientSession:
     """A provider's one aiohttp session (made inside the running loop that uses it); its
-    read timeout is kept per stream by :func:`aiohttp_reads`."""
+    read timeout is set per stream by :func:`aiohttp_reads`."""
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0)
     return aiohttp.ClientSession(
         connector=connector,
@@ -142,42 +132,6 @@ def http_path(http: str, client: httpx.AsyncClient | None) -> str:
     if http == "auto":
         return "httpx" if client is not None else "aiohttp"
     return "httpx" if http == "httpx" else "aiohttp"
-
-
-class _ReadDeadline:
-    """A body's read timeout as one lazy timer (see the module's docstring)."""
-
-    __slots__ = ("_content", "_handle", "_loop", "_seen", "_since", "_timeout")
-
-    def __init__(self, content: aiohttp.StreamReader, timeout: float) -> None:
-        self._content, self._timeout = content, timeout
-        self._loop = asyncio.get_running_loop()
-        self._seen, self._since = content.total_bytes, self._loop.time()
-        self._handle = self._loop.call_later(timeout / 8, self._wake)
-
-    def _wake(self) -> None:
-        now = self._loop.time()
-        if self._content.total_bytes != self._seen:  # bytes came: the clock starts again
-            self._seen, self._since = self._content.total_bytes, now
-        elif now - self._since >= self._timeout:
-            self._content.set_exception(aiohttp.SocketTimeoutError(_TIMED_OUT))
-            return
-        self._handle = self._loop.call_later(self._timeout / 8, self._wake)
-
-    def cancel(self) -> None:
-        self._handle.cancel()
-
-
-async def _head_within(post: Any, timeout: float | None) -> aiohttp.ClientResponse:
-    """The answer's head (``post`` sent), waited for at most ``timeout``."""
-    try:
-        async with asyncio.timeout(timeout or None):
-            response: aiohttp.ClientResponse = await post
-    except TimeoutError as exc:
-        if isinstance(exc, aiohttp.ClientError):  # aiohttp's own (a connect timeout)
-            raise
-        raise aiohttp.SocketTimeoutError(_TIMED_OUT) from None
-    return response
 
 
 async def _head_of(content: aiohttp.StreamReader, limit: int) -> bytes:
