@@ -165,6 +165,30 @@ async def test_refused_renewal_raises_lease_lost(store: SQLiteStore) -> None:
     assert events[-1].kind == "renew_refused"
 
 
+async def test_a_refusal_met_after_the_commit_landed_stops_nothing(store: SQLiteStore) -> None:
+    """A renewal refused because the owner's own commit landed first (``not_running``): once
+    the commit is on its way its answer decides, so the refusal is reported, never raised."""
+    keeper, _, clock, events = await _keeper(store)
+    keeper.commit_started()
+    await store.commit(keeper.fence, '"the answer"')
+    clock.now += 5
+    await keeper.tick()  # before the fix: LeaseLost (not_running), cancelling the commit
+    assert events[-1].kind == "renew_refused" and "not_running" in events[-1].detail
+
+
+async def test_after_the_commit_started_the_keeper_sends_no_renewal(store: SQLiteStore) -> None:
+    """The run loop parks once the commit is being sent: no renewal goes out after it."""
+    keeper, _, clock, events = await _keeper(store)
+    keeper.commit_started()
+    clock.now += 6  # a renewal is due
+    run = asyncio.create_task(keeper.run())
+    await asyncio.sleep(0.05)
+    assert not run.done() and not [e for e in events if e.kind.startswith("renew")]
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+
 class UnreachableStore(SQLiteStore):
     """A real store whose renewals fail as if the network were down."""
 

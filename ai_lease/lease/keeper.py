@@ -8,7 +8,10 @@ clock) with the current stage's ``max_no_progress``:
   a snapshot of where the work is stuck goes into the job record, and the stall policy
   decides: ``expire`` (let the lease lapse), ``release`` (step down at once) — both raise
   :class:`Stalled`, cancelling the work — or ``alert`` (keep renewing, record and count);
-* renewal refused (lease lost, newer token): raise :class:`LeaseLost` at once;
+* renewal refused (lease lost, newer token): raise :class:`LeaseLost` at once — unless the
+  owner's fenced commit is on its way (:meth:`LeaseKeeper.commit_started`): from then on the
+  commit's own answer decides (the store fences it), so the keeper stops renewing and a
+  refusal it meets (``not_running``: the commit landed first) stops nothing;
 * store unreachable: keep trying, and raise :class:`LeaseLost` before the lease could have
   lapsed (``self_fence_margin`` ahead, on the local monotonic clock, counted from when the
   last successful renewal was *sent*): the owner fences itself.
@@ -64,6 +67,7 @@ class LeaseKeeper:
         self.work: asyncio.Task[Any] | None = None  # the task to snapshot when stalled
         self.started_at = self.clock()  # renewals are due every renew_interval from here
         self._emit = on_event or (lambda event: None)
+        self._committing = False
 
     # -- local checks (cheap; used by the pipeline before any side effect) ---------------------
 
@@ -84,6 +88,11 @@ class LeaseKeeper:
             self._event("self_fenced", detail=f"{late:.2f}s past the self-fence point")
             raise self.self_fence.lost(late)
 
+    def commit_started(self) -> None:
+        """The owner's fenced commit is being sent: its answer, not the keeper, decides now.
+        No renewal is sent after this, and one already in flight cannot stop the work."""
+        self._committing = True
+
     # -- the loop -----------------------------------------------------------------------------
 
     def first_wake(self) -> float:
@@ -97,6 +106,8 @@ class LeaseKeeper:
         while True:
             wake = min(next_tick, self.fence_at)
             await asyncio.sleep(max(0.0, wake - self.clock()))
+            if self._committing:  # parked until the work (the commit) is over
+                await asyncio.Future()
             self.ensure_lease()
             if self.clock() >= next_tick:
                 next_tick += self.timings.renew_interval
@@ -133,6 +144,8 @@ class LeaseKeeper:
             return
         if not answer.ok:
             self._event("renew_refused", detail=answer.reason or "")
+            if self._committing:  # the commit's answer decides (see the module docstring)
+                return
             raise LeaseLost.refused(self.fence, answer.reason)
         self.self_fence.valid_until = sent + answer.lease_remaining
         moved = self.progress.version - self.reported_version

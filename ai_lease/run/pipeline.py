@@ -165,6 +165,7 @@ class StageContext:
             self.ensure_lease()
         blob = orjson.dumps(value).decode()
         await self.fault("before_commit")
+        self.keeper.commit_started()
         return await fenced_commit(
             self.store, self.fence, blob, finish_reason=self.finish_reason, after=self._committed
         )
