@@ -18,7 +18,7 @@ import orjson
 
 from ai_lease.errors import CorruptRecord, JobSpecError
 
-__all__ = ["Health", "Job", "JobState", "Status", "fingerprint", "validate_key"]
+__all__ = ["Health", "Job", "JobState", "RunFacts", "Status", "fingerprint", "validate_key"]
 
 _KEY = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
 
@@ -140,9 +140,28 @@ class Health(enum.StrEnum):
     """The seed's four owner states: heartbeat fresh or not x progress fresh or not."""
 
     HEALTHY = "healthy"  # heartbeat ok, progress ok: keep renewing
-    NODE_LOST = "node lost"  # heartbeat lapsed, progress unknown: wait for the lease to lapse
+    NODE_LOST = "node lost"  # heartbeat stale, progress still fresh (or unknown): wait
     ZOMBIE = "zombie"  # heartbeat ok, progress timed out: stop renewing
-    DEAD = "dead"  # heartbeat lapsed and progress timed out: take over
+    DEAD = "dead"  # heartbeat stale and progress timed out: take over
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What one attempt ran, as its commit or fail records it: the model call's provider,
+    model and token usage, its first-token time, and each stage's duration (seconds)."""
+
+    provider: str | None = None
+    model: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    first_token_s: float | None = None
+    stage_durations: Mapping[str, float] = field(default_factory=dict)
+
+    def durations_json(self) -> str | None:
+        """``stage_durations`` as the record stores it (None when empty)."""
+        if not self.stage_durations:
+            return None
+        return orjson.dumps({k: round(v, 6) for k, v in self.stage_durations.items()}).decode()
 
 
 @dataclass(frozen=True)
@@ -160,10 +179,15 @@ class JobState:
     lease_expires_at: float | None = None
     max_no_progress: float | None = None
     stall_policy: str = "expire"
-    attempts: int = 0
-    takeovers: int = 0
+    renew_interval: float | None = None  # the owner's renew interval (acquire, renew)
+    attempts: int = 0  # acquisitions that started an attempt (same-node retries too)
+    takeovers: int = 0  # acquisitions by another node after a lapse, release or stall
+    takeover_cause: str | None = None  # the last takeover's: expired | released | stalled
+    stalled_attempt: int = 0  # the last attempt the store saw stall (renew, report_stall)
     missed_renewals: int = 0
     last_error: str | None = None
+    last_error_attempt: int | None = None  # which attempt wrote last_error
+    last_error_owner: str | None = None  # and which owner (node id#n.random)
     stall_snapshot: str | None = None
     fingerprint: str | None = None
     spec: str | None = None  # the job's payload as JSON, for workers (set by submit)
@@ -174,6 +198,14 @@ class JobState:
     started_at: float | None = None  # first acquisition (store clock): the job deadline's start
     # Why the model stopped, when the commit said ("length": a whole answer, capped).
     finish_reason: str | None = None
+    finished_at: float | None = None  # commit or fail (store clock)
+    # What ran (RunFacts), as the last commit or fail recorded it.
+    provider: str | None = None
+    model: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    first_token_s: float | None = None
+    stage_durations: str | None = None  # a JSON object: stage name -> seconds
 
     @property
     def lease_remaining(self) -> float:
@@ -198,20 +230,29 @@ class JobState:
             return None
         return self.read_at - self.last_progress_at
 
-    def health(self, grace: float = 0.0) -> Health | None:
-        """The seed's four-state judgement for a RUNNING job (None otherwise).
+    def health(self, grace: float | None = None) -> Health | None:
+        """The seed's four-state judgement for a RUNNING job (None otherwise; section 16).
 
-        ``grace`` is the renew interval: the store learns of progress only at renewals.
+        Heartbeat fresh: ``since_heartbeat <= renew_interval + grace``; progress fresh:
+        ``since_progress <= max_no_progress + grace``. ``grace`` defaults to the record's
+        renew interval (the store learns of progress only at renewals). A record without
+        a renew interval (written before it was kept) judges the heartbeat by its lease.
         """
         if self.status is not Status.RUNNING:
             return None
+        slack = (self.renew_interval or 0.0) if grace is None else grace
+        beat = self.since_heartbeat
+        if self.renew_interval is None or beat is None:
+            alive = self.lease_live
+        else:
+            alive = beat <= self.renew_interval + slack
         idle = self.since_progress
         stuck = (
             idle is not None
             and self.max_no_progress is not None
-            and idle > self.max_no_progress + grace
+            and idle > self.max_no_progress + slack
         )
-        if self.lease_live:
+        if alive:
             return Health.ZOMBIE if stuck else Health.HEALTHY
         return Health.DEAD if stuck else Health.NODE_LOST
 
@@ -241,7 +282,16 @@ class JobState:
         """A JSON-ready view (status as its name)."""
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out["status"] = self.status.value
+        out["stage_durations"] = self.durations
         return out
+
+    @property
+    def durations(self) -> dict[str, float] | None:
+        """``stage_durations`` decoded (None when the record has none)."""
+        if self.stage_durations is None:
+            return None
+        value: dict[str, float] = orjson.loads(self.stage_durations)
+        return value
 
 
 _FIELD_KINDS: dict[str, str] = {
@@ -254,11 +304,16 @@ _FIELD_KINDS: dict[str, str] = {
     "last_progress_at": "time",
     "lease_expires_at": "time",
     "max_no_progress": "time",
+    "renew_interval": "time",
     "stall_policy": "policy",
     "attempts": "int",
     "takeovers": "int",
+    "takeover_cause": "str",
+    "stalled_attempt": "int",
     "missed_renewals": "int",
     "last_error": "str",
+    "last_error_attempt": "count",
+    "last_error_owner": "str",
     "stall_snapshot": "str",
     "fingerprint": "str",
     "spec": "str",
@@ -267,6 +322,13 @@ _FIELD_KINDS: dict[str, str] = {
     "updated_at": "time0",
     "started_at": "time",
     "finish_reason": "str",
+    "finished_at": "time",
+    "provider": "str",
+    "model": "str",
+    "prompt_tokens": "count",
+    "completion_tokens": "count",
+    "first_token_s": "time",
+    "stage_durations": "json",
 }
 
 
@@ -296,6 +358,25 @@ def _int(value: Any) -> int:
     return 0 if value is None or value == "" else int(value)
 
 
+def _count(value: Any) -> int | None:
+    """An optional count: None when unset."""
+    if isinstance(value, float | bool):
+        raise TypeError(value)
+    return None if value is None or value == "" else int(value)
+
+
+def _json(value: Any) -> str | None:
+    """A JSON object field: stored as text (Redis) or as the object itself (SQLite's
+    record is JSON); kept as its text, checked to be an object."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, dict):
+        return orjson.dumps(value).decode()
+    if value.__class__ is not str or not isinstance(orjson.loads(value), dict):
+        raise TypeError(value)
+    return str(value)
+
+
 def _time(value: Any) -> float | None:
     if isinstance(value, bool):
         raise TypeError(value)
@@ -317,6 +398,8 @@ _CONVERTERS: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
             "policy": _policy,
             "str": _str,
             "int": _int,
+            "count": _count,
+            "json": _json,
             "time": _time,
             "time0": _time0,
         }[kind],

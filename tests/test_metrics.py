@@ -105,7 +105,8 @@ def test_events_map_to_the_seed_metrics() -> None:
         Event("renew_failed", **tick, detail="store unreachable"),
         Event("renew_failed", "k", detail="store unreachable while competing"),  # not a tick
         Event("stalled", **tick, detail="expire: …"),
-        Event("takeover", "k", "o2", 4, detail="previous attempts 1"),
+        Event("acquired", "k", "o2", 4, detail="attempt 2 (takeover)"),
+        Event("takeover", "k", "o2", 4, detail="previous attempts 1", attrs={"cause": "stalled"}),
         Event("false_takeover", **tick | {"stage": "parse"}, detail="slow_not_stuck", value=2.0),
         Event("stage_done", **tick | {"stage": "parse"}, value=0.02),
         Event("committed", "k", "o", 3, value=12.5, attrs={"progress": 2}),
@@ -121,7 +122,9 @@ def test_events_map_to_the_seed_metrics() -> None:
     assert sample(m, "owner_lease_renew_rejected_total", reason="other") == 1
     assert sample(m, "owner_no_progress_timeout_total", stage="call_ai") == 1
     assert sample(m, "owner_no_progress_timeout_total", stage="load") == 0
-    assert sample(m, "owner_takeover_total") == 1
+    assert sample(m, "owner_takeover_total", cause="stalled") == 1
+    assert sample(m, "owner_takeover_total", cause="expired") == 0
+    assert sample(m, "job_attempts_total") == 1
     assert sample(m, "owner_false_takeover_total", stage="parse") == 1
     assert sample(m, "owner_stage_duration_count", stage="parse") == 1
     assert sample(m, "owner_stage_duration_sum", stage="parse") == pytest.approx(0.02)
@@ -192,9 +195,10 @@ def test_pipelines_share_one_registry() -> None:
     """``for_pipeline`` labels another pipeline's samples on the same registry."""
     m = Metrics()
     etl = m.for_pipeline("etl")
-    etl(Event("takeover", "k", "o", 2))
-    assert m.registry.get_sample_value("owner_takeover_total", {"pipeline": "etl"}) == 1
-    assert sample(m, "owner_takeover_total") == 0
+    etl(Event("takeover", "k", "o", 2))  # no cause given: counted as other
+    etl_other = {"pipeline": "etl", "cause": "other"}
+    assert m.registry.get_sample_value("owner_takeover_total", etl_other) == 1
+    assert sample(m, "owner_takeover_total", cause="other") == 0
 
 
 # -- hot path ------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import orjson
 import pytest
 
 from ai_lease import CorruptRecord, Fence, Following, StoreUnavailable
@@ -214,3 +215,43 @@ async def test_aclose_does_not_block_the_event_loop(tmp_path: Path) -> None:
         other.execute("ROLLBACK")
         other.close()
     assert max(gaps) < 0.5, f"the event loop stalled {max(gaps):.2f}s in aclose()"
+
+
+async def test_record_written_before_the_new_fields_loads_and_runs_on(tmp_path: Path) -> None:
+    """A file from before renew_interval, takeover_cause and what-ran were kept: its jobs
+    read with those unset and carry on (the record is a JSON document: no column to add)."""
+    old = {
+        "schema": 1,
+        "status": "RUNNING",
+        "owner_id": "api-1#1.aa",
+        "token": 7,
+        "heartbeat_at": 1_800_000_000.0,
+        "last_progress_at": 1_800_000_000.0,
+        "lease_expires_at": 1_800_000_030.0,
+        "max_no_progress": 5.0,
+        "attempts": 1,
+        "takeovers": 0,
+        "created_at": 1_800_000_000.0,
+        "updated_at": 1_800_000_000.0,
+    }
+    conn = sqlite3.connect(tmp_path / "old.db")
+    conn.execute(
+        "CREATE TABLE ai_lease_jobs (key TEXT PRIMARY KEY, status TEXT NOT NULL,"
+        " lease_expires_at REAL, record BLOB NOT NULL)"
+    )
+    conn.execute(
+        "INSERT INTO ai_lease_jobs VALUES ('old', 'RUNNING', ?, ?)",
+        (old["lease_expires_at"], orjson.dumps(old)),
+    )
+    conn.commit()
+    conn.close()
+    clock = FakeClock(1_800_000_010.0)
+    store = SQLiteStore(tmp_path / "old.db", clock=clock)
+    try:
+        job = await store.get("old")
+        assert job is not None and job.renew_interval is None and job.takeover_cause is None
+        assert job.provider is None and job.durations is None and job.health(1.0) is not None
+        done = await store.commit(Fence("old", "api-1#1.aa", 7), '"ok"')
+        assert done.status.value == "DONE" and done.finished_at == clock.now
+    finally:
+        await store.aclose()

@@ -88,7 +88,7 @@ class _NoRelease:
     async def release(self, fence: object, **kwargs: object) -> bool:
         raise StoreUnavailable("test", "release", "unreachable")
 
-    async def fail(self, fence: object, reason: str) -> object:
+    async def fail(self, fence: object, reason: str, **facts: object) -> object:
         raise StoreUnavailable("test", "fail", "unreachable")
 
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from ai_lease.errors import CorruptRecord, CorruptSink
-from ai_lease.job import JobState
+from ai_lease.job import JobState, RunFacts
 from ai_lease.lease.refusal import Refusal
 
 __all__ = [
@@ -76,11 +76,14 @@ class Fence:
 
 @dataclass(frozen=True, slots=True)
 class Acquired:
-    """The caller owns the job. ``takeover`` is true when an earlier owner held it."""
+    """The caller owns the job. ``takeover`` is true when another node held it before
+    (a retry by the same node is an attempt, not a takeover); ``cause`` then says why it
+    was free: ``expired`` (its lease lapsed), ``released`` or ``stalled``."""
 
     fence: Fence
     takeover: bool
     job: JobState
+    cause: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,10 @@ class LeaseStore(Protocol):
         stall_policy: str = "expire",
         fingerprint: str | None = None,
         max_attempts: int | None = None,
-    ) -> AcquireOutcome: ...
+        renew_interval: float | None = None,
+    ) -> AcquireOutcome:
+        """``renew_interval`` (the owner's) is kept in the record, for its health."""
+        ...
 
     async def renew(
         self,
@@ -166,13 +172,20 @@ class LeaseStore(Protocol):
         ...
 
     async def commit(
-        self, fence: Fence, result: str, *, finish_reason: str | None = None
+        self,
+        fence: Fence,
+        result: str,
+        *,
+        finish_reason: str | None = None,
+        facts: RunFacts | None = None,
     ) -> JobState:
         """The job's one result, fenced and idempotent; ``finish_reason`` (the model's, e.g.
-        ``"length"`` for a capped answer) is kept in the record."""
+        ``"length"`` for a capped answer) and ``facts`` (what ran) are kept in the record."""
         ...
 
-    async def fail(self, fence: Fence, reason: str) -> JobState: ...
+    async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
+        """End the job FAILED with ``reason`` (fenced), keeping ``facts`` (what ran)."""
+        ...
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool: ...
 

@@ -27,7 +27,7 @@ import socket
 from collections.abc import Awaitable, Callable
 
 from ai_lease.errors import FencingRejected, LeaseLost, StoreUnavailable
-from ai_lease.job import JobState
+from ai_lease.job import JobState, RunFacts
 from ai_lease.lease.base import Fence, LeaseStore
 from ai_lease.observe.events import Event
 from ai_lease.retry import COMMIT_RESEND, resend
@@ -88,6 +88,7 @@ async def fenced_commit(
     blob: str,
     *,
     finish_reason: str | None = None,
+    facts: RunFacts | None = None,
     after: Callable[[JobState], Awaitable[None]] | None = None,
 ) -> JobState:
     """Write ``blob`` as the job's one result under ``fence``; resend after a lost reply
@@ -96,7 +97,7 @@ async def fenced_commit(
     the last :class:`StoreUnavailable` once the resends are used up."""
 
     async def send() -> JobState:
-        committed = await store.commit(fence, blob, finish_reason=finish_reason)
+        committed = await store.commit(fence, blob, finish_reason=finish_reason, facts=facts)
         if after is not None:
             await after(committed)
         return committed

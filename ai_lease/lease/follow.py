@@ -29,6 +29,7 @@ async def acquire_or_follow(
     stall_policy: str = "expire",
     fingerprint: str | None = None,
     max_attempts: int | None = None,
+    renew_interval: float | None = None,
     on_follow: Callable[[Following], Awaitable[None] | None] | None = None,
     on_send: Callable[[], None] | None = None,
 ) -> Acquired | Finished:
@@ -48,6 +49,7 @@ async def acquire_or_follow(
             stall_policy=stall_policy,
             fingerprint=fingerprint,
             max_attempts=max_attempts,
+            renew_interval=renew_interval,
         )
         if not isinstance(outcome, Following):
             return outcome

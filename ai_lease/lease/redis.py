@@ -25,7 +25,7 @@ from ai_lease.errors import (
     StoreUnavailable,
     skip_corrupt,
 )
-from ai_lease.job import JobState
+from ai_lease.job import JobState, RunFacts
 from ai_lease.lease import redis_scripts as lua
 from ai_lease.lease.base import (
     Acquired,
@@ -78,6 +78,7 @@ class RedisStore(RedisQueue, AsyncResource):
         stall_policy: str = "expire",
         fingerprint: str | None = None,
         max_attempts: int | None = None,
+        renew_interval: float | None = None,
     ) -> AcquireOutcome:
         args = [
             owner_id,
@@ -88,6 +89,7 @@ class RedisStore(RedisQueue, AsyncResource):
             "" if max_attempts is None else str(max_attempts),
             # After a data loss, a record this acquire re-creates gets its spec back.
             self._specs.get(key, "") if self.lost_data is not None else "",
+            "" if renew_interval is None else us(renew_interval),
         ]
         reply = await self._call("acquire", key, "ACQUIRE", args)
         kind = reply[0]
@@ -95,7 +97,9 @@ class RedisStore(RedisQueue, AsyncResource):
             raise JobConflict(key)
         if kind == "acquired":
             job = decode(key, reply[3:], reply[1])
-            return Acquired(Fence(key, owner_id, job.token), bool(reply[2]), job)
+            taken = bool(reply[2])
+            cause = job.takeover_cause if taken else None
+            return Acquired(Fence(key, owner_id, job.token), taken, job, cause)
         job = decode(key, reply[2:], reply[1])
         return Following(job) if kind == "following" else Finished(job)
 
@@ -137,9 +141,16 @@ class RedisStore(RedisQueue, AsyncResource):
         return bool(await self._call("release", fence.key, "RELEASE", args))
 
     async def _finish(
-        self, op: str, fence: Fence, status: str, field: str, value: str, reason: str = ""
+        self,
+        op: str,
+        fence: Fence,
+        status: str,
+        field: str,
+        value: str,
+        reason: str = "",
+        facts: RunFacts | None = None,
     ) -> JobState:
-        args = [fence.owner_id, fence.token, status, field, value, reason]
+        args = [fence.owner_id, fence.token, status, field, value, reason, *_facts_args(facts)]
         reply = await self._call(op, fence.key, "FINISH", args)
         if reply[0] == "rejected":
             current = _current(fence, reply[2], reply[3]) if reply[2] else None
@@ -151,12 +162,19 @@ class RedisStore(RedisQueue, AsyncResource):
         return decode(fence.key, reply[2:], reply[1], extra, names)
 
     async def commit(
-        self, fence: Fence, result: str, *, finish_reason: str | None = None
+        self,
+        fence: Fence,
+        result: str,
+        *,
+        finish_reason: str | None = None,
+        facts: RunFacts | None = None,
     ) -> JobState:
-        return await self._finish("commit", fence, "DONE", "result", result, finish_reason or "")
+        reason = finish_reason or ""
+        return await self._finish("commit", fence, "DONE", "result", result, reason, facts)
 
-    async def fail(self, fence: Fence, reason: str) -> JobState:
-        return await self._finish("fail", fence, "FAILED", "last_error", clip(reason) or "")
+    async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
+        text = clip(reason) or ""
+        return await self._finish("fail", fence, "FAILED", "last_error", text, facts=facts)
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
         args = [fence.owner_id, fence.token, stage or "", clip(snapshot) or ""]
@@ -247,6 +265,21 @@ class RedisStore(RedisQueue, AsyncResource):
 
     def __repr__(self) -> str:
         return f"RedisStore({self.where!r}, namespace={self._ns!r})"
+
+
+def _facts_args(facts: RunFacts | None) -> list[str]:
+    """FINISH's ARGV for what ran ('' = not known: the record keeps what it had)."""
+    if facts is None:
+        return [""] * 6
+    first = "" if facts.first_token_s is None else us(facts.first_token_s)
+    counts = (facts.prompt_tokens, facts.completion_tokens)
+    return [
+        facts.provider or "",
+        facts.model or "",
+        *("" if n is None else str(n) for n in counts),
+        first,
+        facts.durations_json() or "",
+    ]
 
 
 def _current(fence: Fence, token: Any, owner: Any) -> Fence:

@@ -24,6 +24,9 @@ _TIME_FIELDS = frozenset(
         "created_at",
         "updated_at",
         "started_at",
+        "renew_interval",
+        "finished_at",
+        "first_token_s",
     }
 )
 

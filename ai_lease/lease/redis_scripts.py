@@ -28,6 +28,9 @@ LEAN_FIELDS = (
     *("stage", "progress_version", "heartbeat_at", "last_progress_at", "max_no_progress"),
     *("stall_policy", "attempts", "takeovers", "missed_renewals", "last_error"),
     *("fingerprint", "created_at", "updated_at", "started_at", "finish_reason"),
+    *("renew_interval", "takeover_cause", "stalled_attempt", "last_error_attempt"),
+    *("last_error_owner", "finished_at", "provider", "model", "prompt_tokens"),
+    *("completion_tokens", "first_token_s", "stage_durations"),
 )
 
 
@@ -75,6 +78,11 @@ end
 local function unindex(k)
   if KEYS[3] then redis.call('ZREM', KEYS[3], k) end
 end
+local function node_of(o)  -- an owner id's node: the part before its last '#'
+  local n = string.match(o, '^(.*)#[^#]*$')
+  if n == nil or n == '' then return o end
+  return n
+end
 local function ended(status)  -- a terminal status: DONE, FAILED or CANCELLED
   return status == 'DONE' or status == 'FAILED' or status == 'CANCELLED'
 end
@@ -95,7 +103,9 @@ end
 
 # KEYS: job, events[, lease index] · ARGV: owner, ttl_us, max_no_progress_us, stall_policy,
 # fingerprint ('' none), max_attempts ('' none), spec ('' none: written only into a record
-# this call creates, i.e. one re-created after the store lost its data)
+# this call creates, i.e. one re-created after the store lost its data), renew_interval_us
+# ('' none) · takeover: another node's earlier owner (a same-node retry is an attempt only),
+# its cause (expired | released | stalled) written to takeover_cause
 # returns {'acquired', now, takeover(0|1), fields...} | {'following', now, fields...}
 #       | {'finished', now, fields...} | {'conflict'} | error AILEASE_CORRUPT
 ACQUIRE = (
@@ -104,12 +114,12 @@ ACQUIRE = (
 local k, owner = KEYS[1], ARGV[1]
 local ttl, fp, maxatt = tonumber(ARGV[2]), ARGV[5], tonumber(ARGV[6])
 local v = redis.call('HMGET', k, 'schema', 'status', 'owner_id', 'token', 'lease_expires_at',
-  'fingerprint', 'attempts', 'takeovers', 'last_error', 'started_at')
+  'fingerprint', 'attempts', 'takeovers', 'last_error', 'started_at', 'stalled_attempt')
 local ok = ours(k, v[1])
 if type(ok) == 'table' then return ok end
 local now = now_us()
 local at = fmt(now)
-local prev, attempts, takeovers, had_owner, last_error = 0, 0, 0, false, ''
+local prev, attempts, takeovers, cause, last_error = 0, 0, 0, nil, ''
 local first = {}  -- the fields a new record (or one without a fingerprint yet) gets
 if ok then
   if fp ~= '' and v[6] and v[6] ~= '' and v[6] ~= fp then return {'conflict'} end
@@ -121,7 +131,16 @@ if ok then
     return {'following', at, unpack(lean(k))}
   end
   prev, attempts, takeovers = num(v[4]), num(v[7]), num(v[8])
-  had_owner, last_error = (v[3] and v[3] ~= ''), (v[9] or '')
+  last_error = v[9] or ''
+  if v[3] and v[3] ~= '' and node_of(v[3]) ~= node_of(owner) then
+    if num(v[11]) > 0 and num(v[11]) == attempts then
+      cause = 'stalled'
+    elseif v[2] == 'PENDING' then
+      cause = 'released'
+    else
+      cause = 'expired'
+    end
+  end
   if fp ~= '' and (not v[6] or v[6] == '') then first = {'fingerprint', fp} end
 else
   first = {'schema', '1', 'created_at', at, 'fingerprint', fp}
@@ -140,16 +159,16 @@ if maxatt and attempts >= maxatt then
   unindex(k)
   return {'finished', at, unpack(redis.call('HGETALL', k))}
 end
-if had_owner then takeovers = takeovers + 1 end
 local w = {'status', 'RUNNING', 'owner_id', owner, 'token', fmt(math.max(prev + 1, now)),
   'stage', '', 'progress_version', '0', 'heartbeat_at', at, 'last_progress_at', at,
   'lease_expires_at', fmt(now + ttl), 'max_no_progress', ARGV[3], 'stall_policy', ARGV[4],
-  'attempts', fmt(attempts + 1), 'takeovers', fmt(takeovers), 'updated_at', at}
+  'attempts', fmt(attempts + 1), 'updated_at', at, 'renew_interval', ARGV[8] or ''}
+if cause then add(w, 'takeovers', fmt(takeovers + 1)); add(w, 'takeover_cause', cause) end
 if (v[10] or '') == '' then add(w, 'started_at', at) end  -- the job deadline starts here
 write(w)
 index_lease(k, now + ttl)
 if not ok then return {'acquired', at, 0, unpack(w)} end  -- a new record: all it holds
-return {'acquired', at, had_owner and 1 or 0, unpack(lean(k))}
+return {'acquired', at, cause and 1 or 0, unpack(lean(k))}
 """
 )
 
@@ -166,13 +185,14 @@ local mine = num(v[3]) == token and ok and v[2] == owner
 """
 
 # KEYS: job, events · ARGV: owner, token, ttl_us, stage, progress_version, max_no_progress_us,
-# grace_us · returns {'ok', lease_remaining_us, stalled(0|1)}
+# grace_us (the owner's renew interval: kept as renew_interval) · a stall is written to
+# stalled_attempt · returns {'ok', lease_remaining_us, stalled(0|1)}
 #       | {refusal, lease_remaining_us, current_token, current_owner}
 # refusals (ai_lease.lease.refusal.Refusal): missing, not_owner, not_running, expired, no_progress
 RENEW = (
     _PRELUDE
     + "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema',\n"
-    + "  'progress_version', 'last_progress_at', 'stall_policy'}\n"
+    + "  'progress_version', 'last_progress_at', 'stall_policy', 'attempts'}\n"
     + _FENCE_CHECK
     + r"""
 if not ok then return {'missing', 0, '', ''} end
@@ -184,10 +204,11 @@ local version, last = num(v[6]), num(v[7])
 if last == 0 then last = now end
 if tonumber(ARGV[5]) > version then version, last = tonumber(ARGV[5]), now end
 local w = {'stage', ARGV[4], 'max_no_progress', ARGV[6], 'progress_version', fmt(version),
-  'last_progress_at', fmt(last), 'updated_at', fmt(now)}
+  'last_progress_at', fmt(last), 'updated_at', fmt(now), 'renew_interval', ARGV[7]}
 local stalled = (now - last) > (tonumber(ARGV[6]) + tonumber(ARGV[7]))
 if stalled then
   redis.call('HINCRBY', k, 'missed_renewals', 1)
+  add(w, 'stalled_attempt', fmt(num(v[9])))
   if v[8] ~= 'alert' then
     redis.call('HSET', k, unpack(w))
     return {'no_progress', fmt(expires - now), v[3], v[2]}
@@ -202,7 +223,8 @@ return {'ok', ARGV[3], stalled and 1 or 0}
 )
 
 # KEYS: job, events · ARGV: owner, token, error ('' keep), snapshot ('' keep),
-# interrupted ('1': give the attempt back) · returns 1 | 0
+# interrupted ('1': give the attempt back) · an error names its attempt and owner
+# (last_error_attempt, last_error_owner); a snapshot marks the attempt stalled · returns 1 | 0
 RELEASE = (
     _PRELUDE
     + _FENCE
@@ -210,11 +232,17 @@ RELEASE = (
     + r"""
 if not mine or v[1] ~= 'RUNNING' then return 0 end
 redis.call('HSET', k, 'status', 'PENDING', 'lease_expires_at', fmt(now), 'updated_at', fmt(now))
-if ARGV[3] ~= '' then redis.call('HSET', k, 'last_error', ARGV[3]) end
-if ARGV[4] ~= '' then redis.call('HSET', k, 'stall_snapshot', ARGV[4]) end
+local attempt = redis.call('HGET', k, 'attempts') or '0'
+if ARGV[3] ~= '' then
+  redis.call('HSET', k, 'last_error', ARGV[3], 'last_error_attempt', attempt,
+    'last_error_owner', owner)
+end
+if ARGV[4] ~= '' then
+  redis.call('HSET', k, 'stall_snapshot', ARGV[4], 'stalled_attempt', attempt)
+end
 index_lease(k, now)  -- free at once: the next sweep takes it first
 if ARGV[5] == '1' then  -- interrupted, not failed: the attempt is handed back
-  redis.call('HSET', k, 'attempts', fmt(math.max(0, num(redis.call('HGET', k, 'attempts')) - 1)))
+  redis.call('HSET', k, 'attempts', fmt(math.max(0, num(attempt) - 1)))
 end
 redis.call('PUBLISH', KEYS[2], 'PENDING')
 return 1
@@ -222,7 +250,9 @@ return 1
 )
 
 # KEYS: job, events · ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
-# finish reason ('' = none; kept on a DONE record)
+# finish reason ('' = none; kept on a DONE record), then what ran ('' = keep): provider, model,
+# prompt_tokens, completion_tokens, first_token_us, stage_durations (JSON); sets finished_at;
+# a FAILED one names its attempt and owner (last_error_attempt, last_error_owner)
 # returns {'written', now, LEAN_FIELDS values...} (this call wrote it; nil: no such field)
 #       | {'ok', now, fields...} (it was already written: the whole record)
 #       | {'rejected', refusal, current_token, current_owner}
@@ -248,7 +278,24 @@ if not mine then return {'rejected', 'newer_owner', v[3], v[2]} end
 local at = fmt(now)
 local w = {'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '', 'updated_at', at}
 v[AT_STATUS], v[AT_LEASE_EXPIRES_AT], v[AT_UPDATED_AT] = ARGV[3], '', at
-if ARGV[4] == 'last_error' then v[AT_LAST_ERROR] = ARGV[5] end
+if ARGV[4] == 'last_error' then
+  v[AT_LAST_ERROR], v[AT_LAST_ERROR_ATTEMPT] = ARGV[5], v[AT_ATTEMPTS]
+  v[AT_LAST_ERROR_OWNER] = owner
+  add(w, 'last_error_attempt', v[AT_ATTEMPTS] or '0')
+  add(w, 'last_error_owner', owner)
+end
+add(w, 'finished_at', at)
+v[AT_FINISHED_AT] = at
+local facts = {{'provider', AT_PROVIDER}, {'model', AT_MODEL}, {'prompt_tokens', AT_PROMPT_TOKENS},
+  {'completion_tokens', AT_COMPLETION_TOKENS}, {'first_token_s', AT_FIRST_TOKEN_S},
+  {'stage_durations', AT_STAGE_DURATIONS}}
+for i, f in ipairs(facts) do
+  local value = ARGV[6 + i] or ''
+  if value ~= '' then
+    add(w, f[1], value)
+    v[f[2]] = value
+  end
+end
 if ARGV[3] == 'DONE' then  -- a final stage
   add(w, 'stage', 'done')
   v[AT_STAGE] = 'done'
@@ -264,15 +311,18 @@ return {'written', at, unpack(v)}  -- the record's LEAN_FIELDS values, as writte
 """
 )
 
-# KEYS: job, events · ARGV: owner, token, stage, snapshot · returns 1 | 0
+# KEYS: job, events · ARGV: owner, token, stage, snapshot (its first line becomes last_error,
+# named by attempt and owner; the attempt is marked stalled) · returns 1 | 0
 REPORT_STALL = (
     _PRELUDE
     + _FENCE
     + _FENCE_CHECK
     + r"""
 if not mine or ended(v[1]) then return 0 end
+local attempt = redis.call('HGET', k, 'attempts') or '0'
 redis.call('HSET', k, 'stall_snapshot', ARGV[4], 'stage', ARGV[3], 'updated_at', fmt(now),
-  'last_error', string.match(ARGV[4], '^[^\n]*'))
+  'last_error', string.match(ARGV[4], '^[^\n]*'), 'last_error_attempt', attempt,
+  'last_error_owner', owner, 'stalled_attempt', attempt)
 return 1
 """
 )
@@ -290,7 +340,7 @@ local now = now_us()
 if not ok then return {fmt(now)} end
 if not ended(redis.call('HGET', k, 'status')) then
   redis.call('HSET', k, 'status', 'CANCELLED', 'lease_expires_at', '', 'last_error', ARGV[1],
-    'updated_at', fmt(now))
+    'last_error_attempt', '', 'last_error_owner', '', 'updated_at', fmt(now))
   unindex(k)
   redis.call('PUBLISH', KEYS[2], 'CANCELLED')
 end

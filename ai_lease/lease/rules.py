@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from ai_lease.errors import FencingRejected, JobConflict
-from ai_lease.job import JobState, Status
+from ai_lease.job import JobState, RunFacts, Status
 from ai_lease.lease.base import (
     SNAPSHOT_LIMIT,
     Acquired,
@@ -41,6 +41,33 @@ def clip(text: str | None) -> str | None:
     return None if text is None else text[:SNAPSHOT_LIMIT]
 
 
+def node_of(owner_id: str) -> str:
+    """The node part of an owner id (``<node_id>#<n>.<random>``: before the last ``#``)."""
+    return owner_id.rpartition("#")[0] or owner_id
+
+
+def takeover_cause(rec: JobState, owner_id: str) -> str | None:
+    """Why ``owner_id`` acquiring ``rec`` is a takeover, or None when it is not one (no
+    earlier owner, or the same node retrying): ``stalled`` (the last attempt stalled),
+    ``released`` (handed back) or ``expired`` (its lease lapsed)."""
+    if rec.owner_id is None or node_of(rec.owner_id) == node_of(owner_id):
+        return None
+    if rec.stalled_attempt and rec.stalled_attempt == rec.attempts:
+        return "stalled"
+    return "released" if rec.status is Status.PENDING else "expired"
+
+
+def _errored(rec: JobState, error: str | None) -> dict[str, Any]:
+    """The fields that say ``error`` (None: keep the old one) came from ``rec``'s attempt."""
+    if error is None:
+        return {}
+    return {
+        "last_error": clip(error),
+        "last_error_attempt": rec.attempts,
+        "last_error_owner": rec.owner_id,
+    }
+
+
 def acquire(
     rec: JobState | None,
     key: str,
@@ -52,6 +79,7 @@ def acquire(
     stall_policy: str,
     fingerprint: str | None,
     max_attempts: int | None,
+    renew_interval: float | None = None,
 ) -> tuple[Change, AcquireOutcome]:
     if rec is not None:
         if fingerprint and rec.fingerprint and rec.fingerprint != fingerprint:
@@ -66,8 +94,12 @@ def acquire(
     if max_attempts is not None and base.attempts >= max_attempts:
         done = _gave_up(base, now, fingerprint)
         return done, Finished(done)
+    cause = takeover_cause(base, owner_id)
     new = _granted(base, owner_id, now, ttl, max_no_progress, stall_policy, fingerprint)
-    return new, Acquired(Fence.of(new), base.owner_id is not None, new)
+    new = replace(new, renew_interval=renew_interval)
+    if cause is not None:
+        new = replace(new, takeovers=base.takeovers + 1, takeover_cause=cause)
+    return new, Acquired(Fence.of(new), cause is not None, new, cause)
 
 
 def _gave_up(base: JobState, now: float, fingerprint: str | None) -> JobState:
@@ -107,7 +139,6 @@ def _granted(
         max_no_progress=max_no_progress,
         stall_policy=stall_policy,
         attempts=base.attempts + 1,
-        takeovers=base.takeovers + (1 if base.owner_id is not None else 0),
         started_at=now if base.started_at is None else base.started_at,
         fingerprint=base.fingerprint or fingerprint,
         updated_at=now,
@@ -150,6 +181,7 @@ def renew(
         rec,
         stage=stage,
         max_no_progress=max_no_progress,
+        renew_interval=grace,  # the keeper's grace is its renew interval
         progress_version=version,
         last_progress_at=last_progress,
         updated_at=now,
@@ -157,7 +189,7 @@ def renew(
     )
     stalled = now - last_progress > max_no_progress + grace
     if stalled:
-        base = replace(base, missed_renewals=rec.missed_renewals + 1)
+        base = replace(base, missed_renewals=rec.missed_renewals + 1, stalled_attempt=rec.attempts)
         if rec.stall_policy != "alert":
             remaining = max(0.0, (rec.lease_expires_at or now) - now)
             return base, Renewal(False, Refusal.NO_PROGRESS, remaining, current=fence)
@@ -176,15 +208,18 @@ def release(
 ) -> tuple[Change, bool]:
     if _refusal(rec, fence, now) not in (None, Refusal.EXPIRED) or rec is None:
         return None, False
+    marks = _errored(rec, error)
+    if snapshot is not None:  # a stall snapshot: this attempt stalled
+        marks["stalled_attempt"] = rec.attempts
     new = replace(
         rec,
+        **marks,
         # An interrupted owner (cancelled, not failed) gives its attempt back.
         attempts=max(0, rec.attempts - 1) if interrupted else rec.attempts,
         status=Status.PENDING,
         lease_expires_at=now,
         updated_at=now,
         read_at=now,
-        last_error=clip(error) if error is not None else rec.last_error,
         stall_snapshot=clip(snapshot) if snapshot is not None else rec.stall_snapshot,
     )
     return new, True
@@ -211,9 +246,11 @@ def finish(
     status: Status,
     value: str,
     finish_reason: str | None = None,
+    facts: RunFacts | None = None,
 ) -> tuple[Change, JobState]:
-    """End the job DONE (``value`` is the result) or FAILED (``value`` is the reason), fenced;
-    the same call repeated by the same owner returns the stored record (the FINISH script)."""
+    """End the job DONE (``value`` is the result) or FAILED (``value`` is the reason), fenced,
+    with ``facts`` (what ran) and ``finished_at``; the same call repeated by the same owner
+    returns the stored record (the FINISH script)."""
     if rec is None:
         raise _reject(rec, fence, Refusal.MISSING)
     mine = fence.holds(rec)
@@ -228,20 +265,51 @@ def finish(
     field: dict[str, Any] = (
         {"result": value, "stage": "done", "finish_reason": finish_reason or None}
         if done
-        else {"last_error": clip(value)}
+        else _errored(rec, value)
     )
-    new = replace(rec, status=status, lease_expires_at=None, updated_at=now, read_at=now, **field)
+    field.update(_facts(rec, facts))
+    new = replace(
+        rec,
+        status=status,
+        lease_expires_at=None,
+        updated_at=now,
+        read_at=now,
+        finished_at=now,
+        **field,
+    )
     return new, new
 
 
+def _facts(rec: JobState, facts: RunFacts | None) -> dict[str, Any]:
+    """The record's fields for ``facts`` (the FINISH script's: a fact not given is kept)."""
+    if facts is None:
+        return {}
+    given = {
+        "provider": facts.provider or None,
+        "model": facts.model or None,
+        "prompt_tokens": facts.prompt_tokens,
+        "completion_tokens": facts.completion_tokens,
+        "first_token_s": facts.first_token_s,
+        "stage_durations": facts.durations_json(),
+    }
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def commit(
-    rec: JobState | None, fence: Fence, now: float, result: str, finish_reason: str | None = None
+    rec: JobState | None,
+    fence: Fence,
+    now: float,
+    result: str,
+    finish_reason: str | None = None,
+    facts: RunFacts | None = None,
 ) -> tuple[Change, JobState]:
-    return finish(rec, fence, now, Status.DONE, result, finish_reason)
+    return finish(rec, fence, now, Status.DONE, result, finish_reason, facts)
 
 
-def fail(rec: JobState | None, fence: Fence, now: float, reason: str) -> tuple[Change, JobState]:
-    return finish(rec, fence, now, Status.FAILED, reason)
+def fail(
+    rec: JobState | None, fence: Fence, now: float, reason: str, facts: RunFacts | None = None
+) -> tuple[Change, JobState]:
+    return finish(rec, fence, now, Status.FAILED, reason, facts=facts)
 
 
 def cancel(rec: JobState | None, now: float, reason: str) -> tuple[Change, JobState | None]:
@@ -255,6 +323,8 @@ def cancel(rec: JobState | None, now: float, reason: str) -> tuple[Change, JobSt
         rec,
         status=Status.CANCELLED,
         lease_expires_at=None,
+        last_error_attempt=None,
+        last_error_owner=None,
         last_error=clip(reason),
         updated_at=now,
         read_at=now,
@@ -269,8 +339,9 @@ def report_stall(
         return None, False
     new = replace(
         rec,
+        **_errored(rec, snapshot.split("\n", 1)[0]),
+        stalled_attempt=rec.attempts,
         stall_snapshot=clip(snapshot),
-        last_error=clip(snapshot.split("\n", 1)[0]),
         stage=stage,
         updated_at=now,
         read_at=now,

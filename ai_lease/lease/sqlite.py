@@ -18,7 +18,7 @@ import sqlite3
 from typing import Any
 
 from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
-from ai_lease.job import JobState
+from ai_lease.job import JobState, RunFacts
 from ai_lease.lease import rules
 from ai_lease.lease.base import AcquireOutcome, Fence, Renewal
 from ai_lease.lease.sqlite_queue import SQLiteQueue
@@ -46,6 +46,7 @@ class SQLiteStore(SQLiteQueue, AsyncResource):
         stall_policy: str = "expire",
         fingerprint: str | None = None,
         max_attempts: int | None = None,
+        renew_interval: float | None = None,
     ) -> AcquireOutcome:
         return await self._transact(
             "acquire",
@@ -60,6 +61,7 @@ class SQLiteStore(SQLiteQueue, AsyncResource):
                 stall_policy=stall_policy,
                 fingerprint=fingerprint,
                 max_attempts=max_attempts,
+                renew_interval=renew_interval,
             ),
         )
 
@@ -105,17 +107,22 @@ class SQLiteStore(SQLiteQueue, AsyncResource):
         )
 
     async def commit(
-        self, fence: Fence, result: str, *, finish_reason: str | None = None
+        self,
+        fence: Fence,
+        result: str,
+        *,
+        finish_reason: str | None = None,
+        facts: RunFacts | None = None,
     ) -> JobState:
         return await self._transact(
             "commit",
             fence.key,
-            lambda rec, now: rules.commit(rec, fence, now, result, finish_reason),
+            lambda rec, now: rules.commit(rec, fence, now, result, finish_reason, facts),
         )
 
-    async def fail(self, fence: Fence, reason: str) -> JobState:
+    async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
         return await self._transact(
-            "fail", fence.key, lambda rec, now: rules.fail(rec, fence, now, reason)
+            "fail", fence.key, lambda rec, now: rules.fail(rec, fence, now, reason, facts)
         )
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:

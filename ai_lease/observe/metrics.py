@@ -51,6 +51,8 @@ STREAM_TIMEOUTS = {
     "StreamIdleTimeout": "idle",
     "StreamTotalTimeout": "total",
 }
+# Why a takeover's job was free (Acquired.cause); a takeover event without one reads OTHER.
+TAKEOVER_CAUSES = ("expired", "released", "stalled", OTHER)
 # Keeper ticks: one of these per renew interval while a job is owned.
 HEARTBEAT_KINDS = frozenset({"renewed", "renew_skipped", "renew_refused", "renew_failed"})
 
@@ -78,8 +80,9 @@ class Metrics:
     """The seed's metrics on one registry; call it with events (it is an ``EventSink``).
 
     >>> metrics = Metrics(pipeline="summaries")
-    >>> metrics(Event("takeover", "job-1", "node-b#2", 7))
-    >>> metrics.registry.get_sample_value("owner_takeover_total", {"pipeline": "summaries"})
+    >>> metrics(Event("takeover", "job-1", "node-b#2", 7, attrs={"cause": "expired"}))
+    >>> labels = {"pipeline": "summaries", "cause": "expired"}
+    >>> metrics.registry.get_sample_value("owner_takeover_total", labels)
     1.0
 
     ``pipeline`` labels every sample; runners of other pipelines can share the registry
@@ -124,7 +127,15 @@ class Metrics:
             "Owners that stalled: no progress within the stage's max_no_progress.",
             "stage",
         )
-        self.takeover = counter("owner_takeover_total", "Jobs acquired from a previous owner.")
+        self.takeover = counter(
+            "owner_takeover_total",
+            "Jobs another node acquired from a previous owner, by cause (expired, released, "
+            "stalled); a retry by the same node is an attempt, not a takeover.",
+            "cause",
+        )
+        self.attempts = counter(
+            "job_attempts_total", "Acquisitions that started an attempt (same-node retries too)."
+        )
         self.fencing_rejected = counter(
             "owner_fencing_rejected_total",
             "Writes rejected for a stale (token, owner) fence, by reason.",
@@ -168,8 +179,10 @@ class Metrics:
 
     def _zero(self, pipeline: str, stages: Iterable[str]) -> None:
         """Create the fixed-set series at 0, so the first increment shows in ``rate()``."""
-        for metric in (self.heartbeat, self.renewed, self.progress, self.takeover):
+        for metric in (self.heartbeat, self.renewed, self.progress, self.attempts):
             metric.labels(pipeline)
+        for cause in TAKEOVER_CAUSES:
+            self.takeover.labels(pipeline, cause)
         self.task_duration.labels(pipeline)
         self.stream_idle.labels(pipeline)
         for reason in RENEW_REASONS:
@@ -221,7 +234,11 @@ class Metrics:
         self.no_progress.labels(pipeline, self._stages(event.stage)).inc()
 
     def _takeover(self, event: Event, pipeline: str) -> None:
-        self.takeover.labels(pipeline).inc()
+        cause = (event.attrs or {}).get("cause")
+        self.takeover.labels(pipeline, cause if cause in TAKEOVER_CAUSES else OTHER).inc()
+
+    def _acquired(self, event: Event, pipeline: str) -> None:
+        self.attempts.labels(pipeline).inc()
 
     def _false_takeover(self, event: Event, pipeline: str) -> None:
         self.false_takeover.labels(pipeline, self._stages(event.stage)).inc()
@@ -260,6 +277,7 @@ _HANDLERS: dict[str, Callable[[Metrics, Event, str], None]] = {
     "renew_refused": Metrics._renew_refused,
     "stalled": Metrics._stalled,
     "takeover": Metrics._takeover,
+    "acquired": Metrics._acquired,
     "false_takeover": Metrics._false_takeover,
     "fenced": Metrics._fenced,
     "stage_done": Metrics._stage_done,

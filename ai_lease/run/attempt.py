@@ -28,7 +28,7 @@ from ai_lease.errors import (
     Stalled,
     StoreUnavailable,
 )
-from ai_lease.job import Job, JobState
+from ai_lease.job import Job, JobState, RunFacts
 from ai_lease.lease.base import Acquired, Fence, due_now
 from ai_lease.lease.fence import fenced_event
 from ai_lease.lease.keeper import LeaseKeeper, alongside
@@ -61,16 +61,16 @@ class Attempt:
         self.prepared, self.sent_at = prepared, sent_at
         self.fence = acquired.fence
         self.timings = runner.timings
+        self.ran: dict[str, Any] = {}  # what this attempt ran (the stage context's ``ran``)
 
     async def run(self) -> JobState | float:
         """Returns the DONE record, or how long to stand aside (following only) before
         competing again."""
         fence, record, takeover = self.fence, self.acquired.job, self.acquired.takeover
-        emit = self.runner.emit
         note = " (takeover)" if takeover else ""
-        emit("acquired", fence.key, fence, f"attempt {record.attempts}{note}")
-        if takeover:
-            emit("takeover", fence.key, fence, f"previous attempts {record.attempts - 1}")
+        self.runner.emit("acquired", fence.key, fence, f"attempt {record.attempts}{note}")
+        if takeover and self.runner.listening:
+            self.runner.emit_event(_takeover(fence, record, self.acquired.cause))
         # The job deadline runs from the first acquisition: queue time has its own bound.
         started = record.read_at if record.started_at is None else record.started_at
         if started - record.created_at > self.timings.queue_deadline:
@@ -137,6 +137,7 @@ class Attempt:
         started = progress.clock()
         keeper = self._keeper(progress)
         ctx = self._context(progress, keeper)
+        self.ran = ctx.ran
         deadline = asyncio.timeout(max(left, 0.0))
         try:
             async with deadline:
@@ -227,12 +228,28 @@ class Attempt:
         fence = self.fence
         reason = redact(reason)
         try:
-            await self.runner.store.fail(fence, reason)
+            if self.ran:  # what ran, when anything did
+                await self.runner.store.fail(fence, reason, facts=RunFacts(**self.ran))
+            else:
+                await self.runner.store.fail(fence, reason)
             self.runner.emit("failed", fence.key, fence, reason)
         except StoreUnavailable as exc:  # the lease lapses; the next attempt records it
             self.runner.emit("store_unavailable", fence.key, fence, str(exc))
         except FencingRejected as exc:
             self.runner.emit_event(fenced_event(fence, exc))
+
+
+def _takeover(fence: Fence, record: JobState, cause: str | None) -> Event:
+    """The ``takeover`` event: another node's job taken, and why it was free."""
+    detail = f"previous attempts {record.attempts - 1}; cause {cause or 'unknown'}"
+    return Event(
+        "takeover",
+        fence.key,
+        fence.owner_id,
+        fence.token,
+        detail=detail,
+        attrs={"cause": cause or "", "takeovers": record.takeovers},
+    )
 
 
 def _stepped_down(fence: Fence) -> Event:

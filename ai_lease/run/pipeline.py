@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from ai_lease.errors import JobSpecError, StageDeadlineExceeded
-from ai_lease.job import Job, JobState
+from ai_lease.job import Job, JobState, RunFacts
 from ai_lease.lease.base import Fence, LeaseStore
 from ai_lease.lease.fence import fenced_commit
 from ai_lease.lease.keeper import LeaseKeeper
@@ -108,6 +108,7 @@ class StageContext:
     deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
     emit: EventSink | None = None
     prepared: Mapping[str, Any] = field(default_factory=dict)  # outputs preflight worked out
+    ran: dict[str, Any] = field(default_factory=dict)  # what ran: RunFacts' fields, recorded
 
     def say(
         self,
@@ -167,7 +168,12 @@ class StageContext:
         await self.fault("before_commit")
         self.keeper.commit_started()
         return await fenced_commit(
-            self.store, self.fence, blob, finish_reason=self.finish_reason, after=self._committed
+            self.store,
+            self.fence,
+            blob,
+            finish_reason=self.finish_reason,
+            facts=RunFacts(**self.ran),
+            after=self._committed,
         )
 
     async def _committed(self, record: JobState) -> None:
@@ -271,8 +277,10 @@ async def _run_stage(
     if faults:
         hard.reschedule(None)
         await ctx.fault(f"after:{stage.name}")
+    took = tracker.clock() - started
+    ctx.ran.setdefault("stage_durations", {})[stage.name] = took  # kept in the record
     if emit is not None:
-        ctx.say("stage_done", stage=stage.name, value=tracker.clock() - started)
+        ctx.say("stage_done", stage=stage.name, value=took)
     return value
 
 

@@ -314,6 +314,7 @@ class _Rounds:
             stall_policy=runner.stall_policy.value,
             fingerprint=job.fingerprint(),
             max_attempts=runner.retry.attempts,
+            renew_interval=timings.renew_interval,  # kept in the record, for its health
         )
         if not self.follow:
             outcome = await runner.store.acquire(job.key, self.owner_id, **kwargs)

@@ -103,6 +103,7 @@ async def call_ai(ctx: StageContext) -> Completion:
 
     completion = await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
     _report(ctx, provider, completion)
+    _record(ctx, provider, request, completion)
     ctx.finish_reason = completion.finish_reason
     if completion.finish_reason == "length":  # a whole answer, but capped: say so
         ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
@@ -116,7 +117,7 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
         ctx.tracker,
         limits=ctx.stream_limits,
         # said as the first content arrives, so a watcher sees it while the answer streams
-        on_first_token=lambda s: ctx.say("first_token", provider.name, value=s),
+        on_first_token=lambda s: _first_token(ctx, provider, s),
     )
     try:
         return await guard.call(provider, request)
@@ -131,6 +132,22 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
     finally:
         if guard.chunks > 1:
             ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
+
+
+def _first_token(ctx: StageContext, provider: Provider, seconds: float) -> None:
+    ctx.ran["first_token_s"] = seconds  # kept in the record
+    ctx.say("first_token", provider.name, value=seconds)
+
+
+def _record(
+    ctx: StageContext, provider: Provider, request: ChatRequest, completion: Completion
+) -> None:
+    """What ran, for the record the commit writes: provider, model and token usage."""
+    usage = completion.usage
+    model = request.model or getattr(provider, "model", None)
+    ctx.ran.update(provider=provider.name, model=model if isinstance(model, str) else None)
+    if usage is not None:
+        ctx.ran.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
 
 
 def _report(ctx: StageContext, provider: Provider, completion: Completion) -> None:

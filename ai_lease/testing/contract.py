@@ -34,13 +34,14 @@ from ai_lease.lease.base import Acquired, Fence, Finished, Following, LeaseStore
 from ai_lease.lease.follow import acquire_or_follow
 from ai_lease.lease.refusal import Refusal
 from ai_lease.testing.contract_queue import DurationHistoryContract, JobQueueContract
+from ai_lease.testing.contract_record import RecordContract
 from ai_lease.testing.contract_support import key_for, own, renew
 from ai_lease.testing.contract_writes import WriteContract
 
 __all__ = ["DurationHistoryContract", "JobQueueContract", "LeaseStoreContract"]
 
 
-class LeaseStoreContract(WriteContract):
+class LeaseStoreContract(WriteContract, RecordContract):
     """The behaviour every lease store promises (DESIGN.md invariants 1-4)."""
 
     # -- acquire -----------------------------------------------------------------------------

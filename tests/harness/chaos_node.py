@@ -235,11 +235,13 @@ class WitnessStore:
         return getattr(self._store, name)
 
     async def commit(
-        self, fence: Fence, result: str, *, finish_reason: str | None = None
+        self, fence: Fence, result: str, *, finish_reason: str | None = None, **facts: Any
     ) -> JobState:
         line = {"key": fence.key, "owner_id": fence.owner_id, "token": fence.token}
         self._history.write({"kind": "commit_sent", **line})
-        task = asyncio.ensure_future(self._store.commit(fence, result, finish_reason=finish_reason))
+        task = asyncio.ensure_future(
+            self._store.commit(fence, result, finish_reason=finish_reason, **facts)
+        )
         self._pending.add(task)
 
         def answered(done: asyncio.Task[JobState]) -> None:
