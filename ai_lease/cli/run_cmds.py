@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -16,11 +18,10 @@ import click
 
 from ai_lease.cli.context import Context
 from ai_lease.cli.output import print_result, to_json
+from ai_lease.errors import InputError
 from ai_lease.redaction import redact
 
 if TYPE_CHECKING:
-    import asyncio
-
     from ai_lease.job import Job, JobState
     from ai_lease.lease import LeaseStore
     from ai_lease.observe.events import Event, EventSink
@@ -80,6 +81,16 @@ def _runner(
     is_flag=True,
     help="Only record the job for workers (`ai-lease worker`) and print its key.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Run a CANCELLED or FAILED key again: a new run under a higher token.",
+)
+@click.option(
+    "--cancel-on-interrupt",
+    is_flag=True,
+    help="On SIGINT/SIGTERM cancel the job (default: leave it to workers).",
+)
 @click.pass_obj
 def submit(
     obj: Context,
@@ -93,11 +104,15 @@ def submit(
     as_json: bool,
     quiet: bool,
     detach: bool,
+    force: bool,
+    cancel_on_interrupt: bool,
 ) -> None:
     """Run JOB_FILE (TOML or JSON) here under the lease.
 
     If another node already runs the same key, follow it and print its result; if the key
     already has a result, print it at once. With --detach, only record it for workers.
+    A CANCELLED key runs again only with --force. On SIGINT/SIGTERM the lease is released
+    and the job left to workers (or cancelled, with --cancel-on-interrupt): exit 130.
     Exit 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream first-token,
     idle or total; stage or job deadline), 4 store unavailable or corrupt.
     """
@@ -120,14 +135,65 @@ def submit(
     settings = obj.settings
     prompts = obj.prompts([*([prompts_dir] if prompts_dir else []), job_file.parent / "prompts"])
     if detach:
-        record = obj.run(
-            lambda store: _runner(
-                store, settings, prompts, max_input_bytes=settings.job.max_input_bytes
-            ).submit(spec.job)
-        )
+
+        async def record_it(store: LeaseStore) -> JobState:
+            await _reopen(obj, store, spec.job.key, force=force)
+            limit = settings.job.max_input_bytes
+            return await _runner(store, settings, prompts, max_input_bytes=limit).submit(spec.job)
+
+        record = obj.run(record_it)
         click.echo(to_json(record.to_dict()) if as_json else record.key)
         return
-    _run_here(obj, spec.job, overrides, prompts, chatty=not (quiet or as_json), as_json=as_json)
+    chatty = not (quiet or as_json)
+    how = _HowToRun(force=force, cancel_on_interrupt=cancel_on_interrupt)
+    _run_here(obj, spec.job, overrides, prompts, how, chatty=chatty, as_json=as_json)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HowToRun:
+    force: bool = False  # run a CANCELLED or FAILED key again
+    cancel_on_interrupt: bool = False  # on SIGINT/SIGTERM cancel the job, not hand it over
+
+
+async def _reopen(obj: Context, store: LeaseStore, key: str, *, force: bool) -> None:
+    """A CANCELLED key runs again only with --force (a FAILED one too): it goes back to
+    PENDING with a fresh attempt budget first, so the run is a new one under a higher token.
+    Without --force a CANCELLED key is bad input (exit 2), never a silent no-op."""
+    from ai_lease.cli.lifecycle_cmds import admin
+    from ai_lease.job import Status
+    from ai_lease.lease.rules import RETRYABLE
+
+    record = await store.get(key)
+    if record is None or record.status not in RETRYABLE:
+        return
+    if force:
+        await admin(store, obj.where).retry(key)
+    elif record.status is Status.CANCELLED:
+        raise InputError(
+            f"job {key!r} was cancelled: pass --force to run it again (a new run under a "
+            "higher token), or submit it under a new key"
+        )
+
+
+async def _hand_back(runner: Runner, job: Job, *, cancel: bool) -> str:
+    """After an interrupt (the lease already released as the run unwound): cancel the job,
+    or leave it to workers (its spec stored, its queue entry due now). What was done."""
+    from ai_lease.errors import AiLeaseError
+
+    store, key = runner.store, job.key
+    try:
+        async with asyncio.timeout(4 * runner.timings.op_timeout):
+            if cancel:
+                record = await store.cancel(key, "interrupted: submit --cancel-on-interrupt")
+            else:
+                record = await runner.submit(job)
+    except (AiLeaseError, TimeoutError) as exc:
+        return f"job {key!r} not handed over ({exc}); its lease lapses on its own"
+    if record is not None and record.status.value != ("CANCELLED" if cancel else "PENDING"):
+        return f"job {key!r} is {record.status.value}"
+    if cancel:
+        return f"job {key!r} cancelled"
+    return f"job {key!r} left to workers (spec stored, due now)"
 
 
 def _run_here(
@@ -135,12 +201,16 @@ def _run_here(
     job: Job,
     overrides: dict[str, Any],
     prompts: PromptLibrary,
+    how: _HowToRun,
     *,
     chatty: bool,
     as_json: bool,
 ) -> None:
-    """Run ``job`` on this node (or follow the node that runs it) and print how it ended."""
+    """Run ``job`` on this node (or follow the node that runs it) and print how it ended.
+    SIGINT/SIGTERM: the lease is released, the job handed back, one line, exit 130."""
     from ai_lease.cli.console import JobView, TeeProvider
+    from ai_lease.cli.exits import EXIT_INTERRUPTED
+    from ai_lease.cli.interrupt import Interrupted, cancelled_by_signals
 
     settings = obj.settings
     view = JobView(job.key, live=chatty and sys.stderr.isatty())
@@ -159,14 +229,24 @@ def _run_here(
         runner = _runner(
             store, settings, prompts, provider=tee, on_event=on_event, max_input_bytes=limit
         )
-        try:
-            return await runner.run(job)
-        finally:
-            await runner.flush_history()
-            await model_provider.aclose()
+        async with cancelled_by_signals() as caught:
+            try:
+                await _reopen(obj, store, job.key, force=how.force)
+                return await runner.run(job)
+            except asyncio.CancelledError:
+                name = caught.check()  # re-raised unless a signal did it
+                done = await _hand_back(runner, job, cancel=how.cancel_on_interrupt)
+                raise Interrupted(name, done) from None
+            finally:
+                await runner.flush_history()
+                await model_provider.aclose()
 
-    with view if chatty else contextlib.nullcontext():
-        record = obj.run(work)
+    try:
+        with view if chatty else contextlib.nullcontext():
+            record = obj.run(work)
+    except Interrupted as stop:
+        click.echo(f"ai-lease: {stop}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     if as_json:
         click.echo(to_json(record.to_dict()))
         return
@@ -348,11 +428,9 @@ def demo(obj: Context, as_json: bool) -> None:
     call hangs while its heartbeat lives, a follower takes over with a higher token, and the
     old owner's late write is rejected. About 30 seconds, on a throw-away SQLite store
     (or the --store given)."""
-    import asyncio
+    from ai_lease.cli.demo import run
 
-    from ai_lease.cli.demo import run_demo
-
-    sys.exit(asyncio.run(run_demo(obj.store_url, as_json=as_json)))
+    sys.exit(run(obj.store_url, as_json=as_json))
 
 
 COMMANDS = (submit, worker, demo)
