@@ -219,10 +219,14 @@ async def run_demo(
             )
             for name in ("node-a", "node-b", "node-c")
         ]
+        pumps = asyncio.gather(*(_pump(p, timeline) for p in procs))
         try:
-            await asyncio.wait_for(asyncio.gather(*(_pump(p, timeline) for p in procs)), 90)
+            await asyncio.wait_for(pumps, 90)
             codes = [await p.wait() for p in procs]
         finally:
+            if pumps.done():  # after Ctrl-C: its end is retrieved, never logged as lost
+                with contextlib.suppress(asyncio.CancelledError):
+                    pumps.exception()
             for proc in procs:
                 if proc.returncode is None:
                     proc.kill()
