@@ -14,8 +14,13 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-__all__ = ["Caught", "Interrupted", "cancelled_by_signals"]
+if TYPE_CHECKING:
+    from ai_lease.job import Job
+    from ai_lease.run.runner import Runner
+
+__all__ = ["Caught", "Interrupted", "cancelled_by_signals", "hand_back"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -65,3 +70,24 @@ async def cancelled_by_signals() -> AsyncIterator[Caught]:
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+async def hand_back(runner: Runner, job: Job, *, cancel: bool) -> str:
+    """After an interrupt (the lease already released as the run unwound): cancel the job,
+    or leave it to workers (its spec stored, its queue entry due now). What was done."""
+    from ai_lease.errors import AiLeaseError
+
+    store, key = runner.store, job.key
+    try:
+        async with asyncio.timeout(4 * runner.timings.op_timeout):
+            if cancel:
+                record = await store.cancel(key, "interrupted: submit --cancel-on-interrupt")
+            else:
+                record = await runner.submit(job)
+    except (AiLeaseError, TimeoutError) as exc:
+        return f"job {key!r} not handed over ({exc}); its lease lapses on its own"
+    if record is not None and record.status.value != ("CANCELLED" if cancel else "PENDING"):
+        return f"job {key!r} is {record.status.value}"
+    if cancel:
+        return f"job {key!r} cancelled"
+    return f"job {key!r} left to workers (spec stored, due now)"

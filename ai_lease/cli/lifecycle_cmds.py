@@ -51,6 +51,25 @@ def admin(store: LeaseStore, where: str) -> JobAdmin:
     return store
 
 
+async def reopen(obj: Context, store: LeaseStore, key: str, *, force: bool) -> None:
+    """A CANCELLED key runs again only with --force (a FAILED one too): it goes back to
+    PENDING with a fresh attempt budget first, so the run is a new one under a higher token.
+    Without --force a CANCELLED key is bad input (exit 2), never a silent no-op."""
+    from ai_lease.job import Status
+    from ai_lease.lease.rules import RETRYABLE
+
+    record = await store.get(key)
+    if record is None or record.status not in RETRYABLE:
+        return
+    if force:
+        await admin(store, obj.where).retry(key)
+    elif record.status is Status.CANCELLED:
+        raise InputError(
+            f"job {key!r} was cancelled: pass --force to run it again (a new run under a "
+            "higher token), or submit it under a new key"
+        )
+
+
 @click.command(short_help="Run a FAILED or CANCELLED job again (workers take it).")
 @click.argument("key")
 @click.pass_obj

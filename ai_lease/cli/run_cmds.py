@@ -18,7 +18,6 @@ import click
 
 from ai_lease.cli.context import Context
 from ai_lease.cli.output import print_result, to_json
-from ai_lease.errors import InputError
 from ai_lease.redaction import redact
 
 if TYPE_CHECKING:
@@ -137,7 +136,9 @@ def submit(
     if detach:
 
         async def record_it(store: LeaseStore) -> JobState:
-            await _reopen(obj, store, spec.job.key, force=force)
+            from ai_lease.cli.lifecycle_cmds import reopen
+
+            await reopen(obj, store, spec.job.key, force=force)
             limit = settings.job.max_input_bytes
             return await _runner(store, settings, prompts, max_input_bytes=limit).submit(spec.job)
 
@@ -155,47 +156,6 @@ class _HowToRun:
     cancel_on_interrupt: bool = False  # on SIGINT/SIGTERM cancel the job, not hand it over
 
 
-async def _reopen(obj: Context, store: LeaseStore, key: str, *, force: bool) -> None:
-    """A CANCELLED key runs again only with --force (a FAILED one too): it goes back to
-    PENDING with a fresh attempt budget first, so the run is a new one under a higher token.
-    Without --force a CANCELLED key is bad input (exit 2), never a silent no-op."""
-    from ai_lease.cli.lifecycle_cmds import admin
-    from ai_lease.job import Status
-    from ai_lease.lease.rules import RETRYABLE
-
-    record = await store.get(key)
-    if record is None or record.status not in RETRYABLE:
-        return
-    if force:
-        await admin(store, obj.where).retry(key)
-    elif record.status is Status.CANCELLED:
-        raise InputError(
-            f"job {key!r} was cancelled: pass --force to run it again (a new run under a "
-            "higher token), or submit it under a new key"
-        )
-
-
-async def _hand_back(runner: Runner, job: Job, *, cancel: bool) -> str:
-    """After an interrupt (the lease already released as the run unwound): cancel the job,
-    or leave it to workers (its spec stored, its queue entry due now). What was done."""
-    from ai_lease.errors import AiLeaseError
-
-    store, key = runner.store, job.key
-    try:
-        async with asyncio.timeout(4 * runner.timings.op_timeout):
-            if cancel:
-                record = await store.cancel(key, "interrupted: submit --cancel-on-interrupt")
-            else:
-                record = await runner.submit(job)
-    except (AiLeaseError, TimeoutError) as exc:
-        return f"job {key!r} not handed over ({exc}); its lease lapses on its own"
-    if record is not None and record.status.value != ("CANCELLED" if cancel else "PENDING"):
-        return f"job {key!r} is {record.status.value}"
-    if cancel:
-        return f"job {key!r} cancelled"
-    return f"job {key!r} left to workers (spec stored, due now)"
-
-
 def _run_here(
     obj: Context,
     job: Job,
@@ -210,7 +170,8 @@ def _run_here(
     SIGINT/SIGTERM: the lease is released, the job handed back, one line, exit 130."""
     from ai_lease.cli.console import JobView, TeeProvider
     from ai_lease.cli.exits import EXIT_INTERRUPTED
-    from ai_lease.cli.interrupt import Interrupted, cancelled_by_signals
+    from ai_lease.cli.interrupt import Interrupted, cancelled_by_signals, hand_back
+    from ai_lease.cli.lifecycle_cmds import reopen
 
     settings = obj.settings
     view = JobView(job.key, live=chatty and sys.stderr.isatty())
@@ -231,11 +192,11 @@ def _run_here(
         )
         async with cancelled_by_signals() as caught:
             try:
-                await _reopen(obj, store, job.key, force=how.force)
+                await reopen(obj, store, job.key, force=how.force)
                 return await runner.run(job)
             except asyncio.CancelledError:
                 name = caught.check()  # re-raised unless a signal did it
-                done = await _hand_back(runner, job, cancel=how.cancel_on_interrupt)
+                done = await hand_back(runner, job, cancel=how.cancel_on_interrupt)
                 raise Interrupted(name, done) from None
             finally:
                 await runner.flush_history()
