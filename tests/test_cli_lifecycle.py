@@ -21,10 +21,15 @@ from ai_lease.lease import Acquired
 from ai_lease.testing.contract_queue import JobAdminContract
 from tests.harness.sse_server import Hang, SSEServer, chat_chunks, sse
 from tests.test_cli_submit import run_cli
+from tests.test_redis_cluster import ClusterStore, cluster  # noqa: F401 (a fixture)
 
 
 class TestAdminContract(JobAdminContract):
     """Both built-in stores, via the parametrized ``store`` fixture."""
+
+
+class TestClusterAdmin(ClusterStore, JobAdminContract):
+    """On Redis Cluster: each job's script on its own slot, the namespace's keys apart."""
 
 
 def _on(url: str, work: Any) -> Any:

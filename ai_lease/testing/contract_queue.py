@@ -179,7 +179,7 @@ class JobAdminContract:
         """A RUNNING job under a live lease is kept (unchanged) unless forced; forced, its
         owner's renewal and commit are refused (no record)."""
         key = key_for("rm-live")
-        fence = await own(store, key)
+        fence = await own(store, key, ttl=1.0)
         before = await store.get(key)
         kept = await store.remove(key)
         assert not kept.removed and _same(kept.job, before) and _same(await store.get(key), before)
@@ -188,6 +188,8 @@ class JobAdminContract:
         assert not (await renew(store, fence, 5)).ok
         with pytest.raises(FencingRejected):
             await store.commit(fence, "zombie")
+        await asyncio.sleep(1.2)  # past the lease it had: no lapsed lease is left to find
+        assert key not in await store.due(1000)
 
     async def test_prune_removes_old_terminal_jobs_only(self, store: Any) -> None:
         """prune removes the jobs of the given terminal statuses last written before the
@@ -199,12 +201,12 @@ class JobAdminContract:
         await store.cancel(old["CANCELLED"])
         await store.submit(pending := key_for("old-pending"), "{}", "fp")
         await own(store, running := key_for("old-running"))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.5)
         await store.commit(await own(store, new := key_for("new-done")), "r")
-        assert await store.prune(0.3, frozenset({"FAILED"})) == 1
+        # At least: a store shared with other jobs may hold more old ones.
+        assert await store.prune(0.75, frozenset({"FAILED"})) >= 1
         assert await store.get(old["FAILED"]) is None and await store.get(old["DONE"])
-        assert await store.prune(0.3) == 2
+        assert await store.prune(0.75) >= 2
         for key in (pending, running, new):
             assert await store.get(key) is not None, key
         assert await store.get(old["DONE"]) is None and await store.get(old["CANCELLED"]) is None
-        assert await store.prune(0.3) == 0
