@@ -131,22 +131,13 @@ def submit(
         **({"name": provider} if provider else {}),
         **({"model": model} if model else {}),
     }
-    settings = obj.settings
     prompts = obj.prompts([*([prompts_dir] if prompts_dir else []), job_file.parent / "prompts"])
+    how = _HowToRun(force=force, cancel_on_interrupt=cancel_on_interrupt)
     if detach:
-
-        async def record_it(store: LeaseStore) -> JobState:
-            from ai_lease.cli.lifecycle_cmds import reopen
-
-            await reopen(obj, store, spec.job.key, force=force)
-            limit = settings.job.max_input_bytes
-            return await _runner(store, settings, prompts, max_input_bytes=limit).submit(spec.job)
-
-        record = obj.run(record_it)
+        record = obj.run(lambda store: _record_for_workers(obj, store, spec.job, prompts, how))
         click.echo(to_json(record.to_dict()) if as_json else record.key)
         return
     chatty = not (quiet or as_json)
-    how = _HowToRun(force=force, cancel_on_interrupt=cancel_on_interrupt)
     _run_here(obj, spec.job, overrides, prompts, how, chatty=chatty, as_json=as_json)
 
 
@@ -154,6 +145,33 @@ def submit(
 class _HowToRun:
     force: bool = False  # run a CANCELLED or FAILED key again
     cancel_on_interrupt: bool = False  # on SIGINT/SIGTERM cancel the job, not hand it over
+
+
+async def _record_for_workers(
+    obj: Context, store: LeaseStore, job: Job, prompts: PromptLibrary, how: _HowToRun
+) -> JobState:
+    """``submit --detach``: the job recorded for workers (a CANCELLED key only with --force)."""
+    from ai_lease.cli.lifecycle_cmds import reopen
+
+    await reopen(obj, store, job.key, force=how.force)
+    limit = obj.settings.job.max_input_bytes
+    return await _runner(store, obj.settings, prompts, max_input_bytes=limit).submit(job)
+
+
+async def _run_interruptibly(obj: Context, runner: Runner, job: Job, how: _HowToRun) -> JobState:
+    """``runner.run(job)``; the first SIGINT/SIGTERM unwinds it (its lease released), hands
+    the job back (to workers, or cancelled) and raises :class:`Interrupted`."""
+    from ai_lease.cli.interrupt import Interrupted, cancelled_by_signals, hand_back
+    from ai_lease.cli.lifecycle_cmds import reopen
+
+    async with cancelled_by_signals() as caught:
+        try:
+            await reopen(obj, runner.store, job.key, force=how.force)
+            return await runner.run(job)
+        except asyncio.CancelledError:
+            name = caught.check()  # re-raised unless a signal did it
+            done = await hand_back(runner, job, cancel=how.cancel_on_interrupt)
+            raise Interrupted(name, done) from None
 
 
 def _run_here(
@@ -170,8 +188,7 @@ def _run_here(
     SIGINT/SIGTERM: the lease is released, the job handed back, one line, exit 130."""
     from ai_lease.cli.console import JobView, TeeProvider
     from ai_lease.cli.exits import EXIT_INTERRUPTED
-    from ai_lease.cli.interrupt import Interrupted, cancelled_by_signals, hand_back
-    from ai_lease.cli.lifecycle_cmds import reopen
+    from ai_lease.cli.interrupt import Interrupted
 
     settings = obj.settings
     view = JobView(job.key, live=chatty and sys.stderr.isatty())
@@ -190,17 +207,11 @@ def _run_here(
         runner = _runner(
             store, settings, prompts, provider=tee, on_event=on_event, max_input_bytes=limit
         )
-        async with cancelled_by_signals() as caught:
-            try:
-                await reopen(obj, store, job.key, force=how.force)
-                return await runner.run(job)
-            except asyncio.CancelledError:
-                name = caught.check()  # re-raised unless a signal did it
-                done = await hand_back(runner, job, cancel=how.cancel_on_interrupt)
-                raise Interrupted(name, done) from None
-            finally:
-                await runner.flush_history()
-                await model_provider.aclose()
+        try:
+            return await _run_interruptibly(obj, runner, job, how)
+        finally:
+            await runner.flush_history()
+            await model_provider.aclose()
 
     try:
         with view if chatty else contextlib.nullcontext():

@@ -172,6 +172,8 @@ class RedisQueue(RedisCalls):
         """A SCAN of the namespace's job hashes, one PRUNE script per batch of
         :data:`PRUNE_BATCH` (one per job on Cluster): for people, not hot paths."""
         args = [us(older_than), ",".join(sorted(statuses & TERMINAL_STATUSES))]
+        if not args[1]:
+            return 0
         removed = 0
         async for names in self._job_hashes(PRUNE_BATCH):
             if not self._cluster:

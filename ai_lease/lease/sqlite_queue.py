@@ -211,6 +211,8 @@ class SQLiteQueue(SQLiteFile):
         def work(conn: sqlite3.Connection) -> int:
             now = self._clock()
             wanted = sorted(statuses & TERMINAL_STATUSES)
+            if not wanted:
+                return 0
             marks = ", ".join("?" * len(wanted))
             rows = conn.execute(
                 f"SELECT key FROM ai_lease_jobs WHERE status IN ({marks})", wanted
