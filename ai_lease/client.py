@@ -21,13 +21,13 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from ai_lease.errors import InputError, JobCancelled, JobFailed
+from ai_lease.errors import ConfigError, InputError, JobCancelled, JobFailed
 from ai_lease.job import Job, JobState, Status, validate_key
-from ai_lease.lease.base import LeaseStore
+from ai_lease.lease.base import TERMINAL_STATUSES, JobAdmin, LeaseStore, Removal
 from ai_lease.lease.handle import JobLease, LeaseOptions
 from ai_lease.lease.urls import open_store
 from ai_lease.observe.events import EventSink
@@ -51,7 +51,8 @@ class Client(AsyncResource):
 
     ``run(job)`` runs a job here (or follows whoever runs it) and returns its DONE record;
     ``submit(job)`` records it for workers; ``status(key)`` reads its record; ``result(key)``
-    waits for its value; ``cancel(key)`` cancels it; ``worker()`` makes a worker; and
+    waits for its value; ``cancel(key)`` cancels it; ``retry(key)``, ``remove(key)`` and
+    ``prune(older_than)`` tidy up finished ones; ``worker()`` makes a worker; and
     ``lease(key)`` holds a job's lease around your own code (:class:`JobLease`).
     """
 
@@ -108,6 +109,33 @@ class Client(AsyncResource):
         waiting for it gets :class:`JobCancelled`. Returns the record — still DONE or
         FAILED if it had already ended — or None for an unknown key."""
         return await self.store.cancel(validate_key(key), reason)
+
+    async def retry(self, key: str) -> JobState | None:
+        """Send job ``key``, FAILED or CANCELLED, back to PENDING with a fresh attempt budget,
+        due for workers at once. Any other job's record comes back unchanged (check its
+        ``status``); None for an unknown key."""
+        return await self._admin().retry(validate_key(key))
+
+    async def remove(self, key: str, *, force: bool = False) -> Removal:
+        """Delete job ``key`` (record, queue entry, lease). A RUNNING job under a live lease
+        is kept (``removed`` false) unless ``force``, which cancels it first."""
+        key = validate_key(key)
+        if force:
+            await self.store.cancel(key, "removed")
+        return await self._admin().remove(key, force=force)
+
+    async def prune(self, older_than: float, statuses: Iterable[str] = TERMINAL_STATUSES) -> int:
+        """Delete the DONE, FAILED and CANCELLED jobs (or only ``statuses``) last written more
+        than ``older_than`` seconds ago; return how many."""
+        wanted = frozenset(statuses)
+        if unknown := wanted - TERMINAL_STATUSES:
+            raise InputError(f"prune takes terminal statuses only, not {sorted(unknown)}")
+        return await self._admin().prune(older_than, wanted)
+
+    def _admin(self) -> JobAdmin:
+        if not isinstance(self.store, JobAdmin):
+            raise ConfigError(f"{self.store!r} cannot retry, remove or prune jobs")
+        return self.store
 
     def worker(self, *, concurrency: int = 4, **options: Any) -> Worker:
         """A :class:`Worker` on this client's store and runner: ``async with
@@ -296,6 +324,15 @@ class SyncClient:
 
     def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
         return self._call(self._client.cancel(key, reason))
+
+    def retry(self, key: str) -> JobState | None:
+        return self._call(self._client.retry(key))
+
+    def remove(self, key: str, *, force: bool = False) -> Removal:
+        return self._call(self._client.remove(key, force=force))
+
+    def prune(self, older_than: float, statuses: Iterable[str] = TERMINAL_STATUSES) -> int:
+        return self._call(self._client.prune(older_than, statuses))
 
     def close(self) -> None:
         """Close the client (what it opened) and stop its loop and thread."""

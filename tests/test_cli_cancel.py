@@ -23,7 +23,7 @@ async def _prepare(path: Path) -> None:
 
 
 def test_cancel_exit_codes(tmp_path: Path) -> None:
-    """cancel: 0 for a job it cancels (and again), 1 for a job already DONE (unchanged),
+    """cancel: 0 for a job it cancels (and again), 2 for a job already DONE (unchanged),
     2 for an unknown key; `result` of a cancelled job then exits 1."""
     asyncio.run(_prepare(tmp_path / "j.db"))
     url = ["--store", f"sqlite:///{tmp_path / 'j.db'}"]
@@ -32,7 +32,7 @@ def test_cancel_exit_codes(tmp_path: Path) -> None:
     assert first.exit_code == 0 and "cancelled running" in first.output, first.output
     assert cli.invoke(main, [*url, "cancel", "running"]).exit_code == 0
     done = cli.invoke(main, [*url, "cancel", "done"])
-    assert done.exit_code == 1 and "already ended DONE" in done.output, done.output
+    assert done.exit_code == 2 and "already ended DONE" in done.output, done.output
     unknown = cli.invoke(main, [*url, "cancel", "nope"])
     assert unknown.exit_code == 2 and "no job 'nope'" in unknown.output, unknown.output
     result = cli.invoke(main, [*url, "result", "running"])

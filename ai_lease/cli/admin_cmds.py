@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,7 +11,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import click
 
 from ai_lease.cli.context import Context
-from ai_lease.cli.exits import EXIT_FAILED
 from ai_lease.cli.output import end_with_corrupt, to_json
 from ai_lease.errors import CorruptRecord, InputError
 from ai_lease.redaction import redact
@@ -31,17 +29,17 @@ DEFAULT_CONFIG_TEXT = Path(__file__).resolve().parents[1] / "data" / "ai-lease.t
 def cancel(obj: Context, key: str, reason: str) -> None:
     """Cancel job KEY. A PENDING job never runs; a RUNNING one's owner stops within one
     renew interval (its renewal is refused, its commit rejected); followers get an error.
-    Exit 0 cancelled (also if it already was), 1 if it had already ended DONE or FAILED
-    (nothing changed), 2 if there is no job KEY."""
+    Exit 0 cancelled (also if it already was), 2 if there is no job KEY or it had already
+    ended DONE or FAILED (nothing changed). `ai-lease submit --force` runs it again."""
     from ai_lease.job import Status
 
     job = obj.run(lambda store: store.cancel(key, reason))
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     if job.status is not Status.CANCELLED:
-        ended = job.status.value
-        click.echo(f"ai-lease: job {key!r} already ended {ended}: not cancelled", err=True)
-        sys.exit(EXIT_FAILED)
+        raise InputError(
+            f"job {key!r} already ended {job.status.value}: not cancelled (nothing changed)"
+        )
     click.echo(f"cancelled {key}")
 
 

@@ -8,7 +8,8 @@ A cancelled job is a failed one (1).
 
 The commands live by what they do: :mod:`~ai_lease.cli.run_cmds` (submit, worker, demo),
 :mod:`~ai_lease.cli.inspect_cmds` (status, ls, result, workers) and
-:mod:`~ai_lease.cli.admin_cmds` (cancel, providers, config, tune); what they share is in
+:mod:`~ai_lease.cli.admin_cmds` (cancel, providers, config, tune),
+:mod:`~ai_lease.cli.lifecycle_cmds` (retry, rm, prune); what they share is in
 :mod:`~ai_lease.cli.context`, :mod:`~ai_lease.cli.output` and :mod:`~ai_lease.cli.exits`.
 """
 
@@ -23,7 +24,7 @@ import click
 # `ai-lease --help` must stay quick: the settings (pydantic-settings), the prompts (Jinja2),
 # the runner, the providers (httpx, openai) and the console (rich) are imported by the
 # commands that use them (tests/test_import_discipline.py holds the line).
-from ai_lease.cli import admin_cmds, inspect_cmds, run_cmds
+from ai_lease.cli import admin_cmds, inspect_cmds, lifecycle_cmds, run_cmds
 from ai_lease.cli.context import Context
 from ai_lease.cli.exits import exit_code
 from ai_lease.errors import AiLeaseError
@@ -93,5 +94,6 @@ def main(ctx: click.Context, config: Path | None, store_url: str | None, debug: 
     ctx.obj = Context(config, store_url, debug)
 
 
-for _command in (*run_cmds.COMMANDS, *inspect_cmds.COMMANDS, *admin_cmds.COMMANDS):
+_ALL = (*run_cmds.COMMANDS, *inspect_cmds.COMMANDS, *admin_cmds.COMMANDS, *lifecycle_cmds.COMMANDS)
+for _command in _ALL:
     main.add_command(_command)

@@ -34,7 +34,7 @@ from ai_lease.run.pipeline import Pipeline, Stage, StageContext
 from ai_lease.run.runner import Runner
 from ai_lease.timeouts import LeaseTimings, StageBudget
 
-__all__ = ["DEMO_TIMINGS", "run_demo"]
+__all__ = ["DEMO_TIMINGS", "run", "run_demo"]
 
 DEMO_TIMINGS = LeaseTimings(
     ttl=6.0,
@@ -219,10 +219,14 @@ async def run_demo(
             )
             for name in ("node-a", "node-b", "node-c")
         ]
+        pumps = asyncio.gather(*(_pump(p, timeline) for p in procs))
         try:
-            await asyncio.wait_for(asyncio.gather(*(_pump(p, timeline) for p in procs)), 90)
+            await asyncio.wait_for(pumps, 90)
             codes = [await p.wait() for p in procs]
         finally:
+            if pumps.done():  # after Ctrl-C: its end is retrieved, never logged as lost
+                with contextlib.suppress(asyncio.CancelledError):
+                    pumps.exception()
             for proc in procs:
                 if proc.returncode is None:
                     proc.kill()
@@ -248,6 +252,17 @@ async def _verdict(url: str, key: str, codes: list[int], out: TextIO, as_json: b
     return 0 if ok else 1
 
 
+def run(store_url: str | None = None, *, as_json: bool = False) -> int:
+    """``ai-lease demo``'s exit code. Ctrl-C stops the nodes (the demo's ``finally``), says so
+    in one line and gives 130, never a traceback."""
+    try:
+        return asyncio.run(run_demo(store_url, as_json=as_json))
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print("ai-lease: interrupted (SIGINT): demo stopped, its nodes too", file=sys.stderr)
+        return 130
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m ai_lease.cli.demo")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -255,7 +270,10 @@ def main(argv: list[str]) -> None:
     for name in ("name", "url", "key", "start_at"):
         node.add_argument(name)
     args = parser.parse_args(argv)
-    asyncio.run(_node(args.name, args.url, args.key, float(args.start_at)))
+    try:
+        asyncio.run(_node(args.name, args.url, args.key, float(args.start_at)))
+    except KeyboardInterrupt:  # Ctrl-C reaches the nodes too: the parent says it once
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 0 done, 1 job failed (a cancelled job too), 2 bad input (config, job file, arguments, a key
 reused with another payload), 3 timed out (any timeout: a stream's first-token, idle or
 total budget, a stage's hard deadline, the job's deadline — also when the job ended FAILED
-for it), 4 store unavailable or corrupt.
+for it), 4 store unavailable or corrupt, 130 interrupted (SIGINT or SIGTERM: a foreground
+job's lease released, the job left to workers or cancelled).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ai_lease.errors import (
 )
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_TIMED_OUT, EXIT_STORE = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def exit_code(exc: AiLeaseError) -> int:

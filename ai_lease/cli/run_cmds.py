@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -19,8 +21,6 @@ from ai_lease.cli.output import print_result, to_json
 from ai_lease.redaction import redact
 
 if TYPE_CHECKING:
-    import asyncio
-
     from ai_lease.job import Job, JobState
     from ai_lease.lease import LeaseStore
     from ai_lease.observe.events import Event, EventSink
@@ -80,6 +80,16 @@ def _runner(
     is_flag=True,
     help="Only record the job for workers (`ai-lease worker`) and print its key.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Run a CANCELLED or FAILED key again: a new run under a higher token.",
+)
+@click.option(
+    "--cancel-on-interrupt",
+    is_flag=True,
+    help="On SIGINT/SIGTERM cancel the job (default: leave it to workers).",
+)
 @click.pass_obj
 def submit(
     obj: Context,
@@ -93,11 +103,15 @@ def submit(
     as_json: bool,
     quiet: bool,
     detach: bool,
+    force: bool,
+    cancel_on_interrupt: bool,
 ) -> None:
     """Run JOB_FILE (TOML or JSON) here under the lease.
 
     If another node already runs the same key, follow it and print its result; if the key
     already has a result, print it at once. With --detach, only record it for workers.
+    A CANCELLED key runs again only with --force. On SIGINT/SIGTERM the lease is released
+    and the job left to workers (or cancelled, with --cancel-on-interrupt): exit 130.
     Exit 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream first-token,
     idle or total; stage or job deadline), 4 store unavailable or corrupt.
     """
@@ -117,17 +131,47 @@ def submit(
         **({"name": provider} if provider else {}),
         **({"model": model} if model else {}),
     }
-    settings = obj.settings
     prompts = obj.prompts([*([prompts_dir] if prompts_dir else []), job_file.parent / "prompts"])
+    how = _HowToRun(force=force, cancel_on_interrupt=cancel_on_interrupt)
     if detach:
-        record = obj.run(
-            lambda store: _runner(
-                store, settings, prompts, max_input_bytes=settings.job.max_input_bytes
-            ).submit(spec.job)
-        )
+        record = obj.run(lambda store: _record_for_workers(obj, store, spec.job, prompts, how))
         click.echo(to_json(record.to_dict()) if as_json else record.key)
         return
-    _run_here(obj, spec.job, overrides, prompts, chatty=not (quiet or as_json), as_json=as_json)
+    chatty = not (quiet or as_json)
+    _run_here(obj, spec.job, overrides, prompts, how, chatty=chatty, as_json=as_json)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HowToRun:
+    force: bool = False  # run a CANCELLED or FAILED key again
+    cancel_on_interrupt: bool = False  # on SIGINT/SIGTERM cancel the job, not hand it over
+
+
+async def _record_for_workers(
+    obj: Context, store: LeaseStore, job: Job, prompts: PromptLibrary, how: _HowToRun
+) -> JobState:
+    """``submit --detach``: the job recorded for workers (a CANCELLED key only with --force)."""
+    from ai_lease.cli.lifecycle_cmds import reopen
+
+    await reopen(obj, store, job.key, force=how.force)
+    limit = obj.settings.job.max_input_bytes
+    return await _runner(store, obj.settings, prompts, max_input_bytes=limit).submit(job)
+
+
+async def _run_interruptibly(obj: Context, runner: Runner, job: Job, how: _HowToRun) -> JobState:
+    """``runner.run(job)``; the first SIGINT/SIGTERM unwinds it (its lease released), hands
+    the job back (to workers, or cancelled) and raises :class:`Interrupted`."""
+    from ai_lease.cli.interrupt import Interrupted, cancelled_by_signals, hand_back
+    from ai_lease.cli.lifecycle_cmds import reopen
+
+    async with cancelled_by_signals() as caught:
+        try:
+            await reopen(obj, runner.store, job.key, force=how.force)
+            return await runner.run(job)
+        except asyncio.CancelledError:
+            name = caught.check()  # re-raised unless a signal did it
+            done = await hand_back(runner, job, cancel=how.cancel_on_interrupt)
+            raise Interrupted(name, done) from None
 
 
 def _run_here(
@@ -135,12 +179,16 @@ def _run_here(
     job: Job,
     overrides: dict[str, Any],
     prompts: PromptLibrary,
+    how: _HowToRun,
     *,
     chatty: bool,
     as_json: bool,
 ) -> None:
-    """Run ``job`` on this node (or follow the node that runs it) and print how it ended."""
+    """Run ``job`` on this node (or follow the node that runs it) and print how it ended.
+    SIGINT/SIGTERM: the lease is released, the job handed back, one line, exit 130."""
     from ai_lease.cli.console import JobView, TeeProvider
+    from ai_lease.cli.exits import EXIT_INTERRUPTED
+    from ai_lease.cli.interrupt import Interrupted
 
     settings = obj.settings
     view = JobView(job.key, live=chatty and sys.stderr.isatty())
@@ -160,13 +208,17 @@ def _run_here(
             store, settings, prompts, provider=tee, on_event=on_event, max_input_bytes=limit
         )
         try:
-            return await runner.run(job)
+            return await _run_interruptibly(obj, runner, job, how)
         finally:
             await runner.flush_history()
             await model_provider.aclose()
 
-    with view if chatty else contextlib.nullcontext():
-        record = obj.run(work)
+    try:
+        with view if chatty else contextlib.nullcontext():
+            record = obj.run(work)
+    except Interrupted as stop:
+        click.echo(f"ai-lease: {stop}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     if as_json:
         click.echo(to_json(record.to_dict()))
         return
@@ -348,11 +400,9 @@ def demo(obj: Context, as_json: bool) -> None:
     call hangs while its heartbeat lives, a follower takes over with a higher token, and the
     old owner's late write is rejected. About 30 seconds, on a throw-away SQLite store
     (or the --store given)."""
-    import asyncio
+    from ai_lease.cli.demo import run
 
-    from ai_lease.cli.demo import run_demo
-
-    sys.exit(asyncio.run(run_demo(obj.store_url, as_json=as_json)))
+    sys.exit(run(obj.store_url, as_json=as_json))
 
 
 COMMANDS = (submit, worker, demo)

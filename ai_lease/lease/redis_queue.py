@@ -9,7 +9,7 @@ that workers correct, never the judge.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -17,13 +17,16 @@ import orjson
 from redis.exceptions import ResponseError
 
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
-from ai_lease.job import JobState
-from ai_lease.lease.base import WorkerInfo
+from ai_lease.job import JobState, Status
+from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo
 from ai_lease.lease.redis_calls import RedisCalls
-from ai_lease.lease.redis_keys import decode
+from ai_lease.lease.redis_keys import decode, us
 from ai_lease.observe.history import checked_histogram
 
 __all__ = ["RedisQueue"]
+
+PRUNE_BATCH = 100
+"""Job hashes per PRUNE script (and per SCAN step) on a standalone server."""
 
 
 class RedisQueue(RedisCalls):
@@ -142,3 +145,69 @@ class RedisQueue(RedisCalls):
                 continue
             out[series] = counts
         return out
+
+    # -- the jobs' lifecycle for people (JobAdmin): one script each --------------------------
+
+    async def retry(self, key: str) -> JobState | None:
+        reply = await self._call("retry", key, "RETRY", [key])
+        if len(reply) <= 1:
+            return None
+        job = decode(key, reply[1:], reply[0])
+        if self._cluster and job.status is Status.PENDING:  # the queue is in another slot
+            await self._cmd("retry", "ZADD", self._queue, 0, key)
+        return job
+
+    async def remove(self, key: str, *, force: bool = False) -> Removal:
+        reply = await self._call("remove", key, "REMOVE", [key, "1" if force else ""])
+        if len(reply) <= 1:
+            return Removal(False, None)
+        removed = reply[1] == "removed"
+        if removed:
+            self._forget(key)
+            if self._cluster:  # the namespace's keys are in another slot
+                await self._unqueue(key)
+        return Removal(removed, decode(key, reply[2:], reply[0]))
+
+    async def prune(self, older_than: float, statuses: frozenset[str] = TERMINAL_STATUSES) -> int:
+        """A SCAN of the namespace's job hashes, one PRUNE script per batch of
+        :data:`PRUNE_BATCH` (one per job on Cluster): for people, not hot paths."""
+        args = [us(older_than), ",".join(sorted(statuses & TERMINAL_STATUSES))]
+        if not args[1]:
+            return 0
+        removed = 0
+        async for names in self._job_hashes(PRUNE_BATCH):
+            if not self._cluster:
+                keys = [*names, self._leases, self._queue, self._recovery]
+                job_keys = [self._key_of(name) for name in names]
+                removed += await self._eval("prune", "PRUNE", keys, [*args, len(names), *job_keys])
+                continue
+            for name in names:
+                key = self._key_of(name)
+                if await self._eval("prune", "PRUNE", [name], [*args, 1, key]):
+                    removed += 1
+                    await self._unqueue(key)
+        return int(removed)
+
+    async def _unqueue(self, key: str) -> None:
+        """On Cluster, a removed job's entries in the namespace's sorted sets."""
+        await self._cmd("remove", "ZREM", self._leases, self.keys(key)[0])
+        await self._cmd("remove", "ZREM", self._queue, key)
+        await self._cmd("remove", "ZREM", self._recovery, key)
+
+    async def _job_hashes(self, batch: int) -> AsyncIterator[list[str]]:
+        """The namespace's job hashes, SCANned in batches of at most ``batch``."""
+        match = f"{self._ns}:{{*}}:job"
+        if self._cluster:
+            names: list[str] = []
+            async for name in self._client.scan_iter(match=match, count=batch):
+                names.append(name)
+            for at in range(0, len(names), batch):
+                yield names[at : at + batch]
+            return
+        cursor = "0"
+        while True:
+            cursor, names = await self._cmd("prune", "SCAN", cursor, "MATCH", match, "COUNT", batch)
+            for at in range(0, len(names), batch):
+                yield names[at : at + batch]
+            if int(cursor) == 0:
+                return

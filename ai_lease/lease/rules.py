@@ -370,3 +370,45 @@ def submit(
         read_at=now,
     )
     return new, new
+
+
+# -- the jobs' lifecycle for people: retry, remove, prune (ai-lease retry / rm / prune) -------
+
+RETRYABLE = frozenset({Status.FAILED, Status.CANCELLED})
+"""The statuses :func:`retry` sends back to PENDING."""
+
+
+def retry(rec: JobState | None, now: float) -> tuple[Change, JobState | None]:
+    """A FAILED or CANCELLED job back to PENDING with a fresh attempt budget (the RETRY
+    script): attempts 0, no owner (the last owner's fence no longer holds, so its late
+    commit is rejected, and the next acquire is no takeover), the token kept (the next one
+    is higher), and its queue and job deadlines restarted (``created_at`` now, no
+    ``started_at``). Any other job is returned unchanged; an unknown key gives None."""
+    if rec is None or rec.status not in RETRYABLE:
+        return None, rec
+    new = replace(
+        rec,
+        status=Status.PENDING,
+        attempts=0,
+        owner_id=None,
+        lease_expires_at=None,
+        started_at=None,
+        created_at=now,
+        updated_at=now,
+        read_at=now,
+    )
+    return new, new
+
+
+def removable(rec: JobState, now: float, *, force: bool) -> bool:
+    """Whether :func:`remove` may delete ``rec``: anything but a RUNNING job whose lease is
+    live, unless forced (the REMOVE script)."""
+    live = rec.status is Status.RUNNING and (rec.lease_expires_at or 0) > now
+    return force or not live
+
+
+def prunable(rec: JobState, cutoff: float, statuses: frozenset[str]) -> bool:
+    """Whether ``prune`` deletes ``rec``: one of ``statuses`` (terminal ones), last
+    written before ``cutoff`` (store clock; the PRUNE script)."""
+    written = rec.updated_at or rec.created_at
+    return rec.status.terminal and rec.status.value in statuses and written < cutoff

@@ -17,7 +17,7 @@ import orjson
 from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
 from ai_lease.job import JobState
 from ai_lease.lease import rules
-from ai_lease.lease.base import WorkerInfo
+from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo
 from ai_lease.lease.sqlite_file import SQLiteFile
 from ai_lease.observe.history import checked_histogram
 
@@ -177,3 +177,65 @@ class SQLiteQueue(SQLiteFile):
                 continue
             out[series] = counts
         return out
+
+    # -- the jobs' lifecycle for people (JobAdmin): one transaction each --------------------
+
+    async def retry(self, key: str) -> JobState | None:
+        def work(conn: sqlite3.Connection) -> JobState | None:
+            now = self._clock()
+            new, job = rules.retry(self._load(conn, key, now), now)
+            if new is not None:
+                self._save(conn, new)
+                conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
+                conn.execute(
+                    "INSERT INTO ai_lease_queue VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
+                    " SET due_at = excluded.due_at",
+                    (key, now),
+                )
+            return job
+
+        return await self._write("retry", work)
+
+    async def remove(self, key: str, *, force: bool = False) -> Removal:
+        def work(conn: sqlite3.Connection) -> Removal:
+            now = self._clock()
+            rec = self._load(conn, key, now)
+            if rec is not None and not rules.removable(rec, now, force=force):
+                return Removal(False, rec)
+            _delete(conn, [key])
+            return Removal(rec is not None, rec)
+
+        return await self._write("remove", work)
+
+    async def prune(self, older_than: float, statuses: frozenset[str] = TERMINAL_STATUSES) -> int:
+        def work(conn: sqlite3.Connection) -> int:
+            now = self._clock()
+            wanted = sorted(statuses & TERMINAL_STATUSES)
+            if not wanted:
+                return 0
+            marks = ", ".join("?" * len(wanted))
+            rows = conn.execute(
+                f"SELECT key FROM ai_lease_jobs WHERE status IN ({marks})", wanted
+            ).fetchall()
+            keys = []
+            for (key,) in rows:
+                rec = self._load_quietly(conn, key, now)
+                if rec is not None and rules.prunable(rec, now - older_than, statuses):
+                    keys.append(key)
+            _delete(conn, keys)
+            return len(keys)
+
+        return await self._write("prune", work)
+
+    def _load_quietly(self, conn: sqlite3.Connection, key: str, now: float) -> JobState | None:
+        """A record, or None for one that is not ours (prune leaves those alone)."""
+        try:
+            return self._load(conn, key, now)
+        except CorruptRecord:
+            return None
+
+
+def _delete(conn: sqlite3.Connection, keys: list[str]) -> None:
+    """Every trace of ``keys``: the records, queue entries and recovery looks."""
+    for table in ("ai_lease_jobs", "ai_lease_queue", "ai_lease_recovery"):
+        conn.executemany(f"DELETE FROM {table} WHERE key = ?", [(key,) for key in keys])

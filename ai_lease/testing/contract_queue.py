@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from ai_lease.errors import JobConflict
+from ai_lease.errors import FencingRejected, JobConflict
 from ai_lease.job import Status
-from ai_lease.testing.contract_support import key_for, own
+from ai_lease.lease.base import Acquired
+from ai_lease.testing.contract_support import key_for, own, renew
 
 
 class JobQueueContract:
@@ -111,3 +112,102 @@ class DurationHistoryContract:
         loaded = await store.load_durations()
         assert loaded[series] == {3: 7, 10: 1}
         assert loaded[other][1] >= 1
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two reads of one record, apart from when they were read."""
+    return bool(a.to_dict() | {"read_at": 0} == b.to_dict() | {"read_at": 0})
+
+
+class JobAdminContract:
+    """retry, remove and prune (``ai_lease.lease.base.JobAdmin``): each one atomic step."""
+
+    async def test_retry_sends_a_failed_job_back_with_a_fresh_budget(self, store: Any) -> None:
+        """A FAILED job is PENDING again with attempts 0 and due at once; the next acquire
+        is its first attempt (no takeover) under a higher token."""
+        key = key_for("retry-failed")
+        await store.submit(key, "{}", "fp")
+        fence = await own(store, key)
+        await store.reschedule(key, None)
+        await store.fail(fence, "broken")
+        job = await store.retry(key)
+        assert job is not None and job.status is Status.PENDING and job.attempts == 0
+        assert job.owner_id is None and job.lease_expires_at is None
+        assert key in await store.due(1000)
+        again = await store.acquire(key, "B", ttl=30, max_no_progress=30)
+        assert isinstance(again, Acquired) and not again.takeover
+        assert again.job.attempts == 1 and again.fence.token > fence.token
+
+    async def test_retry_of_a_cancelled_job_keeps_its_old_owner_out(self, store: Any) -> None:
+        """A job cancelled while running, then retried: the old owner's commit and renewal
+        are still refused."""
+        key = key_for("retry-cancelled")
+        fence = await own(store, key)
+        await store.cancel(key, "stop")
+        job = await store.retry(key)
+        assert job is not None and job.status is Status.PENDING
+        with pytest.raises(FencingRejected):
+            await store.commit(fence, "zombie")
+        assert not (await renew(store, fence, 5)).ok
+        stored = await store.get(key)
+        assert stored is not None and stored.status is Status.PENDING and stored.result is None
+
+    async def test_retry_leaves_other_jobs_as_they_are(self, store: Any) -> None:
+        """RUNNING, PENDING and DONE jobs come back unchanged; an unknown key gives None."""
+        running, pending, done = key_for("r-run"), key_for("r-pend"), key_for("r-done")
+        await own(store, running)
+        await store.submit(pending, "{}", "fp")
+        await store.commit(await own(store, done), "r")
+        for key in (running, pending, done):
+            before = await store.get(key)
+            assert _same(await store.retry(key), before) and _same(await store.get(key), before)
+        assert await store.retry(key_for("r-unknown")) is None
+
+    async def test_remove_deletes_the_job_and_its_entries(self, store: Any) -> None:
+        """A removed job is gone from the records, the queue and the recovery looks."""
+        key = key_for("rm")
+        await store.submit(key, "{}", "fp")
+        await store.recover_at(key, 0.0)
+        removal = await store.remove(key)
+        assert removal.removed and removal.job is not None and removal.job.key == key
+        assert await store.get(key) is None
+        assert key not in await store.due(1000) and key not in await store.due_recoveries(1000)
+        gone = await store.remove(key)
+        assert not gone.removed and gone.job is None
+
+    async def test_remove_keeps_a_live_job_unless_forced(self, store: Any) -> None:
+        """A RUNNING job under a live lease is kept (unchanged) unless forced; forced, its
+        owner's renewal and commit are refused (no record)."""
+        key = key_for("rm-live")
+        fence = await own(store, key, ttl=1.0)
+        before = await store.get(key)
+        kept = await store.remove(key)
+        assert not kept.removed and _same(kept.job, before) and _same(await store.get(key), before)
+        forced = await store.remove(key, force=True)
+        assert forced.removed and await store.get(key) is None
+        assert not (await renew(store, fence, 5)).ok
+        with pytest.raises(FencingRejected):
+            await store.commit(fence, "zombie")
+        await asyncio.sleep(1.2)  # past the lease it had: no lapsed lease is left to find
+        assert key not in await store.due(1000)
+
+    async def test_prune_removes_old_terminal_jobs_only(self, store: Any) -> None:
+        """prune removes the jobs of the given terminal statuses last written before the
+        cut-off; newer, running and pending ones stay."""
+        old = {s: key_for(f"old-{s}") for s in ("DONE", "FAILED", "CANCELLED")}
+        await store.commit(await own(store, old["DONE"]), "r")
+        await store.fail(await own(store, old["FAILED"]), "broken")
+        await own(store, old["CANCELLED"])
+        await store.cancel(old["CANCELLED"])
+        await store.submit(pending := key_for("old-pending"), "{}", "fp")
+        await own(store, running := key_for("old-running"))
+        await asyncio.sleep(1.5)
+        await store.commit(await own(store, new := key_for("new-done")), "r")
+        assert await store.prune(0.75, frozenset()) == 0  # no status: nothing
+        # At least: a store shared with other jobs may hold more old ones.
+        assert await store.prune(0.75, frozenset({"FAILED"})) >= 1
+        assert await store.get(old["FAILED"]) is None and await store.get(old["DONE"])
+        assert await store.prune(0.75) >= 2
+        for key in (pending, running, new):
+            assert await store.get(key) is not None, key
+        assert await store.get(old["DONE"]) is None and await store.get(old["CANCELLED"]) is None
