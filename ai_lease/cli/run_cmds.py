@@ -143,7 +143,11 @@ def _run_here(
     from ai_lease.cli.console import JobView, TeeProvider
 
     settings = obj.settings
-    view = JobView(job.key, live=chatty and sys.stderr.isatty())
+    run_config = settings.run_config()
+    live = chatty and sys.stderr.isatty()
+    view = JobView(
+        job.key, live=live, timings=run_config.timings, stream=run_config.stream_timeouts
+    )
     capped: list[Event] = []
 
     def on_event(event: Event) -> None:
@@ -167,6 +171,8 @@ def _run_here(
 
     with view if chatty else contextlib.nullcontext():
         record = obj.run(work)
+        if chatty:
+            view.finish(record)  # the summary line; the answer is printed once, below
     if as_json:
         click.echo(to_json(record.to_dict()))
         return
