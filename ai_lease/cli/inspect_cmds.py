@@ -235,6 +235,8 @@ def workers(obj: Context, as_json: bool) -> None:
 
     found = obj.run(fetch)
     now = time.time()
+    if not found and not corrupt:
+        click.echo(f"ai-lease: no live workers in {obj.where}", err=True)
     if not as_json:
         click.echo(_WORKER_ROW.format("WORKER", "HOST", "PID", "RUNNING", "STARTED", "LAST SEEN"))
     for info in found:
@@ -269,7 +271,7 @@ def describe(job: JobState, grace: float) -> list[tuple[str, str]]:
         ("stage", job.stage or "-"),
         ("progress", f"version {job.progress_version}, last {ago(job.since_progress)}"),
         ("heartbeat", ago(job.since_heartbeat)),
-        ("lease", f"{job.lease_remaining:.1f}s left" if job.lease_live else "lapsed or none"),
+        ("lease", f"{span(job.lease_remaining)} left" if job.lease_live else "lapsed or none"),
         (
             "attempts",
             f"{job.attempts} (takeovers {job.takeovers}, missed renewals {job.missed_renewals})",
