@@ -147,3 +147,12 @@ def test_workers_header_and_relative_times(store_url: str, tmp_path: Path) -> No
     assert header.split() == ["WORKER", "HOST", "PID", "RUNNING", "STARTED", "LAST", "SEEN"]
     assert row.split()[:4] == ["w-1", "host-a", "4242", "1/4"]
     assert row.split()[4:6] == ["5", "min"] and row.endswith(" s ago"), row
+
+
+def test_status_watch_of_an_ended_job_prints_once_and_exits(store_url: str, tmp_path: Path) -> None:
+    """A job already DONE: --watch shows it once and exits 0; with --json, one JSON line."""
+    commit(store_url, acquire(store_url, "job-1"), '"ok"')
+    out = run_cli("--store", store_url, "status", "job-1", "--watch", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    [line] = out.stdout.splitlines()
+    assert orjson.loads(line)["status"] == "DONE"
