@@ -96,4 +96,5 @@ def test_ls_lists_jobs_by_status_and_health(tmp_path: Path) -> None:
     done = run_cli("--store", url, "ls", "--status", "done", cwd=tmp_path)
     assert "done-job" in done.stdout and "running-job" not in done.stdout
     healthy = run_cli("--store", url, "ls", "--health", "healthy", cwd=tmp_path)
-    assert healthy.stdout.split()[0] == "running-job"
+    header, first, *_ = healthy.stdout.splitlines()
+    assert header.split()[0] == "KEY" and first.split()[0] == "running-job"

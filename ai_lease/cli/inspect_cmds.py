@@ -1,8 +1,13 @@
-"""Commands that look: ``status``, ``ls``, ``result``, ``workers``."""
+"""Commands that look: ``status`` (``--watch``), ``ls``, ``result``, ``workers``.
+
+Ages and durations are on the store's clock (a record's ``read_at``); a worker's last beat
+is shown against this machine's clock.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -10,7 +15,16 @@ import orjson
 
 from ai_lease.cli.context import Context
 from ai_lease.cli.exits import EXIT_TIMED_OUT
-from ai_lease.cli.output import end_with_corrupt, print_result, to_json, warn_data_lost
+from ai_lease.cli.output import (
+    SINCE_FORMS,
+    ago,
+    end_with_corrupt,
+    parse_since,
+    print_result,
+    span,
+    to_json,
+    warn_data_lost,
+)
 from ai_lease.errors import CorruptRecord, InputError, JobCancelled, JobFailed
 from ai_lease.redaction import redact
 
@@ -18,14 +32,36 @@ if TYPE_CHECKING:
     from ai_lease.job import JobState
     from ai_lease.lease import LeaseStore
 
+EXIT_INTERRUPTED = 130
+"""Ctrl-C during ``status --watch``: the shell's code for SIGINT, and no traceback."""
+LS_MAX = 10_000
+"""The most jobs ``ls`` reads (and its largest ``--limit``)."""
 
-@click.command(short_help="Show job KEY's record and health.")
+
+@click.command(short_help="Show job KEY's record and health (--watch: until it ends).")
 @click.argument("key")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
+@click.option("--watch", is_flag=True, help="Redraw until the job is DONE, FAILED or CANCELLED.")
+@click.option(
+    "--interval",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 60),
+    help="Seconds between looks with --watch (0.1 to 60).",
+)
 @click.pass_obj
-def status(obj: Context, key: str, as_json: bool) -> None:
+def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) -> None:
     """Show job KEY: its record and the seed's four-state health
-    (healthy / node lost / zombie / dead)."""
+    (healthy / node lost / zombie / dead). With --watch, look again every --interval
+    seconds until the job has ended (exit 0 then; Ctrl-C exits 130)."""
+    if watch:
+        from ai_lease.cli.watch import watch_job
+
+        try:
+            watch_job(obj, key, interval=interval, as_json=as_json, describe=describe)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
+        return
 
     async def fetch(store: LeaseStore) -> JobState | None:
         job = await store.get(key)
@@ -38,8 +74,17 @@ def status(obj: Context, key: str, as_json: bool) -> None:
     if as_json:
         click.echo(to_json(job.to_dict()))
         return
-    for label, value in _describe(job, obj.settings.lease.renew_interval):
+    for label, value in describe(job, obj.settings.lease.renew_interval):
         click.echo(f"{label:<11} {value}")
+
+
+def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_since(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.command("ls")
@@ -54,42 +99,95 @@ def status(obj: Context, key: str, as_json: bool) -> None:
     help="Only RUNNING jobs in this health state.",
 )
 @click.option(
+    "--since",
+    metavar="AGE",
+    callback=_since,
+    help=f"Only jobs created within AGE: {SINCE_FORMS}.",
+)
+@click.option(
     "--limit",
     default=50,
     show_default=True,
-    type=click.IntRange(1, 100_000),
-    help="At most this many jobs.",
+    type=click.IntRange(1, LS_MAX),
+    help=f"At most this many jobs (up to {LS_MAX:,}).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON lines.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON lines (with health, result decoded)."
+)
 @click.pass_obj
 def list_jobs(
-    obj: Context, status: str | None, health: str | None, limit: int, as_json: bool
+    obj: Context,
+    status: str | None,
+    health: str | None,
+    since: float | None,
+    limit: int,
+    as_json: bool,
 ) -> None:
-    """List jobs (newest first) with their status and health."""
+    """List jobs (newest first): status, health, stage, age, duration, time since progress."""
     wanted = "RUNNING" if health else (status.upper() if status else None)
     corrupt: list[CorruptRecord] = []
+    # A filter applied here needs the whole (bounded) listing: the newest N may match none.
+    reads = LS_MAX if (health or since) else limit
     jobs = obj.run(
-        lambda store: store.list_jobs(status=wanted, limit=limit, on_corrupt=corrupt.append)
+        lambda store: store.list_jobs(status=wanted, limit=reads, on_corrupt=corrupt.append)
     )
     grace = obj.settings.lease.renew_interval
     if health:
         jobs = [j for j in jobs if (h := j.health(grace)) is not None and h.value == health]
+    if since is not None:
+        jobs = [j for j in jobs if j.read_at - j.created_at <= since]
+    jobs = jobs[:limit]
+    if not as_json:
+        click.echo(_LS_ROW.format("KEY", "STATUS", "HEALTH", "STAGE", "AGE", "DURATION", "IDLE"))
     for job in jobs:
-        if as_json:
-            click.echo(orjson.dumps(job.to_dict()).decode())
-            continue
-        state = job.health(grace)
-        idle = job.since_progress
-        click.echo(
-            f"{job.key:<32} {job.status.value:<8} {state.value if state else '-':<10} "
-            f"{job.stage or '-':<13} {'' if idle is None else f'idle {idle:.1f}s'}"
-        )
+        click.echo(orjson.dumps(job_json(job, grace)).decode() if as_json else _ls_row(job, grace))
     for bad in corrupt:
         if as_json:
             click.echo(orjson.dumps({"key": bad.key, "corrupt": bad.detail}).decode())
         else:
             click.echo(f"{bad.key:<32} CORRUPT  {bad.detail}")
     end_with_corrupt(corrupt, "marked CORRUPT")
+
+
+_LS_ROW = "{:<32} {:<9} {:<10} {:<13} {:>8} {:>9} {:>8}"
+
+
+def _ls_row(job: JobState, grace: float) -> str:
+    state = job.health(grace)
+    return _LS_ROW.format(
+        job.key,
+        job.status.value,
+        state.value if state else "-",
+        job.stage or "-",
+        span(job.read_at - job.created_at) if job.created_at else "-",
+        span(duration(job)),
+        span(job.since_progress),
+    )
+
+
+def duration(job: JobState) -> float | None:
+    """Seconds from the first acquisition to the end (or to now, while it runs)."""
+    started = job.started_at
+    if started is None:
+        return None
+    if not job.status.terminal:
+        return job.read_at - started
+    finished = getattr(job, "finished_at", None) or job.updated_at
+    return max(0.0, finished - started)
+
+
+def job_json(job: JobState, grace: float) -> dict[str, Any]:
+    """A record as one JSON object: its health, and its result decoded (a JSON result is
+    JSON here, not a string holding JSON; one that is not JSON stays a string)."""
+    out = job.to_dict()
+    state = job.health(grace)
+    out["health"] = state.value if state else None
+    if job.result is not None:
+        try:
+            out["result"] = job.output
+        except orjson.JSONDecodeError:
+            out["result_corrupt"] = True
+    return out
 
 
 @click.command(short_help="Print the result of job KEY.")
@@ -112,11 +210,16 @@ def result(obj: Context, key: str) -> None:
         sys.exit(EXIT_TIMED_OUT)
 
 
+_WORKER_ROW = "{:<28} {:<16} {:>7} {:>8} {:>12} {:>12}"
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
 @click.pass_obj
 def workers(obj: Context, as_json: bool) -> None:
-    """List live workers: id, host, pid, jobs running, last seen."""
+    """List live workers: id, host, pid, jobs running of their concurrency, when each
+    started and last reported. Workers report how many jobs they run, not which: `ai-lease
+    ls --status running` lists running jobs with their owners."""
     from dataclasses import asdict
 
     from ai_lease.lease.base import JobQueue
@@ -130,15 +233,26 @@ def workers(obj: Context, as_json: bool) -> None:
         await warn_data_lost(store)
         return found
 
-    for info in obj.run(fetch):
+    found = obj.run(fetch)
+    now = time.time()
+    if not found and not corrupt:
+        click.echo(f"ai-lease: no live workers in {obj.where}", err=True)
+    if not as_json:
+        click.echo(_WORKER_ROW.format("WORKER", "HOST", "PID", "RUNNING", "STARTED", "LAST SEEN"))
+    for info in found:
         if as_json:
             click.echo(orjson.dumps(asdict(info)).decode())
-        else:
-            click.echo(
-                f"{info.worker_id:<28} host {info.host:<16} pid {info.pid:<7} "
-                f"running {info.running}/{info.concurrency}  "
-                f"last seen {info.last_seen:.0f} (store clock)"
+            continue
+        click.echo(
+            _WORKER_ROW.format(
+                info.worker_id,
+                info.host,
+                info.pid,
+                f"{info.running}/{info.concurrency}",
+                ago(now - info.started_at),
+                ago(now - info.last_seen),
             )
+        )
     for bad in corrupt:
         if as_json:
             click.echo(orjson.dumps({"worker_id": bad.key, "corrupt": bad.detail}).decode())
@@ -147,10 +261,8 @@ def workers(obj: Context, as_json: bool) -> None:
     end_with_corrupt(corrupt, "marked CORRUPT")
 
 
-def _describe(job: JobState, grace: float) -> list[tuple[str, str]]:
-    def ago(seconds: float | None) -> str:
-        return "-" if seconds is None else f"{seconds:.1f}s ago"
-
+def describe(job: JobState, grace: float) -> list[tuple[str, str]]:
+    """The rows ``status`` prints for ``job``."""
     health = job.health(grace)
     rows = [
         ("status", job.status.value),
@@ -159,18 +271,41 @@ def _describe(job: JobState, grace: float) -> list[tuple[str, str]]:
         ("stage", job.stage or "-"),
         ("progress", f"version {job.progress_version}, last {ago(job.since_progress)}"),
         ("heartbeat", ago(job.since_heartbeat)),
-        ("lease", f"{job.lease_remaining:.1f}s left" if job.lease_live else "lapsed or none"),
+        ("lease", f"{span(job.lease_remaining)} left" if job.lease_live else "lapsed or none"),
         (
             "attempts",
             f"{job.attempts} (takeovers {job.takeovers}, missed renewals {job.missed_renewals})",
         ),
+        ("age", span(job.read_at - job.created_at) if job.created_at else "-"),
+        ("duration", span(duration(job))),
     ]
+    rows += _newer_rows(job)
     if job.finish_reason == "length":
         rows.append(("answer", "capped at max_tokens (finish_reason length)"))
     if job.last_error:
         rows.append(("last error", redact(job.last_error)))
     if job.stall_snapshot:
         rows.append(("stuck at", redact(job.stall_snapshot)))
+    return rows
+
+
+def _newer_rows(job: JobState) -> list[tuple[str, str]]:
+    """Rows for the fields newer records carry (model, tokens, takeover cause), if any."""
+    rows = []
+    model = " / ".join(
+        str(v) for v in (getattr(job, "provider", None), getattr(job, "model", None)) if v
+    )
+    if model:
+        rows.append(("model", model))
+    prompt, completion = (
+        getattr(job, "prompt_tokens", None),
+        getattr(job, "completion_tokens", None),
+    )
+    if prompt or completion:
+        rows.append(("tokens", f"{prompt or 0} prompt, {completion or 0} completion"))
+    cause = getattr(job, "takeover_cause", None)
+    if cause:
+        rows.append(("taken over", redact(str(cause))))
     return rows
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -49,3 +50,38 @@ async def warn_data_lost(store: LeaseStore) -> None:
         return
     if loss is not None:
         click.echo(f"ai-lease: warning: {loss}", err=True)
+
+
+def span(seconds: float | None) -> str:
+    """A span for people: ``0.04 s``, ``2.5 s``, ``12 s``, ``4 min``, ``3 h``, ``2 d``
+    ("-" if unknown)."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def ago(seconds: float | None) -> str:
+    """``3 s ago`` ("-" if unknown)."""
+    return "-" if seconds is None else f"{span(seconds)} ago"
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+SINCE_FORMS = "30s, 15m, 1h or 7d"
+
+
+def parse_since(text: str) -> float:
+    """``30s`` / ``15m`` / ``1h`` / ``7d`` as seconds; ValueError naming the forms otherwise."""
+    found = re.fullmatch(r"([0-9]{1,9})([smhd])", text.strip().lower())
+    if found is None or int(found.group(1)) == 0:
+        raise ValueError(
+            f"expected a positive whole number and a unit: {SINCE_FORMS} (got {text!r})"
+        )
+    return int(found.group(1)) * _UNITS[found.group(2)]

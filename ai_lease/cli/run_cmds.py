@@ -191,7 +191,11 @@ def _run_here(
     from ai_lease.cli.interrupt import Interrupted
 
     settings = obj.settings
-    view = JobView(job.key, live=chatty and sys.stderr.isatty())
+    run_config = settings.run_config()
+    live = chatty and sys.stderr.isatty()
+    view = JobView(
+        job.key, live=live, timings=run_config.timings, stream=run_config.stream_timeouts
+    )
     capped: list[Event] = []
 
     def on_event(event: Event) -> None:
@@ -216,6 +220,8 @@ def _run_here(
     try:
         with view if chatty else contextlib.nullcontext():
             record = obj.run(work)
+            if chatty:
+                view.finish(record)  # the summary line; the answer is printed once, below
     except Interrupted as stop:
         click.echo(f"ai-lease: {stop}", err=True)
         sys.exit(EXIT_INTERRUPTED)

@@ -1,0 +1,90 @@
+"""``ai-lease status KEY --watch``: look at one job every few seconds until it has ended.
+
+On a terminal the rows are redrawn in place (rich); otherwise the rows are printed again
+each time the job moves (status, stage, owner, progress, health), so a log shows each step
+once. With ``--json`` each move is one JSON line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import click
+import orjson
+
+from ai_lease.errors import InputError
+
+if TYPE_CHECKING:
+    from ai_lease.cli.context import Context
+    from ai_lease.job import JobState
+    from ai_lease.lease import LeaseStore
+
+Describe = Callable[["JobState", float], list[tuple[str, str]]]
+
+
+def watch_job(
+    obj: Context, key: str, *, interval: float, as_json: bool, describe: Describe
+) -> None:
+    """Show job ``key`` every ``interval`` seconds until it is terminal."""
+    grace = obj.settings.lease.renew_interval
+    live = not as_json and sys.stdout.isatty()
+    show = _Shown(describe, grace, as_json=as_json, live=live)
+
+    async def watch(store: LeaseStore) -> None:
+        while True:
+            job = await store.get(key)
+            if job is None:
+                raise InputError(f"no job {key!r} in {obj.where}")
+            show.update(job)
+            if job.status.terminal:
+                return
+            await asyncio.sleep(interval)
+
+    with show:
+        obj.run(watch)
+
+
+class _Shown:
+    """What the watch has shown, and how it shows the next look."""
+
+    def __init__(self, describe: Describe, grace: float, *, as_json: bool, live: bool) -> None:
+        self.describe, self.grace, self.as_json = describe, grace, as_json
+        self._last: tuple[Any, ...] | None = None
+        self._live: Any = None
+        if live:
+            from rich.live import Live
+
+            self._live = Live(auto_refresh=False, transient=False)
+
+    def __enter__(self) -> _Shown:
+        if self._live is not None:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def update(self, job: JobState) -> None:
+        rows = "\n".join(f"{label:<11} {value}" for label, value in self.describe(job, self.grace))
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.update(Text(rows), refresh=True)
+            return
+        moved = _moves(job, self.grace)
+        if moved == self._last:
+            return
+        if self._last is not None and not self.as_json:
+            click.echo("")
+        self._last = moved
+        click.echo(orjson.dumps(job.to_dict()).decode() if self.as_json else rows)
+
+
+def _moves(job: JobState, grace: float) -> tuple[Any, ...]:
+    """What must change for a plain watch to print the job again."""
+    health = job.health(grace)
+    return (job.status, job.stage, job.owner_id, job.token, job.progress_version, health)
