@@ -102,7 +102,7 @@ async def call_ai(ctx: StageContext) -> Completion:
         return await _streamed(ctx, provider, request)
 
     completion = await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
-    _report(ctx, provider, completion)
+    _report(ctx, provider, completion, request.model or getattr(provider, "model", None))
     ctx.finish_reason = completion.finish_reason
     if completion.finish_reason == "length":  # a whole answer, but capped: say so
         ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
@@ -133,13 +133,16 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
             ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
 
 
-def _report(ctx: StageContext, provider: Provider, completion: Completion) -> None:
+def _report(
+    ctx: StageContext, provider: Provider, completion: Completion, model: str | None
+) -> None:
     usage = completion.usage
     ctx.say(
         "model_call",
         provider.name,
         attrs={
             "provider": provider.name,
+            "model": model or "",
             "chunks": completion.chunks,
             "prompt_tokens": usage.prompt_tokens if usage else 0,
             "completion_tokens": usage.completion_tokens if usage else 0,
