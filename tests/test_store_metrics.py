@@ -10,6 +10,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,8 +23,8 @@ from ai_lease.lease.redis_queue import RedisQueue
 from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.observe.metrics import MAX_LABEL_VALUES, Metrics, MetricsServer, serve_metrics
 from ai_lease.observe.store_metrics import StoreCollector, watch_store
-from tests.harness.redis_server import RedisServer
-from tests.test_metrics import parse, total
+from tests.harness.redis_server import RedisServer, free_port
+from tests.test_metrics import parse, start_worker, stop, submit, total
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -215,3 +216,27 @@ async def test_workers_past_the_label_cap_are_summed_as_other(sqlite_store: SQLi
     assert len(got["worker_running_jobs"]) == MAX_LABEL_VALUES + 1
     assert total(got, "worker_running_jobs", worker="other") == extra
     assert total(got, "worker_running_jobs") == MAX_LABEL_VALUES + extra
+
+
+def test_worker_serves_the_store_gauges(tmp_path: Path) -> None:
+    """`ai-lease worker --metrics-port` serves the store gauges beside the owner counters:
+    the finished job under jobs{status="DONE"}, the worker itself, store_up 1."""
+    asyncio.run(submit(tmp_path / "ai-lease.db", "cli-job"))
+    port = free_port()
+    node = start_worker(tmp_path, "--metrics-port", str(port), "--worker-id", "w-cli")
+    try:
+        deadline, got = time.monotonic() + 30, parse("")
+        while total(got, "jobs", status="DONE") < 1 or "worker_concurrency" not in got:
+            assert node.poll() is None, node.communicate()[1]
+            assert time.monotonic() < deadline, f"no store gauges in /metrics: {dict(got)}"
+            time.sleep(0.2)
+            try:
+                got = parse(httpx.get(f"http://127.0.0.1:{port}/metrics").text)
+            except httpx.TransportError:
+                continue  # not listening yet
+        assert total(got, "store_up") == 1
+        assert total(got, "worker_concurrency", worker="w-cli") == 4
+        assert total(got, "queue_due") + total(got, "leases_live") == 0
+    finally:
+        code, err = stop(node)
+    assert code == 0, err
