@@ -197,10 +197,12 @@ class StoreCollector(Collector):
             if self._up and self._clock() - self._read_at < self.ttl:
                 return
             try:
-                pending = self._pending = self._pending or self._start()
+                if self._pending is None or self._pending.done():  # done: already kept
+                    self._pending = self._start()
             except RuntimeError:  # the loop is closed: the store is gone with it
                 self._up = False
                 return
+            pending = self._pending
         if _on_loop(self.loop):  # a scrape on the store's own loop cannot wait for it
             return
         try:
