@@ -240,3 +240,13 @@ def test_worker_serves_the_store_gauges(tmp_path: Path) -> None:
     finally:
         code, err = stop(node)
     assert code == 0, err
+
+
+def test_a_closed_loop_reads_as_store_up_0() -> None:
+    """After the worker's loop is gone, a late scrape answers store_up 0 (never raises)."""
+    loop = asyncio.new_event_loop()
+    metrics = Metrics()
+    metrics.registry.register(StoreCollector(SQLiteStore(":memory:"), loop))
+    loop.close()
+    got = parse(metrics.exposition().decode())
+    assert total(got, "store_up") == 0 and "queue_due" not in got

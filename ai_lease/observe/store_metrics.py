@@ -15,8 +15,8 @@ What each store answers, from the indexes it keeps (never a scan of the job reco
   ``leases_lapsed`` (range counts on the status/expiry index), and the workers.
 * Redis: the same but ``jobs{status}``: Redis keeps no count by status, and counting means
   reading every job hash (``SCAN`` over 100,000 records per scrape), so it is not exported.
-  The queue and the lease index are sorted sets: one script, four ``ZCOUNT``\\ s, one round
-  trip. On Redis Cluster the lease index is not kept, so ``leases_*`` are left out too.
+  The queue and the lease index are sorted sets: one script of four ``ZCOUNT`` calls, one
+  round trip. On Redis Cluster the lease index is not kept, so ``leases_*`` are left out too.
 * Any other :class:`~ai_lease.lease.base.JobQueue`: the workers.
 
 Every worker reports the same store-wide values: aggregate them with ``max``, not ``sum``.
@@ -189,19 +189,21 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         self._refresh()
-        yield from _families(self._reading, self._up, self._clock() - self._read_at, self._read_s)
+        with self._lock:
+            reading, up, age = self._reading, self._up, self._clock() - self._read_at
+            took = self._read_s
+        yield from _families(reading, up, age, took)
 
     def _refresh(self) -> None:
         """Read the store unless the last reading is young; never wait past ``timeout``."""
         with self._lock:
             if self._up and self._clock() - self._read_at < self.ttl:
                 return
-            try:
-                if self._pending is None or self._pending.done():  # done: already kept
-                    self._pending = self._start()
-            except RuntimeError:  # the loop is closed: the store is gone with it
+            if self.loop.is_closed():  # the store is gone with it
                 self._up = False
                 return
+            if self._pending is None or self._pending.done():  # done: already kept
+                self._pending = self._start()
             pending = self._pending
         if _on_loop(self.loop):  # a scrape on the store's own loop cannot wait for it
             return
