@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -199,6 +201,112 @@ def test_pipelines_share_one_registry() -> None:
     etl_other = {"pipeline": "etl", "cause": "other"}
     assert m.registry.get_sample_value("owner_takeover_total", etl_other) == 1
     assert sample(m, "owner_takeover_total", cause="other") == 0
+
+
+# -- tokens ------------------------------------------------------------------------------------
+
+
+def test_model_calls_count_tokens_by_provider_model_and_kind() -> None:
+    """``model_call`` adds its prompt and completion tokens; a call naming no model counts
+    under ``unknown``, a zero count adds nothing."""
+    m = Metrics()
+    usage = {"provider": "openai-compatible", "model": "m-1", "chunks": 4, "finish_reason": ""}
+    m(
+        Event(
+            "model_call",
+            "k",
+            detail="x",
+            attrs=usage | {"prompt_tokens": 3, "completion_tokens": 5},
+        )
+    )
+    m(
+        Event(
+            "model_call",
+            "k",
+            detail="x",
+            attrs=usage | {"prompt_tokens": 2, "completion_tokens": 0},
+        )
+    )
+    m(Event("model_call", "k", detail="local", attrs={"prompt_tokens": 7, "model": ""}))
+    tokens = partial(sample, m, "tokens_total", provider="openai-compatible", model="m-1")
+    assert tokens(kind="prompt") == 5
+    assert tokens(kind="completion") == 5
+    assert sample(m, "tokens_total", provider="local", model="unknown", kind="prompt") == 7
+    assert sample(m, "tokens_total", provider="local", model="unknown", kind="completion") == 0
+
+
+async def test_a_run_counts_the_tokens_its_model_reported(sqlite_store: LeaseStore) -> None:
+    """The call_ai stage names the provider and the job's model: the usage lands there."""
+    metrics = Metrics()
+    runner = Runner(
+        sqlite_store, provider=ScriptedProvider(["a", "b", "c"]), hooks=RunHooks(on_event=metrics)
+    )
+    await runner.run(Job("tok", input="x", model="model-7"))
+    tokens = partial(sample, metrics, "tokens_total", provider="scripted", model="model-7")
+    assert tokens(kind="completion") == 3  # the scripted stream reports one token per chunk
+    assert tokens(kind="prompt") == 1
+
+
+# -- the dashboard: its panels use only names that are registered ---------------------------------
+
+DASHBOARD = Path(__file__).parent.parent / "docs" / "grafana-dashboard.json"
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"}
+PROMQL_WORDS |= {"and", "or", "unless", "inf", "nan"}
+
+
+def registered_names() -> set[str]:
+    """Every sample name Metrics and the store collector can expose."""
+    from ai_lease.observe.store_metrics import StoreCollector
+
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum")}
+    suffixes["histogram"] += ("_created",)
+    loop = asyncio.new_event_loop()
+    try:
+        families = [*Metrics().registry.collect(), *StoreCollector(None, loop).describe()]
+    finally:
+        loop.close()
+    names = set()
+    for family in families:
+        names |= {family.name + s for s in suffixes.get(family.type, ("",))}
+    return names
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (not functions, labels or keywords)."""
+    bare = re.sub(r'"[^"]*"', "", expr)
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", bare)  # label matchers, ranges
+    bare = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", bare)
+    words = re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*(?!\s*\()\b", bare)
+    return {w for w in words if w not in PROMQL_WORDS and not re.fullmatch(r"[\d.]+", w)}
+
+
+def dashboard_exprs() -> list[str]:
+    dashboard = orjson.loads(DASHBOARD.read_bytes())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 15
+    return exprs
+
+
+def test_metric_names_reads_promql() -> None:
+    """The extractor finds the metrics, and only them (so the next test can fail)."""
+    expr = (
+        "histogram_quantile(0.95, sum by (le, stage) (rate(owner_stage_duration_bucket"
+        '{pipeline=~"$pipeline"}[$__rate_interval]))) / max(queue_due) or vector(0)'
+    )
+    assert metric_names(expr) == {"owner_stage_duration_bucket", "queue_due"}
+    assert "no_such_metric" in metric_names("sum(rate(no_such_metric[5m]))")
+
+
+def test_dashboard_uses_only_registered_metric_names() -> None:
+    """Every name a panel reads is one Metrics or the store collector registers; every new
+    operator metric, and the takeover, fencing, stall and renewal counters, has a panel."""
+    used = set().union(*map(metric_names, dashboard_exprs()))
+    assert used <= registered_names(), used - registered_names()
+    wanted = {"jobs", "queue_due", "queue_scheduled", "worker_running_jobs", "tokens_total"}
+    wanted |= {"store_up", "leases_live", "leases_lapsed", "owner_takeover_total"}
+    wanted |= {"owner_fencing_rejected_total", "owner_no_progress_timeout_total"}
+    wanted |= {"owner_lease_renew_total", "owner_lease_renew_rejected_total"}
+    assert wanted <= used, wanted - used
 
 
 # -- hot path ------------------------------------------------------------------------------------

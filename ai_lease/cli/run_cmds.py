@@ -349,7 +349,8 @@ def worker(
         )
         undo = node.install_signal_handlers()
         try:
-            await node.run()
+            with _watching(metrics, store):
+                await node.run()
         finally:
             undo()
             await model_provider.aclose()
@@ -378,6 +379,22 @@ def _serving(metrics: Metrics | None, port: int, host: str) -> Iterator[None]:
         yield
     finally:
         server.close()
+
+
+@contextlib.contextmanager
+def _watching(metrics: Metrics | None, store: LeaseStore) -> Iterator[None]:
+    """The store's gauges (queue, leases, workers: docs/observability.md) on ``metrics``
+    while the block runs, if any; off again before the store closes."""
+    if metrics is None:
+        yield
+        return
+    from ai_lease.observe.store_metrics import watch_store
+
+    collector = watch_store(metrics.registry, store)
+    try:
+        yield
+    finally:
+        metrics.registry.unregister(collector)
 
 
 _WORKER_LOGGED = {"acquired", "stalled", "committed", "fenced", "failed", "retry", "released"}

@@ -126,3 +126,17 @@ end
 return out
 """
 )
+
+# KEYS: queue, lease index · returns {due, scheduled, live leases, lapsed leases}: counts for
+# the metrics (ai_lease/observe/store_metrics.py), read-only, O(log n) each. Due keys and
+# lapsed leases are judged by the server's clock, as DUE judges them; a lapsed lease is one
+# that expired or was handed back, not yet taken again.
+COUNTS = (
+    _PRELUDE
+    + r"""
+local now = now_us()
+local at, us = string.format('%.6f', now / 1000000), fmt(now)
+return {redis.call('ZCOUNT', KEYS[1], '-inf', at), redis.call('ZCOUNT', KEYS[1], '(' .. at, '+inf'),
+  redis.call('ZCOUNT', KEYS[2], '(' .. us, '+inf'), redis.call('ZCOUNT', KEYS[2], '-inf', us)}
+"""
+)

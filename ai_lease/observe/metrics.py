@@ -53,6 +53,7 @@ STREAM_TIMEOUTS = {
 }
 # Why a takeover's job was free (Acquired.cause); a takeover event without one reads OTHER.
 TAKEOVER_CAUSES = ("expired", "released", "stalled", OTHER)
+TOKEN_KINDS = ("prompt", "completion")  # tokens_total{kind}: attrs "<kind>_tokens" of model_call
 # Keeper ticks: one of these per renew interval while a job is owned.
 HEARTBEAT_KINDS = frozenset({"renewed", "renew_skipped", "renew_refused", "renew_failed"})
 
@@ -103,6 +104,7 @@ class Metrics:
         self._stage_names = tuple(stages)
         self._stages = _Capped(initial=self._stage_names)
         self._providers = _Capped()
+        self._models = _Capped()
         self._declare()
         self._zero(pipeline, self._stage_names)
 
@@ -159,6 +161,18 @@ class Metrics:
             "provider",
         )
         self._declare_stream_counters()
+        self._declare_usage()
+
+    def _declare_usage(self) -> None:
+        self.tokens = _counter(
+            self.registry,
+            "tokens_total",
+            "Model tokens used by successful calls, by provider, model and kind "
+            "(prompt, completion).",
+            "provider",
+            "model",
+            "kind",
+        )
 
     def _declare_stream_counters(self) -> None:
         counter = partial(_counter, self.registry)
@@ -265,6 +279,15 @@ class Metrics:
             provider = self._providers(event.detail)
             self.first_token.labels(pipeline, provider).observe(event.value)
 
+    def _model_call(self, event: Event, pipeline: str) -> None:
+        attrs = event.attrs or {}
+        provider = self._providers(str(attrs.get("provider") or event.detail))
+        model = self._models(str(attrs.get("model") or ""))
+        for kind in TOKEN_KINDS:
+            used = attrs.get(f"{kind}_tokens")
+            if isinstance(used, int | float) and used > 0:
+                self.tokens.labels(pipeline, provider, model, kind).inc(used)
+
     def _stream_timeout(self, event: Event, pipeline: str) -> None:
         kind = STREAM_TIMEOUTS.get(event.detail, OTHER)
         self.stream_timeout.labels(pipeline, kind).inc()
@@ -283,6 +306,7 @@ _HANDLERS: dict[str, Callable[[Metrics, Event, str], None]] = {
     "stage_done": Metrics._stage_done,
     "committed": Metrics._committed,
     "first_token": Metrics._first_token,
+    "model_call": Metrics._model_call,
     "stream_timeout": Metrics._stream_timeout,
 }
 

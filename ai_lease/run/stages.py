@@ -102,7 +102,8 @@ async def call_ai(ctx: StageContext) -> Completion:
         return await _streamed(ctx, provider, request)
 
     completion = await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
-    _report(ctx, provider, completion)
+    model = request.model or getattr(provider, "model", None)
+    _report(ctx, provider, completion, model if isinstance(model, str) else None)
     _record(ctx, provider, request, completion)
     ctx.finish_reason = completion.finish_reason
     if completion.finish_reason == "length":  # a whole answer, but capped: say so
@@ -150,13 +151,16 @@ def _record(
         ctx.ran.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
 
 
-def _report(ctx: StageContext, provider: Provider, completion: Completion) -> None:
+def _report(
+    ctx: StageContext, provider: Provider, completion: Completion, model: str | None
+) -> None:
     usage = completion.usage
     ctx.say(
         "model_call",
         provider.name,
         attrs={
             "provider": provider.name,
+            "model": model or "",
             "chunks": completion.chunks,
             "prompt_tokens": usage.prompt_tokens if usage else 0,
             "completion_tokens": usage.completion_tokens if usage else 0,
