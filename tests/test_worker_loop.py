@@ -207,3 +207,15 @@ async def test_worker_refuses_bounds_naming_the_field(
     kwargs: dict[str, Any] = {field: value}
     with pytest.raises(ValueError, match=f"Worker.{field}"):
         Worker(sqlite_store, Runner(sqlite_store), **kwargs)
+
+
+async def test_a_worker_reports_the_keys_it_runs(store: LeaseStore) -> None:
+    """While a job runs, the worker's heartbeat names it (``ai-lease workers`` shows it)."""
+    assert isinstance(store, JobQueue)
+    await submit_good(store, ["slow-report"])
+    worker = make_worker(store, [], job_seconds=4.0)
+
+    async def named() -> bool:
+        return any(w.jobs == ("slow-report",) for w in await store.list_workers())
+
+    await run_until(worker, named, timeout=15)

@@ -218,8 +218,7 @@ _WORKER_ROW = "{:<28} {:<16} {:>7} {:>8} {:>12} {:>12}"
 @click.pass_obj
 def workers(obj: Context, as_json: bool) -> None:
     """List live workers: id, host, pid, jobs running of their concurrency, when each
-    started and last reported. Workers report how many jobs they run, not which: `ai-lease
-    ls --status running` lists running jobs with their owners."""
+    started and last reported, and the keys of the jobs each one runs."""
     from dataclasses import asdict
 
     from ai_lease.lease.base import JobQueue
@@ -253,6 +252,8 @@ def workers(obj: Context, as_json: bool) -> None:
                 ago(now - info.last_seen),
             )
         )
+        if info.jobs:
+            click.echo(f"  running: {', '.join(info.jobs)}")
     for bad in corrupt:
         if as_json:
             click.echo(orjson.dumps({"worker_id": bad.key, "corrupt": bad.detail}).decode())

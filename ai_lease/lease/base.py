@@ -220,6 +220,7 @@ class WorkerInfo:
     concurrency: int
     last_seen: float  # store clock
     started_at: float
+    jobs: tuple[str, ...] = ()  # the keys it runs (at most MAX_REPORTED_JOBS of them)
 
     @classmethod
     def from_json(cls, worker_id: str, blob: str | bytes) -> WorkerInfo:
@@ -230,8 +231,10 @@ class WorkerInfo:
             raise CorruptRecord(worker_id, "the entry is not JSON", kind="worker") from None
         if not isinstance(data, dict):
             raise CorruptRecord(worker_id, "the entry is not a JSON object", kind="worker")
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {"jobs": _reported_jobs(worker_id, data.get("jobs", []))}
         for spec in fields(cls):
+            if spec.name == "jobs":
+                continue
             value, kind = data.get(spec.name), _WORKER_TYPES[spec.type]
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise CorruptRecord(
@@ -239,6 +242,17 @@ class WorkerInfo:
                 )
             values[spec.name] = value
         return cls(**values)
+
+
+MAX_REPORTED_JOBS = 64
+"""How many of its job keys a worker reports in its heartbeat (a count is always exact)."""
+
+
+def _reported_jobs(worker_id: str, value: Any) -> tuple[str, ...]:
+    """A worker entry's job keys (an entry written before workers reported them has none)."""
+    if not isinstance(value, list) or not all(isinstance(key, str) for key in value):
+        raise CorruptRecord(worker_id, f"field 'jobs' holds {str(value)[:40]!r}", kind="worker")
+    return tuple(value[:MAX_REPORTED_JOBS])
 
 
 _WORKER_TYPES: dict[Any, type | tuple[type, ...]] = {

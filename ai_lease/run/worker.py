@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import random
@@ -43,7 +44,14 @@ from ai_lease.errors import (
     StoreUnavailable,
 )
 from ai_lease.job import Job, Status
-from ai_lease.lease.base import Acquired, Following, JobQueue, LeaseStore, WorkerInfo
+from ai_lease.lease.base import (
+    MAX_REPORTED_JOBS,
+    Acquired,
+    Following,
+    JobQueue,
+    LeaseStore,
+    WorkerInfo,
+)
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.run.runner import Runner
 
@@ -275,6 +283,7 @@ class Worker:
                 self.concurrency,
                 time.time(),
                 self.started_at,
+                tuple(itertools.islice(self._running, MAX_REPORTED_JOBS)),
             )
             with contextlib.suppress(StoreUnavailable):
                 await self.queue.worker_beat(info, ttl)
