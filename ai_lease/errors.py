@@ -174,7 +174,7 @@ class JobCancelled(JobFailed):
     ends without a result, its owner is fenced out, and every follower gets this error.
 
     >>> print(JobCancelled("job-1", "cancelled by ops"))
-    job 'job-1' was cancelled (cancelled by ops): no result; submit it under a new key to run it
+    job 'job-1' was cancelled (cancelled by ops): no result; `ai-lease submit --force` runs it again
     """
 
     def __init__(self, key: str, reason: str | None) -> None:
@@ -182,7 +182,7 @@ class JobCancelled(JobFailed):
         AiLeaseError.__init__(
             self,
             f"job {key!r} was cancelled ({reason or 'no reason given'}): no result; "
-            "submit it under a new key to run it",
+            "`ai-lease submit --force` runs it again",
         )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from ai_lease.errors import CorruptRecord, JobSpecError
+from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS
 
 __all__ = ["Health", "Job", "JobState", "RunFacts", "Status", "fingerprint", "validate_key"]
 
@@ -294,115 +295,12 @@ class JobState:
         return value
 
 
-_FIELD_KINDS: dict[str, str] = {
-    "status": "status",
-    "owner_id": "str",
-    "token": "int",
-    "stage": "str",
-    "progress_version": "int",
-    "heartbeat_at": "time",
-    "last_progress_at": "time",
-    "lease_expires_at": "time",
-    "max_no_progress": "time",
-    "renew_interval": "time",
-    "stall_policy": "policy",
-    "attempts": "int",
-    "takeovers": "int",
-    "takeover_cause": "str",
-    "stalled_attempt": "int",
-    "missed_renewals": "int",
-    "last_error": "str",
-    "last_error_attempt": "count",
-    "last_error_owner": "str",
-    "stall_snapshot": "str",
-    "fingerprint": "str",
-    "spec": "str",
-    "result": "str",
-    "created_at": "time0",
-    "updated_at": "time0",
-    "started_at": "time",
-    "finish_reason": "str",
-    "finished_at": "time",
-    "provider": "str",
-    "model": "str",
-    "prompt_tokens": "count",
-    "completion_tokens": "count",
-    "first_token_s": "time",
-    "stage_durations": "json",
-}
-
-
 def _status(value: Any) -> Status | None:
     return None if value is None or value == "" else Status(value)
 
 
-def _policy(value: Any) -> str:
-    if value is None or value == "":
-        return "expire"
-    if value not in ("expire", "release", "alert"):
-        raise ValueError(value)
-    return str(value)
-
-
-def _str(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    if value.__class__ is not str:
-        raise TypeError(value)
-    return str(value)
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, float | bool):
-        raise TypeError(value)
-    return 0 if value is None or value == "" else int(value)
-
-
-def _count(value: Any) -> int | None:
-    """An optional count: None when unset."""
-    if isinstance(value, float | bool):
-        raise TypeError(value)
-    return None if value is None or value == "" else int(value)
-
-
-def _json(value: Any) -> str | None:
-    """A JSON object field: stored as text (Redis) or as the object itself (SQLite's
-    record is JSON); kept as its text, checked to be an object."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, dict):
-        return orjson.dumps(value).decode()
-    if value.__class__ is not str or not isinstance(orjson.loads(value), dict):
-        raise TypeError(value)
-    return str(value)
-
-
-def _time(value: Any) -> float | None:
-    if isinstance(value, bool):
-        raise TypeError(value)
-    return None if value is None or value == "" else float(value)
-
-
-def _time0(value: Any) -> float:
-    if isinstance(value, bool):
-        raise TypeError(value)
-    return 0.0 if value is None or value == "" else float(value)
-
-
 # Each stored field with the function that checks and converts it (hot: two records per job).
 _CONVERTERS: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
-    (
-        name,
-        {
-            "status": _status,
-            "policy": _policy,
-            "str": _str,
-            "int": _int,
-            "count": _count,
-            "json": _json,
-            "time": _time,
-            "time0": _time0,
-        }[kind],
-    )
-    for name, kind in _FIELD_KINDS.items()
+    (name, _status if kind == "status" else KIND_CONVERTERS[kind])
+    for name, kind in FIELD_KINDS.items()
 )

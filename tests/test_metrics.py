@@ -304,6 +304,7 @@ def test_dashboard_uses_only_registered_metric_names() -> None:
     assert used <= registered_names(), used - registered_names()
     wanted = {"jobs", "queue_due", "queue_scheduled", "worker_running_jobs", "tokens_total"}
     wanted |= {"store_up", "leases_live", "leases_lapsed", "owner_takeover_total"}
+    wanted |= {"job_attempts_total"}
     wanted |= {"owner_fencing_rejected_total", "owner_no_progress_timeout_total"}
     wanted |= {"owner_lease_renew_total", "owner_lease_renew_rejected_total"}
     assert wanted <= used, wanted - used

@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,13 +18,18 @@ import click
 
 from ai_lease.cli.context import Context
 from ai_lease.cli.output import print_result, to_json
-from ai_lease.redaction import redact
+from ai_lease.cli.worker_output import (
+    log_job_event,
+    log_worker_event,
+    new_metrics,
+    serving,
+    watching,
+)
 
 if TYPE_CHECKING:
     from ai_lease.job import Job, JobState
     from ai_lease.lease import LeaseStore
     from ai_lease.observe.events import Event, EventSink
-    from ai_lease.observe.metrics import Metrics
     from ai_lease.prompts import PromptLibrary
     from ai_lease.providers import Provider
     from ai_lease.run.runner import Runner
@@ -331,12 +336,12 @@ def worker(
     from ai_lease.run.worker import Worker
 
     settings = obj.settings
-    metrics = _metrics() if metrics_port is not None else None
+    metrics = new_metrics() if metrics_port is not None else None
     json_log = JobLogger(configure_logging(json=True), json=True) if log_json else None
 
     async def work(store: LeaseStore) -> None:
         model_provider = obj.provider({"name": provider} if provider else {})
-        on_event = fan_out(metrics, json_log or _log_job_event)
+        on_event = fan_out(metrics, json_log or log_job_event)
         runner = _runner(store, settings, obj.prompts(), provider=model_provider, on_event=on_event)
         node = Worker(
             store,
@@ -345,74 +350,18 @@ def worker(
             sweep_interval=sweep_interval,
             grace=grace,
             worker_id=worker_id,
-            on_event=json_log or _log_worker_event,
+            on_event=json_log or log_worker_event,
         )
         undo = node.install_signal_handlers()
         try:
-            with _watching(metrics, store):
+            with watching(metrics, store):
                 await node.run()
         finally:
             undo()
             await model_provider.aclose()
 
-    with _serving(metrics, metrics_port or 0, metrics_host):
+    with serving(metrics, metrics_port or 0, metrics_host):
         obj.run(work, loop_factory)
-
-
-def _metrics() -> Metrics:
-    # prometheus_client brings its HTTP server: imported only when metrics are asked for.
-    from ai_lease.observe.metrics import Metrics
-
-    return Metrics()
-
-
-@contextlib.contextmanager
-def _serving(metrics: Metrics | None, port: int, host: str) -> Iterator[None]:
-    """``metrics`` served at http://HOST:PORT/metrics while the block runs (if any)."""
-    if metrics is None:
-        yield
-        return
-    from ai_lease.observe.metrics import serve_metrics
-
-    server = serve_metrics(metrics, port, host)
-    try:
-        yield
-    finally:
-        server.close()
-
-
-@contextlib.contextmanager
-def _watching(metrics: Metrics | None, store: LeaseStore) -> Iterator[None]:
-    """The store's gauges (queue, leases, workers: docs/observability.md) on ``metrics``
-    while the block runs, if any; off again before the store closes."""
-    if metrics is None:
-        yield
-        return
-    from ai_lease.observe.store_metrics import watch_store
-
-    collector = watch_store(metrics.registry, store)
-    try:
-        yield
-    finally:
-        metrics.registry.unregister(collector)
-
-
-_WORKER_LOGGED = {"acquired", "stalled", "committed", "fenced", "failed", "retry", "released"}
-
-
-def _log_worker_event(event: Event) -> None:
-    """One line on stderr per event: kind, job key, owner and token, detail."""
-    who = f" {event.owner_id} token {event.token}" if event.token else ""
-    click.echo(
-        f"ai-lease worker: {event.kind:<14} {event.key}{who} {redact(event.detail)}".rstrip(),
-        err=True,
-    )
-
-
-def _log_job_event(event: Event) -> None:
-    """The runner's events a worker's plain log shows (metrics and --log-json see them all)."""
-    if event.kind in _WORKER_LOGGED:
-        _log_worker_event(event)
 
 
 @click.command(short_help="Watch a zombie owner lose its job (about 15 s).")

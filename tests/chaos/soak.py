@@ -71,7 +71,8 @@ class SoakResult:
     done: int = 0
     failed: int = 0
     faults: Counter[str] = field(default_factory=Counter)
-    takeovers: int = 0
+    takeovers: int = 0  # acquisitions by another node ("(takeover)" in the detail)
+    reattempts: int = 0  # acquisitions after a DONE job's first: takeovers and same-node retries
     unacknowledged: int = 0  # commits that landed without their owner hearing back
     violations: list[str] = field(default_factory=list)
 
@@ -79,7 +80,8 @@ class SoakResult:
         faults = ", ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none"
         return (
             f"soak: {self.jobs} jobs, {self.done} DONE, {self.failed} FAILED, "
-            f"{self.takeovers} takeovers, {self.unacknowledged} unacknowledged commits; "
+            f"{self.reattempts} re-attempts ({self.takeovers} takeovers), "
+            f"{self.unacknowledged} unacknowledged commits; "
             f"faults: {faults}; "
             f"{len(self.violations)} invariant violations"
         )
@@ -201,6 +203,7 @@ class Soak:
             self.result.done += 1
             self.result.unacknowledged += verdict.committer["kind"] == "acquired"
             self.result.takeovers += sum("(takeover)" in e["detail"] for e in verdict.acquisitions)
+            self.result.reattempts += max(0, len(verdict.acquisitions) - 1)
 
     async def run(self) -> SoakResult:
         store = open_store(self.redis.url, op_timeout=2.0)

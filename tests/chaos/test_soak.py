@@ -24,6 +24,8 @@ async def test_short_soak_keeps_every_invariant() -> None:
     assert not result.violations, "\n".join(result.violations[:5])
     assert result.jobs > 0 and result.done + result.failed == result.jobs, result.summary()
     assert sum(result.faults.values()) >= 2, result.summary()
+    # A takeover is a re-attempt by another node; a same-node re-acquire is only an attempt.
+    assert 0 <= result.takeovers <= result.reattempts, result.summary()
     report(
         "soak",
         "redis",
@@ -32,5 +34,6 @@ async def test_short_soak_keeps_every_invariant() -> None:
         done=result.done,
         failed=result.failed,
         faults=sum(result.faults.values()),
+        reattempts=result.reattempts,
         takeovers=result.takeovers,
     )
