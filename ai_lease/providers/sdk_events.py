@@ -1,13 +1,13 @@
 """The official SDK's event streams, bounded and spec-true, through public API only.
 
-The SDK (``openai`` 3.x on httpx2) parses server-sent events itself; it grows a line without
-bound and dispatches an event that has no ``data:`` (``retry: 3000`` alone), which it then
-fails to decode as JSON. Its public surface offers no hook into that parser, so the bound is
-put on the bytes before it: an httpx2 ``response`` event hook (public httpx2 API, passed in
-through the SDK's public ``http_client=``) replaces an event stream's body with
-:class:`EventWatch`, which reads the original body *decoded* (``Response.aiter_bytes()``
-on a second response over the same stream, so gzip is undone before anything is measured)
-and hands the SDK the same bytes, line by line:
+The SDK (``openai`` 3.x on httpx2; 1.x and 2.x on httpx) parses server-sent events itself;
+it grows a line without bound and dispatches an event that has no ``data:`` (``retry: 3000``
+alone), which it then fails to decode as JSON. Its public surface offers no hook into that
+parser, so the bound is put on the bytes before it: an httpx2 ``response`` event hook
+(public httpx2 API, passed in through the SDK's public ``http_client=``) replaces an event
+stream's body with :class:`EventWatch`, which reads the original body *decoded*
+(``Response.aiter_bytes()`` on a second response over the same stream, so gzip is undone
+before anything is measured) and hands the SDK the same bytes, line by line:
 
 * a line or event longer than ``max_event_bytes`` raises :class:`~.sse.EventTooLarge`;
 * ``id:``, ``retry:`` and ``event:`` lines are dropped — ai_lease reads none of them, and an
@@ -15,18 +15,37 @@ and hands the SDK the same bytes, line by line:
 * events with data are counted, and a ``[DONE]`` is noted, for the adapter's errors.
 
 Only a bounded line splitter is written here; the SSE parsing and the chunk models stay the
-SDK's.
+SDK's. The HTTP module is the one the installed SDK is built on (:func:`sdk_http_module`):
+``httpx2`` for openai 3.x, ``httpx`` before; both have the same ``Response`` and
+``AsyncByteStream`` API.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-
-import httpx2
+from typing import TYPE_CHECKING
 
 from ai_lease.providers.sse import EventTooLarge
 
-__all__ = ["WATCH", "EventWatch", "watching_hook"]
+
+def sdk_http_module() -> str:
+    """The name of the HTTP package the installed openai SDK's client is built on."""
+    import openai
+
+    for cls in openai.DefaultAsyncHttpxClient.__mro__:
+        root = cls.__module__.partition(".")[0]
+        if root not in ("openai", "builtins"):
+            return root
+    return "httpx"
+
+
+if TYPE_CHECKING:
+    import httpx2
+else:
+    httpx2 = importlib.import_module(sdk_http_module())
+
+__all__ = ["WATCH", "EventWatch", "sdk_http_module", "watching_hook"]
 
 WATCH = "ai_lease.event_watch"  # the response extension that holds a stream's EventWatch
 _DROPPED = frozenset((b"id", b"retry", b"event"))
