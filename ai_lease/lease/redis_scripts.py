@@ -87,14 +87,17 @@ end
 -- caused it: seq, time (us), kind, owner, token, stage, detail, tab-separated. The last
 -- TIMELINE_CAP are kept; the first one's seq says how many were dropped.
 local function flat(s)  -- a field of an entry: one line, no tabs, bounded
-  return (string.gsub(string.sub(s or '', 1, 200), '[\t\r\n]', ' '))
+  s = s or ''
+  if #s > 200 then s = string.sub(s, 1, 200) end
+  if string.find(s, '[\t\r\n]') then s = (string.gsub(s, '[\t\r\n]', ' ')) end
+  return s
 end
 local function note(now, kind, owner, token, stage, detail)
   local t, seq = KEYS[3], 1
   local last = redis.call('LINDEX', t, -1)
   if last then seq = (tonumber(string.match(last, '^%d+')) or 0) + 1 end
-  redis.call('RPUSH', t, table.concat({fmt(seq), fmt(now), kind, flat(owner), flat(token),
-    flat(stage), flat(detail)}, '\t'))
+  redis.call('RPUSH', t, fmt(seq) .. '\t' .. fmt(now) .. '\t' .. kind .. '\t' .. flat(owner)
+    .. '\t' .. (token or '') .. '\t' .. flat(stage) .. '\t' .. flat(detail))
   if seq > %CAP% then redis.call('LTRIM', t, -%CAP%, -1) end
 end
 local function node_of(o)  -- an owner id's node: the part before its last '#'
