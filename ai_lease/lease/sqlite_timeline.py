@@ -64,10 +64,16 @@ def append(conn: sqlite3.Connection, key: str, now: float, note: Note | None) ->
 def read(
     conn: sqlite3.Connection, key: str, after_seq: int, limit: int
 ) -> tuple[list[TimelineEntry], int]:
-    """Up to ``limit`` entries after ``after_seq``, and how many the cap dropped."""
-    (first,) = conn.execute(
-        "SELECT min(seq) FROM ai_lease_timeline WHERE key = ?", (key,)
-    ).fetchone()
+    """Up to ``limit`` entries after ``after_seq``, and how many the cap dropped (none in a
+    file opened read-only from before timelines: it has no such table)."""
+    try:
+        (first,) = conn.execute(
+            "SELECT min(seq) FROM ai_lease_timeline WHERE key = ?", (key,)
+        ).fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return [], 0
+        raise
     rows = conn.execute(
         "SELECT seq, at, kind, owner_id, token, stage, detail FROM ai_lease_timeline"
         " WHERE key = ? AND seq > ? ORDER BY seq LIMIT ?",
