@@ -18,6 +18,7 @@ __all__ = ["INNER", "Calls", "snapshot"]
 # not here: the history's flush sends them (one pipelined round trip).
 INNER = frozenset({"exists", "hget", "hgetall", "hmget", "hset", "publish", "time", "zadd"})
 INNER |= {"zrem", "zrangebyscore", "get", "set", "incr", "pexpire", "del"}
+INNER |= {"rpush", "lindex", "ltrim"}  # the job timeline's entry, written inside each script
 OWN = frozenset({"info", "config|resetstat"})  # the benchmark's own: never counted
 
 

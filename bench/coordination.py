@@ -21,7 +21,8 @@ Variants, each looping over fresh keys with ``--concurrency`` tasks on one event
 
 Targets: a whole job's throughput >= 0.9x the pair's, and Redis server CPU per job (the
 ``usec`` of ``INFO commandstats``, every command) <= 1.3x the pair's. Round trips are the
-commands clients sent (every command except the ones the Lua scripts run inside).
+commands clients sent (every command except the ones the Lua scripts run inside: among them
+the job timeline's LINDEX / RPUSH / LTRIM, which every job script writes itself).
 
 ``--scripts`` measures the scripts alone, warm: ``--script-jobs`` fresh jobs' ACQUIRE, then
 their FINISH, each batch pipelined in one write (no client between two calls), against the

@@ -14,6 +14,7 @@ from ai_lease.testing.contract import (
     DurationHistoryContract,
     JobQueueContract,
     LeaseStoreContract,
+    TimelineContract,
 )
 from ai_lease.testing.scripted import ScriptedProvider
 from tests.harness.redis_cluster import RedisCluster
@@ -47,6 +48,10 @@ class TestClusterQueue(ClusterStore, JobQueueContract):
 
 class TestClusterHistory(ClusterStore, DurationHistoryContract):
     """Duration history works on Redis Cluster."""
+
+
+class TestClusterTimeline(ClusterStore, TimelineContract):
+    """Each job's timeline shares its hash tag: written and read on one slot."""
 
 
 async def test_a_job_end_to_end_on_the_cluster(cluster: RedisCluster) -> None:

@@ -8,6 +8,7 @@ from ai_lease.testing.contract import (
     DurationHistoryContract,
     JobQueueContract,
     LeaseStoreContract,
+    TimelineContract,
 )
 
 
@@ -21,6 +22,10 @@ class TestQueueContract(JobQueueContract):
 
 class TestHistoryContract(DurationHistoryContract):
     """Both built-in stores keep duration histograms."""
+
+
+class TestTimelineContract(TimelineContract):
+    """Both built-in stores keep a bounded timeline per job."""
 
 
 # -- recovery before fresh work (issue 12 C), on both stores ------------------------------------

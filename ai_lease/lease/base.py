@@ -344,3 +344,45 @@ class JobAdmin(Protocol):
         """Delete the terminal jobs of ``statuses`` last written more than ``older_than``
         seconds ago (store clock); return how many."""
         ...
+
+
+# -- a job's timeline: what happened to it, written by the operations themselves ---------------
+
+TIMELINE_CAP = 200
+"""Entries a job's timeline keeps: the oldest go first, and are counted as dropped."""
+
+TIMELINE_KINDS = (
+    *("acquired", "renewed", "renew_refused", "stalled", "released", "taken_over"),
+    *("fenced_write_rejected", "committed", "failed", "cancelled"),
+)
+"""What an entry can say; each is written inside the operation that caused it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One thing that happened to a job, in the store's order (``seq`` from 1) and by its
+    clock (``at``): who (``owner_id``, ``token``) at which ``stage``; ``detail`` says more
+    (a renewal's progress, a refusal's code, a takeover's cause)."""
+
+    seq: int
+    at: float
+    kind: str
+    owner_id: str
+    token: int
+    stage: str
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {spec.name: getattr(self, spec.name) for spec in fields(self)}
+
+
+@runtime_checkable
+class JobTimeline(Protocol):
+    """A store that keeps a bounded timeline per job (both built-in stores do)."""
+
+    async def timeline(
+        self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
+    ) -> tuple[list[TimelineEntry], int]:
+        """Up to ``limit`` entries after ``after_seq``, oldest first, and how many were
+        dropped from the front by the cap (an unknown key: no entries, none dropped)."""
+        ...

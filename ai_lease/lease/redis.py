@@ -28,15 +28,17 @@ from ai_lease.errors import (
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease import redis_scripts as lua
 from ai_lease.lease.base import (
+    TIMELINE_CAP,
     Acquired,
     AcquireOutcome,
     Fence,
     Finished,
     Following,
     Renewal,
+    TimelineEntry,
 )
 from ai_lease.lease.redis_calls import connect
-from ai_lease.lease.redis_keys import decode, hash_tag, us
+from ai_lease.lease.redis_keys import decode, hash_tag, timeline_entry, us
 from ai_lease.lease.redis_queue import RedisQueue
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
@@ -230,6 +232,19 @@ class RedisStore(RedisQueue, AsyncResource):
                 if len(jobs) >= limit:
                     break
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
+
+    async def timeline(
+        self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
+    ) -> tuple[list[TimelineEntry], int]:
+        """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.base.JobTimeline`):
+        one LRANGE of at most ``TIMELINE_CAP`` entries."""
+        raw = await self._cmd("timeline", "LRANGE", self.keys(key)[2], 0, -1)
+        try:
+            entries = [timeline_entry(line) for line in raw]
+        except ValueError:
+            raise CorruptRecord(key, "a timeline entry is not ours", kind="timeline") from None
+        dropped = entries[0].seq - 1 if entries else 0
+        return [e for e in entries if e.seq > after_seq][: max(0, limit)], dropped
 
     async def wait(self, key: str, timeout: float) -> None:
         """Return on the job's next event (commit, fail, release) or after ``timeout``."""

@@ -1,8 +1,9 @@
 """Where one job lives in Redis, and how its hash reads back as a :class:`JobState`.
 
-Keys are ``<namespace>:{<tag>}:job`` (a hash) and ``<namespace>:{<tag>}:events`` (a pub/sub
-channel), ``<tag>`` being :func:`hash_tag` of the job key: one Cluster slot per job. Times
-are stored as microseconds of the server's clock and read back as seconds.
+Keys are ``<namespace>:{<tag>}:job`` (a hash), ``<namespace>:{<tag>}:events`` (a pub/sub
+channel) and ``<namespace>:{<tag>}:timeline`` (a list: the job's last events), ``<tag>``
+being :func:`hash_tag` of the job key: one Cluster slot per job. Times are stored as
+microseconds of the server's clock and read back as seconds.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import JobState
+from ai_lease.lease.base import TimelineEntry
 
-__all__ = ["decode", "hash_tag", "job_keys", "untag", "us"]
+__all__ = ["decode", "hash_tag", "job_keys", "timeline_entry", "untag", "us"]
 
 _TIME_FIELDS = frozenset(
     {
@@ -47,9 +49,17 @@ def untag(tag: str) -> str:
 
 
 def job_keys(namespace: str, key: str) -> list[str]:
-    """The Redis keys of one job: its hash and its event channel (one hash tag)."""
+    """The Redis keys of one job: its hash, its event channel and its timeline (a list),
+    under one hash tag."""
     tag = hash_tag(key)
-    return [f"{namespace}:{{{tag}}}:job", f"{namespace}:{{{tag}}}:events"]
+    return [f"{namespace}:{{{tag}}}:{part}" for part in ("job", "events", "timeline")]
+
+
+def timeline_entry(raw: str) -> TimelineEntry:
+    """One timeline entry as the scripts write it: seq, time (us), kind, owner, token, stage
+    and detail, tab-separated."""
+    seq, at, kind, owner, token, stage, detail = raw.split("\t", 6)
+    return TimelineEntry(int(seq), int(at) / 1_000_000, kind, owner, int(token or 0), stage, detail)
 
 
 def us(seconds: float) -> str:

@@ -177,13 +177,15 @@ class RedisQueue(RedisCalls):
         removed = 0
         async for names in self._job_hashes(PRUNE_BATCH):
             if not self._cluster:
-                keys = [*names, self._leases, self._queue, self._recovery]
                 job_keys = [self._key_of(name) for name in names]
+                lines = [self.keys(key)[2] for key in job_keys]  # their timelines
+                keys = [*names, *lines, self._leases, self._queue, self._recovery]
                 removed += await self._eval("prune", "PRUNE", keys, [*args, len(names), *job_keys])
                 continue
             for name in names:
                 key = self._key_of(name)
-                if await self._eval("prune", "PRUNE", [name], [*args, 1, key]):
+                keys = [name, self.keys(key)[2]]
+                if await self._eval("prune", "PRUNE", keys, [*args, 1, key]):
                     removed += 1
                     await self._unqueue(key)
         return int(removed)

@@ -1,11 +1,14 @@
 """The Redis store's Lua scripts: the rules of :mod:`ai_lease.lease.rules`, one round trip each.
 
-The job scripts touch ``KEYS[1]`` (the job's hash, ``<ns>:{<tag>}:job``) and publish on
-``KEYS[2]`` (``<ns>:{<tag>}:events``); both share one hash tag, so each script is valid on
-Redis Cluster. On a standalone server they also keep ``KEYS[3]``, the lease index (a sorted
-set of job hash -> lease expiry in microseconds), which ``DUE`` scans for lapsed leases even
-when a job has no queue entry; ``SUBMIT`` writes the queue entry (``KEYS[4]``) with the
-record. On Cluster those keys live in another slot and are left out (``KEYS[3]`` is nil).
+The job scripts touch ``KEYS[1]`` (the job's hash, ``<ns>:{<tag>}:job``), publish on
+``KEYS[2]`` (``<ns>:{<tag>}:events``) and note what they did in ``KEYS[3]`` (the job's
+timeline, a list ``<ns>:{<tag>}:timeline`` of at most ``TIMELINE_CAP`` entries, written in
+the same script: no round trip of its own); all three share one hash tag, so each script is
+valid on Redis Cluster. On a standalone server they also keep ``KEYS[4]``, the lease index
+(a sorted set of job hash -> lease expiry in microseconds), which ``DUE`` scans for lapsed
+leases even when a job has no queue entry; ``SUBMIT`` writes the queue entry (``KEYS[5]``)
+with the record. On Cluster those keys live in another slot and are left out (``KEYS[4]``
+is nil).
 The namespace's own keys (queue, lease index, epoch marker) share the hash tag
 ``{<ns>:queue}``; a worker's keys share ``{<ns>:workers}``. Time is the Redis server's
 ``TIME`` in microseconds; durations arrive in microseconds. Numbers are written with ``%d``
@@ -18,6 +21,8 @@ tests/test_refusal.py holds the script text to that list and to the enum.
 """
 
 from __future__ import annotations
+
+from ai_lease.lease.base import TIMELINE_CAP
 
 SCHEMA = "1"
 
@@ -73,10 +78,27 @@ local function add(t, name, value)  -- one field of an HSET's argument list
 end
 -- The lease index (standalone only): where DUE finds leases that lapsed.
 local function index_lease(k, expires_us)
-  if KEYS[3] then redis.call('ZADD', KEYS[3], fmt(expires_us), k) end
+  if KEYS[4] then redis.call('ZADD', KEYS[4], fmt(expires_us), k) end
 end
 local function unindex(k)
-  if KEYS[3] then redis.call('ZREM', KEYS[3], k) end
+  if KEYS[4] then redis.call('ZREM', KEYS[4], k) end
+end
+-- The job's timeline (KEYS[3], a list): one entry per event, written by the script that
+-- caused it: seq, time (us), kind, owner, token, stage, detail, tab-separated. The last
+-- TIMELINE_CAP are kept; the first one's seq says how many were dropped.
+local function flat(s)  -- a field of an entry: one line, no tabs, bounded
+  s = s or ''
+  if #s > 200 then s = string.sub(s, 1, 200) end
+  if string.find(s, '[\t\r\n]') then s = (string.gsub(s, '[\t\r\n]', ' ')) end
+  return s
+end
+local function note(now, kind, owner, token, stage, detail)
+  local t, seq = KEYS[3], 1
+  local last = redis.call('LINDEX', t, -1)
+  if last then seq = (tonumber(string.match(last, '^%d+')) or 0) + 1 end
+  redis.call('RPUSH', t, fmt(seq) .. '\t' .. fmt(now) .. '\t' .. kind .. '\t' .. flat(owner)
+    .. '\t' .. (token or '') .. '\t' .. flat(stage) .. '\t' .. flat(detail))
+  if seq > %CAP% then redis.call('LTRIM', t, -%CAP%, -1) end
 end
 local function node_of(o)  -- an owner id's node: the part before its last '#'
   local n = string.match(o, '^(.*)#[^#]*$')
@@ -99,9 +121,10 @@ local function ours(k, schema)
   if not schema and redis.call('EXISTS', k) == 0 then return false end
   return redis.error_reply('AILEASE_CORRUPT schema marker is ' .. tostring(schema))
 end
-""".replace("%LEAN%", _lean_lua())
+""".replace("%LEAN%", _lean_lua()).replace("%CAP%", str(TIMELINE_CAP))
 
-# KEYS: job, events[, lease index] · ARGV: owner, ttl_us, max_no_progress_us, stall_policy,
+# KEYS: job, events, timeline[, lease index] ·
+# ARGV: owner, ttl_us, max_no_progress_us, stall_policy,
 # fingerprint ('' none), max_attempts ('' none), spec ('' none: written only into a record
 # this call creates, i.e. one re-created after the store lost its data), renew_interval_us
 # ('' none) · takeover: another node's earlier owner (a same-node retry is an attempt only),
@@ -157,9 +180,11 @@ if maxatt and attempts >= maxatt then
     'last_error', 'gave up after ' .. fmt(attempts) .. ' attempts: ' .. last_error})
   redis.call('PUBLISH', KEYS[2], 'FAILED')
   unindex(k)
+  note(now, 'failed', v[3], v[4], '', 'gave up after ' .. fmt(attempts) .. ' attempts')
   return {'finished', at, unpack(redis.call('HGETALL', k))}
 end
-local w = {'status', 'RUNNING', 'owner_id', owner, 'token', fmt(math.max(prev + 1, now)),
+local token = fmt(math.max(prev + 1, now))
+local w = {'status', 'RUNNING', 'owner_id', owner, 'token', token,
   'stage', '', 'progress_version', '0', 'heartbeat_at', at, 'last_progress_at', at,
   'lease_expires_at', fmt(now + ttl), 'max_no_progress', ARGV[3], 'stall_policy', ARGV[4],
   'attempts', fmt(attempts + 1), 'updated_at', at, 'renew_interval', ARGV[8] or ''}
@@ -167,6 +192,11 @@ if cause then add(w, 'takeovers', fmt(takeovers + 1)); add(w, 'takeover_cause', 
 if (v[10] or '') == '' then add(w, 'started_at', at) end  -- the job deadline starts here
 write(w)
 index_lease(k, now + ttl)
+if cause then
+  note(now, 'taken_over', owner, token, '', cause .. ' from ' .. v[3] .. ' token ' .. (v[4] or ''))
+else
+  note(now, 'acquired', owner, token, '', 'attempt ' .. fmt(attempts + 1))
+end
 if not ok then return {'acquired', at, 0, unpack(w)} end  -- a new record: all it holds
 return {'acquired', at, cause and 1 or 0, unpack(lean(k))}
 """
@@ -184,7 +214,8 @@ local now = now_us()
 local mine = num(v[3]) == token and ok and v[2] == owner
 """
 
-# KEYS: job, events · ARGV: owner, token, ttl_us, stage, progress_version, max_no_progress_us,
+# KEYS: job, events, timeline ·
+# ARGV: owner, token, ttl_us, stage, progress_version, max_no_progress_us,
 # grace_us (the owner's renew interval: kept as renew_interval) · a stall is written to
 # stalled_attempt · returns {'ok', lease_remaining_us, stalled(0|1)}
 #       | {refusal, lease_remaining_us, current_token, current_owner}
@@ -196,10 +227,22 @@ RENEW = (
     + _FENCE_CHECK
     + r"""
 if not ok then return {'missing', 0, '', ''} end
-if not mine then return {'not_owner', 0, v[3] or '', v[2] or ''} end
-if v[1] ~= 'RUNNING' then return {'not_running', 0, v[3], v[2]} end
+local function refused(code)  -- a refusal, noted in the timeline
+  note(now, 'renew_refused', owner, ARGV[2], ARGV[4], code)
+end
+if not mine then
+  refused('not_owner')
+  return {'not_owner', 0, v[3] or '', v[2] or ''}
+end
+if v[1] ~= 'RUNNING' then
+  refused('not_running')
+  return {'not_running', 0, v[3], v[2]}
+end
 local expires = num(v[4])
-if expires <= now then return {'expired', 0, v[3], v[2]} end
+if expires <= now then
+  refused('expired')
+  return {'expired', 0, v[3], v[2]}
+end
 local version, last = num(v[6]), num(v[7])
 if last == 0 then last = now end
 if tonumber(ARGV[5]) > version then version, last = tonumber(ARGV[5]), now end
@@ -211,6 +254,7 @@ if stalled then
   add(w, 'stalled_attempt', fmt(num(v[9])))
   if v[8] ~= 'alert' then
     redis.call('HSET', k, unpack(w))
+    refused('no_progress')
     return {'no_progress', fmt(expires - now), v[3], v[2]}
   end
 end
@@ -218,21 +262,29 @@ add(w, 'heartbeat_at', fmt(now))
 add(w, 'lease_expires_at', fmt(now + tonumber(ARGV[3])))
 redis.call('HSET', k, unpack(w))
 index_lease(k, now + tonumber(ARGV[3]))
+local moved = 'progress +' .. fmt(version - num(v[6]))
+note(now, 'renewed', owner, ARGV[2], ARGV[4], stalled and moved .. ', stalled (alert)' or moved)
 return {'ok', ARGV[3], stalled and 1 or 0}
 """
 )
 
-# KEYS: job, events · ARGV: owner, token, error ('' keep), snapshot ('' keep),
+# KEYS: job, events, timeline · ARGV: owner, token, error ('' keep), snapshot ('' keep),
 # interrupted ('1': give the attempt back) · an error names its attempt and owner
 # (last_error_attempt, last_error_owner); a snapshot marks the attempt stalled · returns 1 | 0
 RELEASE = (
     _PRELUDE
-    + _FENCE
+    + "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema',\n"
+    + "  'attempts', 'stage'}\n"
     + _FENCE_CHECK
     + r"""
 if not mine or v[1] ~= 'RUNNING' then return 0 end
 redis.call('HSET', k, 'status', 'PENDING', 'lease_expires_at', fmt(now), 'updated_at', fmt(now))
-local attempt = redis.call('HGET', k, 'attempts') or '0'
+local attempt = v[6] or '0'
+local why = {}
+if ARGV[5] == '1' then why[#why + 1] = 'interrupted' end
+if ARGV[4] ~= '' then why[#why + 1] = 'snapshot stored' end
+if ARGV[3] ~= '' then why[#why + 1] = string.match(ARGV[3], '^[^\n]*') end
+note(now, 'released', owner, ARGV[2], v[7], table.concat(why, '; '))
 if ARGV[3] ~= '' then
   redis.call('HSET', k, 'last_error', ARGV[3], 'last_error_attempt', attempt,
     'last_error_owner', owner)
@@ -249,7 +301,8 @@ return 1
 """
 )
 
-# KEYS: job, events · ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
+# KEYS: job, events, timeline ·
+# ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
 # finish reason ('' = none; kept on a DONE record), then what ran ('' = keep): provider, model,
 # prompt_tokens, completion_tokens, first_token_us, stage_durations (JSON); sets finished_at;
 # a FAILED one names its attempt and owner (last_error_attempt, last_error_owner)
@@ -272,9 +325,13 @@ if ended(v[1]) then
   elseif v[1] == 'DONE' and ARGV[3] == 'DONE' then
     why = 'already_committed'
   end
+  note(now, 'fenced_write_rejected', owner, ARGV[2], v[AT_STAGE], why)
   return {'rejected', why, v[3], v[2]}
 end
-if not mine then return {'rejected', 'newer_owner', v[3], v[2]} end
+if not mine then
+  note(now, 'fenced_write_rejected', owner, ARGV[2], v[AT_STAGE], 'newer_owner')
+  return {'rejected', 'newer_owner', v[3], v[2]}
+end
 local at = fmt(now)
 local w = {'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '', 'updated_at', at}
 v[AT_STATUS], v[AT_LEASE_EXPIRES_AT], v[AT_UPDATED_AT] = ARGV[3], '', at
@@ -307,11 +364,17 @@ end
 redis.call('HSET', k, unpack(w))
 unindex(k)
 redis.call('PUBLISH', KEYS[2], ARGV[3])
+if ARGV[3] == 'DONE' then
+  note(now, 'committed', owner, ARGV[2], v[AT_STAGE], ARGV[6] or '')
+else
+  note(now, 'failed', owner, ARGV[2], v[AT_STAGE], string.match(ARGV[5], '^[^\n]*'))
+end
 return {'written', at, unpack(v)}  -- the record's LEAN_FIELDS values, as written
 """
 )
 
-# KEYS: job, events · ARGV: owner, token, stage, snapshot (its first line becomes last_error,
+# KEYS: job, events, timeline ·
+# ARGV: owner, token, stage, snapshot (its first line becomes last_error,
 # named by attempt and owner; the attempt is marked stalled) · returns 1 | 0
 REPORT_STALL = (
     _PRELUDE
@@ -323,11 +386,14 @@ local attempt = redis.call('HGET', k, 'attempts') or '0'
 redis.call('HSET', k, 'stall_snapshot', ARGV[4], 'stage', ARGV[3], 'updated_at', fmt(now),
   'last_error', string.match(ARGV[4], '^[^\n]*'), 'last_error_attempt', attempt,
   'last_error_owner', owner, 'stalled_attempt', attempt)
+local first_line = string.match(ARGV[4], '^[^\n]*')
+note(now, 'stalled', owner, ARGV[2], ARGV[3], 'snapshot stored: ' .. first_line)
 return 1
 """
 )
 
-# KEYS: job, events[, lease index] · ARGV: reason · returns {now, fields...} (no fields when
+# KEYS: job, events, timeline[, lease index] ·
+# ARGV: reason · returns {now, fields...} (no fields when
 # the job is unknown). Not fenced: a job not yet ended becomes CANCELLED (its owner's next
 # RENEW answers not_running, its FINISH is rejected); an ended one is returned unchanged.
 CANCEL = (
@@ -338,7 +404,9 @@ local ok = check(k)
 if type(ok) == 'table' then return ok end
 local now = now_us()
 if not ok then return {fmt(now)} end
-if not ended(redis.call('HGET', k, 'status')) then
+local c = redis.call('HMGET', k, 'status', 'owner_id', 'token', 'stage')
+if not ended(c[1]) then
+  note(now, 'cancelled', c[2], c[3], c[4], ARGV[1])
   redis.call('HSET', k, 'status', 'CANCELLED', 'lease_expires_at', '', 'last_error', ARGV[1],
     'last_error_attempt', '', 'last_error_owner', '', 'updated_at', fmt(now))
   unindex(k)
@@ -358,7 +426,8 @@ return {fmt(now_us()), unpack(redis.call('HGETALL', KEYS[1]))}
 """
 )
 
-# KEYS: job, events[, lease index, queue] · ARGV: spec, fingerprint, job key (the queue's member)
+# KEYS: job, events, timeline[, lease index, queue] ·
+# ARGV: spec, fingerprint, job key (the queue's member)
 # returns {'ok', now, fields...} | {'conflict'}. The record and its queue entry are written
 # together: a job is never stored without the entry that makes a worker look at it.
 SUBMIT = (
@@ -379,8 +448,8 @@ else
     'fingerprint', ARGV[2], 'created_at', fmt(now), 'updated_at', fmt(now))
 end
 local status = redis.call('HGET', k, 'status')
-if KEYS[4] and not ended(status) then  -- add, or bring forward
-  redis.call('ZADD', KEYS[4], 'LT', string.format('%.6f', now / 1000000), ARGV[3])
+if KEYS[5] and not ended(status) then  -- add, or bring forward
+  redis.call('ZADD', KEYS[5], 'LT', string.format('%.6f', now / 1000000), ARGV[3])
 end
 return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
 """
@@ -388,7 +457,8 @@ return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
 
 # -- the jobs' lifecycle for people (ai-lease retry / rm / prune) ------------------------------
 
-# KEYS: job, events[, lease index, queue, recovery looks] · ARGV: job key (the queue's member)
+# KEYS: job, events, timeline[, lease index, queue, recovery looks] ·
+# ARGV: job key (the queue's member)
 # returns {now, fields...} (no fields when the job is unknown). A FAILED or CANCELLED job goes
 # back to PENDING with a fresh attempt budget (rules.retry): attempts 0, no owner, no lease,
 # its deadlines restarted, due for workers at once; any other job is returned unchanged.
@@ -405,9 +475,9 @@ if status == 'FAILED' or status == 'CANCELLED' then
   redis.call('HSET', k, 'status', 'PENDING', 'attempts', '0', 'owner_id', '',
     'lease_expires_at', '', 'started_at', '', 'created_at', fmt(now), 'updated_at', fmt(now))
   unindex(k)
-  if KEYS[4] then
-    redis.call('ZADD', KEYS[4], string.format('%.6f', now / 1000000), ARGV[1])
-    redis.call('ZREM', KEYS[5], ARGV[1])
+  if KEYS[5] then
+    redis.call('ZADD', KEYS[5], string.format('%.6f', now / 1000000), ARGV[1])
+    redis.call('ZREM', KEYS[6], ARGV[1])
   end
   redis.call('PUBLISH', KEYS[2], 'PENDING')
 end
@@ -415,7 +485,8 @@ return {fmt(now), unpack(redis.call('HGETALL', k))}
 """
 )
 
-# KEYS: job, events[, lease index, queue, recovery looks] · ARGV: job key (the queue's member),
+# KEYS: job, events, timeline[, lease index, queue, recovery looks] ·
+# ARGV: job key (the queue's member),
 # force ('1': even a RUNNING job under a live lease)
 # returns {now} (no such job) | {now, 'removed' | 'kept', fields...}: the record as it was.
 # A removed job's hash and its entries in the lease index, queue and recovery looks go in one
@@ -430,28 +501,30 @@ if type(ok) == 'table' then return ok end
 local now = now_us()
 local function forget()
   unindex(k)
-  if KEYS[4] then
-    redis.call('ZREM', KEYS[4], ARGV[1])
+  if KEYS[5] then
     redis.call('ZREM', KEYS[5], ARGV[1])
+    redis.call('ZREM', KEYS[6], ARGV[1])
   end
 end
 if not ok then
   forget()
+  redis.call('DEL', KEYS[3])
   return {fmt(now)}
 end
 local was = redis.call('HGETALL', k)
 if ARGV[2] ~= '1' and v[2] == 'RUNNING' and num(v[3]) > now then
   return {fmt(now), 'kept', unpack(was)}
 end
-redis.call('DEL', k)
+redis.call('DEL', k, KEYS[3])
 forget()
 redis.call('PUBLISH', KEYS[2], 'REMOVED')
 return {fmt(now), 'removed', unpack(was)}
 """
 )
 
-# KEYS: job hashes... (n of them)[, lease index, queue, recovery looks] (standalone: a batch
-# and the namespace's keys; on Cluster one job hash alone) · ARGV: older than (microseconds),
+# KEYS: job hashes... (n of them), their timelines (n, in the same order)[, lease index,
+# queue, recovery looks] (standalone: a batch and the namespace's keys; on Cluster one job
+# hash and its timeline alone) · ARGV: older than (microseconds),
 # statuses (',' between), n, job keys... (the queue's members, in the order of the hashes)
 # returns the number removed: each job one of the statuses (terminal ones) and last written
 # more than ARGV[1] ago by the server's clock (rules.prunable); a hash not ours is left alone.
@@ -460,14 +533,14 @@ PRUNE = (
     + r"""
 local cutoff, n, wanted = now_us() - tonumber(ARGV[1]), tonumber(ARGV[3]), {}
 for s in string.gmatch(ARGV[2], '[^,]+') do wanted[s] = true end
-local leases, queue, looks = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
+local leases, queue, looks = KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3]
 local removed = 0
 for i = 1, n do
   local k = KEYS[i]
   local v = redis.call('HMGET', k, 'schema', 'status', 'updated_at', 'created_at')
   local written = tonumber((v[3] and v[3] ~= '') and v[3] or (v[4] or ''))
   if v[1] == '1' and ended(v[2]) and wanted[v[2]] and written and written < cutoff then
-    redis.call('DEL', k)
+    redis.call('DEL', k, KEYS[n + i])
     if leases then
       redis.call('ZREM', leases, k)
       redis.call('ZREM', queue, ARGV[3 + i])

@@ -20,6 +20,7 @@ from typing import Any
 from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease import rules
+from ai_lease.lease import sqlite_timeline as timeline
 from ai_lease.lease.base import AcquireOutcome, Fence, Renewal
 from ai_lease.lease.sqlite_queue import SQLiteQueue
 from ai_lease.resource import AsyncResource
@@ -63,6 +64,7 @@ class SQLiteStore(SQLiteQueue, AsyncResource):
                 max_attempts=max_attempts,
                 renew_interval=renew_interval,
             ),
+            timeline.acquired,
         )
 
     async def renew(
@@ -88,6 +90,7 @@ class SQLiteStore(SQLiteQueue, AsyncResource):
                 max_no_progress=max_no_progress,
                 grace=grace,
             ),
+            lambda rec, new, answer: timeline.renewed(rec, new, answer, fence, stage),
         )
 
     async def release(
@@ -104,6 +107,7 @@ class SQLiteStore(SQLiteQueue, AsyncResource):
             lambda rec, now: rules.release(
                 rec, fence, now, error=error, snapshot=snapshot, interrupted=interrupted
             ),
+            lambda rec, _, done: timeline.released(rec, done, fence, error, snapshot, interrupted),
         )
 
     async def commit(
@@ -118,11 +122,15 @@ class SQLiteStore(SQLiteQueue, AsyncResource):
             "commit",
             fence.key,
             lambda rec, now: rules.commit(rec, fence, now, result, finish_reason, facts),
+            lambda _, new, __: timeline.finished(new, fence, finish_reason or ""),
         )
 
     async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
         return await self._transact(
-            "fail", fence.key, lambda rec, now: rules.fail(rec, fence, now, reason, facts)
+            "fail",
+            fence.key,
+            lambda rec, now: rules.fail(rec, fence, now, reason, facts),
+            lambda _, new, __: timeline.finished(new, fence, reason),
         )
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
@@ -130,14 +138,17 @@ class SQLiteStore(SQLiteQueue, AsyncResource):
             "report_stall",
             fence.key,
             lambda rec, now: rules.report_stall(rec, fence, now, stage, snapshot),
+            lambda _, __, done: timeline.stalled(done, fence, stage, snapshot),
         )
 
     async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
         def work(conn: sqlite3.Connection) -> JobState | None:
             now = self._clock()
-            new, job = rules.cancel(self._load(conn, key, now), now, reason)
+            rec = self._load(conn, key, now)
+            new, job = rules.cancel(rec, now, reason)
             if new is not None:
                 self._save(conn, new)
+                timeline.append(conn, key, now, timeline.cancelled(rec, new, reason))
                 conn.execute("DELETE FROM ai_lease_queue WHERE key = ?", (key,))
                 conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
             return job

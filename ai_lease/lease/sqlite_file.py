@@ -19,8 +19,10 @@ from typing import TypeVar
 
 import orjson
 
-from ai_lease.errors import CorruptRecord, StoreUnavailable
+from ai_lease.errors import CorruptRecord, FencingRejected, StoreUnavailable
 from ai_lease.job import JobState
+from ai_lease.lease import sqlite_timeline as timeline
+from ai_lease.lease.base import TIMELINE_CAP, TimelineEntry
 from ai_lease.retry import while_locked
 
 __all__ = ["SQLiteFile"]
@@ -54,6 +56,17 @@ CREATE TABLE IF NOT EXISTS ai_lease_durations (
     count INTEGER NOT NULL,
     PRIMARY KEY (pipeline, kind, stage, bucket)
 );
+CREATE TABLE IF NOT EXISTS ai_lease_timeline (
+    key TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    owner_id TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    stage TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    PRIMARY KEY (key, seq)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ai_lease_workers (
     worker_id TEXT PRIMARY KEY,
     expires_at REAL NOT NULL,
@@ -192,18 +205,40 @@ class SQLiteFile:
         return await self._run(op, work)
 
     async def _transact(
-        self, op: str, key: str, rule: Callable[[JobState | None, float], tuple[JobState | None, T]]
+        self,
+        op: str,
+        key: str,
+        rule: Callable[[JobState | None, float], tuple[JobState | None, T]],
+        note: Callable[[JobState | None, JobState | None, T], timeline.Note | None] | None = None,
     ) -> T:
-        """Read, decide and write one job's record in one write transaction."""
+        """Read, decide and write one job's record in one write transaction, noting in the
+        job's timeline what ``note`` makes of it (the record before, after, the answer); a
+        fenced write the rule rejects is noted too, in the same transaction."""
 
-        def work(conn: sqlite3.Connection) -> T:
+        def work(conn: sqlite3.Connection) -> T | FencingRejected:
             now = self._clock()
-            new, answer = rule(self._load(conn, key, now), now)
+            rec = self._load(conn, key, now)
+            try:
+                new, answer = rule(rec, now)
+            except FencingRejected as exc:
+                timeline.append(conn, key, now, timeline.rejected(rec, exc))
+                return exc
             if new is not None:
                 self._save(conn, new)
+            if note is not None:
+                timeline.append(conn, key, now, note(rec, new, answer))
             return answer
 
-        return await self._write(op, work)
+        answer = await self._write(op, work)
+        if isinstance(answer, FencingRejected):
+            raise answer
+        return answer
+
+    async def timeline(
+        self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
+    ) -> tuple[list[TimelineEntry], int]:
+        """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.base.JobTimeline`)."""
+        return await self._run("timeline", lambda conn: timeline.read(conn, key, after_seq, limit))
 
     async def aclose(self) -> None:
         def close() -> None:

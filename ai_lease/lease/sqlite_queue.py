@@ -236,6 +236,6 @@ class SQLiteQueue(SQLiteFile):
 
 
 def _delete(conn: sqlite3.Connection, keys: list[str]) -> None:
-    """Every trace of ``keys``: the records, queue entries and recovery looks."""
-    for table in ("ai_lease_jobs", "ai_lease_queue", "ai_lease_recovery"):
+    """Every trace of ``keys``: the records, queue entries, recovery looks and timelines."""
+    for table in ("ai_lease_jobs", "ai_lease_queue", "ai_lease_recovery", "ai_lease_timeline"):
         conn.executemany(f"DELETE FROM {table} WHERE key = ?", [(key,) for key in keys])

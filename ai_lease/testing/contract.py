@@ -36,9 +36,10 @@ from ai_lease.lease.refusal import Refusal
 from ai_lease.testing.contract_queue import DurationHistoryContract, JobQueueContract
 from ai_lease.testing.contract_record import RecordContract
 from ai_lease.testing.contract_support import key_for, own, renew
+from ai_lease.testing.contract_timeline import TimelineContract
 from ai_lease.testing.contract_writes import WriteContract
 
-__all__ = ["DurationHistoryContract", "JobQueueContract", "LeaseStoreContract"]
+__all__ = ["DurationHistoryContract", "JobQueueContract", "LeaseStoreContract", "TimelineContract"]
 
 
 class LeaseStoreContract(WriteContract, RecordContract):
