@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 
 from ai_lease.errors import ProviderError, StreamInterrupted
-from ai_lease.providers.base import Delta, Usage
+from ai_lease.providers.base import Delta, ToolCallDelta, Usage
 
-__all__ = ["ChunkParser", "refuse_filtered", "stream_error", "usage_of"]
+__all__ = ["ChunkParser", "refuse_filtered", "stream_error", "tool_call_deltas", "usage_of"]
 
 _loads = orjson.loads
 
@@ -47,12 +47,14 @@ class ChunkParser:
             try:
                 obj = _loads(data)
                 choice = obj["choices"][0]
-                text = choice["delta"]["content"]
+                delta = choice["delta"]
+                text = delta["content"]
                 fast = (
                     text.__class__ is str
                     and text
                     and choice["finish_reason"] is None
                     and obj.get("usage") is None
+                    and (len(delta) == 1 or not _has_side(delta))
                 )
             except (ValueError, LookupError, TypeError, AttributeError):
                 obj, fast = None, False
@@ -94,19 +96,45 @@ def chunk_deltas(provider: str, data: bytes, chunks: int, obj: Any = None) -> li
             raise stream_error(provider, f"error in stream: {obj['error']}", chunks)
         out = []
         for choice in obj.get("choices") or ():
-            content = (choice.get("delta") or {}).get("content") or ""
-            if not isinstance(content, str):
+            delta = choice.get("delta") or {}
+            content = delta.get("content") or ""
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            if not isinstance(content, str) or not isinstance(reasoning, str):
                 raise TypeError(content)
+            calls = tool_call_deltas(delta.get("tool_calls"))
             finish = choice.get("finish_reason")
             refuse_filtered(provider, finish)
-            if content or finish:
-                out.append(Delta(content, finish))
+            if content or finish or reasoning or calls:
+                out.append(Delta(content, finish, None, reasoning, calls))
         usage = obj.get("usage")
         if usage:
             out.append(Delta(usage=usage_of(usage)))
         return out
     except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
         raise stream_error(provider, f"malformed chunk: {data[:80]!r}", chunks) from None
+
+
+def tool_call_deltas(data: Any) -> tuple[ToolCallDelta, ...]:
+    """The tool-call fragments of one chunk's ``delta.tool_calls`` (a list, or null)."""
+    if not data:
+        return ()
+    out = []
+    for call in data:
+        function = call.get("function") or {}
+        arguments = function.get("arguments") or ""
+        if not isinstance(arguments, str):
+            raise TypeError(arguments)
+        out.append(
+            ToolCallDelta(
+                int(call.get("index") or 0), call.get("id"), function.get("name"), arguments
+            )
+        )
+    return tuple(out)
+
+
+def _has_side(delta: Mapping[str, Any]) -> bool:
+    """A delta carrying reasoning or tool calls beside its text (never the fast path)."""
+    return bool(delta.get("reasoning_content") or delta.get("reasoning") or delta.get("tool_calls"))
 
 
 def usage_of(data: Mapping[str, Any] | None) -> Usage | None:

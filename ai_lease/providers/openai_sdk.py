@@ -34,7 +34,7 @@ from ai_lease.errors import (
     StreamInterrupted,
     StreamLimitExceeded,
 )
-from ai_lease.providers.base import ChatRequest, Completion, Delta, Usage
+from ai_lease.providers.base import ChatRequest, Completion, Delta, ToolCallDelta, Usage
 from ai_lease.providers.errors import parse_retry_after
 from ai_lease.providers.openai_compat import check_base_url, request_body, sampling_defaults
 from ai_lease.providers.sdk_events import WATCH, EventWatch, watching_hook
@@ -177,17 +177,20 @@ class OpenAISDKProvider(AsyncResource):
         try:
             out = []
             for choice in chunk.choices[:1]:
-                text = (choice.delta.content if choice.delta else None) or ""
-                if not isinstance(text, str):
+                delta = choice.delta
+                text = (delta.content if delta else None) or ""
+                reasoning = _reasoning(delta)
+                if not isinstance(text, str) or not isinstance(reasoning, str):
                     raise TypeError(f"content is {type(text).__name__}, not text")
+                calls = _tool_calls(delta)
                 if choice.finish_reason == "content_filter":
                     raise ProviderError(
                         "the answer was stopped by the content filter",
                         retryable=False,
                         provider=self.name,
                     )
-                if text or choice.finish_reason:
-                    out.append(Delta(text, choice.finish_reason))
+                if text or choice.finish_reason or reasoning or calls:
+                    out.append(Delta(text, choice.finish_reason, None, reasoning, calls))
             if chunk.usage is not None:
                 usage = chunk.usage
                 out.append(
@@ -234,3 +237,27 @@ class OpenAISDKProvider(AsyncResource):
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _reasoning(delta: Any) -> Any:
+    """A delta's reasoning text: ``reasoning_content`` (DeepSeek, vLLM, llama.cpp) or
+    ``reasoning``, extra fields the SDK keeps on its delta object."""
+    if delta is None:
+        return ""
+    return getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None) or ""
+
+
+def _tool_calls(delta: Any) -> tuple[ToolCallDelta, ...]:
+    """A delta's tool-call fragments (the SDK's ``ChoiceDeltaToolCall`` objects)."""
+    calls = getattr(delta, "tool_calls", None) if delta is not None else None
+    if not calls:
+        return ()
+    out = []
+    for call in calls:
+        function = call.function
+        arguments = (function.arguments if function else None) or ""
+        if not isinstance(arguments, str):
+            raise TypeError(f"tool-call arguments are {type(arguments).__name__}, not text")
+        name = function.name if function else None
+        out.append(ToolCallDelta(int(call.index or 0), call.id, name, arguments))
+    return tuple(out)

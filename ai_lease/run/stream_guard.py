@@ -6,8 +6,8 @@ parse a chunk). One timer handle, the **watchdog**, sleeps until the earliest de
 that could fire; when it wakes it re-reads the deadlines, and either re-arms for the new
 earliest one or cancels the consuming task, which then raises the typed timeout:
 
-* :class:`FirstTokenTimeout`: no content delta within ``first_token`` of the request;
-* :class:`StreamIdleTimeout`: no content delta within ``idle`` of the previous one;
+* :class:`FirstTokenTimeout`: no progress within ``first_token`` of the request;
+* :class:`StreamIdleTimeout`: no progress within ``idle`` of the previous progress;
 * :class:`StreamTotalTimeout`: the stream ran past ``total``.
 
 A provider that can (``BatchStreaming`` in :mod:`ai_lease.providers.base`) hands over the
@@ -16,15 +16,21 @@ per read. One whose ``announces_connection`` is true yields an empty batch first
 holds a connection: waiting for a free connection of its pool is not model latency, so the
 guard's clocks start only then (the provider bounds that wait itself, with its own error).
 
-Only a delta with text is content: role-only chunks, empty deltas and SSE keep-alive
-comments neither count as progress nor hold the idle timer off. When a timeout fires the
-provider's stream is closed, which closes its upstream connection.
+Progress is any non-empty fragment: answer text, reasoning (a reasoning model's
+``reasoning_content``) or tool-call arguments; so a model that thinks for longer than the
+idle budget is not timed out. Role-only chunks, empty deltas and SSE keep-alive comments
+neither count as progress nor hold the idle timer off. ``first_token_s`` is the time to the
+first progress, ``first_visible_s`` to the first answer text. The answer is the text only:
+reasoning is counted (its bytes, with tool-call arguments, count against
+``max_answer_bytes`` like the text) but not kept; tool-call fragments are assembled into the
+completion's ``tool_calls``, and a ``tool_calls`` finish reason is a whole answer. When a
+timeout fires the provider's stream is closed, which closes its upstream connection.
 
 Whatever the provider, a stream is whole only with a finish reason: one that ends without
 (a server that stopped the answer, a wrapper that lost the last chunk) is
 :class:`StreamInterrupted`, never a result. An answer whose text outgrows
 ``StreamLimits.max_answer_bytes`` is :class:`StreamLimitExceeded`, and its stream is closed.
-``on_first_token`` is called the moment the first content arrives (not at the end).
+``on_first_token`` is called the moment the first progress arrives (not at the end).
 """
 
 from __future__ import annotations
@@ -41,7 +47,15 @@ from ai_lease.errors import (
     StreamLimitExceeded,
     StreamTotalTimeout,
 )
-from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider, Usage
+from ai_lease.providers.base import (
+    ChatRequest,
+    Completion,
+    Delta,
+    Provider,
+    ToolCallDelta,
+    Usage,
+    assemble_tool_calls,
+)
 from ai_lease.run.progress import Progress
 from ai_lease.timeouts import StreamLimits, StreamTimeouts
 
@@ -49,7 +63,7 @@ __all__ = ["StreamGuard", "guarded_completion"]
 
 
 class StreamGuard:
-    """Consumes one stream under :class:`StreamTimeouts`, marking progress per content delta.
+    """Consumes one stream under :class:`StreamTimeouts`, marking progress per progress delta.
 
     >>> completion = await StreamGuard(StreamTimeouts(first_token=30, idle=10, total=300),
     ...                                progress).collect(provider.stream(request))  # doctest: +SKIP
@@ -72,9 +86,11 @@ class StreamGuard:
         self.provider_name = ""
         self.started_at = 0.0
         self.last_content_at: float | None = None
-        self.first_token_s: float | None = None
-        self.max_gap_s = 0.0  # the longest pause between two content deltas
+        self.first_token_s: float | None = None  # to the first progress of any kind
+        self.first_visible_s: float | None = None  # to the first answer text
+        self.max_gap_s = 0.0  # the longest pause between two progress deltas
         self.text_parts: list[str] = []
+        self.tool_parts: list[ToolCallDelta] = []  # tool-call fragments, assembled at the end
         self._fired: Exception | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -168,7 +184,8 @@ class StreamGuard:
             raise StreamInterrupted(
                 "the stream ended", provider=self.provider_name, chunks=self.chunks
             )
-        return Completion("".join(self.text_parts), finish, usage, self.chunks)
+        calls = assemble_tool_calls(self.tool_parts) if self.tool_parts else ()
+        return Completion("".join(self.text_parts), finish, usage, self.chunks, calls)
 
     async def _consume(
         self, batches: AsyncIterator[Sequence[Delta]], connecting: bool
@@ -177,13 +194,14 @@ class StreamGuard:
         and progress marked once; the finish reason and usage, at the end."""
         finish: str | None = None
         usage: Usage | None = None
-        clock, parts, progress = self.clock, self.text_parts, self.progress
+        clock, parts, progress, calls = self.clock, self.text_parts, self.progress, self.tool_parts
         last: float | None = None  # local mirrors of the hot fields: attribute reads cost
         max_gap = 0.0
         size, max_size = 0, self.limits.max_answer_bytes
         async for batch in batches:
             content = len(parts)
-            for text, finish_reason, delta_usage in batch:
+            moved = False  # reasoning or tool-call arguments: progress, not answer text
+            for text, finish_reason, delta_usage, reasoning, tool_calls in batch:
                 if text:
                     parts.append(text)
                     # isascii() is a flag read: no encoding on the usual path
@@ -192,12 +210,17 @@ class StreamGuard:
                     finish = finish_reason
                 if delta_usage is not None:
                     usage = delta_usage
-            if len(parts) == content:
+                if reasoning or tool_calls:
+                    grown = _side_bytes(reasoning, tool_calls)
+                    calls.extend(tool_calls)
+                    size += grown
+                    moved = moved or grown > 0
+            if len(parts) == content and not moved:
                 if connecting:  # the connection is held: the clocks start now
                     connecting = False
                     self.started_at = clock()
                     self._arm()
-                continue  # no content: moves neither the deadlines nor the job
+                continue  # no progress: moves neither the deadlines nor the job
             if size > max_size:  # leaving the loop closes the stream and its connection
                 raise StreamLimitExceeded(
                     "max_answer_bytes", max_size, provider=self.provider_name, chunks=content
@@ -208,6 +231,8 @@ class StreamGuard:
                 self._first_content(now)
             elif now - last > max_gap:
                 max_gap = self.max_gap_s = now - last
+            if self.first_visible_s is None and len(parts) > content:
+                self.first_visible_s = now - self.started_at
             last = self.last_content_at = now  # the watchdog reads the attribute
             if progress is not None:  # Progress.progress(), inlined: one clock read
                 progress.version += 1
@@ -236,6 +261,14 @@ async def guarded_completion(
 ) -> Completion:
     """Stream ``request`` from ``provider`` under the guard."""
     return await StreamGuard(timeouts, progress, limits=limits).call(provider, request)
+
+
+def _side_bytes(reasoning: str, tool_calls: tuple[ToolCallDelta, ...]) -> int:
+    """The bytes of a delta's progress that is not answer text (0: none, liveness only)."""
+    size = len(reasoning.encode()) if reasoning else 0
+    for call in tool_calls:
+        size += len(call.arguments.encode())
+    return size
 
 
 async def _one_by_one(stream: AsyncIterator[Delta]) -> AsyncGenerator[tuple[Delta], None]:
