@@ -13,8 +13,8 @@ Grouped by what the caller will do about it::
     ├── StageTimeout               a budget ran out
     │   ├── StageDeadlineExceeded  a stage ran past its hard deadline
     │   ├── JobDeadlineExceeded    the whole job ran past its total deadline
-    │   ├── FirstTokenTimeout      a stream sent no content in time
-    │   ├── StreamIdleTimeout      a stream went quiet between content deltas
+    │   ├── FirstTokenTimeout      a stream made no progress in time
+    │   ├── StreamIdleTimeout      a stream went quiet between progress
     │   └── StreamTotalTimeout     a stream ran past its total budget
     ├── ProviderError              the model call failed (``retryable`` says whether to retry)
     │   ├── StreamInterrupted      the stream ended without a finish reason: retried, never a result
@@ -216,11 +216,13 @@ class _StreamTimeout(StageTimeout):
 
 
 class FirstTokenTimeout(_StreamTimeout):
-    what = "the stream sent no content before the first-token timeout"
+    what = (
+        "the stream sent no text, reasoning or tool-call arguments before the first-token timeout"
+    )
 
 
 class StreamIdleTimeout(_StreamTimeout):
-    what = "the stream went idle between content chunks"
+    what = "the stream went idle: no text, reasoning or tool-call arguments"
 
 
 class StreamTotalTimeout(_StreamTimeout):

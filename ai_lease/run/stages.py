@@ -87,9 +87,9 @@ async def build_prompt(ctx: StageContext) -> ChatRequest:
 
 
 async def call_ai(ctx: StageContext) -> Completion:
-    """Call the model: streamed under the stream guard (every content delta is progress),
-    or in one response under the stage's hard deadline; transient failures are retried
-    within that deadline."""
+    """Call the model: streamed under the stream guard (every text, reasoning or
+    tool-argument fragment is progress), or in one response under the stage's hard
+    deadline; transient failures are retried within that deadline."""
     provider = ctx.provider
     if provider is None:
         raise JobSpecError(f"job {ctx.job.key!r}: no provider to call")

@@ -195,8 +195,7 @@ class StreamGuard:
         finish: str | None = None
         usage: Usage | None = None
         clock, parts, progress, calls = self.clock, self.text_parts, self.progress, self.tool_parts
-        last: float | None = None  # local mirrors of the hot fields: attribute reads cost
-        max_gap = 0.0
+        last: float | None = None  # a local mirror of a hot field: attribute reads cost
         size, max_size = 0, self.limits.max_answer_bytes
         async for batch in batches:
             content = len(parts)
@@ -226,18 +225,24 @@ class StreamGuard:
                     "max_answer_bytes", max_size, provider=self.provider_name, chunks=content
                 )
             now = clock()
-            if last is None:  # once per stream
-                connecting = False
-                self._first_content(now)
-            elif now - last > max_gap:
-                max_gap = self.max_gap_s = now - last
-            if self.first_visible_s is None and len(parts) > content:
-                self.first_visible_s = now - self.started_at
-            last = self.last_content_at = now  # the watchdog reads the attribute
+            connecting = False
+            self._seen(now, last, visible=len(parts) > content)
+            last = now
             if progress is not None:  # Progress.progress(), inlined: one clock read
                 progress.version += 1
                 progress.last_at = now
         return finish, usage
+
+    def _seen(self, now: float, last: float | None, *, visible: bool) -> None:
+        """Progress at ``now`` (the previous at ``last``): the first token's time, the
+        longest gap, the first visible text's time, and the watchdog's idle clock."""
+        if last is None:  # once per stream
+            self._first_content(now)
+        elif now - last > self.max_gap_s:
+            self.max_gap_s = now - last
+        if visible and self.first_visible_s is None:
+            self.first_visible_s = now - self.started_at
+        self.last_content_at = now  # the watchdog reads the attribute
 
     def _first_content(self, now: float) -> None:
         self.first_token_s = now - self.started_at
