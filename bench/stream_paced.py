@@ -33,7 +33,7 @@ import multiprocessing
 import socket
 import statistics
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -136,9 +136,11 @@ class LineFramed(OpenAICompatProvider):
     framer = LineFramer  # type: ignore[assignment]
 
     @contextlib.asynccontextmanager
-    async def _open_aiohttp(self, body: bytes) -> AsyncGenerator[Read, None]:  # type: ignore[override]
+    async def _open(  # type: ignore[override]
+        self, url: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> AsyncGenerator[Read, None]:
         async with self._aiohttp().post(
-            self._url, data=body, headers=self._stream_headers, allow_redirects=False
+            url, data=body, headers=headers, allow_redirects=False
         ) as response:
             readline, limit = response.content.readline, self.max_event_bytes
             yield lambda: readline(max_line_length=limit)

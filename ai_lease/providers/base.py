@@ -18,13 +18,14 @@ the stream guard and the stage deadline wrap them from outside.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
     "BatchStreaming",
     "ChatRequest",
+    "Checkpoint",
     "Completion",
     "Delta",
     "Provider",
@@ -36,15 +37,51 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class ChatRequest:
-    """One chat completion request, provider-neutral."""
+class Checkpoint:
+    """Where a resumable stream stood: the provider's ``response_id``, the last event
+    ``sequence`` consumed, and the visible ``text`` / ``reasoning`` received up to it.
+    Kept in the job record at each renewal, fenced, so a new owner can resume the same
+    response instead of paying for it twice."""
 
-    messages: Sequence[Mapping[str, str]]
+    provider: str
+    response_id: str
+    sequence: int
+    text: str = ""
+    reasoning: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One chat request, provider-neutral, in OpenAI's chat shapes; each adapter translates.
+
+    ``messages``: ``{"role", "content"}`` where content is a text or a list of parts
+    (``{"type": "text", "text": …}``, ``{"type": "image_url", "image_url": {"url": …}}``);
+    an assistant message may carry ``tool_calls``, a ``tool`` message a ``tool_call_id``.
+    ``tools``: ``[{"type": "function", "function": {"name", "description", "parameters"}}]``;
+    ``tool_choice``: ``"auto"`` / ``"none"`` / ``"required"`` or
+    ``{"type": "function", "function": {"name": …}}``; ``response_format``:
+    ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name",
+    "schema", "strict"}}``. ``request_id`` (``<job key>:<token>:<call n>``) goes out as the
+    ``X-Request-Id`` header, never the prompt. ``resume`` is a checkpoint of an earlier
+    owner's stream to resume; ``on_checkpoint`` receives a resumable stream's checkpoints.
+    """
+
+    messages: Sequence[Mapping[str, Any]]
     model: str | None = None
     temperature: float | None = None
     max_tokens: int | None = None
     stop: Sequence[str] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)  # passed through to the provider
+    tools: Sequence[Mapping[str, Any]] | None = None
+    tool_choice: str | Mapping[str, Any] | None = None
+    response_format: Mapping[str, Any] | None = None
+    request_id: str | None = None
+    resume: Checkpoint | None = None
+    on_checkpoint: Callable[[Checkpoint], None] | None = field(default=None, compare=False)
+
+    def headers(self) -> dict[str, str]:
+        """The tracing headers every adapter sends: ``X-Request-Id`` when there is one."""
+        return {"X-Request-Id": self.request_id} if self.request_id else {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ai_lease.errors import ProviderError, StreamInterrupted
+from ai_lease.errors import EmptyEventStream, ProviderError, StreamInterrupted
 from ai_lease.providers.base import Delta, ToolCallDelta, Usage
 
 __all__ = ["ChunkParser", "refuse_filtered", "stream_error", "tool_call_deltas", "usage_of"]
@@ -72,6 +72,12 @@ class ChunkParser:
             raise self.error
         if not self.finished:
             raise StreamInterrupted("[DONE] came", provider=self.provider, chunks=self.chunks)
+
+    def cut(self) -> ProviderError:
+        """The body ended before ``[DONE]``: no event at all, or a truncated stream."""
+        if not self.events:
+            return EmptyEventStream(provider=self.provider)
+        return stream_error(self.provider, "the stream ended before [DONE]", self.chunks)
 
     def _slow(self, data: bytes, obj: Any, out: list[Delta]) -> bool:
         """Every delta of one chunk into ``out``; False (and ``error`` set) if it is not one."""

@@ -1,9 +1,9 @@
 """The lean adapter's two HTTP paths: an event stream's body as a ``read()`` per network read.
 
-Each path POSTs, checks the answer's status and content type (:func:`check_answer`), and
-hands over one coroutine function: ``await read()`` is whatever the next network read
-brought, decoded, and ``b""`` at the body's end. The aiohttp path is aiohttp's
-``StreamReader.readany`` itself, with nothing stacked on it; the httpx path is the next piece
+Each path POSTs (or GETs, for a body of None), checks the answer's status and content type
+(:func:`check_answer`), and hands over one coroutine function: ``await read()`` is whatever
+the next network read brought, decoded, and ``b""`` at the body's end. The aiohttp path is
+aiohttp's ``StreamReader.readany`` itself, with nothing stacked on it; the httpx path is the next piece
 of ``aiter_raw()`` (``aiter_bytes()`` for a server that compresses although identity was
 asked).
 
@@ -59,10 +59,12 @@ async def aiohttp_reads(
     provider: str,
     session: aiohttp.ClientSession,
     url: str,
-    body: bytes,
+    body: bytes | None,
     headers: Mapping[str, str],
     shown_url: str,
     read_timeout: float | None = None,
+    *,
+    expect: str = "text/event-stream",
 ) -> AsyncGenerator[Read, None]:
     """The event stream's reads through aiohttp, after its status and type are checked;
     ``shown_url`` is ``url`` as the log may show it (no password); no byte for
@@ -71,16 +73,19 @@ async def aiohttp_reads(
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=connect, sock_read=read_timeout or None
     )
-    post = session.post(url, data=body, headers=headers, allow_redirects=False, timeout=timeout)
-    async with post as response:
+    method = "GET" if body is None else "POST"
+    call = session.request(
+        method, url, data=body, headers=headers, allow_redirects=False, timeout=timeout
+    )
+    async with call as response:
         # The exchange in one line, as httpx logs its own (never a header, so never a key)
-        log.debug("HTTP Request: POST %s %d %s", shown_url, response.status, response.reason)
+        log.debug("HTTP Request: %s %s %d %s", method, shown_url, response.status, response.reason)
         content = response.content
         await check_answer(
             provider,
             response.status,
             response.headers,
-            "text/event-stream",
+            expect,
             lambda: _head_of(content, _ERROR_BODY),
         )
         yield content.readany
@@ -91,14 +96,15 @@ async def httpx_reads(
     provider: str,
     client: httpx.AsyncClient,
     url: str,
-    body: bytes,
+    body: bytes | None,
     headers: Mapping[str, str],
+    *,
+    expect: str = "text/event-stream",
 ) -> AsyncGenerator[Read, None]:
-    """The same through httpx."""
-    async with client.stream("POST", url, content=body, headers=headers) as response:
-        await check_answer(
-            provider, response.status_code, response.headers, "text/event-stream", response.aread
-        )
+    """The same through httpx (``body`` None: a GET)."""
+    method = "GET" if body is None else "POST"
+    async with client.stream(method, url, content=body, headers=headers) as response:
+        await check_answer(provider, response.status_code, response.headers, expect, response.aread)
         # Raw bytes: identity was asked for, so there is nothing to decode; a server that
         # compresses anyway goes through httpx's decoders.
         raw = response.aiter_raw() if _identity(response.headers) else response.aiter_bytes()

@@ -28,47 +28,31 @@ SSE comments (``: ping``) are skipped and are never progress. One event may hold
 ``max_event_bytes``: the reader's buffer never grows past it, and a longer event (an endless
 line) closes the connection with :class:`StreamLimitExceeded`.
 
-The pieces: :mod:`~ai_lease.providers.http_paths` (the two HTTP paths, each a ``read()`` per
-network read), :mod:`~ai_lease.providers.sse` (the bounded framer) and
-:mod:`~ai_lease.providers.chunks` (chunk payloads to deltas); this module puts them together
-in one async generator, so nothing else is resumed per event between the socket and the
-stream guard.
+The pieces: :mod:`~ai_lease.providers.streaming` (connections, the two HTTP paths, and the
+one async generator between the socket and the stream guard, shared by every lean adapter),
+:mod:`~ai_lease.providers.sse` (the bounded framer) and :mod:`~ai_lease.providers.chunks`
+(chunk payloads to deltas); this module says only what is OpenAI's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import aiohttp
 import httpx
 import orjson
 from pydantic import SecretStr
 
-from ai_lease.errors import (
-    ConfigError,
-    EmptyEventStream,
-    PoolTimeout,
-    StreamLimitExceeded,
-)
+from ai_lease.errors import ConfigError
 from ai_lease.job import sampling_problem
 from ai_lease.lease.urls import mask_url
-from ai_lease.providers.base import ChatRequest, Completion, Delta
+from ai_lease.providers.base import ChatRequest, Completion
 from ai_lease.providers.chunks import ChunkParser, refuse_filtered, stream_error, usage_of
-from ai_lease.providers.http_paths import (
-    Read,
-    aiohttp_reads,
-    check_answer,
-    http_path,
-    httpx_reads,
-    new_session,
-)
-from ai_lease.providers.sse import EventTooLarge, SSEFramer
+from ai_lease.providers.http_paths import check_answer
+from ai_lease.providers.sse import SSEFramer
 from ai_lease.providers.sse import sse_batches as _sse_batches  # noqa: F401  (tests use it)
-from ai_lease.resource import AsyncResource
+from ai_lease.providers.streaming import HTTPStreamProvider
 from ai_lease.timeouts import StreamLimits
 
 HTTPPath = Literal["auto", "aiohttp", "httpx", "fast"]  # "fast": the old name of "aiohttp"
@@ -135,14 +119,13 @@ def sampling_defaults(temperature: float | None, max_tokens: int | None) -> dict
     return out
 
 
-class OpenAICompatProvider(AsyncResource):
+class OpenAICompatProvider(HTTPStreamProvider):
     """Streams chat completions from ``base_url`` (default OpenAI's) with aiohttp or httpx.
 
     >>> provider = OpenAICompatProvider(base_url="http://127.0.0.1:8000/v1", model="qwen2.5")
     """
 
     name = "openai-compatible"
-    announces_connection = True  # stream_batches() yields [] once it holds a connection
     framer: Callable[[int], SSEFramer] = SSEFramer  # the SSE framing, per stream
 
     def __init__(
@@ -163,118 +146,35 @@ class OpenAICompatProvider(AsyncResource):
     ) -> None:
         check_base_url(base_url)
         self.defaults = sampling_defaults(temperature, max_tokens)
-        self.max_event_bytes = StreamLimits(max_event_bytes=max_event_bytes).max_event_bytes
         key = _api_key(api_key, base_url)
         self.model = model
         self._url = base_url.rstrip("/") + "/chat/completions"
-        self._shown_url = mask_url(self._url)
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        # Event streams are not worth compressing: identity is asked for (a server that
-        # compresses anyway is decoded by the HTTP library, its output still bounded).
-        self._stream_headers = {**self._post_headers(), "Accept-Encoding": "identity"}
-        self.max_connections = _connection_count(max_connections)
-        self.pool_timeout = connect_timeout if pool_timeout is None else pool_timeout
-        self._slots = asyncio.Semaphore(max_connections)
-        self._own_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=self.pool_timeout),
-            limits=httpx.Limits(max_connections=max_connections),
+        super().__init__(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            client=client,
+            http=http,
+            max_event_bytes=max_event_bytes,
+            max_connections=max_connections,
+            pool_timeout=pool_timeout,
         )
-        self._http = http_path(http, client)
-        self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
-        self._session: aiohttp.ClientSession | None = None  # made in the loop that uses it
-
-    @property
-    def http(self) -> str:
-        """The HTTP path streams take: ``"aiohttp"`` or ``"httpx"``."""
-        return self._http
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAICompatProvider(url={self._url!r}, model={self.model!r}, http={self.http!r})"
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
-        async with contextlib.aclosing(self.stream_batches(request)) as batches:
-            async for batch in batches:
-                for delta in batch:
-                    yield delta
-
-    async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
-        """The deltas of each network read together (see :class:`~.base.BatchStreaming`).
-
-        One generator between the socket and the guard: each ``read()`` is framed and
-        parsed in plain calls, and only a read that brought content is yielded."""
+    def stream_request(self, request: ChatRequest) -> tuple[str, bytes, dict[str, str]]:
         body = orjson.dumps(request_body(request, self.model, stream=True, defaults=self.defaults))
-        parser = ChunkParser(self.name)
-        try:
-            async with self._connection_slot():
-                yield []  # a connection is ours: the guard's first-token clock starts here
-                async with self._open(body) as read:
-                    framer = self.framer(self.max_event_bytes)
-                    feed, deltas = framer.feed, parser.deltas
-                    while raw := await read():
-                        if (payloads := feed(raw)) and (out := deltas(payloads)):
-                            yield out  # what came before a bad chunk is still delivered
-                        if parser.stopped:
-                            parser.end()
-                            return
-                    if (payloads := framer.close()) and (out := deltas(payloads)):
-                        yield out
-                    if parser.stopped:
-                        parser.end()
-                        return
-                if not parser.events:
-                    raise EmptyEventStream(provider=self.name)
-                raise stream_error(self.name, "the stream ended before [DONE]", parser.chunks)
-        except EventTooLarge as exc:
-            raise StreamLimitExceeded(
-                "max_event_bytes", exc.limit, provider=self.name, chunks=parser.chunks
-            ) from None
-        except (httpx.HTTPError, aiohttp.ClientError) as exc:
-            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", parser.chunks) from exc
+        return self._url, body, self._post_headers(request)
 
-    @contextlib.asynccontextmanager
-    async def _connection_slot(self) -> AsyncGenerator[None, None]:
-        """One of ``max_connections``, waited for at most ``pool_timeout``."""
-        try:
-            async with asyncio.timeout(self.pool_timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise PoolTimeout(self.pool_timeout, self.max_connections, provider=self.name) from None
-        try:
-            yield
-        finally:
-            self._slots.release()
-
-    def _open(self, body: bytes) -> contextlib.AbstractAsyncContextManager[Read]:
-        """The event stream's reads on this provider's HTTP path."""
-        return self._open_aiohttp(body) if self._http == "aiohttp" else self._open_httpx(body)
-
-    def _open_httpx(self, body: bytes) -> contextlib.AbstractAsyncContextManager[Read]:
-        return httpx_reads(self.name, self._client, self._url, body, self._stream_headers)
-
-    def _open_aiohttp(self, body: bytes) -> contextlib.AbstractAsyncContextManager[Read]:
-        session = self._aiohttp()
-        return aiohttp_reads(
-            self.name,
-            session,
-            self._url,
-            body,
-            self._stream_headers,
-            self._shown_url,
-            self._read_timeout,
-        )
-
-    def _aiohttp(self) -> aiohttp.ClientSession:
-        """The provider's one session, made on first use inside the running loop."""
-        if self._session is None:
-            self._session = new_session(self.max_connections, self._connect_timeout)
-        return self._session
+    def parser(self) -> ChunkParser:
+        return ChunkParser(self.name)
 
     async def complete(self, request: ChatRequest) -> Completion:
         body = orjson.dumps(request_body(request, self.model, stream=False))
         try:
             response = await self._client.post(
-                self._url, content=body, headers=self._post_headers()
+                self._url, content=body, headers=self._post_headers(request)
             )
             await check_answer(
                 self.name,
@@ -298,15 +198,8 @@ class OpenAICompatProvider(AsyncResource):
         refuse_filtered(self.name, choice.get("finish_reason"))
         return Completion(text, choice.get("finish_reason"), usage)
 
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        if self._own_client:
-            await self._client.aclose()
-
-    def _post_headers(self) -> dict[str, str]:
-        return {**self._headers, "Content-Type": "application/json"}
+    def _post_headers(self, request: ChatRequest) -> dict[str, str]:
+        return {**self._headers, **request.headers(), "Content-Type": "application/json"}
 
 
 def _api_key(api_key: str | SecretStr | None, base_url: str) -> str | None:
@@ -318,11 +211,3 @@ def _api_key(api_key: str | SecretStr | None, base_url: str) -> str | None:
             "(set AI_LEASE_PROVIDER__API_KEY or OPENAI_API_KEY)"
         )
     return key
-
-
-def _connection_count(max_connections: object) -> int:
-    if isinstance(max_connections, bool) or not isinstance(max_connections, int):
-        raise ConfigError(f"provider.max_connections: {max_connections!r} is not a count >= 1")
-    if max_connections < 1:
-        raise ConfigError(f"provider.max_connections: {max_connections!r} is not a count >= 1")
-    return max_connections

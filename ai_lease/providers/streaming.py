@@ -1,0 +1,215 @@
+"""What every lean streaming adapter shares: connections, the two HTTP paths, one loop.
+
+An adapter is a wire format on top of :class:`HTTPStreamProvider`: it says where a request
+goes and with which body and headers (:meth:`~HTTPStreamProvider.stream_request`), how
+the body is framed into payloads (``framer``: server-sent events, or JSON lines), and how
+payloads become deltas (:meth:`~HTTPStreamProvider.parser`, a :class:`StreamParser`).
+The base class owns the rest, the same for every format:
+
+- at most ``max_connections`` streams at once; one that finds them busy waits at most
+  ``pool_timeout`` and fails with :class:`PoolTimeout` (the first, empty batch says
+  "connection held": the stream guard starts its first-token clock there);
+- the HTTP path (aiohttp's llhttp, or httpx), its connect and read timeouts, and the check
+  of the answer's status and content type;
+- one async generator from the socket to the guard: each network read is framed and
+  parsed in plain calls, and only a read that brought deltas is yielded;
+- an event longer than ``max_event_bytes`` closes the connection with
+  :class:`StreamLimitExceeded`; a body that ends before the format's end marker is the
+  parser's :meth:`~StreamParser.cut` error, never a short success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from typing import Protocol
+
+import aiohttp
+import httpx
+
+from ai_lease.errors import ConfigError, PoolTimeout, ProviderError, StreamLimitExceeded
+from ai_lease.lease.urls import mask_url
+from ai_lease.providers.base import ChatRequest, Delta
+from ai_lease.providers.chunks import stream_error
+from ai_lease.providers.http_paths import (
+    Read,
+    aiohttp_reads,
+    http_path,
+    httpx_reads,
+    new_session,
+)
+from ai_lease.providers.sse import EventTooLarge, SSEFramer
+from ai_lease.resource import AsyncResource
+from ai_lease.timeouts import StreamLimits
+
+__all__ = ["Framer", "HTTPStreamProvider", "StreamParser", "connection_count"]
+
+
+class Framer(Protocol):
+    """Bytes in, payloads out: ``feed`` per network read, ``close`` at the body's end.
+    Raises :class:`~ai_lease.providers.sse.EventTooLarge` past its limit."""
+
+    def feed(self, raw: bytes) -> list[bytes]: ...
+
+    def close(self) -> list[bytes]: ...
+
+
+class StreamParser(Protocol):
+    """One stream's payloads to deltas, keeping the counts its errors need."""
+
+    chunks: int  # payloads that brought visible text (``partial`` of an error)
+    events: int  # payloads seen
+    stopped: bool  # the end marker (or an error) came: nothing more is read
+
+    def deltas(self, payloads: list[bytes]) -> list[Delta]:
+        """The deltas of one read's payloads, up to the end marker or an error payload."""
+        ...
+
+    def end(self) -> None:
+        """Once stopped: raise the error that stopped it, if any; nothing for a whole answer."""
+        ...
+
+    def cut(self) -> ProviderError:
+        """The error for a body that ended before the end marker."""
+        ...
+
+
+class HTTPStreamProvider(AsyncResource):
+    """The shared half of a lean streaming adapter (see the module's docstring)."""
+
+    name = "http-stream"
+    announces_connection = True  # stream_batches() yields [] once it holds a connection
+    framer: Callable[[int], Framer] = SSEFramer  # the body's framing, one per stream
+    content_type = "text/event-stream"  # what a streamed answer must be
+
+    def __init__(
+        self,
+        *,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 600.0,
+        client: httpx.AsyncClient | None = None,
+        http: str = "auto",
+        max_event_bytes: int = StreamLimits.max_event_bytes,
+        max_connections: int = 100,
+        pool_timeout: float | None = None,
+    ) -> None:
+        self.max_event_bytes = StreamLimits(max_event_bytes=max_event_bytes).max_event_bytes
+        self.max_connections = connection_count(max_connections)
+        self.pool_timeout = connect_timeout if pool_timeout is None else pool_timeout
+        self._slots = asyncio.Semaphore(max_connections)
+        self._own_client = client is None
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=self.pool_timeout),
+            limits=httpx.Limits(max_connections=max_connections),
+        )
+        self._http = http_path(http, client)
+        self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
+        self._session: aiohttp.ClientSession | None = None  # made in the loop that uses it
+
+    @property
+    def http(self) -> str:
+        """The HTTP path streams take: ``"aiohttp"`` or ``"httpx"``."""
+        return self._http
+
+    # -- what an adapter says ------------------------------------------------------
+
+    def stream_request(self, request: ChatRequest) -> tuple[str, bytes | None, dict[str, str]]:
+        """``(url, body, headers)`` of ``request`` streamed (a body of None: a GET)."""
+        raise NotImplementedError
+
+    def parser(self) -> StreamParser:
+        """A fresh parser for one stream."""
+        raise NotImplementedError
+
+    # -- the loop --------------------------------------------------------------------
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
+        async with contextlib.aclosing(self.stream_batches(request)) as batches:
+            async for batch in batches:
+                for delta in batch:
+                    yield delta
+
+    async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
+        """The deltas of each network read together (see :class:`~.base.BatchStreaming`)."""
+        url, body, headers = self.stream_request(request)
+        parser = self.parser()
+        try:
+            async with self._connection_slot():
+                yield []  # a connection is ours: the guard's first-token clock starts here
+                async with self._open(url, body, headers) as read:
+                    framer = self.framer(self.max_event_bytes)
+                    feed, deltas = framer.feed, parser.deltas
+                    while raw := await read():
+                        if (payloads := feed(raw)) and (out := deltas(payloads)):
+                            yield out  # what came before a bad payload is still delivered
+                        if parser.stopped:
+                            parser.end()
+                            return
+                    if (payloads := framer.close()) and (out := deltas(payloads)):
+                        yield out
+                    if parser.stopped:
+                        parser.end()
+                        return
+                raise parser.cut()
+        except EventTooLarge as exc:
+            raise StreamLimitExceeded(
+                "max_event_bytes", exc.limit, provider=self.name, chunks=parser.chunks
+            ) from None
+        except (httpx.HTTPError, aiohttp.ClientError) as exc:
+            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", parser.chunks) from exc
+
+    @contextlib.asynccontextmanager
+    async def _connection_slot(self) -> AsyncGenerator[None, None]:
+        """One of ``max_connections``, waited for at most ``pool_timeout``."""
+        try:
+            async with asyncio.timeout(self.pool_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise PoolTimeout(self.pool_timeout, self.max_connections, provider=self.name) from None
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    def _open(
+        self, url: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> contextlib.AbstractAsyncContextManager[Read]:
+        """The streamed body's reads on this provider's HTTP path. Event streams are not
+        worth compressing: identity is asked for (a server that compresses anyway is
+        decoded by the HTTP library, its output still bounded)."""
+        headers = {**headers, "Accept-Encoding": "identity"}
+        if self._http == "aiohttp":
+            return aiohttp_reads(
+                self.name,
+                self._aiohttp(),
+                url,
+                body,
+                headers,
+                mask_url(url),
+                self._read_timeout,
+                expect=self.content_type,
+            )
+        return httpx_reads(self.name, self._client, url, body, headers, expect=self.content_type)
+
+    def _aiohttp(self) -> aiohttp.ClientSession:
+        """The provider's one session, made on first use inside the running loop."""
+        if self._session is None:
+            self._session = new_session(self.max_connections, self._connect_timeout)
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._own_client:
+            await self._client.aclose()
+
+
+def connection_count(max_connections: object) -> int:
+    """``max_connections`` if it is a count >= 1, else a :class:`ConfigError`."""
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+        raise ConfigError(f"provider.max_connections: {max_connections!r} is not a count >= 1")
+    if max_connections < 1:
+        raise ConfigError(f"provider.max_connections: {max_connections!r} is not a count >= 1")
+    return max_connections
