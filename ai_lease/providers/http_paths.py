@@ -3,9 +3,9 @@
 Each path POSTs (or GETs, for a body of None), checks the answer's status and content type
 (:func:`check_answer`), and hands over one coroutine function: ``await read()`` is whatever
 the next network read brought, decoded, and ``b""`` at the body's end. The aiohttp path is
-aiohttp's ``StreamReader.readany`` itself, with nothing stacked on it; the httpx path is the next piece
-of ``aiter_raw()`` (``aiter_bytes()`` for a server that compresses although identity was
-asked).
+aiohttp's ``StreamReader.readany`` itself, with nothing stacked on it; the httpx path is the
+next piece of ``aiter_raw()`` (``aiter_bytes()`` for a server that compresses although
+identity was asked).
 
 Read timeouts are the libraries': aiohttp's ``sock_read`` (no byte for ``read_timeout``
 seconds, the answer's head included) and httpx's read timeout.
