@@ -43,13 +43,16 @@ def cancel(obj: Context, key: str, reason: str) -> None:
     click.echo(f"cancelled {key}")
 
 
-@click.command(short_help="List the provider names (built-in and plug-ins).")
+@click.command(short_help="List the provider names and the wire format each speaks.")
 def providers() -> None:
-    """List the providers that can be named (built-in and installed plug-ins)."""
-    from ai_lease.providers import available_providers
+    """List the providers that can be named (built-in and installed plug-ins), each with
+    the wire format it speaks."""
+    from ai_lease.providers import available_providers, wire_format
 
-    for name in available_providers():
-        click.echo(name)
+    names = available_providers()
+    width = max(map(len, names))
+    for name in names:
+        click.echo(f"{name:<{width}}  {wire_format(name)}")
 
 
 @click.command("config")

@@ -86,8 +86,12 @@ class ChatRequest:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Token counts; ``reasoning_tokens`` (thinking, where the provider counts it apart) is
+    part of ``completion_tokens`` when the provider counts it so, and told apart here."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 class ToolCallDelta(NamedTuple):
