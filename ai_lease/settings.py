@@ -21,13 +21,10 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
     field_serializer,
     field_validator,
@@ -37,12 +34,11 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from ai_lease import settings_sources as sources
 from ai_lease.errors import ConfigError
 from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES
-from ai_lease.job import MAX_TEMPERATURE, MAX_TOKENS
 from ai_lease.lease.urls import SCHEMES, mask_url
 from ai_lease.prompts import DEFAULT_MAX_PROMPT_CHARS
-from ai_lease.providers.keys import check_api_key
 from ai_lease.run.config import RunConfig
 from ai_lease.settings_errors import Loc, Origins, allowed, report, rule, where
+from ai_lease.settings_provider import EndpointSettings, ProviderSettings, _Section
 from ai_lease.settings_sources import CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENV_DELIMITER, ENV_PREFIX
 from ai_lease.timeouts import (
     DEFAULT_STAGE_BUDGETS,
@@ -60,6 +56,7 @@ __all__ = [
     "DEFAULT_CONFIG_PATH",
     "ENV_PREFIX",
     "AdaptiveSettings",
+    "EndpointSettings",
     "JobSettings",
     "LeaseSettings",
     "ProviderSettings",
@@ -89,10 +86,6 @@ Factor = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
 
 MAX_EVENT_BYTES = 1 << 30
 MAX_ANSWER_BYTES = 1 << 32
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class StoreSettings(_Section):
@@ -174,48 +167,6 @@ class RetrySettings(_Section):
     max_backoff: Seconds = 30.0
 
 
-class ProviderSettings(_Section):
-    """Which model provider to call, and how."""
-
-    name: str = Field(default="local-extractive", min_length=1)
-    model: str | None = None
-    base_url: str | None = None
-    api_key: SecretStr | None = None
-    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = (
-        None
-    )
-    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
-    # openai-compatible only: how streams travel: "aiohttp", "httpx", or "auto" (aiohttp,
-    # httpx when a caller passes its own httpx client). "fast" is the old name of "aiohttp".
-    http: Literal["auto", "aiohttp", "httpx", "fast"] = "auto"
-    # Hosts ("host" or "host:port") a job file's [provider] base_url may name and still be
-    # sent the configured (or ambient OPENAI_API_KEY) key; any other host is refused.
-    allowed_hosts: tuple[str, ...] = ()
-
-    @field_validator("allowed_hosts", mode="before")
-    @classmethod
-    def _host_list(cls, hosts: Any) -> Any:
-        """``"a:8080, b"`` (an environment variable) or a TOML list."""
-        if isinstance(hosts, str):
-            return tuple(h.strip() for h in hosts.split(",") if h.strip())
-        return hosts
-
-    @field_validator("api_key")
-    @classmethod
-    def _plain_key(cls, key: SecretStr | None) -> SecretStr | None:
-        if key is not None:
-            check_api_key(key.get_secret_value())  # raises ValueError, never echoing it
-        return key
-
-    @field_serializer("base_url")
-    def _masked_base_url(self, url: str | None) -> str | None:
-        return None if url is None else mask_url(url)
-
-    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
-        for name, value in super().__repr_args__():
-            yield name, mask_url(value) if name == "base_url" and value else value
-
-
 class JobSettings(_Section):
     """Bounds on what preparing one job may take: its input, and its prompt's rendering."""
 
@@ -250,6 +201,9 @@ class Settings(BaseSettings):
     stream: StreamSettings = StreamSettings()
     retry: RetrySettings = RetrySettings()
     provider: ProviderSettings = ProviderSettings()
+    # Per provider name: its own base URL and key, used whenever a job names that provider
+    # ([providers.anthropic] api_key = …, or AI_LEASE_PROVIDERS__ANTHROPIC__API_KEY).
+    providers: dict[str, EndpointSettings] = Field(default_factory=dict)
     adaptive: AdaptiveSettings = AdaptiveSettings()
     job: JobSettings = JobSettings()
 

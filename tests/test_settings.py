@@ -352,6 +352,8 @@ def _numeric_settings() -> list[str]:
         if section == "stages":
             names += ["stages.call_ai.max_no_progress", "stages.call_ai.deadline"]
             continue
+        if section == "providers":  # base URLs and keys: nothing numeric
+            continue
         for name, sub in model.model_fields.items():  # type: ignore[union-attr]
             text = str(sub.annotation)
             if sub.annotation in (int, float) or "int" in text or "float" in text:

@@ -6,17 +6,12 @@ Jinja2 or a provider SDK (tests/test_import_discipline.py holds the line).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ai_lease.errors import ConfigError
-
 if TYPE_CHECKING:
     import asyncio
-
-    from pydantic import SecretStr
 
     from ai_lease.lease import LeaseStore
     from ai_lease.prompts import PromptLibrary
@@ -89,51 +84,23 @@ class Context:
         )
 
     def provider(self, overrides: dict[str, Any]) -> Provider:
-        """The provider the settings name, with a job file's or the flags' overrides. The
-        key goes only to the base URL it was configured for (or an allowed host)."""
+        """The provider the settings name, with a job file's or the flags' overrides. A key
+        goes only to the provider family and base URL it was configured for (or an allowed
+        host): :mod:`~ai_lease.cli.provider_options`."""
+        from ai_lease.cli.provider_options import provider_options
         from ai_lease.providers import create_provider
-        from ai_lease.providers.keys import check_key_destination
 
-        cfg = self.settings.provider
-        name = overrides.get("name", cfg.name)
-        key = None if name == "local-extractive" else cfg.api_key or _ambient_key()
-        base_url = overrides.get("base_url", cfg.base_url)
-        if key is not None and base_url is not None and base_url != cfg.base_url:
-            check_key_destination(base_url, cfg.base_url, cfg.allowed_hosts)
-        options = {"model": overrides.get("model", cfg.model), "base_url": base_url, "api_key": key}
-        if name in ("openai", "openai-compatible"):
-            # The settings' sampling values are the provider's defaults: a job's own win.
-            options["temperature"] = cfg.temperature
-            options["max_tokens"] = cfg.max_tokens
-            options["max_event_bytes"] = self.settings.stream.max_event_bytes
-        if name == "openai-compatible":
-            options["http"] = cfg.http
+        name, options = provider_options(self.settings, overrides)
         return create_provider(name, **options)
-
-
-def _ambient_key() -> SecretStr | None:
-    """``OPENAI_API_KEY``, checked like a configured key (and masked from then on)."""
-    from pydantic import SecretStr
-
-    from ai_lease.providers.keys import check_api_key
-    from ai_lease.redaction import register_secret
-
-    key = os.environ.get("OPENAI_API_KEY") or None
-    if key is None:
-        return None
-    try:
-        check_api_key(key)
-    except ValueError as exc:
-        raise ConfigError(f"environment OPENAI_API_KEY: {exc}") from None
-    register_secret(key)
-    return SecretStr(key)
 
 
 def _register_secrets(settings: Settings) -> None:
     """Every secret the settings hold, masked from every text that leaves the process."""
     from ai_lease.redaction import register_secret, register_url_secrets
 
-    key = settings.provider.api_key
-    register_secret(key.get_secret_value() if key is not None else None)
+    endpoints = [(settings.provider.api_key, settings.provider.base_url)]
+    endpoints += [(own.api_key, own.base_url) for own in settings.providers.values()]
+    for key, base_url in endpoints:
+        register_secret(key.get_secret_value() if key is not None else None)
+        register_url_secrets(base_url)
     register_url_secrets(settings.store.url)
-    register_url_secrets(settings.provider.base_url)

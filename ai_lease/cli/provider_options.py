@@ -1,0 +1,143 @@
+"""Which base URL and key a provider gets, from the settings, a job file and the environment.
+
+A key belongs to one provider family and the base URL it was configured with; it goes
+nowhere else. For the provider a job names (its ``[provider] name``, else
+``provider.name``):
+
+- **key**: ``provider.api_key`` when that provider is of the configured one's family (the
+  three OpenAI adapters are one family; a key set with ``provider.name`` left at
+  ``local-extractive`` is an OpenAI key, as it always was); else
+  ``[providers.<name>] api_key``; else the variable its own tools' users keep it in
+  (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, ``GEMINI_API_KEY`` then ``GOOGLE_API_KEY``).
+- **base URL**: the job file's; else the configured one when the key came from it; else
+  ``[providers.<name>] base_url``; else, for Ollama, ``OLLAMA_HOST`` as the ``ollama`` CLI
+  reads it; else the adapter's default.
+- a job file's base URL on another host than the key was configured for gets no key unless
+  ``provider.allowed_hosts`` lists it (:func:`~ai_lease.providers.keys.check_key_destination`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ai_lease.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
+
+    from ai_lease.settings import Settings
+
+__all__ = ["LEAN", "SAMPLED", "provider_options"]
+
+# The lean adapters (HTTPStreamProvider): they take ``http`` and ``max_event_bytes``.
+LEAN = frozenset({"openai-compatible", "openai-responses", "anthropic", "gemini", "ollama"})
+# Adapters that take the settings' temperature / max_tokens as defaults for their requests.
+SAMPLED = LEAN | {"openai"}
+_OPENAI_FAMILY = ("OPENAI_API_KEY",)
+
+
+def provider_options(
+    settings: Settings, overrides: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """``(name, options)`` for :func:`~ai_lease.providers.create_provider`."""
+    cfg = settings.provider
+    env = os.environ if env is None else env
+    name = overrides.get("name", cfg.name)
+    key, bound = _key(settings, name, env)
+    base_url = overrides.get("base_url")
+    if base_url is None:
+        base_url = bound if key is not None else _base_url(settings, name, env)
+    elif key is not None and base_url != bound:
+        from ai_lease.providers.keys import check_key_destination
+
+        check_key_destination(base_url, bound, cfg.allowed_hosts)
+    options: dict[str, Any] = {
+        "model": overrides.get("model", cfg.model),
+        "base_url": base_url,
+        "api_key": key,
+    }
+    if name in SAMPLED:  # the settings' sampling values are defaults: a job's own win
+        options["temperature"] = cfg.temperature
+        options["max_tokens"] = cfg.max_tokens
+        options["max_event_bytes"] = settings.stream.max_event_bytes
+    if name in LEAN:
+        options["http"] = cfg.http
+    return name, options
+
+
+def _family(name: str) -> tuple[str, ...] | None:
+    """The key variables of provider ``name`` (empty: it takes none; None: a plug-in)."""
+    from ai_lease.providers import BUILTINS
+
+    builtin = BUILTINS.get(name)
+    return None if builtin is None else builtin.key_env
+
+
+def _default_url(name: str) -> str | None:
+    from ai_lease.providers import BUILTINS
+
+    builtin = BUILTINS.get(name)
+    return builtin.base_url if builtin is not None else None
+
+
+def _key(
+    settings: Settings, name: str, env: Mapping[str, str]
+) -> tuple[SecretStr | None, str | None]:
+    """The key provider ``name`` gets and the base URL it is bound to."""
+    if name == "local-extractive":
+        return None, None
+    cfg, own = settings.provider, settings.providers.get(name)
+    family = _family(name)
+    configured = _family(cfg.name) or _OPENAI_FAMILY
+    if cfg.api_key is not None and (name == cfg.name or family in (None, configured)):
+        return cfg.api_key, cfg.base_url or _default_url(name)
+    if own is not None and own.api_key is not None:
+        return own.api_key, own.base_url or _default_url(name)
+    for variable in _OPENAI_FAMILY if family is None else family:
+        if value := env.get(variable):
+            return _ambient(variable, value), _default_url(name)
+    return None, None
+
+
+def _base_url(settings: Settings, name: str, env: Mapping[str, str]) -> str | None:
+    """Where provider ``name`` is reached when no key decides it."""
+    from ai_lease.providers import BUILTINS
+
+    cfg, own = settings.provider, settings.providers.get(name)
+    if name == cfg.name and cfg.base_url is not None:
+        return cfg.base_url
+    if own is not None and own.base_url is not None:
+        return own.base_url
+    builtin = BUILTINS.get(name)
+    for variable in builtin.host_env if builtin is not None else ():
+        if value := env.get(variable, "").strip():
+            return _host_url(name, variable, value)
+    return cfg.base_url if name == cfg.name or builtin is None else None
+
+
+def _host_url(name: str, variable: str, value: str) -> str:
+    if name == "ollama":
+        from ai_lease.providers.ollama import ollama_base_url
+
+        try:
+            return ollama_base_url(value)
+        except (ValueError, ConfigError) as exc:
+            raise ConfigError(f"environment {variable}: {exc}") from None
+    return value
+
+
+def _ambient(variable: str, value: str) -> SecretStr:
+    """A key from the environment, checked like a configured one (and masked from then on)."""
+    from pydantic import SecretStr
+
+    from ai_lease.providers.keys import check_api_key
+    from ai_lease.redaction import register_secret
+
+    try:
+        check_api_key(value)
+    except ValueError as exc:
+        raise ConfigError(f"environment {variable}: {exc}") from None
+    register_secret(value)
+    return SecretStr(value)

@@ -1,0 +1,88 @@
+"""The ``[provider]`` and ``[providers.<name>]`` sections of the settings.
+
+``[provider]`` names the provider jobs use by default, with its model, base URL and key;
+``[providers.<name>]`` holds another provider's own base URL and key, so one settings file
+can serve jobs that name different providers without any key going to the wrong one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, field_validator
+
+from ai_lease.job import MAX_TEMPERATURE, MAX_TOKENS
+from ai_lease.lease.urls import mask_url
+from ai_lease.providers.keys import check_api_key
+
+__all__ = ["EndpointSettings", "ProviderSettings"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EndpointSettings(_Section):
+    """Where one provider is reached, and with which key (both optional)."""
+
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+
+    @field_validator("api_key")
+    @classmethod
+    def _plain_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None:
+            check_api_key(key.get_secret_value())  # raises ValueError, never echoing it
+        return key
+
+    @field_serializer("base_url")
+    def _masked_base_url(self, url: str | None) -> str | None:
+        return None if url is None else mask_url(url)
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, mask_url(value) if name == "base_url" and value else value
+
+
+class ProviderSettings(_Section):
+    """Which model provider to call, and how."""
+
+    name: str = Field(default="local-extractive", min_length=1)
+    model: str | None = None
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = (
+        None
+    )
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
+    # The lean adapters (openai-compatible, openai-responses, anthropic, gemini, ollama):
+    # how streams travel: "aiohttp", "httpx", or "auto" (aiohttp,
+    # httpx when a caller passes its own httpx client). "fast" is the old name of "aiohttp".
+    http: Literal["auto", "aiohttp", "httpx", "fast"] = "auto"
+    # Hosts ("host" or "host:port") a job file's [provider] base_url may name and still be
+    # sent the configured (or ambient OPENAI_API_KEY) key; any other host is refused.
+    allowed_hosts: tuple[str, ...] = ()
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, hosts: Any) -> Any:
+        """``"a:8080, b"`` (an environment variable) or a TOML list."""
+        if isinstance(hosts, str):
+            return tuple(h.strip() for h in hosts.split(",") if h.strip())
+        return hosts
+
+    @field_validator("api_key")
+    @classmethod
+    def _plain_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None:
+            check_api_key(key.get_secret_value())  # raises ValueError, never echoing it
+        return key
+
+    @field_serializer("base_url")
+    def _masked_base_url(self, url: str | None) -> str | None:
+        return None if url is None else mask_url(url)
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, mask_url(value) if name == "base_url" and value else value
