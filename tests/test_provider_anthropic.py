@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,9 @@ from ai_lease.errors import (
     StreamIdleTimeout,
 )
 from ai_lease.providers.anthropic import AnthropicProvider
+from ai_lease.providers.anthropic_events import NamedEventFramer
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall, Usage
+from ai_lease.providers.sse import EventTooLarge, SSEFramer
 from ai_lease.retry import RetryPolicy, call_with_retries, is_transient
 from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
@@ -244,7 +247,7 @@ async def test_request_headers_and_translated_body(
         }
     ]
     call = {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Be brief."},
         {
             "role": "user",
@@ -415,3 +418,23 @@ def test_tools_and_response_format_together_are_refused() -> None:
     )
     with pytest.raises(ConfigError, match="response_format"):
         provider.stream_request(request)
+
+
+def _framed(framer: SSEFramer, body: bytes, size: int) -> list[bytes]:
+    out: list[bytes] = []
+    for start in range(0, len(body), size):
+        out += framer.feed(body[start : start + size])
+    return out + framer.close()
+
+
+def test_named_event_framer_frames_as_the_plain_framer() -> None:
+    """The event-line fast path gives the plain framer's payloads, read whole or in any
+    pieces (CRLF and a comment included), and keeps the event size limit."""
+    events = [*message_events(["Hel", "lo"]), b": keep-alive\n\n", b"event: a\r\ndata: {}\r\n\r\n"]
+    body = b"".join(events)
+    whole = [p for e in events for p in SSEFramer(4096).feed(e)]
+    assert [p for e in events for p in NamedEventFramer(4096).feed(e)] == whole
+    for size in (1, 2, 7, 50, 121, len(body)):
+        assert _framed(NamedEventFramer(4096), body, size) == whole
+    with pytest.raises(EventTooLarge):
+        NamedEventFramer(10).feed(ping())

@@ -40,6 +40,7 @@ from ai_lease.errors import ConfigError
 from ai_lease.providers.anthropic_events import (
     JSON_TOOL,
     MessageEventParser,
+    NamedEventFramer,
     finish_of,
     usage_of,
 )
@@ -65,7 +66,7 @@ class AnthropicProvider(HTTPStreamProvider):
     """
 
     name = "anthropic"
-    framer: Callable[[int], SSEFramer] = SSEFramer
+    framer: Callable[[int], SSEFramer] = NamedEventFramer  # the per-token shape, fast
 
     def __init__(
         self,

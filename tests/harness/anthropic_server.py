@@ -63,7 +63,7 @@ def ping() -> bytes:
 
 
 def message_start(input_tokens: int = 10, model: str = "claude-test") -> bytes:
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_test",
         "type": "message",
         "role": "assistant",
