@@ -22,7 +22,7 @@ from ai_lease.providers.anthropic import AnthropicProvider
 from ai_lease.providers.anthropic_events import NamedEventFramer
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall, Usage
 from ai_lease.providers.sse import EventTooLarge, SSEFramer
-from ai_lease.retry import RetryPolicy, call_with_retries, is_transient
+from ai_lease.retry import MODEL_CALL, RetryPolicy, call_with_retries, is_transient
 from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
@@ -96,9 +96,14 @@ async def test_normal_stream_exact_text_and_usage(
 async def test_ping_only_stream_is_a_first_token_timeout(
     server: SSEServer, provider: AnthropicProvider
 ) -> None:
-    """Pings (and a text block's empty start) are liveness: no first token, the connection
-    closed."""
-    pings: list[Event] = [message_start(), *text_block(0, [])[:1]]
+    """Pings, block starts, empty deltas, a signature and a tool's name are liveness: no
+    first token, and the connection is closed."""
+    pings: list[Event] = [
+        message_start(),
+        *thinking_block(0, [""]),  # an empty thought and a signature: liveness only
+        *text_block(1, [""]),
+        *tool_block(2, "toolu_1", "f", [""]),  # a tool's name, no arguments yet
+    ]
     for _ in range(10):
         pings += [Sleep(0.1), ping()]
     server.enqueue(messages_sse(*pings, Hang()))
@@ -225,10 +230,34 @@ async def test_rate_limit_and_overload_honour_retry_after(
     )
     started = time.monotonic()
     _, completion = await call_with_retries(
-        lambda: guarded(provider), FAST, deadline_at=time.monotonic() + 5
+        lambda: guarded(provider), MODEL_CALL, deadline_at=time.monotonic() + 5
     )
     assert completion.text == "ok"
     assert 0.25 < time.monotonic() - started < 5
+
+
+async def test_retry_after_past_the_deadline_is_not_waited_for(
+    server: SSEServer, provider: AnthropicProvider
+) -> None:
+    """A 529 asking for 3 s with 0.5 s left in the stage: raised at once, one request."""
+    server.enqueue(error_response(529, "Overloaded", {"retry-after": "3"}))
+    started = time.monotonic()
+    with pytest.raises(ProviderError, match="HTTP 529"):
+        await call_with_retries(
+            lambda: guarded(provider), MODEL_CALL, deadline_at=time.monotonic() + 0.5
+        )
+    assert time.monotonic() - started < 2
+    assert len(server.requests) == 1
+
+
+async def test_request_fault_error_event_is_not_retryable(
+    server: SSEServer, provider: AnthropicProvider
+) -> None:
+    """An invalid_request_error event after the 200 is the request's fault: not retried."""
+    server.enqueue(messages_sse(message_start(), error_event("invalid_request_error", "too long")))
+    with pytest.raises(ProviderError, match="invalid_request_error: too long") as caught:
+        await guarded(provider)
+    assert not caught.value.retryable
 
 
 async def test_request_headers_and_translated_body(
