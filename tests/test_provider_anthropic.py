@@ -30,6 +30,7 @@ from tests.harness.anthropic_server import (
     anthropic_url,
     error_event,
     error_response,
+    event,
     message_end,
     message_events,
     message_json,
@@ -334,14 +335,36 @@ async def test_request_headers_and_translated_body(
 
 
 async def test_tool_use_stream_is_assembled(server: SSEServer, provider: AnthropicProvider) -> None:
-    """input_json_delta fragments (slower than the idle budget) assemble into the call;
-    the tool_use stop is a "tool_calls" finish."""
+    """input_json_delta fragments (slower than the idle budget) assemble into the call (a
+    server tool's input is not one); the tool_use stop is a "tool_calls" finish."""
     fragments = ['{"ci', 'ty": ', '"Par', 'is"}']
     head, *deltas, stop = tool_block(1, "toolu_9", "weather", fragments)
     paced: list[Event] = []
     for delta in deltas:
         paced += [Sleep(0.12), delta]
-    events = [message_start(), *text_block(0, ["Checking."]), head, *paced, stop]
+    server_tool = [  # a tool Anthropic runs itself: its input is not a call of ours
+        event(
+            {
+                "type": "content_block_start",
+                "index": 2,
+                "content_block": {
+                    "type": "server_tool_use",
+                    "id": "srvtoolu_1",
+                    "name": "web_search",
+                    "input": {},
+                },
+            }
+        ),
+        event(
+            {
+                "type": "content_block_delta",
+                "index": 2,
+                "delta": {"type": "input_json_delta", "partial_json": '{"query": "x"}'},
+            }
+        ),
+        event({"type": "content_block_stop", "index": 2}),
+    ]
+    events = [message_start(), *text_block(0, ["Checking."]), head, *paced, stop, *server_tool]
     server.enqueue(messages_sse(*events, *message_end("tool_use", 30)))
     _, completion = await guarded(provider)
     assert completion.finish_reason == "tool_calls"

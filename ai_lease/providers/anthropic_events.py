@@ -8,7 +8,8 @@ not read). What each one means here:
   of a tool call's arguments (progress); ``signature_delta``, ``citations_delta`` and any
   other delta: liveness only;
 - ``content_block_start`` of a ``tool_use`` block: the call's id and name (no progress:
-  empty arguments); tool calls are numbered 0, 1, … in the order their blocks start;
+  empty arguments); tool calls are numbered 0, 1, … in the order their blocks start; a
+  ``server_tool_use`` block (a tool Anthropic runs itself) and its input are liveness only;
 - ``message_start``: the prompt's tokens; ``message_delta``: the stop reason and the
   cumulative usage, as one delta; ``message_stop``: the end marker;
 - ``ping``, ``content_block_stop`` and event types this parser does not know: liveness
@@ -172,13 +173,13 @@ class MessageEventParser:
             piece = _text(delta["partial_json"])
             if not piece:
                 return
-            self.chunks += 1
             if index in self._json_blocks:
+                self.chunks += 1
                 out.append(Delta(piece))
-            else:
-                out.append(
-                    Delta(tool_calls=(ToolCallDelta(self._blocks[index], None, None, piece),))
-                )
+            elif (number := self._blocks.get(index)) is not None:
+                self.chunks += 1
+                out.append(Delta(tool_calls=(ToolCallDelta(number, None, None, piece),)))
+            # else a server tool's input (server_tool_use: Anthropic runs it): liveness
         # signature_delta, citations_delta, new kinds: liveness only
 
     def _other(self, kind: str, obj: Any, out: list[Delta]) -> None:
