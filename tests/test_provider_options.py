@@ -53,7 +53,7 @@ def test_an_ambient_key_goes_to_no_other_host_from_a_job_file() -> None:
     """A job file's base_url elsewhere gets no ambient key unless allowed_hosts lists it."""
     env = {"ANTHROPIC_API_KEY": "sk-ant"}
     job = {"name": "anthropic", "base_url": "http://evil.example:9000"}
-    with pytest.raises(ConfigError, match="evil.example:9000") as caught:
+    with pytest.raises(ConfigError, match=r"evil\.example:9000") as caught:
         options(job, env)
     assert "sk-ant" not in str(caught.value)
     _, opts = options(job, env, provider={"allowed_hosts": ["evil.example:9000"]})
