@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/stream_overhead.py               # 40000 chunks, 7 rounds, 2 framings
     .venv/bin/python bench/stream_overhead.py --chunks 50000 --rounds 7 --framing close
+    .venv/bin/python bench/stream_overhead.py --only adapters    # the other lean adapters
 
 A local OpenAI-compatible server runs in a child process (its CPU is not the client's) and
 answers every POST with one pre-rendered event stream, written with one ``sendall``: a role
@@ -57,6 +58,7 @@ import httpx
 import httpx_sse
 import openai
 import orjson
+import stream_adapters  # bench/stream_adapters.py: the other lean adapters, side by side
 import stream_paced  # bench/stream_paced.py, beside this file (on sys.path when run as a script)
 
 import ai_lease.providers.openai_compat as compat
@@ -376,6 +378,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians reported)")
     p.add_argument("--framing", choices=("both", "chunked", "close"), default="both")
     p.add_argument("--mode", choices=("burst", "paced"), default="burst")
+    p.add_argument(
+        "--only",
+        choices=("all", "openai", "adapters"),
+        default="all",
+        help="the OpenAI-format variants, the other adapters (bench/stream_adapters.py), or both",
+    )
     stream_paced.add_arguments(p)
     args = p.parse_args()
     if args.mode == "paced":
@@ -388,9 +396,13 @@ def main() -> int:
         f"httpx {httpx.__version__}, httpx-sse {version('httpx-sse')}, "
         f"openai {openai.__version__}, orjson {orjson.__version__}"
     )
-    verdicts = [
-        v for framing in framings for v in report(framing, run_framing(args, framing), args)
-    ]
+    verdicts = []
+    if args.only in ("all", "openai"):
+        verdicts += [
+            v for framing in framings for v in report(framing, run_framing(args, framing), args)
+        ]
+    if args.only in ("all", "adapters"):
+        verdicts += stream_adapters.run(args)
     print()
     for ok, text in verdicts:
         print(f"VERDICT {'ok' if ok else 'miss'} {text}")
