@@ -24,6 +24,8 @@ from ai_lease.errors import (
 )
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall, Usage
 from ai_lease.providers.gemini import GeminiProvider
+from ai_lease.providers.gemini_events import CRLFFramer
+from ai_lease.providers.sse import EventTooLarge, SSEFramer
 from ai_lease.retry import MODEL_CALL, call_with_retries
 from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
@@ -411,3 +413,27 @@ async def test_key_is_required_for_google_and_never_shown(server: SSEServer) -> 
         assert server.requests[0].headers["x-goog-api-key"] == KEY
     finally:
         await made.aclose()
+
+
+# -- framing -------------------------------------------------------------------------
+
+
+def test_crlf_framer_frames_as_sse_framer_does() -> None:
+    """Google's \\r\\n\\r\\n events, a comment and a two-line event give the same payloads
+    whole, one event per read (the fast path) or split anywhere; a long event is refused."""
+    events = [
+        b'data: {"a":1}\r\n\r\n',
+        b": ping\r\n\r\n",
+        b"data: x\r\ndata: y\r\n\r\n",
+        b"data: {}\r\n\r\n",
+    ]
+    stream = b"".join(events)
+    expected = SSEFramer(1024).feed(stream)
+    assert expected == [b'{"a":1}', b"x\ny", b"{}"]
+    per_event = CRLFFramer(1024)
+    assert [p for event in events for p in per_event.feed(event)] == expected
+    for cut in range(1, len(stream)):
+        framer = CRLFFramer(1024)
+        assert framer.feed(stream[:cut]) + framer.feed(stream[cut:]) + framer.close() == expected
+    with pytest.raises(EventTooLarge):
+        CRLFFramer(8).feed(b"data: " + b"x" * 9 + b"\r\n\r\n")

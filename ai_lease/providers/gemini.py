@@ -34,10 +34,9 @@ from pydantic import SecretStr
 from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.providers.base import ChatRequest, Completion, assemble_tool_calls
 from ai_lease.providers.chunks import stream_error
-from ai_lease.providers.gemini_events import GeminiParser
+from ai_lease.providers.gemini_events import CRLFFramer, GeminiParser
 from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.openai_compat import check_base_url, sampling_defaults
-from ai_lease.providers.sse import SSEFramer
 from ai_lease.providers.streaming import HTTPStreamProvider
 from ai_lease.timeouts import StreamLimits
 
@@ -233,7 +232,7 @@ class GeminiProvider(HTTPStreamProvider):
     """
 
     name = "gemini"
-    framer: Callable[[int], SSEFramer] = SSEFramer
+    framer: Callable[[int], CRLFFramer] = CRLFFramer  # Google ends events with \r\n\r\n
 
     def __init__(
         self,
