@@ -22,8 +22,9 @@ from ai_lease.errors import (
     ProviderError,
     StreamIdleTimeout,
 )
+from ai_lease.providers import create_provider
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall, Usage
-from ai_lease.providers.gemini import GeminiProvider
+from ai_lease.providers.gemini import SKIP_SIGNATURE, GeminiProvider, request_body
 from ai_lease.providers.gemini_events import CRLFFramer
 from ai_lease.providers.sse import EventTooLarge, SSEFramer
 from ai_lease.retry import MODEL_CALL, call_with_retries
@@ -338,7 +339,12 @@ async def test_request_body_is_translated(server: SSEServer, provider: GeminiPro
         },
         {
             "role": "model",
-            "parts": [{"functionCall": {"name": "weather", "args": {"city": "Oslo"}}}],
+            "parts": [
+                {
+                    "functionCall": {"name": "weather", "args": {"city": "Oslo"}},
+                    "thoughtSignature": SKIP_SIGNATURE,  # "gemini-test": not a Gemini 1 or 2
+                }
+            ],
         },
         {
             "role": "user",
@@ -437,3 +443,39 @@ def test_crlf_framer_frames_as_sse_framer_does() -> None:
         assert framer.feed(stream[:cut]) + framer.feed(stream[cut:]) + framer.close() == expected
     with pytest.raises(EventTooLarge):
         CRLFFramer(8).feed(b"data: " + b"x" * 9 + b"\r\n\r\n")
+
+
+def test_replayed_calls_to_gemini_3_bear_the_stand_in_signature() -> None:
+    """Gemini 3 refuses a replayed function call with no thought signature: the first call
+    of a model turn bears Google's stand-in; Gemini 2.5 gets none; thoughts can be off."""
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        for i in range(2)
+    ]
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c0", "content": "one"},
+        {"role": "tool", "tool_call_id": "c1", "content": "two"},
+    ]
+    request = ChatRequest(messages)
+    turns = request_body(request, model="gemini-3-pro-preview")["contents"]
+    first, second = turns[1]["parts"]
+    assert first["thoughtSignature"] == SKIP_SIGNATURE and "thoughtSignature" not in second
+    assert turns[2]["parts"][1] == {
+        "functionResponse": {"name": "f", "response": {"result": "two"}}
+    }
+    old = request_body(request, model="gemini-2.5-flash", thoughts=False)
+    assert all("thoughtSignature" not in part for part in old["contents"][1]["parts"])
+    assert "generationConfig" not in old
+
+
+async def test_registry_builds_the_gemini_adapter(server: SSEServer) -> None:
+    """``create_provider("gemini", …)`` gives this adapter, with the options handed over."""
+    made = create_provider(
+        "gemini", base_url=server.base_url, api_key=SecretStr(KEY), model="gemini-test"
+    )
+    try:
+        assert isinstance(made, GeminiProvider) and made.model == "gemini-test"
+    finally:
+        await made.aclose()

@@ -43,15 +43,21 @@ from ai_lease.timeouts import StreamLimits
 __all__ = ["GeminiProvider", "request_body"]
 
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
+SKIP_SIGNATURE = "skip_thought_signature_validator"
+"""Google's documented stand-in for the thought signature of a replayed function call."""
 _CHOICES = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
 
 
 def request_body(
-    request: ChatRequest, defaults: Mapping[str, Any] | None = None, thoughts: bool = True
+    request: ChatRequest,
+    defaults: Mapping[str, Any] | None = None,
+    thoughts: bool = True,
+    model: str = "",
 ) -> dict[str, Any]:
-    """The JSON body of a ``generateContent`` request for ``request``; ``defaults`` (the
-    provider's ``temperature`` / ``max_tokens``) fill what the request leaves unset."""
-    system, contents = _contents(request.messages)
+    """The JSON body of a ``generateContent`` request for ``request`` to ``model``;
+    ``defaults`` (the provider's ``temperature`` / ``max_tokens``) fill what the request
+    leaves unset."""
+    system, contents = _contents(request.messages, _needs_signatures(model))
     body: dict[str, Any] = {"contents": contents}
     if system:
         body["systemInstruction"] = {"parts": system}
@@ -127,9 +133,19 @@ def _calling(choice: str | Mapping[str, Any]) -> dict[str, Any]:
     return {"mode": "ANY", "allowedFunctionNames": [name]}
 
 
-def _contents(messages: Iterable[Mapping[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:
+def _needs_signatures(model: str) -> bool:
+    """Gemini 3 and later refuse (400) a replayed function call without the thought
+    signature it came with; the neutral tool call carries none, so Google's documented
+    stand-in is sent (Gemini 1 and 2, and other models, need and get nothing)."""
+    return model.startswith("gemini-") and not model.startswith(("gemini-1", "gemini-2"))
+
+
+def _contents(
+    messages: Iterable[Mapping[str, Any]], signatures: bool = False
+) -> tuple[list[Any], list[dict[str, Any]]]:
     """The system parts, and the turns: ``user`` / ``model``; a run of tool results is one
-    ``user`` turn of ``functionResponse`` parts, named after the call they answer."""
+    ``user`` turn of ``functionResponse`` parts, named after the call they answer. With
+    ``signatures``, a model turn's first function call bears the stand-in signature."""
     system: list[Any] = []
     contents: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # tool_call_id -> function name
@@ -138,14 +154,7 @@ def _contents(messages: Iterable[Mapping[str, Any]]) -> tuple[list[Any], list[di
         if role in ("system", "developer"):
             system.extend(_parts(message.get("content")))
         elif role == "assistant":
-            parts = _parts(message.get("content"))
-            for call in message.get("tool_calls") or ():
-                function = call.get("function") or {}
-                names[call.get("id") or ""] = function.get("name") or ""
-                parts.append(
-                    {"functionCall": {"name": function.get("name"), "args": _args(function)}}
-                )
-            contents.append({"role": "model", "parts": parts})
+            contents.append(_model_turn(message, names, signatures))
         elif role == "tool":
             part = _function_response(message, names)
             if contents and contents[-1].get("tool"):
@@ -157,6 +166,23 @@ def _contents(messages: Iterable[Mapping[str, Any]]) -> tuple[list[Any], list[di
     for content in contents:
         content.pop("tool", None)
     return system, contents
+
+
+def _model_turn(
+    message: Mapping[str, Any], names: dict[str, str], signatures: bool
+) -> dict[str, Any]:
+    """An assistant message as a ``model`` turn (its tool calls' names noted in ``names``)."""
+    parts = _parts(message.get("content"))
+    for n, call in enumerate(message.get("tool_calls") or ()):
+        function = call.get("function") or {}
+        names[call.get("id") or ""] = function.get("name") or ""
+        part: dict[str, Any] = {
+            "functionCall": {"name": function.get("name"), "args": _args(function)}
+        }
+        if signatures and n == 0:
+            part["thoughtSignature"] = SKIP_SIGNATURE
+        parts.append(part)
+    return {"role": "model", "parts": parts}
 
 
 def _args(function: Mapping[str, Any]) -> Any:
@@ -316,15 +342,18 @@ class GeminiProvider(HTTPStreamProvider):
         usage = next((d.usage for d in reversed(deltas) if d.usage), None)
         return Completion(text, finish, usage, parser.chunks, assemble_tool_calls(calls))
 
-    def _url(self, request: ChatRequest, method: str) -> str:
+    def _model(self, request: ChatRequest) -> str:
         model = request.model or self.model
         if not model:
             raise ConfigError("provider.model: no model given (set it in the job or the settings)")
-        model = model.removeprefix("models/")
-        return f"{self._base}/models/{quote(model, safe='')}:{method}"
+        return model.removeprefix("models/")
+
+    def _url(self, request: ChatRequest, method: str) -> str:
+        return f"{self._base}/models/{quote(self._model(request), safe='')}:{method}"
 
     def _body(self, request: ChatRequest) -> bytes:
-        return orjson.dumps(request_body(request, self.defaults, self.include_thoughts))
+        body = request_body(request, self.defaults, self.include_thoughts, self._model(request))
+        return orjson.dumps(body)
 
     def _post_headers(self, request: ChatRequest) -> dict[str, str]:
         return {**self._headers, **request.headers(), "Content-Type": "application/json"}
