@@ -15,7 +15,8 @@ The base class owns the rest, the same for every format:
   parsed in plain calls, and only a read that brought deltas is yielded;
 - an event longer than ``max_event_bytes`` closes the connection with
   :class:`StreamLimitExceeded`; a body that ends before the format's end marker is the
-  parser's :meth:`~StreamParser.cut` error, never a short success.
+  parser's :meth:`~StreamParser.cut` error, never a short success (a format whose end
+  marker is the body's end says so with an optional ``body_ended()``, see the protocol).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class StreamParser(Protocol):
     def cut(self) -> ProviderError:
         """The error for a body that ended before the end marker."""
         ...
+
+    # Optional: ``body_ended()``, called once when the body ends, for a format with no end
+    # sentinel (Gemini): it sets ``stopped`` when what came makes a whole answer.
 
 
 class HTTPStreamProvider(AsyncResource):
@@ -148,6 +152,8 @@ class HTTPStreamProvider(AsyncResource):
                             return
                     if (payloads := framer.close()) and (out := deltas(payloads)):
                         yield out
+                    if (body_ended := getattr(parser, "body_ended", None)) is not None:
+                        body_ended()  # a format whose end marker is the body's end (Gemini)
                     if parser.stopped:
                         parser.end()
                         return
