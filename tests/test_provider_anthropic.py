@@ -19,7 +19,6 @@ from ai_lease.errors import (
     StreamIdleTimeout,
 )
 from ai_lease.providers.anthropic import AnthropicProvider
-from ai_lease.providers.anthropic_events import NamedEventFramer
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall, Usage
 from ai_lease.providers.sse import EventTooLarge, SSEFramer
 from ai_lease.retry import MODEL_CALL, RetryPolicy, call_with_retries, is_transient
@@ -479,14 +478,15 @@ def _framed(framer: SSEFramer, body: bytes, size: int) -> list[bytes]:
     return out + framer.close()
 
 
-def test_named_event_framer_frames_as_the_plain_framer() -> None:
-    """The event-line fast path gives the plain framer's payloads, read whole or in any
-    pieces (CRLF and a comment included), and keeps the event size limit."""
+def test_named_events_frame_the_same_whole_or_in_pieces() -> None:
+    """A read that is one named event (the framer's fast path) gives the payloads the
+    line-by-line path gives for the same bytes in any pieces (CRLF and a comment included),
+    and keeps the event size limit."""
     events = [*message_events(["Hel", "lo"]), b": keep-alive\n\n", b"event: a\r\ndata: {}\r\n\r\n"]
     body = b"".join(events)
-    whole = [p for e in events for p in SSEFramer(4096).feed(e)]
-    assert [p for e in events for p in NamedEventFramer(4096).feed(e)] == whole
-    for size in (1, 2, 7, 50, 121, len(body)):
-        assert _framed(NamedEventFramer(4096), body, size) == whole
+    whole = _framed(SSEFramer(4096), body, 1)  # one byte per read: never the fast path
+    assert [p for e in events for p in SSEFramer(4096).feed(e)] == whole
+    for size in (2, 7, 50, 121, len(body)):
+        assert _framed(SSEFramer(4096), body, size) == whole
     with pytest.raises(EventTooLarge):
-        NamedEventFramer(10).feed(ping())
+        SSEFramer(10).feed(ping())

@@ -25,7 +25,6 @@ from ai_lease.errors import (
 from ai_lease.providers import create_provider
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall, Usage
 from ai_lease.providers.gemini import SKIP_SIGNATURE, GeminiProvider, request_body
-from ai_lease.providers.gemini_events import CRLFFramer
 from ai_lease.providers.sse import EventTooLarge, SSEFramer
 from ai_lease.retry import MODEL_CALL, call_with_retries
 from ai_lease.run.progress import Progress
@@ -436,13 +435,13 @@ def test_crlf_framer_frames_as_sse_framer_does() -> None:
     stream = b"".join(events)
     expected = SSEFramer(1024).feed(stream)
     assert expected == [b'{"a":1}', b"x\ny", b"{}"]
-    per_event = CRLFFramer(1024)
+    per_event = SSEFramer(1024)
     assert [p for event in events for p in per_event.feed(event)] == expected
     for cut in range(1, len(stream)):
-        framer = CRLFFramer(1024)
+        framer = SSEFramer(1024)
         assert framer.feed(stream[:cut]) + framer.feed(stream[cut:]) + framer.close() == expected
     with pytest.raises(EventTooLarge):
-        CRLFFramer(8).feed(b"data: " + b"x" * 9 + b"\r\n\r\n")
+        SSEFramer(8).feed(b"data: " + b"x" * 9 + b"\r\n\r\n")
 
 
 def test_replayed_calls_to_gemini_3_bear_the_stand_in_signature() -> None:

@@ -29,7 +29,7 @@ so a ``json`` job reads the JSON text exactly as from OpenAI. It cannot be combi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -40,7 +40,6 @@ from ai_lease.errors import ConfigError
 from ai_lease.providers.anthropic_events import (
     JSON_TOOL,
     MessageEventParser,
-    NamedEventFramer,
     finish_of,
     usage_of,
 )
@@ -48,7 +47,6 @@ from ai_lease.providers.base import ChatRequest, Completion, ToolCall
 from ai_lease.providers.chunks import stream_error
 from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.openai_compat import HTTPPath, check_base_url, sampling_defaults
-from ai_lease.providers.sse import SSEFramer
 from ai_lease.providers.streaming import HTTPStreamProvider
 from ai_lease.redaction import register_secret
 from ai_lease.timeouts import StreamLimits
@@ -66,7 +64,6 @@ class AnthropicProvider(HTTPStreamProvider):
     """
 
     name = "anthropic"
-    framer: Callable[[int], SSEFramer] = NamedEventFramer  # the per-token shape, fast
 
     def __init__(
         self,

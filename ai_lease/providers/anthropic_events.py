@@ -34,9 +34,8 @@ import orjson
 from ai_lease.errors import EmptyEventStream, ProviderError, StreamInterrupted
 from ai_lease.providers.base import Delta, ToolCallDelta, Usage
 from ai_lease.providers.chunks import stream_error
-from ai_lease.providers.sse import EventTooLarge, SSEFramer
 
-__all__ = ["JSON_TOOL", "MessageEventParser", "NamedEventFramer", "finish_of", "usage_of"]
+__all__ = ["JSON_TOOL", "MessageEventParser", "finish_of", "usage_of"]
 
 JSON_TOOL = "ai_lease_json_answer"
 """The forced tool a JSON-schema ``response_format`` becomes; its input is the answer."""
@@ -65,33 +64,6 @@ _REQUEST_FAULTS = frozenset(
         "billing_error",
     }
 )
-
-
-class NamedEventFramer(SSEFramer):
-    """:class:`SSEFramer` with one more fast path, for the shape Anthropic sends per token:
-    a read that is exactly one ``event: <type>\\ndata: <json>\\n\\n`` event (the plain
-    framer parses those line by line, ~3x its cost per event). Anything else goes the
-    framer's own way, so the payloads are the same.
-
-    >>> NamedEventFramer(1024).feed(b"event: ping\\ndata: {}\\n\\n")
-    [b'{}']
-    """
-
-    __slots__ = ()
-
-    def feed(self, raw: bytes) -> list[bytes]:
-        if raw[:7] == b"event: " and raw[-2:] == b"\n\n" and not self._pending and not self._cr:
-            line = raw.find(b"\n")
-            if (
-                raw[line + 1 : line + 7] == b"data: "
-                and raw.find(b"\n", line + 1) == len(raw) - 2
-                and b"\r" not in raw
-            ):
-                if len(raw) - 2 > self._limit:
-                    raise EventTooLarge(self._limit)
-                self._last = b"\n"
-                return [raw[line + 7 : -2]]
-        return super().feed(raw)
 
 
 class MessageEventParser:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import mimetypes
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -34,7 +34,7 @@ from pydantic import SecretStr
 from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.providers.base import ChatRequest, Completion, assemble_tool_calls
 from ai_lease.providers.chunks import stream_error
-from ai_lease.providers.gemini_events import CRLFFramer, GeminiParser
+from ai_lease.providers.gemini_events import GeminiParser
 from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.openai_compat import check_base_url, sampling_defaults
 from ai_lease.providers.streaming import HTTPStreamProvider
@@ -258,7 +258,6 @@ class GeminiProvider(HTTPStreamProvider):
     """
 
     name = "gemini"
-    framer: Callable[[int], CRLFFramer] = CRLFFramer  # Google ends events with \r\n\r\n
 
     def __init__(
         self,
