@@ -21,6 +21,7 @@ from ai_lease.errors import (
 from ai_lease.providers import create_provider
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, ToolCall, Usage
 from ai_lease.providers.openai_responses import OpenAIResponsesProvider
+from ai_lease.providers.responses_events import ResponsesParser
 from ai_lease.retry import MODEL_CALL, call_with_retries
 from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
@@ -185,6 +186,20 @@ async def test_reasoning_summary_longer_than_idle_is_progress(
     assert completion.text == "Paris"
     assert guard.first_token_s is not None and guard.first_visible_s is not None
     assert guard.first_visible_s - guard.first_token_s >= 0.4
+
+
+def test_parser_without_sequence_numbers_and_on_a_bad_event() -> None:
+    """A server that numbers no events still streams; a bad event stops the stream with a
+    malformed-event error, keeping the text before it and not counting the bad event."""
+    parser = ResponsesParser("openai-responses")
+    texts = [b'{"type":"response.output_text.delta","delta":"a"}'] * 2
+    assert [d.text for d in parser.deltas(texts)] == ["a", "a"]
+    numbered = b'{"type":"response.output_text.delta","delta":"b","sequence_number":4}'
+    out = parser.deltas([numbered, b'{"type":"response.output_text.delta","delta":7}'])
+    assert [d.text for d in out] == ["b"] and parser.stopped and parser.sequence == 4
+    with pytest.raises(ProviderError, match="malformed event") as caught:
+        parser.end()
+    assert caught.value.partial
 
 
 # -- liveness and timeouts -------------------------------------------------------------
@@ -353,6 +368,30 @@ async def test_resume_after_a_cut_is_one_create_and_the_whole_answer(
     assert (server.creates, server.resumes) == (1, 1)
     assert server.requests[-1].path.endswith(f"starting_after={checkpoint.sequence}")
     assert server.requests[-1].method == "GET"
+
+
+async def test_resume_skips_events_replayed_twice(
+    server: ResponsesServer, background: OpenAIResponsesProvider
+) -> None:
+    """A server that replays from the start despite starting_after: the events up to the
+    checkpoint are skipped, so the text is still the whole answer once."""
+    checkpoint, _ = await cut_stream(server, background)
+    server.ignore_starting_after = True
+    _, completion = await guarded(background, ChatRequest(REQUEST.messages, resume=checkpoint))
+    assert completion.text == "".join(ANSWER)
+    assert server.creates == 1
+
+
+async def test_resumed_stream_reports_checkpoints_from_where_it_resumed(
+    server: ResponsesServer, background: OpenAIResponsesProvider
+) -> None:
+    """The resumed stream goes on reporting checkpoints of the same response, past the old."""
+    checkpoint, _ = await cut_stream(server, background)
+    seen: list[Checkpoint] = []
+    request = ChatRequest(REQUEST.messages, resume=checkpoint, on_checkpoint=seen.append)
+    await guarded(background, request)
+    assert seen and {c.response_id for c in seen} == {checkpoint.response_id}
+    assert min(c.sequence for c in seen) > checkpoint.sequence
 
 
 @pytest.mark.parametrize("how", ["gone", "failed"])

@@ -71,6 +71,7 @@ class ResponsesParser:
         "error",
         "events",
         "finished",
+        "floor",
         "provider",
         "refusal",
         "response_id",
@@ -91,6 +92,7 @@ class ResponsesParser:
         self.response_id = response_id  # known at once when resuming, else from response.created
         self.resuming = response_id is not None
         self.sequence = after  # the last event consumed (-1: none yet)
+        self.floor = after if self.resuming else None  # a resume skips what it already has
         self.chunks = 1 if resumed_text else 0  # text deltas (``partial`` of an error)
         self.events = 0
         self.emitted = False  # a delta was handed over (a resume can no longer fall back)
@@ -109,8 +111,8 @@ class ResponsesParser:
                 obj = _loads(data)
                 kind = obj["type"]
                 seq = obj.get("sequence_number")
-                if seq is not None and seq <= self.sequence:
-                    continue  # replayed twice: already consumed
+                if self.floor is not None and seq is not None and seq <= self.floor:
+                    continue  # a server replaying too much: consumed before the checkpoint
                 if kind == _TEXT:  # once per streamed token
                     text = obj["delta"]
                     if text.__class__ is not str:

@@ -212,7 +212,8 @@ class Script:
 
 
 class ResponsesServer:
-    """A stateful loopback Responses API (module docstring). ``resume_every`` paces replays."""
+    """A stateful loopback Responses API (module docstring). ``resume_every`` paces replays;
+    ``ignore_starting_after`` replays every event, as a proxy that drops the query would."""
 
     def __init__(self) -> None:
         self.sse = SSEServer(responder=self._respond)
@@ -223,6 +224,7 @@ class ResponsesServer:
         self.creates = 0
         self.resumes = 0
         self.resume_every = 0.0
+        self.ignore_starting_after = False  # replay from the start (a proxy dropping the query)
 
     def script(self, events: Sequence[dict[str, Any]], **options: Any) -> None:
         """Queue what the next create answers (see :class:`Script`)."""
@@ -295,7 +297,7 @@ class ResponsesServer:
         if query.get("stream") != ["true"]:
             return json_response(200, events[-1].get("response") or {})
         self.resumes += 1
-        after = int(query.get("starting_after", ["-1"])[0])
+        after = -1 if self.ignore_starting_after else int(query.get("starting_after", ["-1"])[0])
         if rid in self.failed:
             failed = {**failed_event(), "sequence_number": after + 1}
             failed["response"] = {**failed["response"], "id": rid}
