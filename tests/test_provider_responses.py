@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 
 from ai_lease.errors import (
@@ -21,7 +22,7 @@ from ai_lease.errors import (
 from ai_lease.providers import create_provider
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, ToolCall, Usage
 from ai_lease.providers.openai_responses import OpenAIResponsesProvider
-from ai_lease.providers.responses_events import ResponsesParser
+from ai_lease.providers.responses_events import ResponseNotResumable, ResponsesParser
 from ai_lease.retry import MODEL_CALL, call_with_retries
 from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
@@ -59,10 +60,12 @@ async def provider(
     await made.aclose()
 
 
-@pytest.fixture
-async def background(server: ResponsesServer) -> AsyncIterator[OpenAIResponsesProvider]:
+@pytest.fixture(params=["aiohttp", "httpx"])
+async def background(
+    request: pytest.FixtureRequest, server: ResponsesServer
+) -> AsyncIterator[OpenAIResponsesProvider]:
     made = OpenAIResponsesProvider(
-        base_url=server.base_url, api_key="sk-test", model="m", background=True
+        base_url=server.base_url, api_key="sk-test", model="m", background=True, http=request.param
     )
     yield made
     await made.aclose()
@@ -200,6 +203,19 @@ def test_parser_without_sequence_numbers_and_on_a_bad_event() -> None:
     with pytest.raises(ProviderError, match="malformed event") as caught:
         parser.end()
     assert caught.value.partial
+
+
+def test_a_resumed_response_failing_after_new_text_is_an_error_not_a_fresh_call() -> None:
+    """Resuming, response.failed before any new delta means "call again"; after new text it
+    is an ordinary partial failure (calling again would double the answer)."""
+    failed = orjson.dumps({**failed_event(), "sequence_number": 9})
+    text = b'{"type":"response.output_text.delta","delta":"x","sequence_number":8}'
+    fresh = ResponsesParser("openai-responses", response_id="resp_1", after=7)
+    assert fresh.deltas([failed]) == [] and isinstance(fresh.error, ResponseNotResumable)
+    late = ResponsesParser("openai-responses", response_id="resp_1", after=7, resumed_text=True)
+    assert [d.text for d in late.deltas([text, failed])] == ["x"]
+    assert late.error is not None and not isinstance(late.error, ResponseNotResumable)
+    assert late.error.partial
 
 
 # -- liveness and timeouts -------------------------------------------------------------
@@ -439,6 +455,20 @@ async def test_complete_not_streamed(
     called = await provider.complete(REQUEST)
     assert called.tool_calls == (ToolCall("call_1", "weather", '{"a": 1}'),)
     assert called.finish_reason == "tool_calls"
+
+
+async def test_complete_capped_or_failed(
+    server: ResponsesServer, provider: OpenAIResponsesProvider
+) -> None:
+    """Not streamed: an incomplete (max_output_tokens) response is "length"; a failed one
+    is a retryable error naming the provider's code."""
+    server.script(incomplete_events(["Hel"]))
+    capped = await provider.complete(REQUEST)
+    assert (capped.text, capped.finish_reason) == ("Hel", "length")
+    server.script([*text_events([], end="none")[:2], failed_event("server_error")])
+    with pytest.raises(ProviderError, match="response failed: server_error") as caught:
+        await provider.complete(REQUEST)
+    assert caught.value.retryable
 
 
 async def test_registry_builds_it_and_repr_hides_the_key() -> None:

@@ -292,15 +292,16 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
         """The base's batches, with checkpoints reported and a resume tried first."""
         resume = self._resume_of(request)
         if resume is not None:
+            handed = False  # a delta was handed over: too late to call again
             try:
                 async with contextlib.aclosing(self._batches(request, resume)) as batches:
                     async for batch in batches:
+                        handed = handed or bool(batch)
                         yield batch
                 return
-            except ResponseNotResumable as exc:
-                why: str = str(exc)
             except ProviderError as exc:
-                if exc.status not in _GONE_STATUS:
+                gone = isinstance(exc, ResponseNotResumable) or exc.status in _GONE_STATUS
+                if handed or not gone:
                     raise
                 why = str(exc)
             log.warning(
@@ -389,18 +390,21 @@ def completion_of(provider: str, content: bytes) -> Completion:
     except (ValueError, KeyError, TypeError, AttributeError):
         raise stream_error(provider, f"not a response: {content[:80]!r}", 0) from None
     if refusals:
-        raise ProviderError(
-            f"the model refused: {refusals[:200]!r}", retryable=False, provider=provider
-        )
+        message = f"the model refused: {refusals[:200]!r}"
+        raise ProviderError(message, retryable=False, provider=provider)
+    if status in ("completed", None):
+        return Completion(texts, "tool_calls" if calls else "stop", usage, tool_calls=calls)
     if status == "incomplete" and reason == "max_output_tokens":
         return Completion(texts, "length", usage, tool_calls=calls)
-    if status not in ("completed", None):
-        error = data.get("error") or {}
-        message = f"response {status}: {reason or error.get('message')}"
-        raise ProviderError(
-            message, retryable=status == "failed" and reason is None, provider=provider
-        )
-    return Completion(texts, "tool_calls" if calls else "stop", usage, tool_calls=calls)
+    if status == "incomplete" and reason == "content_filter":
+        message = "the answer was stopped by the content filter (response incomplete)"
+        raise ProviderError(message, retryable=False, provider=provider)
+    error = data.get("error") or {}
+    detail = reason if status == "incomplete" else f"{error.get('code')}: {error.get('message')}"
+    # failed / incomplete: the provider's trouble, worth another try; anything else
+    # (queued, in_progress, cancelled) is not an answer this call can wait for
+    retryable = status in ("failed", "incomplete")
+    raise ProviderError(f"response {status}: {detail}", retryable=retryable, provider=provider)
 
 
 def _output_of(output: Sequence[Any]) -> tuple[str, tuple[ToolCall, ...], str]:
