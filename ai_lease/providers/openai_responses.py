@@ -42,7 +42,7 @@ import orjson
 from pydantic import SecretStr
 
 from ai_lease.errors import ConfigError, ProviderError
-from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Delta, ToolCall
+from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Delta
 from ai_lease.providers.chunks import stream_error
 from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.openai_compat import (
@@ -54,7 +54,7 @@ from ai_lease.providers.openai_compat import (
 from ai_lease.providers.responses_events import (
     ResponseNotResumable,
     ResponsesParser,
-    response_usage,
+    completion_of,
 )
 from ai_lease.providers.streaming import HTTPStreamProvider
 from ai_lease.timeouts import StreamLimits
@@ -377,47 +377,3 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
 
     def _post_headers(self, request: ChatRequest) -> dict[str, str]:
         return {**self._headers, **request.headers(), "Content-Type": "application/json"}
-
-
-def completion_of(provider: str, content: bytes) -> Completion:
-    """A whole response object as a :class:`Completion` (its status decides the finish)."""
-    try:
-        data = orjson.loads(content)
-        texts, calls, refusals = _output_of(data.get("output") or ())
-        usage = response_usage(data.get("usage"))
-        status = data.get("status")
-        reason = (data.get("incomplete_details") or {}).get("reason")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise stream_error(provider, f"not a response: {content[:80]!r}", 0) from None
-    if refusals:
-        message = f"the model refused: {refusals[:200]!r}"
-        raise ProviderError(message, retryable=False, provider=provider)
-    if status in ("completed", None):
-        return Completion(texts, "tool_calls" if calls else "stop", usage, tool_calls=calls)
-    if status == "incomplete" and reason == "max_output_tokens":
-        return Completion(texts, "length", usage, tool_calls=calls)
-    if status == "incomplete" and reason == "content_filter":
-        message = "the answer was stopped by the content filter (response incomplete)"
-        raise ProviderError(message, retryable=False, provider=provider)
-    error = data.get("error") or {}
-    detail = reason if status == "incomplete" else f"{error.get('code')}: {error.get('message')}"
-    # failed / incomplete: the provider's trouble, worth another try; anything else
-    # (queued, in_progress, cancelled) is not an answer this call can wait for
-    retryable = status in ("failed", "incomplete")
-    raise ProviderError(f"response {status}: {detail}", retryable=retryable, provider=provider)
-
-
-def _output_of(output: Sequence[Any]) -> tuple[str, tuple[ToolCall, ...], str]:
-    """``(text, tool calls, refusal)`` of a response's output items."""
-    texts, refusals, calls = [], [], []
-    for item in output:
-        kind = item.get("type")
-        if kind == "function_call":
-            calls.append(ToolCall(item["call_id"], item["name"], item.get("arguments") or ""))
-        elif kind == "message":
-            for part in item.get("content") or ():
-                if part.get("type") == "output_text":
-                    texts.append(str(part.get("text") or ""))
-                elif part.get("type") == "refusal":
-                    refusals.append(str(part.get("refusal") or ""))
-    return "".join(texts), tuple(calls), "".join(refusals)

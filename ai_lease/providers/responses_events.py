@@ -1,4 +1,5 @@
-"""OpenAI Responses API stream events to :class:`Delta` objects, for the lean adapter.
+"""What OpenAI's Responses API sends back: stream events as :class:`Delta` objects, and a
+whole response object as a :class:`Completion` (:func:`completion_of`), for the lean adapter.
 
 The Responses API streams named events (``event: response.output_text.delta`` beside a
 ``data:`` JSON that repeats the name in ``"type"`` and numbers the event in
@@ -10,7 +11,8 @@ The Responses API streams named events (``event: response.output_text.delta`` be
   the name from its ``response.output_item.added``). All of these are progress.
 - ``response.created`` / ``queued`` / ``in_progress`` (they bring the response id),
   ``output_item.added`` / ``done``, ``content_part.*``, ``*.done`` and every event this
-  parser does not know are liveness only.
+  parser does not know are liveness only (``function_call_arguments.done`` brings the
+  whole arguments only for a call none of whose fragments came, as some servers send it).
 - The end markers: ``response.completed`` (finish ``"stop"``, or ``"tool_calls"`` when the
   model called a function, with the usage of the whole response); ``response.incomplete``
   (``"length"`` when it ran out of ``max_output_tokens``; the content filter or any other
@@ -26,16 +28,16 @@ new delta is :class:`ResponseNotResumable`: the caller calls again instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from ai_lease.errors import EmptyEventStream, ProviderError
-from ai_lease.providers.base import Delta, ToolCallDelta, Usage
+from ai_lease.providers.base import Completion, Delta, ToolCall, ToolCallDelta, Usage
 from ai_lease.providers.chunks import stream_error
 
-__all__ = ["ResponseNotResumable", "ResponsesParser", "response_usage"]
+__all__ = ["ResponseNotResumable", "ResponsesParser", "completion_of", "response_usage"]
 
 _loads = orjson.loads
 _TEXT = "response.output_text.delta"
@@ -257,6 +259,50 @@ def response_usage(data: Mapping[str, Any] | None) -> Usage | None:
         int(data.get("output_tokens") or 0),
         int(details.get("reasoning_tokens") or 0),
     )
+
+
+def completion_of(provider: str, content: bytes) -> Completion:
+    """A whole response object as a :class:`Completion` (its status decides the finish)."""
+    try:
+        data = orjson.loads(content)
+        texts, calls, refusals = _output_of(data.get("output") or ())
+        usage = response_usage(data.get("usage"))
+        status = data.get("status")
+        reason = (data.get("incomplete_details") or {}).get("reason")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise stream_error(provider, f"not a response: {content[:80]!r}", 0) from None
+    if refusals:
+        message = f"the model refused: {refusals[:200]!r}"
+        raise ProviderError(message, retryable=False, provider=provider)
+    if status in ("completed", None):
+        return Completion(texts, "tool_calls" if calls else "stop", usage, tool_calls=calls)
+    if status == "incomplete" and reason == "max_output_tokens":
+        return Completion(texts, "length", usage, tool_calls=calls)
+    if status == "incomplete" and reason == "content_filter":
+        message = "the answer was stopped by the content filter (response incomplete)"
+        raise ProviderError(message, retryable=False, provider=provider)
+    error = data.get("error") or {}
+    detail = reason if status == "incomplete" else f"{error.get('code')}: {error.get('message')}"
+    # failed / incomplete: the provider's trouble, worth another try; anything else
+    # (queued, in_progress, cancelled) is not an answer this call can wait for
+    retryable = status in ("failed", "incomplete")
+    raise ProviderError(f"response {status}: {detail}", retryable=retryable, provider=provider)
+
+
+def _output_of(output: Sequence[Any]) -> tuple[str, tuple[ToolCall, ...], str]:
+    """``(text, tool calls, refusal)`` of a response's output items."""
+    texts, refusals, calls = [], [], []
+    for item in output:
+        kind = item.get("type")
+        if kind == "function_call":
+            calls.append(ToolCall(item["call_id"], item["name"], item.get("arguments") or ""))
+        elif kind == "message":
+            for part in item.get("content") or ():
+                if part.get("type") == "output_text":
+                    texts.append(str(part.get("text") or ""))
+                elif part.get("type") == "refusal":
+                    refusals.append(str(part.get("refusal") or ""))
+    return "".join(texts), tuple(calls), "".join(refusals)
 
 
 _Handler = Callable[[ResponsesParser, Any], Delta | None]
