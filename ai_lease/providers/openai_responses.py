@@ -1,0 +1,379 @@
+"""``openai-responses``: a lean streaming client of OpenAI's Responses API, resumable.
+
+``POST {base_url}/responses`` with ``stream: true``; the named events are parsed by
+:mod:`~ai_lease.providers.responses_events` (what is progress, what is liveness, the end
+markers). The neutral chat request is translated here: leading system messages become
+``instructions`` (a later one a ``developer`` message), text and image parts become
+``input_text`` / ``input_image``, an assistant's tool calls ``function_call`` items and tool
+answers ``function_call_output`` items; function tools are flattened (``{"type":
+"function", "name", "description", "parameters"}``), ``response_format`` becomes
+``text.format`` and ``max_tokens`` ``max_output_tokens``. The Responses API has no stop
+sequences: a request with ``stop`` is refused.
+
+**Background mode and resuming.** With ``background=True`` the response runs on OpenAI's
+side whether or not anyone is connected (``store`` must then be true: it is sent so), and a
+stream can be picked up again. After each network read that brought deltas the adapter
+calls ``request.on_checkpoint(Checkpoint(name, response_id, sequence))`` — before handing the
+batch over, with no ``await`` between, so what the caller has collected when it looks and
+the checkpoint agree (``text`` is left empty: the caller pairs it with its own). A request
+whose ``resume`` is such a checkpoint (with the visible text up to it) is not sent again:
+``GET {base_url}/responses/{id}?stream=true&starting_after={sequence}`` replays the rest,
+and the first batch starts with one delta carrying the checkpoint's text and reasoning, so
+the collected answer is the whole answer exactly once. A response the provider says is gone
+(404 / 410) or failed / cancelled / expired is called again instead, with a warning in the
+log; nothing of the old text is handed over then.
+
+Limits: a checkpoint carries text, not tool-call fragments, so a function call whose
+arguments were half streamed at the checkpoint resumes with its tail only (and no id/name).
+``complete()`` (not streamed) never runs in the background.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+from pydantic import SecretStr
+
+from ai_lease.errors import ConfigError, ProviderError
+from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Delta
+from ai_lease.providers.chunks import stream_error
+from ai_lease.providers.http_paths import check_answer
+from ai_lease.providers.openai_compat import (
+    HTTPPath,
+    _api_key,
+    check_base_url,
+    sampling_defaults,
+)
+from ai_lease.providers.responses_events import (
+    ResponseNotResumable,
+    ResponsesParser,
+    completion_of,
+)
+from ai_lease.providers.streaming import HTTPStreamProvider
+from ai_lease.timeouts import StreamLimits
+
+__all__ = ["OpenAIResponsesProvider", "input_items", "responses_body"]
+
+log = logging.getLogger("ai_lease.providers.openai_responses")
+_GONE_STATUS = frozenset({404, 410})
+
+
+# -- the request ---------------------------------------------------------------------
+
+
+def responses_body(
+    request: ChatRequest,
+    default_model: str | None,
+    *,
+    stream: bool,
+    defaults: Mapping[str, Any] | None = None,
+    background: bool = False,
+    store: bool | None = None,
+) -> dict[str, Any]:
+    """The JSON body of ``POST /responses`` for ``request`` (``defaults``: the provider's
+    ``temperature`` / ``max_tokens``, for what the request leaves unset)."""
+    model = request.model or default_model
+    if not model:
+        raise ConfigError("provider.model: no model given (set it in the job or the settings)")
+    if request.stop:
+        raise ConfigError(
+            "job.stop: the Responses API has no stop sequences; drop `stop` or use "
+            "the openai-compatible provider"
+        )
+    instructions, items = input_items(request.messages)
+    body: dict[str, Any] = {"model": model, "input": items}
+    if instructions:
+        body["instructions"] = instructions
+    defaults = defaults or {}
+    temperature = (
+        request.temperature if request.temperature is not None else defaults.get("temperature")
+    )
+    max_tokens = (
+        request.max_tokens if request.max_tokens is not None else defaults.get("max_tokens")
+    )
+    if temperature is not None:
+        body["temperature"] = temperature
+    if max_tokens is not None:
+        body["max_output_tokens"] = max_tokens
+    if request.tools:
+        body["tools"] = [_tool(tool) for tool in request.tools]
+    if request.tool_choice is not None:
+        body["tool_choice"] = _tool_choice(request.tool_choice)
+    if request.response_format:
+        body["text"] = {"format": _text_format(request.response_format)}
+    if stream:
+        body["stream"] = True
+    if background:
+        body["background"] = body["store"] = True
+    elif store is not None:
+        body["store"] = store
+    body.update(request.extra)
+    return body
+
+
+def input_items(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """``(instructions, input items)`` of neutral chat messages (see the module docstring)."""
+    instructions: list[str] = []
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role in ("system", "developer") and not items:
+            instructions.append(_plain_text(message.get("content")))
+        elif role in ("system", "developer"):
+            items.append({"role": "developer", "content": _plain_text(message.get("content"))})
+        elif role == "tool":
+            output = message.get("content")
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message.get("tool_call_id"),
+                    "output": output if isinstance(output, str) else _plain_text(output),
+                }
+            )
+        elif role == "assistant":
+            items += _assistant_items(message)
+        else:
+            items.append({"role": role or "user", "content": _content(message.get("content"))})
+    return "\n\n".join(part for part in instructions if part), items
+
+
+def _assistant_items(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An assistant turn: its text as a message, each tool call as a ``function_call`` item."""
+    out: list[dict[str, Any]] = []
+    if text := _plain_text(message.get("content")):
+        out.append({"role": "assistant", "content": text})
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        out.append(
+            {
+                "type": "function_call",
+                "call_id": call.get("id"),
+                "name": function.get("name"),
+                "arguments": function.get("arguments") or "",
+            }
+        )
+    return out
+
+
+def _content(content: Any) -> Any:
+    """A user message's content: a text as is, parts as ``input_text`` / ``input_image``."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type")
+        if kind == "text":
+            parts.append({"type": "input_text", "text": part.get("text", "")})
+        elif kind == "image_url":
+            image = part.get("image_url")
+            url, detail = (
+                (image, None) if isinstance(image, str) else (image["url"], image.get("detail"))
+            )
+            parts.append({"type": "input_image", "image_url": url, "detail": detail or "auto"})
+        else:
+            parts.append(dict(part))  # already a Responses part (input_file, …): as given
+    return parts
+
+
+def _plain_text(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat-completions tool flattened; a tool of another kind (web_search…) as given."""
+    function = tool.get("function")
+    if tool.get("type") != "function" or not isinstance(function, Mapping):
+        return dict(tool)
+    return {"type": "function", **function}
+
+
+def _tool_choice(choice: str | Mapping[str, Any]) -> Any:
+    if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
+        return {"type": "function", "name": choice["function"].get("name")}
+    return choice
+
+
+def _text_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
+    """``response_format`` as ``text.format``: a JSON schema's fields come up one level."""
+    if response_format.get("type") == "json_schema":
+        return {"type": "json_schema", **(response_format.get("json_schema") or {})}
+    return dict(response_format)
+
+
+# -- the provider --------------------------------------------------------------------
+
+
+class OpenAIResponsesProvider(HTTPStreamProvider):
+    """Streams OpenAI Responses from ``base_url`` (default OpenAI's), resumable in the
+    background (see the module's docstring).
+
+    >>> provider = OpenAIResponsesProvider(api_key="sk-…", model="gpt-5-mini", background=True)
+    """
+
+    name = "openai-responses"
+
+    def __init__(
+        self,
+        *,
+        base_url: str = "https://api.openai.com/v1",
+        api_key: str | SecretStr | None = None,
+        model: str | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 600.0,
+        client: httpx.AsyncClient | None = None,
+        http: HTTPPath = "auto",
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        max_event_bytes: int = StreamLimits.max_event_bytes,
+        max_connections: int = 100,
+        pool_timeout: float | None = None,
+        background: bool = False,
+        store: bool | None = None,
+    ) -> None:
+        check_base_url(base_url)
+        if background and store is False:
+            raise ConfigError(
+                "provider.store: background responses are stored by OpenAI "
+                "(store = false cannot be background); drop one of the two"
+            )
+        self.defaults = sampling_defaults(temperature, max_tokens)
+        key = _api_key(api_key, base_url)
+        self.model, self.background, self.store = model, background, store
+        self._base = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._handoff: ResponsesParser | None = None  # see _batches()
+        super().__init__(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            client=client,
+            http=http,
+            max_event_bytes=max_event_bytes,
+            max_connections=max_connections,
+            pool_timeout=pool_timeout,
+        )
+
+    def __repr__(self) -> str:  # never shows the key
+        return (
+            f"OpenAIResponsesProvider(url={self._base!r}, model={self.model!r}, "
+            f"http={self.http!r}, background={self.background!r})"
+        )
+
+    def stream_request(self, request: ChatRequest) -> tuple[str, bytes | None, dict[str, str]]:
+        resume = self._resume_of(request)
+        if resume is not None:
+            rid = quote(resume.response_id, safe="")
+            url = f"{self._base}/responses/{rid}?stream=true&starting_after={resume.sequence}"
+            return url, None, {**self._headers, **request.headers()}
+        body = responses_body(
+            request,
+            self.model,
+            stream=True,
+            defaults=self.defaults,
+            background=self.background,
+            store=self.store,
+        )
+        return f"{self._base}/responses", orjson.dumps(body), self._post_headers(request)
+
+    def parser(self) -> ResponsesParser:
+        """The parser :meth:`stream_batches` made for the stream being opened, else a fresh one."""
+        parser, self._handoff = self._handoff, None
+        return parser or ResponsesParser(self.name)
+
+    async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
+        """The base's batches, with checkpoints reported and a resume tried first."""
+        resume = self._resume_of(request)
+        if resume is not None:
+            handed = False  # a delta was handed over: too late to call again
+            try:
+                async with contextlib.aclosing(self._batches(request, resume)) as batches:
+                    async for batch in batches:
+                        handed = handed or bool(batch)
+                        yield batch
+                return
+            except ProviderError as exc:
+                gone = isinstance(exc, ResponseNotResumable) or exc.status in _GONE_STATUS
+                if handed or not gone:
+                    raise
+                why = str(exc)
+            log.warning(
+                "response %s not resumed (%s): calling the model again", resume.response_id, why
+            )
+            request = replace(request, resume=None)
+        async with contextlib.aclosing(self._batches(request, None)) as batches:
+            async for batch in batches:
+                yield batch
+
+    async def _batches(
+        self, request: ChatRequest, resume: Checkpoint | None
+    ) -> AsyncGenerator[list[Delta], None]:
+        """One stream through the base's loop, with this stream's own parser: the base makes
+        its parser with ``self.parser()`` right after ``stream_request()``, before its first
+        ``await``, so the parser handed over here is the one it takes."""
+        parser = ResponsesParser(
+            self.name,
+            response_id=resume.response_id if resume else None,
+            after=resume.sequence if resume else -1,
+            resumed_text=bool(resume and resume.text),
+        )
+        head = Delta(resume.text, reasoning=resume.reasoning) if resume else None
+        if head is not None and not (head.text or head.reasoning):
+            head = None
+        report = request.on_checkpoint if self.background else None
+        reported = parser.sequence
+        inner = HTTPStreamProvider.stream_batches(self, request)
+        self._handoff = parser
+        try:
+            first = await anext(inner)  # stream_request() and parser() ran, then the slot
+        finally:
+            self._handoff = None
+        async with contextlib.aclosing(inner):
+            batch: list[Delta] | None = first
+            while batch is not None:
+                if batch and head is not None:
+                    batch, head = [head, *batch], None
+                if report is not None and parser.response_id and parser.sequence > reported:
+                    reported = parser.sequence
+                    report(Checkpoint(self.name, parser.response_id, reported))
+                yield batch
+                batch = await anext(inner, None)
+
+    def _resume_of(self, request: ChatRequest) -> Checkpoint | None:
+        """The checkpoint to resume, when this provider can resume it."""
+        resume = request.resume
+        if resume is None or not self.background or resume.provider != self.name:
+            return None
+        return resume
+
+    async def complete(self, request: ChatRequest) -> Completion:
+        """One whole response, not streamed (never in the background)."""
+        body = responses_body(
+            request, self.model, stream=False, defaults=self.defaults, store=self.store
+        )
+        try:
+            response = await self._client.post(
+                f"{self._base}/responses",
+                content=orjson.dumps(body),
+                headers=self._post_headers(request),
+            )
+            await check_answer(
+                self.name,
+                response.status_code,
+                response.headers,
+                "application/json",
+                response.aread,
+            )
+        except httpx.HTTPError as exc:
+            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
+        return completion_of(self.name, response.content)
+
+    def _post_headers(self, request: ChatRequest) -> dict[str, str]:
+        return {**self._headers, **request.headers(), "Content-Type": "application/json"}
