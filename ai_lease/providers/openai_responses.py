@@ -250,7 +250,6 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
         self.model, self.background, self.store = model, background, store
         self._base = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._handoff: ResponsesParser | None = None  # see _batches()
         super().__init__(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
@@ -284,9 +283,7 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
         return f"{self._base}/responses", orjson.dumps(body), self._post_headers(request)
 
     def parser(self) -> ResponsesParser:
-        """The parser :meth:`stream_batches` made for the stream being opened, else a fresh one."""
-        parser, self._handoff = self._handoff, None
-        return parser or ResponsesParser(self.name)
+        return ResponsesParser(self.name)
 
     async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
         """The base's batches, with checkpoints reported and a resume tried first."""
@@ -315,9 +312,8 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
     async def _batches(
         self, request: ChatRequest, resume: Checkpoint | None
     ) -> AsyncGenerator[list[Delta], None]:
-        """One stream through the base's loop, with this stream's own parser: the base makes
-        its parser with ``self.parser()`` right after ``stream_request()``, before its first
-        ``await``, so the parser handed over here is the one it takes."""
+        """One stream through the base's loop, with this stream's own parser (it knows the
+        checkpoint it resumes), its checkpoints reported before each batch is handed on."""
         parser = ResponsesParser(
             self.name,
             response_id=resume.response_id if resume else None,
@@ -329,14 +325,9 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
             head = None
         report = request.on_checkpoint if self.background else None
         reported = parser.sequence
-        inner = HTTPStreamProvider.stream_batches(self, request)
-        self._handoff = parser
-        try:
-            first = await anext(inner)  # stream_request() and parser() ran, then the slot
-        finally:
-            self._handoff = None
+        inner = self.read_stream(request, parser)
         async with contextlib.aclosing(inner):
-            batch: list[Delta] | None = first
+            batch: list[Delta] | None = await anext(inner, None)
             while batch is not None:
                 if batch and head is not None:
                     batch, head = [head, *batch], None

@@ -134,10 +134,15 @@ class HTTPStreamProvider(AsyncResource):
                 for delta in batch:
                     yield delta
 
-    async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
+    def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
         """The deltas of each network read together (see :class:`~.base.BatchStreaming`)."""
+        return self.read_stream(request, self.parser())
+
+    async def read_stream(
+        self, request: ChatRequest, parser: StreamParser
+    ) -> AsyncGenerator[list[Delta], None]:
+        """:meth:`stream_batches` with a ``parser`` an adapter made for this very stream."""
         url, body, headers = self.stream_request(request)
-        parser = self.parser()
         try:
             async with self._connection_slot():
                 yield []  # a connection is ours: the guard's first-token clock starts here
