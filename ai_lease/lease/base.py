@@ -53,17 +53,26 @@ CHECKPOINT_LIMIT = StreamLimits().max_answer_bytes + 64 * 1024
 default stream limit, plus room for its JSON envelope. A larger one is refused."""
 
 
+def checkpoint_problem(fence: Fence, checkpoint: str | None) -> str | None:
+    """What is wrong with storing ``checkpoint`` (None: nothing): over :data:`CHECKPOINT_LIMIT`."""
+    if checkpoint is None:
+        return None
+    # isascii() is a flag read: no encoding on the usual path
+    size = len(checkpoint) if checkpoint.isascii() else len(checkpoint.encode())
+    if size <= CHECKPOINT_LIMIT:
+        return None
+    return (
+        f"checkpoint for job {fence.key!r} is {size} bytes, over the limit of "
+        f"{CHECKPOINT_LIMIT}: not stored"
+    )
+
+
 def check_checkpoint(fence: Fence, checkpoint: str | None) -> None:
     """Raise :class:`~ai_lease.errors.InputError` for a checkpoint over
     :data:`CHECKPOINT_LIMIT` (nothing is sent: the renewal does not happen either)."""
-    if checkpoint is None:
-        return
-    size = len(checkpoint) if checkpoint.isascii() else len(checkpoint.encode())
-    if size > CHECKPOINT_LIMIT:
-        raise InputError(
-            f"checkpoint for job {fence.key!r} is {size} bytes, over the limit of "
-            f"{CHECKPOINT_LIMIT}: neither it nor the renewal was sent; renew without it"
-        )
+    problem = checkpoint_problem(fence, checkpoint)
+    if problem is not None:
+        raise InputError(f"{problem}, nor the renewal sent; renew without it")
 
 
 @dataclass(frozen=True, slots=True)
