@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -18,10 +20,13 @@ import pytest
 from ai_lease import LeaseStore, LeaseTimings, RetryPolicy, StageBudget
 from ai_lease.errors import ProviderError
 from ai_lease.job import Job
-from ai_lease.lease.base import Acquired
+from ai_lease.lease.base import CHECKPOINT_LIMIT, Acquired, Fence, Renewal
+from ai_lease.lease.keeper import LeaseKeeper
+from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Delta, Usage
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.run.config import RunConfig, RunHooks
+from ai_lease.run.progress import Progress
 from ai_lease.run.runner import Runner
 from ai_lease.run.stages import request_id
 from ai_lease.testing.scripted import ScriptedProvider, Stall
@@ -243,3 +248,46 @@ def test_request_id_is_header_safe() -> None:
         head = value.split("~")[0]
         assert all(0x21 <= ord(c) < 0x7F for c in value)
         assert head.count("%") * 3 == len(head)  # whole escapes only: never half of one
+
+
+# -- the keeper's side: a checkpoint goes out only when it changed -----------------------------
+
+
+class RecordingStore(SQLiteStore):
+    """A real SQLite store that notes the checkpoint each renewal carried."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.sent: list[str | None] = []
+
+    async def renew(self, fence: Fence, **kw: Any) -> Renewal:  # type: ignore[override]
+        self.sent.append(kw.get("checkpoint"))
+        return await super().renew(fence, **kw)
+
+
+async def test_keeper_sends_a_checkpoint_only_when_it_changed(tmp_path: Path) -> None:
+    """Renewals carry the work's checkpoint when it changed since the last stored one, none
+    otherwise; one over the limit is left out and the renewal still goes through."""
+    store = RecordingStore(tmp_path / "k.db")
+    try:
+        won = await store.acquire("job", "A", ttl=30, max_no_progress=30)
+        assert isinstance(won, Acquired)
+        progress = Progress()
+        progress.enter("call_ai", StageBudget(max_no_progress=30))
+        current: list[str | None] = [None]
+        keeper = LeaseKeeper(
+            store,
+            won.fence,
+            progress,
+            FAST,
+            valid_until=progress.clock() + 30,
+            checkpoint=lambda: current[0],
+        )
+        for value in (None, "one", "one", "two", "x" * (CHECKPOINT_LIMIT + 1), "two"):
+            current[0] = value
+            await keeper.tick()
+        assert store.sent == [None, "one", None, "two", None, None]
+        record = await store.get("job")
+        assert record is not None and record.checkpoint == "two"
+    finally:
+        await store.aclose()
