@@ -131,20 +131,6 @@ async def call_ai(ctx: StageContext) -> Completion:
     return completion
 
 
-async def _call(
-    ctx: StageContext, provider: Provider, request: ChatRequest, resume: Checkpoint | None
-) -> Completion:
-    """One model call (the ``n``-th of the attempt), on a live lease only: a side effect."""
-    ctx.ensure_lease()
-    ctx.calls += 1
-    fence = ctx.fence
-    request = replace(request, request_id=request_id(fence.key, fence.token, ctx.calls))
-    if not ctx.job.stream:
-        return await provider.complete(request)
-    request = replace(request, resume=resume, on_checkpoint=ctx.note_checkpoint)
-    return await _streamed(ctx, provider, request)
-
-
 async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest) -> Completion:
     """One streamed call under the stream guard; its timeouts and gaps are reported. A
     resumed stream's guard starts with the text the checkpoint holds: the provider sends
@@ -172,6 +158,22 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
     finally:
         if guard.chunks > 1:
             ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
+
+
+async def _call(
+    ctx: StageContext, provider: Provider, request: ChatRequest, resume: Checkpoint | None
+) -> Completion:
+    """One model call (the ``n``-th of the attempt), on a live lease only: a side effect."""
+    ctx.ensure_lease()
+    ctx.calls += 1
+    fence = ctx.fence
+    request = replace(request, request_id=request_id(fence.key, fence.token, ctx.calls))
+    if not ctx.job.stream:
+        return await provider.complete(request)
+    if resume is not None:
+        ctx.say("resumed", resume.response_id, attrs={"sequence": resume.sequence})
+    request = replace(request, resume=resume, on_checkpoint=ctx.note_checkpoint)
+    return await _streamed(ctx, provider, request)
 
 
 def resume_point(raw: str | None, provider: str, key: str) -> Checkpoint | None:
