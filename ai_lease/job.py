@@ -207,6 +207,9 @@ class JobState:
     completion_tokens: int | None = None
     first_token_s: float | None = None
     stage_durations: str | None = None  # a JSON object: stage name -> seconds
+    # Where the running attempt's resumable stream stood (JSON, written by renewals, fenced;
+    # cleared by commit, fail and retry): a new owner resumes from it instead of re-calling.
+    checkpoint: str | None = None
 
     @property
     def lease_remaining(self) -> float:

@@ -8,7 +8,9 @@ by the store's own clock:
               | :class:`Following` (someone else does, until ``lease_expires_at``)
               | :class:`Finished` (DONE with its result, or FAILED with its reason)
 ``renew``    -> :class:`Renewal` (refused unless the fence is current, the job RUNNING,
-              the lease live and progress fresh within the stage budget + grace)
+              the lease live and progress fresh within the stage budget + grace); with a
+              ``checkpoint`` it also stores where a resumable stream stood, in the same
+              atomic, fenced write (a refused renewal writes nothing)
 ``release``  step down; ``commit`` the one result (fenced, idempotent); ``fail`` terminally;
 ``report_stall`` store where the work is stuck; ``cancel`` a job by key (not fenced: its
 owner's next renewal is refused and its commit rejected); ``get``; ``wait`` for a change;
@@ -28,9 +30,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from ai_lease.errors import CorruptRecord, CorruptSink
+from ai_lease.errors import CorruptRecord, CorruptSink, InputError
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease.refusal import Refusal
+from ai_lease.timeouts import StreamLimits
 
 __all__ = [
     "AcquireOutcome",
@@ -44,6 +47,32 @@ __all__ = [
 
 SNAPSHOT_LIMIT = 16_000
 """Stall snapshots and error texts are cut to this many characters."""
+
+CHECKPOINT_LIMIT = StreamLimits().max_answer_bytes + 64 * 1024
+"""The largest checkpoint (UTF-8 bytes) a renewal stores: a whole answer's text at the
+default stream limit, plus room for its JSON envelope. A larger one is refused."""
+
+
+def checkpoint_problem(fence: Fence, checkpoint: str | None) -> str | None:
+    """What is wrong with storing ``checkpoint`` (None: nothing): over :data:`CHECKPOINT_LIMIT`."""
+    if checkpoint is None:
+        return None
+    # isascii() is a flag read: no encoding on the usual path
+    size = len(checkpoint) if checkpoint.isascii() else len(checkpoint.encode())
+    if size <= CHECKPOINT_LIMIT:
+        return None
+    return (
+        f"checkpoint for job {fence.key!r} is {size} bytes, over the limit of "
+        f"{CHECKPOINT_LIMIT}: not stored"
+    )
+
+
+def check_checkpoint(fence: Fence, checkpoint: str | None) -> None:
+    """Raise :class:`~ai_lease.errors.InputError` for a checkpoint over
+    :data:`CHECKPOINT_LIMIT` (nothing is sent: the renewal does not happen either)."""
+    problem = checkpoint_problem(fence, checkpoint)
+    if problem is not None:
+        raise InputError(f"{problem}, nor the renewal sent; renew without it")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +186,11 @@ class LeaseStore(Protocol):
         progress_version: int,
         max_no_progress: float,
         grace: float,
-    ) -> Renewal: ...
+        checkpoint: str | None = None,
+    ) -> Renewal:
+        """``checkpoint`` (None: keep the stored one) is written with the renewal, fenced
+        like it; one over :data:`CHECKPOINT_LIMIT` raises ``InputError``, sending nothing."""
+        ...
 
     async def release(
         self,

@@ -3,7 +3,9 @@
 Every ``renew_interval`` it compares the time since the last real progress (monotonic
 clock) with the current stage's ``max_no_progress``:
 
-* within budget: renew, sending stage, budget and progress version (the store checks too);
+* within budget: renew, sending stage, budget and progress version (the store checks too),
+  and the work's current checkpoint (``checkpoint``, a callable: where a resumable stream
+  stood) when it changed since the last granted renewal;
 * over budget: skip the renewal; after ``stall_after_misses`` skips the job has **stalled**:
   a snapshot of where the work is stuck goes into the job record, and the stall policy
   decides: ``expire`` (let the lease lapse), ``release`` (step down at once) — both raise
@@ -26,11 +28,12 @@ and the keeper never outlives the work.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 from ai_lease.errors import LeaseLost, Stalled, StoreUnavailable
-from ai_lease.lease.base import Fence, LeaseStore, due_now
+from ai_lease.lease.base import Fence, LeaseStore, checkpoint_problem, due_now
 from ai_lease.lease.fence import SelfFence
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.observe.snapshot import snapshot
@@ -40,6 +43,11 @@ from ai_lease.timeouts import LeaseTimings, StallPolicy
 __all__ = ["LeaseKeeper", "Renewals", "alongside"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("ai_lease.keeper")
+
+CheckpointSource = Callable[[], str | None]
+"""Where the work's resumable stream stands now, as the record keeps it (None: nowhere)."""
 
 
 class LeaseKeeper:
@@ -55,6 +63,7 @@ class LeaseKeeper:
         valid_until: float,
         stall_policy: StallPolicy | None = None,
         on_event: EventSink | None = None,
+        checkpoint: CheckpointSource | None = None,
     ) -> None:
         self.store, self.fence, self.progress, self.timings = store, fence, progress, timings
         self.clock = progress.clock
@@ -68,6 +77,8 @@ class LeaseKeeper:
         self.started_at = self.clock()  # renewals are due every renew_interval from here
         self._emit = on_event or (lambda event: None)
         self._committing = False
+        self.checkpoint = checkpoint  # asked at each renewal (may be set after construction)
+        self._stored_checkpoint: str | None = None  # the last one a granted renewal stored
 
     # -- local checks (cheap; used by the pipeline before any side effect) ---------------------
 
@@ -126,8 +137,22 @@ class LeaseKeeper:
             self.misses = 0
         await self._renew(budget)
 
+    def _new_checkpoint(self) -> str | None:
+        """The work's checkpoint if it changed since the last stored one (None: send none).
+        One too large to store is left out, with a warning: the renewal matters more."""
+        source = self.checkpoint
+        current = source() if source is not None else None
+        if current is None or current == self._stored_checkpoint:
+            return None
+        problem = checkpoint_problem(self.fence, current)
+        if problem is not None:
+            log.warning("%s", problem)
+            return None
+        return current
+
     async def _renew(self, budget: float) -> None:
         sent = self.clock()
+        checkpoint = self._new_checkpoint()
         try:
             # Never let a hung renewal carry us past the self-fence point.
             async with asyncio.timeout(max(0.0, self.fence_at - sent)):
@@ -138,6 +163,7 @@ class LeaseKeeper:
                     progress_version=self.progress.version,
                     max_no_progress=budget,
                     grace=self.timings.renew_interval,
+                    checkpoint=checkpoint,
                 )
         except (StoreUnavailable, TimeoutError) as exc:
             self._event("renew_failed", detail=str(exc) or "no answer before the self-fence point")
@@ -148,6 +174,8 @@ class LeaseKeeper:
                 return
             raise LeaseLost.refused(self.fence, answer.reason)
         self.self_fence.valid_until = sent + answer.lease_remaining
+        if checkpoint is not None:
+            self._stored_checkpoint = checkpoint
         moved = self.progress.version - self.reported_version
         self.reported_version = self.progress.version
         self._event("renewed", value=float(moved))

@@ -36,6 +36,7 @@ from ai_lease.lease.base import (
     Following,
     Renewal,
     TimelineEntry,
+    check_checkpoint,
 )
 from ai_lease.lease.redis_calls import connect
 from ai_lease.lease.redis_keys import decode, hash_tag, timeline_entry, us
@@ -114,7 +115,9 @@ class RedisStore(RedisQueue, AsyncResource):
         progress_version: int,
         max_no_progress: float,
         grace: float,
+        checkpoint: str | None = None,
     ) -> Renewal:
+        check_checkpoint(fence, checkpoint)
         args = [
             fence.owner_id,
             fence.token,
@@ -123,6 +126,7 @@ class RedisStore(RedisQueue, AsyncResource):
             progress_version,
             us(max_no_progress),
             us(grace),
+            checkpoint or "",
         ]
         reply = await self._call("renew", fence.key, "RENEW", args)
         if reply[0] == "ok":

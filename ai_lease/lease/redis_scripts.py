@@ -76,6 +76,11 @@ local function add(t, name, value)  -- one field of an HSET's argument list
   t[#t + 1] = name
   t[#t + 1] = value
 end
+local function with_checkpoint(k)  -- lean(k) and the checkpoint: for the lease's owner
+  local out = lean(k)
+  add(out, 'checkpoint', redis.call('HGET', k, 'checkpoint') or '')
+  return out
+end
 -- The lease index (standalone only): where DUE finds leases that lapsed.
 local function index_lease(k, expires_us)
   if KEYS[4] then redis.call('ZADD', KEYS[4], fmt(expires_us), k) end
@@ -129,6 +134,8 @@ end
 # this call creates, i.e. one re-created after the store lost its data), renew_interval_us
 # ('' none) · takeover: another node's earlier owner (a same-node retry is an attempt only),
 # its cause (expired | released | stalled) written to takeover_cause
+# · a granted lease's reply carries the stored checkpoint (a resumable stream's, for the new
+# owner); a following one does not
 # returns {'acquired', now, takeover(0|1), fields...} | {'following', now, fields...}
 #       | {'finished', now, fields...} | {'conflict'} | error AILEASE_CORRUPT
 ACQUIRE = (
@@ -150,7 +157,7 @@ if ok then
     return {'finished', at, unpack(redis.call('HGETALL', k))}
   end
   if v[2] == 'RUNNING' and num(v[5]) > now then
-    if v[3] == owner then return {'acquired', at, 0, unpack(lean(k))} end
+    if v[3] == owner then return {'acquired', at, 0, unpack(with_checkpoint(k))} end
     return {'following', at, unpack(lean(k))}
   end
   prev, attempts, takeovers = num(v[4]), num(v[7]), num(v[8])
@@ -176,6 +183,7 @@ local function write(w)  -- one HSET: w and the first fields
 end
 if maxatt and attempts >= maxatt then
   if last_error == '' then last_error = 'lease lapsed' end
+  redis.call('HDEL', k, 'checkpoint')
   write({'status', 'FAILED', 'lease_expires_at', '', 'updated_at', at,
     'last_error', 'gave up after ' .. fmt(attempts) .. ' attempts: ' .. last_error})
   redis.call('PUBLISH', KEYS[2], 'FAILED')
@@ -198,7 +206,7 @@ else
   note(now, 'acquired', owner, token, '', 'attempt ' .. fmt(attempts + 1))
 end
 if not ok then return {'acquired', at, 0, unpack(w)} end  -- a new record: all it holds
-return {'acquired', at, cause and 1 or 0, unpack(lean(k))}
+return {'acquired', at, cause and 1 or 0, unpack(with_checkpoint(k))}
 """
 )
 
@@ -216,7 +224,8 @@ local mine = num(v[3]) == token and ok and v[2] == owner
 
 # KEYS: job, events, timeline ·
 # ARGV: owner, token, ttl_us, stage, progress_version, max_no_progress_us,
-# grace_us (the owner's renew interval: kept as renew_interval) · a stall is written to
+# grace_us (the owner's renew interval: kept as renew_interval), checkpoint ('' or absent:
+# keep the stored one; written only with a granted renewal) · a stall is written to
 # stalled_attempt · returns {'ok', lease_remaining_us, stalled(0|1)}
 #       | {refusal, lease_remaining_us, current_token, current_owner}
 # refusals (ai_lease.lease.refusal.Refusal): missing, not_owner, not_running, expired, no_progress
@@ -260,6 +269,7 @@ if stalled then
 end
 add(w, 'heartbeat_at', fmt(now))
 add(w, 'lease_expires_at', fmt(now + tonumber(ARGV[3])))
+if ARGV[8] and ARGV[8] ~= '' then add(w, 'checkpoint', ARGV[8]) end
 redis.call('HSET', k, unpack(w))
 index_lease(k, now + tonumber(ARGV[3]))
 local moved = 'progress +' .. fmt(version - num(v[6]))
@@ -305,7 +315,8 @@ return 1
 # ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
 # finish reason ('' = none; kept on a DONE record), then what ran ('' = keep): provider, model,
 # prompt_tokens, completion_tokens, first_token_us, stage_durations (JSON); sets finished_at;
-# a FAILED one names its attempt and owner (last_error_attempt, last_error_owner)
+# a FAILED one names its attempt and owner (last_error_attempt, last_error_owner); either
+# clears the checkpoint
 # returns {'written', now, LEAN_FIELDS values...} (this call wrote it; nil: no such field)
 #       | {'ok', now, fields...} (it was already written: the whole record)
 #       | {'rejected', refusal, current_token, current_owner}
@@ -362,6 +373,7 @@ if (ARGV[6] or '') ~= '' then
   v[AT_FINISH_REASON] = ARGV[6]
 end
 redis.call('HSET', k, unpack(w))
+redis.call('HDEL', k, 'checkpoint')
 unindex(k)
 redis.call('PUBLISH', KEYS[2], ARGV[3])
 if ARGV[3] == 'DONE' then
@@ -395,7 +407,8 @@ return 1
 # KEYS: job, events, timeline[, lease index] ·
 # ARGV: reason · returns {now, fields...} (no fields when
 # the job is unknown). Not fenced: a job not yet ended becomes CANCELLED (its owner's next
-# RENEW answers not_running, its FINISH is rejected); an ended one is returned unchanged.
+# RENEW answers not_running, its FINISH is rejected; its checkpoint is cleared); an ended one
+# is returned unchanged.
 CANCEL = (
     _PRELUDE
     + r"""
@@ -409,6 +422,7 @@ if not ended(c[1]) then
   note(now, 'cancelled', c[2], c[3], c[4], ARGV[1])
   redis.call('HSET', k, 'status', 'CANCELLED', 'lease_expires_at', '', 'last_error', ARGV[1],
     'last_error_attempt', '', 'last_error_owner', '', 'updated_at', fmt(now))
+  redis.call('HDEL', k, 'checkpoint')
   unindex(k)
   redis.call('PUBLISH', KEYS[2], 'CANCELLED')
 end
@@ -461,7 +475,8 @@ return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
 # ARGV: job key (the queue's member)
 # returns {now, fields...} (no fields when the job is unknown). A FAILED or CANCELLED job goes
 # back to PENDING with a fresh attempt budget (rules.retry): attempts 0, no owner, no lease,
-# its deadlines restarted, due for workers at once; any other job is returned unchanged.
+# its deadlines restarted, no checkpoint, due for workers at once; any other job is returned
+# unchanged.
 RETRY = (
     _PRELUDE
     + r"""
@@ -474,6 +489,7 @@ local status = redis.call('HGET', k, 'status')
 if status == 'FAILED' or status == 'CANCELLED' then
   redis.call('HSET', k, 'status', 'PENDING', 'attempts', '0', 'owner_id', '',
     'lease_expires_at', '', 'started_at', '', 'created_at', fmt(now), 'updated_at', fmt(now))
+  redis.call('HDEL', k, 'checkpoint')
   unindex(k)
   if KEYS[5] then
     redis.call('ZADD', KEYS[5], string.format('%.6f', now / 1000000), ARGV[1])

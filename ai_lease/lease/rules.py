@@ -110,6 +110,7 @@ def _gave_up(base: JobState, now: float, fingerprint: str | None) -> JobState:
         status=Status.FAILED,
         last_error=clip(reason),
         lease_expires_at=None,
+        checkpoint=None,
         updated_at=now,
         read_at=now,
         fingerprint=base.fingerprint or fingerprint,
@@ -168,7 +169,10 @@ def renew(
     progress_version: int,
     max_no_progress: float,
     grace: float,
+    checkpoint: str | None = None,
 ) -> tuple[Change, Renewal]:
+    """Extend the lease (the RENEW script); a ``checkpoint`` is stored only with a granted
+    renewal (None keeps the stored one)."""
     refused = _refusal(rec, fence, now)
     if rec is None or refused:
         current = None if rec is None else Fence.of(rec)
@@ -194,6 +198,8 @@ def renew(
             remaining = max(0.0, (rec.lease_expires_at or now) - now)
             return base, Renewal(False, Refusal.NO_PROGRESS, remaining, current=fence)
     renewed = replace(base, heartbeat_at=now, lease_expires_at=now + ttl)
+    if checkpoint is not None:
+        renewed = replace(renewed, checkpoint=checkpoint)
     return renewed, Renewal(True, None, ttl, stalled=stalled)
 
 
@@ -275,6 +281,7 @@ def finish(
         updated_at=now,
         read_at=now,
         finished_at=now,
+        checkpoint=None,  # the result (or the failure) ends any resumable stream
         **field,
     )
     return new, new
@@ -323,6 +330,7 @@ def cancel(rec: JobState | None, now: float, reason: str) -> tuple[Change, JobSt
         rec,
         status=Status.CANCELLED,
         lease_expires_at=None,
+        checkpoint=None,
         last_error_attempt=None,
         last_error_owner=None,
         last_error=clip(reason),
@@ -391,6 +399,7 @@ def retry(rec: JobState | None, now: float) -> tuple[Change, JobState | None]:
         status=Status.PENDING,
         attempts=0,
         owner_id=None,
+        checkpoint=None,  # a new run starts afresh
         lease_expires_at=None,
         started_at=None,
         created_at=now,

@@ -21,7 +21,7 @@ from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease import rules
 from ai_lease.lease import sqlite_timeline as timeline
-from ai_lease.lease.base import AcquireOutcome, Fence, Renewal
+from ai_lease.lease.base import AcquireOutcome, Fence, Renewal, check_checkpoint
 from ai_lease.lease.sqlite_queue import SQLiteQueue
 from ai_lease.resource import AsyncResource
 
@@ -76,7 +76,9 @@ class SQLiteStore(SQLiteQueue, AsyncResource):
         progress_version: int,
         max_no_progress: float,
         grace: float,
+        checkpoint: str | None = None,
     ) -> Renewal:
+        check_checkpoint(fence, checkpoint)
         return await self._transact(
             "renew",
             fence.key,
@@ -89,6 +91,7 @@ class SQLiteStore(SQLiteQueue, AsyncResource):
                 progress_version=progress_version,
                 max_no_progress=max_no_progress,
                 grace=grace,
+                checkpoint=checkpoint,
             ),
             lambda rec, new, answer: timeline.renewed(rec, new, answer, fence, stage),
         )

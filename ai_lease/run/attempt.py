@@ -137,6 +137,7 @@ class Attempt:
         started = progress.clock()
         keeper = self._keeper(progress)
         ctx = self._context(progress, keeper)
+        keeper.checkpoint = ctx.checkpoint_json  # each renewal stores the stream's checkpoint
         self.ran = ctx.ran
         deadline = asyncio.timeout(max(left, 0.0))
         try:
@@ -193,6 +194,7 @@ class Attempt:
             call_retry=config.call_retry,
             fault_hook=hooks.fault,
             prepared=self.prepared,
+            resume_from=self.acquired.job.checkpoint,  # an earlier owner's stream, if any
         )
 
     # -- handing the lease back ----------------------------------------------------------------

@@ -40,7 +40,7 @@ from ai_lease.lease.fence import fenced_commit
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.prompts import PromptLibrary
-from ai_lease.providers.base import Provider
+from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
 from ai_lease.run.config import FaultHook
 from ai_lease.run.progress import Progress
@@ -53,6 +53,7 @@ from ai_lease.run.stages import (
     read_input,
     render_request,
 )
+from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import LeaseTimings, StageBudget, StreamLimits, StreamTimeouts
 
 __all__ = ["PersistHook", "Pipeline", "Stage", "StageContext"]
@@ -109,6 +110,15 @@ class StageContext:
     emit: EventSink | None = None
     prepared: Mapping[str, Any] = field(default_factory=dict)  # outputs preflight worked out
     ran: dict[str, Any] = field(default_factory=dict)  # what ran: RunFacts' fields, recorded
+    # Resuming a stream after a takeover (issue 15): the record's checkpoint as acquired, the
+    # model calls made so far (each one's X-Request-Id ends in its number), and the running
+    # stream's latest checkpoint with the guard collecting its text (the keeper's renewals
+    # store both, serialised by checkpoint_json).
+    resume_from: str | None = None
+    calls: int = 0
+    checkpoint: Checkpoint | None = None
+    guard: StreamGuard | None = None
+    _serialised: tuple[Checkpoint, str] | None = field(default=None, init=False, repr=False)
 
     def say(
         self,
@@ -139,6 +149,32 @@ class StageContext:
     def progress(self, marker: Hashable | None = None) -> bool:
         """Mark a real step forward (a repeated ``marker`` is not progress)."""
         return self.tracker.progress(marker)
+
+    def note_checkpoint(self, point: Checkpoint) -> None:
+        """A resumable stream's checkpoint (``ChatRequest.on_checkpoint``): kept, not sent;
+        the keeper's next renewal stores it."""
+        self.checkpoint = point
+
+    def checkpoint_json(self) -> str | None:
+        """The running stream's checkpoint as the record keeps it (the keeper's source):
+        ``{"provider", "response_id", "sequence", "text"}``, the text being all the guard has
+        collected (joined here, at renewal time, never per chunk); None without one."""
+        point, guard = self.checkpoint, self.guard
+        if point is None or guard is None:
+            return None
+        done = self._serialised
+        if done is not None and done[0] is point:  # nothing new since the last renewal
+            return done[1]
+        blob = orjson.dumps(
+            {
+                "provider": point.provider,
+                "response_id": point.response_id,
+                "sequence": point.sequence,
+                "text": "".join(guard.text_parts),
+            }
+        ).decode()
+        self._serialised = (point, blob)
+        return blob
 
     def output(self, stage: str) -> Any:
         """The value an earlier stage returned."""

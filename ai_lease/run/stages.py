@@ -11,14 +11,19 @@ plain ``async`` function of a :class:`~ai_lease.run.pipeline.StageContext`: repl
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import quote
 
 import orjson
 
 from ai_lease.errors import JobSpecError, ProviderError, StageTimeout
 from ai_lease.job import Job
+from ai_lease.lease.base import CHECKPOINT_LIMIT
 from ai_lease.prompts import PromptLibrary
-from ai_lease.providers.base import ChatRequest, Completion, Provider
+from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Provider
 from ai_lease.retry import call_with_retries
 from ai_lease.run.stream_guard import StreamGuard
 
@@ -35,6 +40,8 @@ __all__ = [
     "read_input",
     "render_request",
 ]
+
+log = logging.getLogger("ai_lease.runner")
 
 CAPPED_NOTE = (
     "the model stopped at max_tokens (finish_reason length): the answer is whole but capped; "
@@ -89,17 +96,30 @@ async def build_prompt(ctx: StageContext) -> ChatRequest:
 async def call_ai(ctx: StageContext) -> Completion:
     """Call the model: streamed under the stream guard (every text, reasoning or
     tool-argument fragment is progress), or in one response under the stage's hard
-    deadline; transient failures are retried within that deadline."""
+    deadline; transient failures are retried within that deadline. Each call carries
+    ``X-Request-Id: <key>:<token>:<n>``. A stream an earlier owner left a checkpoint of
+    (same provider) is resumed, not requested again; if resuming fails, a fresh call."""
     provider = ctx.provider
     if provider is None:
         raise JobSpecError(f"job {ctx.job.key!r}: no provider to call")
     request: ChatRequest = ctx.output("build_prompt")
+    resume = resume_point(ctx.resume_from, provider.name, ctx.job.key) if ctx.job.stream else None
 
     async def once() -> Completion:
-        ctx.ensure_lease()  # each call (a retry too) is a side effect: only on a live lease
-        if not ctx.job.stream:
-            return await provider.complete(request)
-        return await _streamed(ctx, provider, request)
+        nonlocal resume
+        point, resume = resume, None  # only the first call resumes: a retry is a fresh one
+        if point is not None:
+            try:
+                return await _call(ctx, provider, request, point)
+            except ProviderError as exc:  # the response is gone, failed, or will not resume
+                log.warning(
+                    "job %r: resuming %s failed (%s): calling afresh",
+                    ctx.job.key,
+                    point.response_id,
+                    exc,
+                )
+                ctx.say("resume_failed", str(exc), attrs={"provider": provider.name})
+        return await _call(ctx, provider, request, None)
 
     completion = await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
     model = request.model or getattr(provider, "model", None)
@@ -112,7 +132,9 @@ async def call_ai(ctx: StageContext) -> Completion:
 
 
 async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest) -> Completion:
-    """One streamed call under the stream guard; its timeouts and gaps are reported."""
+    """One streamed call under the stream guard; its timeouts and gaps are reported. A
+    resumed stream's guard starts with the text the checkpoint holds: the provider sends
+    only what follows it, and the answer is whole exactly once."""
     guard = StreamGuard(
         ctx.stream_timeouts,
         ctx.tracker,
@@ -120,6 +142,9 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
         # said as the first content arrives, so a watcher sees it while the answer streams
         on_first_token=lambda s: _first_token(ctx, provider, s),
     )
+    ctx.checkpoint, ctx.guard = request.resume, guard  # the keeper's source, from now on
+    if request.resume is not None and request.resume.text:
+        guard.text_parts.append(request.resume.text)
     try:
         return await guard.call(provider, request)
     except StageTimeout as exc:
@@ -133,6 +158,78 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
     finally:
         if guard.chunks > 1:
             ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
+
+
+async def _call(
+    ctx: StageContext, provider: Provider, request: ChatRequest, resume: Checkpoint | None
+) -> Completion:
+    """One model call (the ``n``-th of the attempt), on a live lease only: a side effect."""
+    ctx.ensure_lease()
+    ctx.calls += 1
+    fence = ctx.fence
+    request = replace(request, request_id=request_id(fence.key, fence.token, ctx.calls))
+    if not ctx.job.stream:
+        return await provider.complete(request)
+    if resume is not None:
+        ctx.say("resumed", resume.response_id, attrs={"sequence": resume.sequence})
+    request = replace(request, resume=resume, on_checkpoint=ctx.note_checkpoint)
+    return await _streamed(ctx, provider, request)
+
+
+def resume_point(raw: str | None, provider: str, key: str) -> Checkpoint | None:
+    """The checkpoint a record holds, if ``provider`` can resume it: None without one, for
+    another provider's, and (with a warning) for one that is malformed or too large."""
+    if raw is None:
+        return None
+    problem, point = _parsed_checkpoint(raw)
+    if problem is not None:
+        log.warning("job %r: stored checkpoint ignored (%s): calling afresh", key, problem)
+        return None
+    assert point is not None
+    return point if point.provider == provider else None
+
+
+def _parsed_checkpoint(raw: str) -> tuple[str | None, Checkpoint | None]:
+    """(what is wrong, None) or (None, the checkpoint) for a stored checkpoint's JSON."""
+    if len(raw) > CHECKPOINT_LIMIT:
+        return f"{len(raw)} characters, over {CHECKPOINT_LIMIT}", None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return "not JSON", None
+    if not isinstance(data, dict):
+        return "not a JSON object", None
+    provider, response_id = data.get("provider"), data.get("response_id")
+    sequence, text = data.get("sequence"), data.get("text", "")
+    if not (isinstance(provider, str) and provider and isinstance(response_id, str)):
+        return "no provider or response_id", None
+    if not response_id or isinstance(sequence, bool) or not isinstance(sequence, int):
+        return "no response_id or sequence", None
+    if sequence < 0 or not isinstance(text, str):
+        return "a negative sequence or a text that is not a string", None
+    return None, Checkpoint(provider, response_id, sequence, text=text)
+
+
+# Printable ASCII but '%' (the escape) and space (trimmed by HTTP): kept as they are.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+_REQUEST_KEY_MAX = 200  # characters of the encoded key kept whole in the header
+
+
+def request_id(key: str, token: int, n: int) -> str:
+    """``<key>:<token>:<n>``, header-safe: the key's control, non-ASCII, space and ``%``
+    characters percent-encoded (UTF-8); an encoded key over 200 characters is cut and
+    followed by ``~`` and 16 hex digits of its SHA-256, so the value stays short and unique.
+
+    >>> request_id("report é", 17, 2)
+    'report%20%C3%A9:17:2'
+    """
+    safe = quote(key, safe=_HEADER_SAFE)
+    if len(safe) > _REQUEST_KEY_MAX:
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        cut = safe[: _REQUEST_KEY_MAX - 20]
+        cut = cut[: cut.rfind("%")] if "%" in cut[-2:] else cut  # never half an escape
+        safe = f"{cut}~{digest}"
+    return f"{safe}:{token}:{n}"
 
 
 def _first_token(ctx: StageContext, provider: Provider, seconds: float) -> None:

@@ -33,6 +33,7 @@ from ai_lease.job import Status
 from ai_lease.lease.base import Acquired, Fence, Finished, Following, LeaseStore
 from ai_lease.lease.follow import acquire_or_follow
 from ai_lease.lease.refusal import Refusal
+from ai_lease.testing.contract_checkpoint import CheckpointContract
 from ai_lease.testing.contract_queue import DurationHistoryContract, JobQueueContract
 from ai_lease.testing.contract_record import RecordContract
 from ai_lease.testing.contract_support import key_for, own, renew
@@ -42,7 +43,7 @@ from ai_lease.testing.contract_writes import WriteContract
 __all__ = ["DurationHistoryContract", "JobQueueContract", "LeaseStoreContract", "TimelineContract"]
 
 
-class LeaseStoreContract(WriteContract, RecordContract):
+class LeaseStoreContract(WriteContract, RecordContract, CheckpointContract):
     """The behaviour every lease store promises (DESIGN.md invariants 1-4)."""
 
     # -- acquire -----------------------------------------------------------------------------
