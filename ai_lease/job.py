@@ -178,6 +178,7 @@ class RunFacts:
     model: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    reasoning_tokens: int | None = None  # part of completion_tokens, told apart
     first_token_s: float | None = None
     stage_durations: Mapping[str, float] = field(default_factory=dict)
 
@@ -228,6 +229,7 @@ class JobState:
     model: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    reasoning_tokens: int | None = None  # part of completion_tokens, told apart
     first_token_s: float | None = None
     stage_durations: str | None = None  # a JSON object: stage name -> seconds
 

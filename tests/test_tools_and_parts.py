@@ -15,7 +15,7 @@ import pytest
 from ai_lease import JobConflict, JobFailed, JobSpecError, LeaseStore, RetryPolicy
 from ai_lease.cli.jobfile import load_job_file
 from ai_lease.errors import ProviderError
-from ai_lease.job import Job
+from ai_lease.job import Job, RunFacts
 from ai_lease.job_shapes import MAX_IMAGE_BYTES, MAX_IMAGES, MAX_TOOLS, MAX_TOOLS_BYTES
 from ai_lease.observe.events import Event
 from ai_lease.observe.metrics import Metrics
@@ -26,6 +26,7 @@ from ai_lease.providers.openai_sdk import OpenAISDKProvider
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.run.stages import render_request
+from ai_lease.testing.contract_support import key_for, own
 from tests.harness.sse_server import Cut, SSEServer, completion_json, json_response, sse
 from tests.harness.sse_server import Event as Step
 
@@ -455,8 +456,8 @@ async def test_a_changed_tool_list_under_the_same_key_is_a_conflict(
 async def test_reasoning_tokens_reach_the_model_call_event_and_tokens_total(
     sqlite_store: LeaseStore, server: SSEServer, compat: Provider
 ) -> None:
-    """Reasoning tokens ride on ``model_call`` and count in ``tokens_total{kind="reasoning"}``;
-    a call with none adds no reasoning sample."""
+    """Reasoning tokens are kept in the record, ride on ``model_call`` and count in
+    ``tokens_total{kind="reasoning"}``; a call with none adds no reasoning sample."""
     events: list[Event] = []
     metrics = Metrics()
 
@@ -466,7 +467,10 @@ async def test_reasoning_tokens_reach_the_model_call_event_and_tokens_total(
 
     answer = [chunk({"content": "42"}), chunk({}, "stop"), usage_chunk(5, 50, 45)]
     server.enqueue(sse(*answer))
-    await _runner(sqlite_store, compat, on_event=sink).run(Job("r", input="x", prompt_text="q"))
+    record = await _runner(sqlite_store, compat, on_event=sink).run(
+        Job("r", input="x", prompt_text="q")
+    )
+    assert (record.completion_tokens, record.reasoning_tokens) == (50, 45)
     call = next(e for e in events if e.kind == "model_call")
     assert call.attrs is not None
     assert call.attrs["reasoning_tokens"] == 45 and call.attrs["tool_calls"] == 0
@@ -477,3 +481,19 @@ async def test_reasoning_tokens_reach_the_model_call_event_and_tokens_total(
     server.enqueue(sse(chunk({"content": "7"}), chunk({}, "stop"), usage_chunk(5, 1, 0)))
     await _runner(sqlite_store, compat, on_event=metrics).run(Job("r0", input="x", prompt_text="q"))
     assert value("tokens_total", labels | {"kind": "reasoning"}) == 45
+
+
+async def test_the_record_keeps_reasoning_tokens_on_both_stores(store: LeaseStore) -> None:
+    """A commit's reasoning tokens are in its answer and in the stored record (SQLite and
+    Redis); a commit that gives none leaves them unset."""
+    key = key_for("reasoning")
+    fence = await own(store, key, "api-1#1.aa")
+    facts = RunFacts(provider="p", prompt_tokens=3, completion_tokens=40, reasoning_tokens=30)
+    done = await store.commit(fence, '"ok"', facts=facts)
+    for job in (done, await store.get(key)):
+        assert job is not None
+        assert (job.completion_tokens, job.reasoning_tokens) == (40, 30)
+    plain = key_for("no-reasoning")
+    await store.commit(await own(store, plain, "api-1#1.aa"), '"ok"', facts=RunFacts(provider="p"))
+    stored = await store.get(plain)
+    assert stored is not None and stored.reasoning_tokens is None

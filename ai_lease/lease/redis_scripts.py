@@ -35,7 +35,7 @@ LEAN_FIELDS = (
     *("fingerprint", "created_at", "updated_at", "started_at", "finish_reason"),
     *("renew_interval", "takeover_cause", "stalled_attempt", "last_error_attempt"),
     *("last_error_owner", "finished_at", "provider", "model", "prompt_tokens"),
-    *("completion_tokens", "first_token_s", "stage_durations"),
+    *("completion_tokens", "first_token_s", "stage_durations", "reasoning_tokens"),
 )
 
 
@@ -304,7 +304,8 @@ return 1
 # KEYS: job, events, timeline ·
 # ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
 # finish reason ('' = none; kept on a DONE record), then what ran ('' = keep): provider, model,
-# prompt_tokens, completion_tokens, first_token_us, stage_durations (JSON); sets finished_at;
+# prompt_tokens, completion_tokens, first_token_us, stage_durations (JSON), reasoning_tokens;
+# sets finished_at;
 # a FAILED one names its attempt and owner (last_error_attempt, last_error_owner)
 # returns {'written', now, LEAN_FIELDS values...} (this call wrote it; nil: no such field)
 #       | {'ok', now, fields...} (it was already written: the whole record)
@@ -345,7 +346,7 @@ add(w, 'finished_at', at)
 v[AT_FINISHED_AT] = at
 local facts = {{'provider', AT_PROVIDER}, {'model', AT_MODEL}, {'prompt_tokens', AT_PROMPT_TOKENS},
   {'completion_tokens', AT_COMPLETION_TOKENS}, {'first_token_s', AT_FIRST_TOKEN_S},
-  {'stage_durations', AT_STAGE_DURATIONS}}
+  {'stage_durations', AT_STAGE_DURATIONS}, {'reasoning_tokens', AT_REASONING_TOKENS}}
 for i, f in ipairs(facts) do
   local value = ARGV[6 + i] or ''
   if value ~= '' then

@@ -156,13 +156,17 @@ def _first_token(ctx: StageContext, provider: Provider, seconds: float) -> None:
 def _record(
     ctx: StageContext, provider: Provider, request: ChatRequest, completion: Completion
 ) -> None:
-    """What ran, for the record the commit writes: provider, model and token usage (the
-    record has no column for reasoning tokens: the ``model_call`` event carries them)."""
+    """What ran, for the record the commit writes: provider, model and token usage
+    (reasoning tokens, part of the completion's, told apart)."""
     usage = completion.usage
     model = request.model or getattr(provider, "model", None)
     ctx.ran.update(provider=provider.name, model=model if isinstance(model, str) else None)
     if usage is not None:
-        ctx.ran.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+        ctx.ran.update(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+        )
 
 
 def _report(
