@@ -21,6 +21,7 @@ from ai_lease.observe.events import Event
 from ai_lease.observe.metrics import Metrics
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import ChatRequest, Provider, ToolCall
+from ai_lease.providers.local import LocalExtractiveProvider
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
 from ai_lease.run.config import RunConfig, RunHooks
@@ -497,3 +498,14 @@ async def test_the_record_keeps_reasoning_tokens_on_both_stores(store: LeaseStor
     await store.commit(await own(store, plain, "api-1#1.aa"), '"ok"', facts=RunFacts(provider="p"))
     stored = await store.get(plain)
     assert stored is not None and stored.reasoning_tokens is None
+
+
+async def test_the_offline_provider_reads_the_text_of_a_job_with_images(
+    sqlite_store: LeaseStore,
+) -> None:
+    """A job with images under local-extractive summarises the text part (no crash on
+    content parts; the images are not read)."""
+    provider = LocalExtractiveProvider(pace_s=0.0)
+    job = Job("img", input="One. Two words here.", prompt_text="{{ input }}", images=[PNG])
+    record = await _runner(sqlite_store, provider).run(job)
+    assert record.output == "One. Two words here."
