@@ -304,14 +304,14 @@ return 1
 # KEYS: job, events, timeline ·
 # ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
 # finish reason ('' = none; kept on a DONE record), then what ran ('' = keep): provider, model,
-# prompt_tokens, completion_tokens, first_token_us, stage_durations (JSON), reasoning_tokens;
-# sets finished_at;
+# prompt_tokens, completion_tokens, first_token_us, stage_durations (JSON); sets finished_at;
 # a FAILED one names its attempt and owner (last_error_attempt, last_error_owner)
 # returns {'written', now, LEAN_FIELDS values...} (this call wrote it; nil: no such field)
 #       | {'ok', now, fields...} (it was already written: the whole record)
 #       | {'rejected', refusal, current_token, current_owner}
 # refusals (ai_lease.lease.refusal.Refusal): missing, newer_owner, already_committed,
 # already_finished, cancelled
+# (what ran goes on: ARGV[13] is reasoning_tokens, part of completion_tokens, told apart)
 FINISH = (
     _PRELUDE
     + "local READ = LEAN\n"

@@ -19,11 +19,12 @@ from ai_lease.errors import JobSpecError, ProviderError, StageTimeout
 from ai_lease.job import Job
 from ai_lease.job_shapes import image_parts
 from ai_lease.prompts import PromptLibrary
-from ai_lease.providers.base import ChatRequest, Completion, Provider, ToolCall
+from ai_lease.providers.base import ChatRequest, Completion, Provider
 from ai_lease.retry import call_with_retries
 from ai_lease.run.stream_guard import StreamGuard
 
 if TYPE_CHECKING:
+    from ai_lease.providers.base import ToolCall
     from ai_lease.run.pipeline import StageContext
 
 __all__ = [
