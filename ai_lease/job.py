@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +18,14 @@ import orjson
 
 from ai_lease.errors import CorruptRecord, JobSpecError
 from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS
+from ai_lease.job_shapes import check_shapes
 
 __all__ = ["Health", "Job", "JobState", "RunFacts", "Status", "fingerprint", "validate_key"]
 
 _KEY = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
+# Fields added after jobs were first stored: in the payload (and so the fingerprint) only
+# when set, so a job that sets none of them keeps the fingerprint it always had.
+_WHEN_SET = ("tools", "tool_choice", "response_format", "images")
 
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range; other servers accept the same or less
@@ -69,6 +73,10 @@ class Job:
     """What to run. ``key`` names the job across nodes (its idempotency key); everything
     else is its payload: resubmitting the same key with another payload is a conflict.
 
+    ``tools``, ``tool_choice`` and ``response_format`` go to the model as OpenAI's chat
+    fields; ``images`` (http(s) or data: URLs) become image parts of the user message.
+    They are checked and bounded by :mod:`ai_lease.job_shapes`.
+
     >>> Job("report-42", input="Long text to summarise…", prompt="summarize").key
     'report-42'
     """
@@ -85,6 +93,10 @@ class Job:
     max_tokens: int | None = None
     output: str = "text"
     stream: bool = True
+    tools: Sequence[Mapping[str, Any]] | None = None
+    tool_choice: str | Mapping[str, Any] | None = None
+    response_format: Mapping[str, Any] | None = None
+    images: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         validate_key(self.key)
@@ -94,11 +106,22 @@ class Job:
             raise JobSpecError(
                 f"job {self.key!r}: output must be 'text' or 'json', got {self.output!r}"
             )
+        check_shapes(
+            self.key,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            response_format=self.response_format,
+            images=self.images,
+        )
 
     def payload(self) -> dict[str, Any]:
-        """Everything but the key: what the fingerprint covers."""
+        """Everything but the key: what the fingerprint covers (tools, tool choice,
+        response format and images only when set)."""
         out = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "key"}
         out["variables"] = dict(self.variables)
+        for name in _WHEN_SET:
+            if out[name] is None:
+                del out[name]
         return out
 
     def fingerprint(self) -> str:
@@ -155,6 +178,7 @@ class RunFacts:
     model: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    reasoning_tokens: int | None = None  # part of completion_tokens, told apart
     first_token_s: float | None = None
     stage_durations: Mapping[str, float] = field(default_factory=dict)
 
@@ -205,6 +229,7 @@ class JobState:
     model: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    reasoning_tokens: int | None = None  # part of completion_tokens, told apart
     first_token_s: float | None = None
     stage_durations: str | None = None  # a JSON object: stage name -> seconds
     # Where the running attempt's resumable stream stood (JSON, written by renewals, fenced;

@@ -48,6 +48,7 @@ FIELD_KINDS: dict[str, str] = {
     "model": "str",
     "prompt_tokens": "count",
     "completion_tokens": "count",
+    "reasoning_tokens": "count",
     "first_token_s": "time",
     "stage_durations": "json",
     "checkpoint": "str",

@@ -12,6 +12,10 @@
     model = "qwen2.5:7b"
     base_url = "http://127.0.0.1:11434/v1"
 
+A job may also give ``tools`` (OpenAI function tools), ``tool_choice``, ``response_format``
+(``json_object`` or ``json_schema``) and ``images`` (http(s) or ``data:`` URLs, sent as image
+parts of the user message); :mod:`ai_lease.job_shapes` says their bounds.
+
 Every problem is a :class:`JobSpecError` naming the file, and the line and column for a
 syntax error, or the field for a bad value. A relative ``input_file`` is read relative to
 the job file's folder (a ``--input-file`` flag, relative to the working directory). Job
@@ -116,6 +120,10 @@ def _check_types(where: str, data: Mapping[str, Any]) -> None:
         "variables": (dict,),
         "temperature": (int, float),
         "max_tokens": (int,),
+        "tools": (list,),
+        "tool_choice": (str, dict),
+        "response_format": (dict,),
+        "images": (list,),
     }
     for name, value in data.items():
         kinds = expect.get(name)

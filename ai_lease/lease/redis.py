@@ -289,7 +289,7 @@ class RedisStore(RedisQueue, AsyncResource):
 def _facts_args(facts: RunFacts | None) -> list[str]:
     """FINISH's ARGV for what ran ('' = not known: the record keeps what it had)."""
     if facts is None:
-        return [""] * 6
+        return [""] * 7
     first = "" if facts.first_token_s is None else us(facts.first_token_s)
     counts = (facts.prompt_tokens, facts.completion_tokens)
     return [
@@ -298,6 +298,7 @@ def _facts_args(facts: RunFacts | None) -> list[str]:
         *("" if n is None else str(n) for n in counts),
         first,
         facts.durations_json() or "",
+        "" if facts.reasoning_tokens is None else str(facts.reasoning_tokens),
     ]
 
 

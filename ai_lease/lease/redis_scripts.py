@@ -35,7 +35,7 @@ LEAN_FIELDS = (
     *("fingerprint", "created_at", "updated_at", "started_at", "finish_reason"),
     *("renew_interval", "takeover_cause", "stalled_attempt", "last_error_attempt"),
     *("last_error_owner", "finished_at", "provider", "model", "prompt_tokens"),
-    *("completion_tokens", "first_token_s", "stage_durations"),
+    *("completion_tokens", "first_token_s", "stage_durations", "reasoning_tokens"),
 )
 
 
@@ -322,6 +322,7 @@ return 1
 #       | {'rejected', refusal, current_token, current_owner}
 # refusals (ai_lease.lease.refusal.Refusal): missing, newer_owner, already_committed,
 # already_finished, cancelled
+# (what ran goes on: ARGV[13] is reasoning_tokens, part of completion_tokens, told apart)
 FINISH = (
     _PRELUDE
     + "local READ = LEAN\n"
@@ -356,7 +357,7 @@ add(w, 'finished_at', at)
 v[AT_FINISHED_AT] = at
 local facts = {{'provider', AT_PROVIDER}, {'model', AT_MODEL}, {'prompt_tokens', AT_PROMPT_TOKENS},
   {'completion_tokens', AT_COMPLETION_TOKENS}, {'first_token_s', AT_FIRST_TOKEN_S},
-  {'stage_durations', AT_STAGE_DURATIONS}}
+  {'stage_durations', AT_STAGE_DURATIONS}, {'reasoning_tokens', AT_REASONING_TOKENS}}
 for i, f in ipairs(facts) do
   local value = ARGV[6 + i] or ''
   if value ~= '' then

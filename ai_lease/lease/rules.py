@@ -296,6 +296,7 @@ def _facts(rec: JobState, facts: RunFacts | None) -> dict[str, Any]:
         "model": facts.model or None,
         "prompt_tokens": facts.prompt_tokens,
         "completion_tokens": facts.completion_tokens,
+        "reasoning_tokens": facts.reasoning_tokens,
         "first_token_s": facts.first_token_s,
         "stage_durations": facts.durations_json(),
     }

@@ -53,7 +53,9 @@ STREAM_TIMEOUTS = {
 }
 # Why a takeover's job was free (Acquired.cause); a takeover event without one reads OTHER.
 TAKEOVER_CAUSES = ("expired", "released", "stalled", OTHER)
-TOKEN_KINDS = ("prompt", "completion")  # tokens_total{kind}: attrs "<kind>_tokens" of model_call
+# tokens_total{kind}: attrs "<kind>_tokens" of model_call; "reasoning" (thinking tokens,
+# where the provider counts them apart) is part of "completion": never add the two.
+TOKEN_KINDS = ("prompt", "completion", "reasoning")
 # Keeper ticks: one of these per renew interval while a job is owned.
 HEARTBEAT_KINDS = frozenset({"renewed", "renew_skipped", "renew_refused", "renew_failed"})
 
@@ -168,7 +170,7 @@ class Metrics:
             self.registry,
             "tokens_total",
             "Model tokens used by successful calls, by provider, model and kind "
-            "(prompt, completion).",
+            "(prompt, completion, reasoning; reasoning is part of completion).",
             "provider",
             "model",
             "kind",

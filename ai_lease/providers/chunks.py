@@ -144,9 +144,16 @@ def _has_side(delta: Mapping[str, Any]) -> bool:
 
 
 def usage_of(data: Mapping[str, Any] | None) -> Usage | None:
+    """A ``usage`` object's counts; reasoning tokens from OpenAI's
+    ``completion_tokens_details.reasoning_tokens`` (part of ``completion_tokens``)."""
     if not data:
         return None
-    return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0))
+    details = data.get("completion_tokens_details") or {}
+    return Usage(
+        int(data.get("prompt_tokens") or 0),
+        int(data.get("completion_tokens") or 0),
+        int(details.get("reasoning_tokens") or 0),
+    )
 
 
 def refuse_filtered(provider: str, finish: str | None) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Usage
 from ai_lease.resource import AsyncResource
@@ -58,6 +59,12 @@ def _last_input(prompt: str) -> str | None:
     return None if start < 0 else prompt[start + len("<input>\n") : end]
 
 
+def _text_of(parts: Any) -> str:
+    """The text parts of a message's content parts, joined (images are not read)."""
+    texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "text"]
+    return "\n".join(t for t in texts if isinstance(t, str))
+
+
 class LocalExtractiveProvider(AsyncResource):
     """Summarises the text between the last ``<input>`` and ``</input>`` lines of the last
     user message (or the whole message), streaming it one word per ``pace_s`` seconds.
@@ -69,7 +76,8 @@ class LocalExtractiveProvider(AsyncResource):
         self.sentences, self.pace_s = sentences, pace_s
 
     def _answer(self, request: ChatRequest) -> tuple[str, int]:
-        prompt = request.messages[-1]["content"] if request.messages else ""
+        content = request.messages[-1]["content"] if request.messages else ""
+        prompt = content if isinstance(content, str) else _text_of(content)
         found = _last_input(prompt)
         asked = _HOW_MANY.search(prompt.rsplit("<input>\n", 1)[0])
         count = int(asked.group(1)) if asked else self.sentences

@@ -47,7 +47,7 @@ from pydantic import SecretStr
 from ai_lease.errors import ConfigError
 from ai_lease.job import sampling_problem
 from ai_lease.lease.urls import mask_url
-from ai_lease.providers.base import ChatRequest, Completion
+from ai_lease.providers.base import ChatRequest, Completion, ToolCall
 from ai_lease.providers.chunks import ChunkParser, refuse_filtered, stream_error, usage_of
 from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.sse import SSEFramer
@@ -57,7 +57,14 @@ from ai_lease.timeouts import StreamLimits
 
 HTTPPath = Literal["auto", "aiohttp", "httpx", "fast"]  # "fast": the old name of "aiohttp"
 
-__all__ = ["OpenAICompatProvider", "check_base_url", "request_body", "sampling_defaults"]
+__all__ = [
+    "OpenAICompatProvider",
+    "check_base_url",
+    "message_tool_calls",
+    "request_body",
+    "sampling_defaults",
+    "tool_fields",
+]
 
 
 def request_body(
@@ -80,11 +87,40 @@ def request_body(
             body[name] = value
     if request.stop:
         body["stop"] = list(request.stop)
+    body.update(tool_fields(request))
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     body.update(request.extra)
     return body
+
+
+def tool_fields(request: ChatRequest) -> dict[str, Any]:
+    """The request's ``tools``, ``tool_choice`` and ``response_format``, as OpenAI takes them
+    (only those set: a server that knows none of them sees the same body as before)."""
+    out: dict[str, Any] = {}
+    if request.tools:
+        out["tools"] = [dict(tool) for tool in request.tools]
+    if request.tool_choice is not None:
+        choice = request.tool_choice
+        out["tool_choice"] = choice if isinstance(choice, str) else dict(choice)
+    if request.response_format is not None:
+        out["response_format"] = dict(request.response_format)
+    return out
+
+
+def message_tool_calls(message: Mapping[str, Any]) -> tuple[ToolCall, ...]:
+    """The whole tool calls of a ``chat.completion`` message (``TypeError`` /
+    ``KeyError`` for a list of the wrong shape: the caller says "not a chat completion")."""
+    calls = message.get("tool_calls") or ()
+    out = []
+    for call in calls:
+        function = call["function"]
+        name, arguments = function.get("name") or "", function.get("arguments") or ""
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            raise TypeError(function)
+        out.append(ToolCall(str(call.get("id") or ""), name, arguments))
+    return tuple(out)
 
 
 def check_base_url(base_url: str) -> str:
@@ -171,7 +207,8 @@ class OpenAICompatProvider(HTTPStreamProvider):
         return ChunkParser(self.name)
 
     async def complete(self, request: ChatRequest) -> Completion:
-        body = orjson.dumps(request_body(request, self.model, stream=False))
+        """One whole answer (not streamed): its text, usage and tool calls, if it made any."""
+        body = orjson.dumps(request_body(request, self.model, stream=False, defaults=self.defaults))
         try:
             response = await self._client.post(
                 self._url, content=body, headers=self._post_headers(request)
@@ -188,15 +225,17 @@ class OpenAICompatProvider(HTTPStreamProvider):
         try:
             data = orjson.loads(response.content)
             choice = data["choices"][0]
-            text = choice["message"]["content"] or ""
+            message = choice["message"]
+            text = message["content"] or ""
             usage = usage_of(data.get("usage"))
+            calls = message_tool_calls(message)
             if not isinstance(text, str):
                 raise TypeError(text)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            message = f"not a chat completion: {response.text[:80]!r}"
-            raise stream_error(self.name, message, 0) from None
+            problem = f"not a chat completion: {response.text[:80]!r}"
+            raise stream_error(self.name, problem, 0) from None
         refuse_filtered(self.name, choice.get("finish_reason"))
-        return Completion(text, choice.get("finish_reason"), usage)
+        return Completion(text, choice.get("finish_reason"), usage, tool_calls=calls)
 
     def _post_headers(self, request: ChatRequest) -> dict[str, str]:
         return {**self._headers, **request.headers(), "Content-Type": "application/json"}

@@ -34,7 +34,14 @@ from ai_lease.errors import (
     StreamInterrupted,
     StreamLimitExceeded,
 )
-from ai_lease.providers.base import ChatRequest, Completion, Delta, ToolCallDelta, Usage
+from ai_lease.providers.base import (
+    ChatRequest,
+    Completion,
+    Delta,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 from ai_lease.providers.errors import parse_retry_after
 from ai_lease.providers.openai_compat import check_base_url, request_body, sampling_defaults
 from ai_lease.providers.sdk_events import WATCH, EventWatch, watching_hook
@@ -117,7 +124,7 @@ class OpenAISDKProvider(AsyncResource):
     async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
         """The deltas of each SDK chunk together (see :class:`~.base.BatchStreaming`): the
         guard reads this directly, with no per-delta generator between it and the SDK."""
-        body = request_body(request, self.model, stream=True, defaults=self.defaults)
+        body = _sdk_body(request, self.model, self.defaults, stream=True)
         chunks, finished = 0, False
         stream: Any = None
         try:
@@ -192,14 +199,7 @@ class OpenAISDKProvider(AsyncResource):
                 if text or choice.finish_reason or reasoning or calls:
                     out.append(Delta(text, choice.finish_reason, None, reasoning, calls))
             if chunk.usage is not None:
-                usage = chunk.usage
-                out.append(
-                    Delta(
-                        usage=Usage(
-                            int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0)
-                        )
-                    )
-                )
+                out.append(Delta(usage=_usage(chunk.usage)))
             return out
         except (AttributeError, TypeError, ValueError) as exc:
             raise self._malformed(exc, chunks) from exc
@@ -213,7 +213,8 @@ class OpenAISDKProvider(AsyncResource):
         )
 
     async def complete(self, request: ChatRequest) -> Completion:
-        body = request_body(request, self.model, stream=False, defaults=self.defaults)
+        """One whole answer (not streamed): its text, usage and tool calls, if it made any."""
+        body = _sdk_body(request, self.model, self.defaults, stream=False)
         try:
             answer: Any = await self._client.chat.completions.create(**body)
         except self._openai.OpenAIError as exc:
@@ -228,15 +229,52 @@ class OpenAISDKProvider(AsyncResource):
             raise ProviderError(
                 "the answer was stopped by the content filter", retryable=False, provider=self.name
             )
+        try:
+            calls = _whole_tool_calls(choice.message)
+        except (AttributeError, TypeError) as exc:
+            raise self._malformed(exc, 0) from exc
         usage = answer.usage
         return Completion(
             choice.message.content or "",
             choice.finish_reason,
-            Usage(usage.prompt_tokens, usage.completion_tokens) if usage else None,
+            _usage(usage) if usage else None,
+            tool_calls=calls,
         )
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _sdk_body(
+    request: ChatRequest, model: str | None, defaults: dict[str, Any], *, stream: bool
+) -> dict[str, Any]:
+    """``chat.completions.create``'s arguments: the lean adapter's body (tools, tool choice
+    and response format included) and the request's tracing headers as ``extra_headers``."""
+    body = request_body(request, model, stream=stream, defaults=defaults)
+    if headers := request.headers():
+        body["extra_headers"] = headers
+    return body
+
+
+def _usage(usage: Any) -> Usage:
+    """The SDK's ``CompletionUsage``, reasoning tokens from ``completion_tokens_details``."""
+    details = getattr(usage, "completion_tokens_details", None)
+    reasoning = getattr(details, "reasoning_tokens", None) if details is not None else None
+    return Usage(
+        int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0), int(reasoning or 0)
+    )
+
+
+def _whole_tool_calls(message: Any) -> tuple[ToolCall, ...]:
+    """A whole message's tool calls (the SDK's ``ChatCompletionMessageToolCall`` objects)."""
+    out = []
+    for call in getattr(message, "tool_calls", None) or ():
+        function = call.function
+        name, arguments = function.name or "", function.arguments or ""
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            raise TypeError(f"tool-call arguments are {type(arguments).__name__}, not text")
+        out.append(ToolCall(str(call.id or ""), name, arguments))
+    return tuple(out)
 
 
 def _reasoning(delta: Any) -> Any:

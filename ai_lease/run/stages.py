@@ -21,6 +21,7 @@ import orjson
 
 from ai_lease.errors import JobSpecError, ProviderError, StageTimeout
 from ai_lease.job import Job
+from ai_lease.job_shapes import image_parts
 from ai_lease.lease.base import CHECKPOINT_LIMIT
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Provider
@@ -28,6 +29,7 @@ from ai_lease.retry import call_with_retries
 from ai_lease.run.stream_guard import StreamGuard
 
 if TYPE_CHECKING:
+    from ai_lease.providers.base import ToolCall
     from ai_lease.run.pipeline import StageContext
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "persist",
     "read_input",
     "render_request",
+    "tool_message",
 ]
 
 log = logging.getLogger("ai_lease.runner")
@@ -64,16 +67,27 @@ async def read_input(job: Job) -> Any:
 def render_request(job: Job, prompts: PromptLibrary, data: Any) -> ChatRequest:
     """Render the job's template with ``input`` and the job's variables into a request
     (in the calling thread, under the library's render deadline: call it off the loop).
-    A job with no input renders without ``input``: a template that uses it is refused."""
+    A job with no input renders without ``input``: a template that uses it is refused.
+    The job's ``images`` follow the text as image parts of the user message; its tools,
+    tool choice and response format go with the request."""
     variables = {**job.variables, "input": data} if data is not None else {**job.variables}
     if job.prompt_text is not None:
         text = prompts.render_text(job.prompt_text, variables)
     else:
         text = prompts.render(job.prompt, variables)
+    content: str | list[dict[str, Any]] = image_parts(text, job.images) if job.images else text
     messages = ([{"role": "system", "content": job.system}] if job.system else []) + [
-        {"role": "user", "content": text}
+        {"role": "user", "content": content}
     ]
-    return ChatRequest(messages, job.model, job.temperature, job.max_tokens)
+    return ChatRequest(
+        messages,
+        job.model,
+        job.temperature,
+        job.max_tokens,
+        tools=job.tools,
+        tool_choice=job.tool_choice,
+        response_format=job.response_format,
+    )
 
 
 async def load(ctx: StageContext) -> Any:
@@ -240,12 +254,17 @@ def _first_token(ctx: StageContext, provider: Provider, seconds: float) -> None:
 def _record(
     ctx: StageContext, provider: Provider, request: ChatRequest, completion: Completion
 ) -> None:
-    """What ran, for the record the commit writes: provider, model and token usage."""
+    """What ran, for the record the commit writes: provider, model and token usage
+    (reasoning tokens, part of the completion's, told apart)."""
     usage = completion.usage
     model = request.model or getattr(provider, "model", None)
     ctx.ran.update(provider=provider.name, model=model if isinstance(model, str) else None)
     if usage is not None:
-        ctx.ran.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+        ctx.ran.update(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+        )
 
 
 def _report(
@@ -261,14 +280,25 @@ def _report(
             "chunks": completion.chunks,
             "prompt_tokens": usage.prompt_tokens if usage else 0,
             "completion_tokens": usage.completion_tokens if usage else 0,
+            "reasoning_tokens": usage.reasoning_tokens if usage else 0,
+            "tool_calls": len(completion.tool_calls),
             "finish_reason": completion.finish_reason or "",
         },
     )
 
 
 async def parse(ctx: StageContext) -> Any:
-    """The answer as text, or as a JSON value when the job's output is ``json``."""
+    """The answer as text, or as a JSON value when the job's output is ``json``. An answer
+    with tool calls is the assistant message (``role``, ``content``, ``tool_calls`` in
+    OpenAI's shape); a ``json`` job checks that each call's arguments are JSON. (A
+    ``json_schema`` response format is the provider's to enforce: the answer is checked to
+    be JSON, not checked against the schema; no schema validator is a dependency.)"""
     completion: Completion = ctx.output("call_ai")
+    if completion.tool_calls:
+        if ctx.job.output == "json":
+            for index, call in enumerate(completion.tool_calls):
+                _check_arguments(index, call)
+        return tool_message(completion)
     text = completion.text.strip()
     if ctx.job.output == "text":
         return text
@@ -278,6 +308,35 @@ async def parse(ctx: StageContext) -> Any:
     except orjson.JSONDecodeError as exc:
         raise ProviderError(
             f"the model's answer is not JSON ({exc}); first 80 characters: {text[:80]!r}",
+            retryable=True,
+        ) from None
+
+
+def tool_message(completion: Completion) -> dict[str, Any]:
+    """A tool-calling answer as the assistant message OpenAI's chat format sends back:
+    ``content`` is the visible text, or None when the model only called tools."""
+    return {
+        "role": "assistant",
+        "content": completion.text or None,
+        "tool_calls": [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in completion.tool_calls
+        ],
+    }
+
+
+def _check_arguments(index: int, call: ToolCall) -> None:
+    """A tool call's arguments must be one JSON value (an empty text is not)."""
+    try:
+        orjson.loads(call.arguments)
+    except orjson.JSONDecodeError as exc:
+        raise ProviderError(
+            f"tool call {index} ({call.name!r}, id {call.id!r}): its arguments are not JSON "
+            f"at offset {exc.pos} ({exc.msg}); first 80 characters: {call.arguments[:80]!r}",
             retryable=True,
         ) from None
 
