@@ -72,6 +72,7 @@ class ResumableFake:
             self.resumes.append((response_id, start))
             if self.gone:
                 raise ProviderError(f"response {response_id} is gone", retryable=False, status=404)
+            yield Delta(text=request.resume.text)  # the text before the checkpoint, first
         for sequence in range(start + 1, len(PARTS) + 1):
             if stall_after is not None and sequence > stall_after:
                 await asyncio.Event().wait()

@@ -41,7 +41,12 @@ class Checkpoint:
     """Where a resumable stream stood: the provider's ``response_id``, the last event
     ``sequence`` consumed, and the visible ``text`` / ``reasoning`` received up to it.
     Kept in the job record at each renewal, fenced, so a new owner can resume the same
-    response instead of paying for it twice."""
+    response instead of paying for it twice.
+
+    A provider handed one in ``ChatRequest.resume`` streams the whole answer: the
+    checkpoint's ``text`` and ``reasoning`` first, then the events after ``sequence``. One
+    that cannot resume (the response is gone or failed) raises :class:`ProviderError`
+    before any delta, or calls afresh by itself; either way no text comes twice."""
 
     provider: str
     response_id: str

@@ -147,8 +147,8 @@ async def call_ai(ctx: StageContext) -> Completion:
 
 async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest) -> Completion:
     """One streamed call under the stream guard; its timeouts and gaps are reported. A
-    resumed stream's guard starts with the text the checkpoint holds: the provider sends
-    only what follows it, and the answer is whole exactly once."""
+    resumed stream is whole by itself: the provider hands back the checkpoint's text first,
+    then what follows it (:class:`~ai_lease.providers.base.Checkpoint`)."""
     guard = StreamGuard(
         ctx.stream_timeouts,
         ctx.tracker,
@@ -157,8 +157,6 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
         on_first_token=lambda s: _first_token(ctx, provider, s),
     )
     ctx.checkpoint, ctx.guard = request.resume, guard  # the keeper's source, from now on
-    if request.resume is not None and request.resume.text:
-        guard.text_parts.append(request.resume.text)
     try:
         return await guard.call(provider, request)
     except StageTimeout as exc:
