@@ -60,6 +60,10 @@ class ProviderSettings(_Section):
     # how streams travel: "aiohttp", "httpx", or "auto" (aiohttp,
     # httpx when a caller passes its own httpx client). "fast" is the old name of "aiohttp".
     http: Literal["auto", "aiohttp", "httpx", "fast"] = "auto"
+    # openai-responses only: run each response in the background (stored by OpenAI), with
+    # its id and position checkpointed in the job record, so a new owner resumes the stream
+    # instead of paying for the answer twice.
+    background: bool = False
     # Hosts ("host" or "host:port") a job file's [provider] base_url may name and still be
     # sent the configured (or ambient OPENAI_API_KEY) key; any other host is refused.
     allowed_hosts: tuple[str, ...] = ()

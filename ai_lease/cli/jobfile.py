@@ -38,7 +38,7 @@ from ai_lease.job import Job
 
 __all__ = ["JobFile", "load_job_file"]
 
-_PROVIDER_KEYS = {"name", "model", "base_url", "temperature", "max_tokens"}
+_PROVIDER_KEYS = {"name", "model", "base_url", "temperature", "max_tokens", "background"}
 _MAX_FILE_BYTES = 32 * 2**20
 _MAX_DEPTH = 32
 _INT_RANGE = range(-(2**63), 2**63)
@@ -166,6 +166,11 @@ def build_job_file(
                     f"{where}: {name!r} is given both at the top level and in [provider]; keep one"
                 )
             data[name] = provider.pop(name)
+    for name, value in provider.items():
+        if name != "background" and not isinstance(value, str):
+            raise JobSpecError(f"{where}: provider.{name} must be a string, got {value!r:.60}")
+    if not isinstance(provider.get("background", False), bool):
+        raise JobSpecError(f"{where}: provider.background must be true or false")
     if "key" not in data:
         raise JobSpecError(f"{where}: the job has no 'key' (give one in the file or with --key)")
     _check_types(where, data)

@@ -64,6 +64,8 @@ def provider_options(
         options["max_event_bytes"] = settings.stream.max_event_bytes
     if name in LEAN:
         options["http"] = cfg.http
+    if name == "openai-responses":
+        options["background"] = overrides.get("background", cfg.background)
     return name, options
 
 
