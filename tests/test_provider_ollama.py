@@ -204,6 +204,25 @@ async def test_what_ollama_cannot_take_is_a_config_error(
     assert server.requests == []
 
 
+async def test_think_levels_and_extra_options_go_out(server: SSEServer) -> None:
+    """think "high" (gpt-oss) is sent as is; a request's extra options (num_ctx) merge with
+    the sampling options and other extra fields (keep_alive) go at the top level."""
+    server.enqueue(ndjson(*chat_lines(["ok"])))
+    request = ChatRequest(
+        REQUEST.messages, max_tokens=5, extra={"options": {"num_ctx": 8192}, "keep_alive": "10m"}
+    )
+    made = OllamaProvider(base_url=ollama_url(server), model="m", think="high")
+    try:
+        await collect(made, request=request)
+    finally:
+        await made.aclose()
+    sent = server.requests[0].json
+    assert sent["think"] == "high" and sent["keep_alive"] == "10m"
+    assert sent["options"] == {"num_predict": 5, "num_ctx": 8192}
+    with pytest.raises(ConfigError, match=r"provider\.think"):
+        OllamaProvider(model="m", think="max")  # type: ignore[arg-type]
+
+
 async def test_tool_choice_none_leaves_the_tools_out(server: SSEServer) -> None:
     """Ollama has no tool_choice: "none" is honoured by not offering the tools."""
     server.enqueue(ndjson(*chat_lines(["ok"])))
