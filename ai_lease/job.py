@@ -180,6 +180,7 @@ class RunFacts:
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None  # part of completion_tokens, told apart
     first_token_s: float | None = None
+    first_visible_s: float | None = None  # to the first answer text (after any reasoning)
     stage_durations: Mapping[str, float] = field(default_factory=dict)
 
     def durations_json(self) -> str | None:
@@ -231,6 +232,7 @@ class JobState:
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None  # part of completion_tokens, told apart
     first_token_s: float | None = None
+    first_visible_s: float | None = None  # to the first answer text (after any reasoning)
     stage_durations: str | None = None  # a JSON object: stage name -> seconds
     # Where the running attempt's resumable stream stood (JSON, written by renewals, fenced;
     # cleared by commit, fail and retry): a new owner resumes from it instead of re-calling.

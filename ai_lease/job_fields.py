@@ -50,6 +50,7 @@ FIELD_KINDS: dict[str, str] = {
     "completion_tokens": "count",
     "reasoning_tokens": "count",
     "first_token_s": "time",
+    "first_visible_s": "time",
     "stage_durations": "json",
     "checkpoint": "str",
 }

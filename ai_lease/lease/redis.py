@@ -289,7 +289,7 @@ class RedisStore(RedisQueue, AsyncResource):
 def _facts_args(facts: RunFacts | None) -> list[str]:
     """FINISH's ARGV for what ran ('' = not known: the record keeps what it had)."""
     if facts is None:
-        return [""] * 7
+        return [""] * 8
     first = "" if facts.first_token_s is None else us(facts.first_token_s)
     counts = (facts.prompt_tokens, facts.completion_tokens)
     return [
@@ -299,6 +299,7 @@ def _facts_args(facts: RunFacts | None) -> list[str]:
         first,
         facts.durations_json() or "",
         "" if facts.reasoning_tokens is None else str(facts.reasoning_tokens),
+        "" if facts.first_visible_s is None else us(facts.first_visible_s),
     ]
 
 

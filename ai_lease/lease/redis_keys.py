@@ -29,6 +29,7 @@ _TIME_FIELDS = frozenset(
         "renew_interval",
         "finished_at",
         "first_token_s",
+        "first_visible_s",
     }
 )
 

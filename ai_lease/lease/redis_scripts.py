@@ -36,6 +36,7 @@ LEAN_FIELDS = (
     *("renew_interval", "takeover_cause", "stalled_attempt", "last_error_attempt"),
     *("last_error_owner", "finished_at", "provider", "model", "prompt_tokens"),
     *("completion_tokens", "first_token_s", "stage_durations", "reasoning_tokens"),
+    "first_visible_s",
 )
 
 
@@ -322,7 +323,8 @@ return 1
 #       | {'rejected', refusal, current_token, current_owner}
 # refusals (ai_lease.lease.refusal.Refusal): missing, newer_owner, already_committed,
 # already_finished, cancelled
-# (what ran goes on: ARGV[13] is reasoning_tokens, part of completion_tokens, told apart)
+# (what ran goes on: ARGV[13] is reasoning_tokens, part of completion_tokens, told apart;
+# ARGV[14] first_visible_us, to the first answer text)
 FINISH = (
     _PRELUDE
     + "local READ = LEAN\n"
@@ -357,7 +359,8 @@ add(w, 'finished_at', at)
 v[AT_FINISHED_AT] = at
 local facts = {{'provider', AT_PROVIDER}, {'model', AT_MODEL}, {'prompt_tokens', AT_PROMPT_TOKENS},
   {'completion_tokens', AT_COMPLETION_TOKENS}, {'first_token_s', AT_FIRST_TOKEN_S},
-  {'stage_durations', AT_STAGE_DURATIONS}, {'reasoning_tokens', AT_REASONING_TOKENS}}
+  {'stage_durations', AT_STAGE_DURATIONS}, {'reasoning_tokens', AT_REASONING_TOKENS},
+  {'first_visible_s', AT_FIRST_VISIBLE_S}}
 for i, f in ipairs(facts) do
   local value = ARGV[6 + i] or ''
   if value ~= '' then

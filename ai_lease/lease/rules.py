@@ -298,6 +298,7 @@ def _facts(rec: JobState, facts: RunFacts | None) -> dict[str, Any]:
         "completion_tokens": facts.completion_tokens,
         "reasoning_tokens": facts.reasoning_tokens,
         "first_token_s": facts.first_token_s,
+        "first_visible_s": facts.first_visible_s,
         "stage_durations": facts.durations_json(),
     }
     return {name: value for name, value in given.items() if value is not None}

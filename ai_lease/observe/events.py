@@ -19,7 +19,9 @@ class Event:
     """One thing that happened to one job.
 
     ``kind`` is one of: ``acquired``, ``takeover``, ``following``, ``stage``, ``stage_done``
-    (``value``: seconds), ``first_token`` (``value``: seconds to the first content),
+    (``value``: seconds), ``first_token`` (``value``: seconds to the first progress: text,
+    reasoning or tool-call arguments), ``first_visible`` (``value``: seconds to the first
+    answer text),
     ``stream_timeout`` (``detail``: which), ``model_call`` (``attrs``: chunks, token
     counts, finish reason), ``answer_capped`` (the answer stopped at max_tokens),
     ``renewed`` (``value``: progress events since the last renewal), ``renew_skipped``

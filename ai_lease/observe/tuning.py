@@ -39,7 +39,9 @@ def render_table(suggestions: Sequence[Suggestion], settings: Settings) -> str:
     for s in suggestions:
         now = _current(s, settings)
         note = ""
-        if s.false_takeovers:
+        if s.kind == "first_visible":
+            note = "first answer text, after any reasoning: no budget of its own"
+        elif s.false_takeovers:
             note = f"{s.false_takeovers} false takeovers: budget too tight"
         elif s.suggested is None:
             note = "too few samples"

@@ -170,6 +170,9 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
     finally:
         if guard.chunks > 1:
             ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
+        if guard.first_visible_s is not None:  # after any reasoning: learned apart
+            ctx.ran["first_visible_s"] = guard.first_visible_s
+            ctx.say("first_visible", provider.name, value=guard.first_visible_s)
 
 
 async def _call(

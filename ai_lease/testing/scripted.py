@@ -36,7 +36,8 @@ class Raise:
     error: BaseException
 
 
-Step = str | Pause | Stall | Raise
+Step = str | Delta | Pause | Stall | Raise
+"""A text is sent as one text delta; a :class:`Delta` as it is (reasoning, tool calls)."""
 
 
 class ScriptedProvider:
@@ -59,6 +60,9 @@ class ScriptedProvider:
                 await asyncio.Event().wait()
             elif isinstance(step, Raise):
                 raise step.error
+            elif isinstance(step, Delta):
+                chunks += bool(step.text)
+                yield step
             else:
                 chunks += 1
                 yield Delta(text=step)
