@@ -7,10 +7,11 @@ histograms from many nodes merge by adding counts. ``ai-lease tune`` reads them 
 suggests ``max_no_progress = max(floor, P99 x factor)`` per stage, and the stream budgets
 from the first-token and longest-gap histograms.
 
-Kinds: ``stage`` (each stage's duration), ``first_token`` (time to the first progress:
-text, reasoning or a tool call's arguments), ``first_visible`` (time to the first answer
-text, after any reasoning: shown beside it, no budget of its own), ``gap`` (each stream's longest pause between content deltas), ``false_takeover``
-(how long after its stall a "stalled" stage finished after all: budgets that are too tight).
+Kinds: ``stage`` (each stage's duration), ``first_token`` (time to the first progress: text,
+reasoning or a tool call's arguments), ``first_visible`` (time to the first answer text,
+after any reasoning: shown beside it, no budget of its own), ``gap`` (each stream's longest
+pause between content deltas), ``false_takeover`` (how long after its stall a "stalled"
+stage finished after all: budgets that are too tight).
 """
 
 from __future__ import annotations
