@@ -354,11 +354,16 @@ async def test_an_error_line_under_200_is_a_provider_error(
         assert result.text == "ok"
 
 
-async def test_a_line_that_is_not_json_is_an_error(
-    provider: OllamaProvider, server: SSEServer
+@pytest.mark.parametrize(
+    "bad",
+    [b"<html>proxy</html>\n", b'{"message": {"tool_calls": [{"name": "f"}]}, "done": false}\n'],
+    ids=["not-json", "bad-tool-call"],
+)
+async def test_a_line_that_is_not_a_chat_line_is_an_error(
+    provider: OllamaProvider, server: SSEServer, bad: bytes
 ) -> None:
-    """Garbage where a JSON line was promised is a retryable ProviderError."""
-    server.enqueue(ndjson(line("Hel"), b"<html>proxy</html>\n", done_line()))
+    """Garbage, or a tool call without its function, is a retryable ProviderError."""
+    server.enqueue(ndjson(line("Hel"), bad, done_line()))
     with pytest.raises(ProviderError, match="malformed line") as caught:
         await collect(provider)
     assert caught.value.partial is True

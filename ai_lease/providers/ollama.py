@@ -45,6 +45,8 @@ token (for a proxy in front of Ollama; Ollama itself needs none).
 Known traps: Ollama truncates a prompt longer than its context (``num_ctx``, a few thousand
 tokens by default) silently — ``prompt_eval_count`` shows it; pass ``options.num_ctx``.
 ``OLLAMA_HOST=0.0.0.0`` is a server's bind address (:func:`ollama_base_url` dials loopback).
+Before Ollama 0.8 (May 2025) a request with ``tools`` was not streamed token by token: the
+answer came whole at the end, so ``first_token`` had to cover the whole generation.
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ class OllamaParser:
             raise stream_error(self.provider, f"error in stream: {obj['error']}", self.chunks)
         try:
             text, thinking, calls = message_parts(obj.get("message"), self.calls)
-        except (TypeError, ValueError, AttributeError):
+        except (TypeError, ValueError, LookupError, AttributeError):
             raise stream_error(
                 self.provider, f"malformed line: {line[:80]!r}", self.chunks
             ) from None
