@@ -96,3 +96,17 @@ def test_the_sdk_adapter_uses_only_the_sdks_public_api() -> None:
         ]
         assert not private, private
         assert "_make_sse_decoder" not in inspect.getsource(module)
+
+
+def test_cli_lists_every_builtin_with_its_wire_format() -> None:
+    """`ai-lease providers` prints each built-in beside the wire format it speaks."""
+    from click.testing import CliRunner
+
+    from ai_lease.cli.app import main
+    from ai_lease.providers import BUILTINS
+
+    out = CliRunner().invoke(main, ["providers"])
+    assert out.exit_code == 0, out.output
+    lines = {line.split()[0]: line for line in out.output.splitlines()}
+    for name, builtin in BUILTINS.items():
+        assert builtin.wire in lines[name], lines
