@@ -30,7 +30,7 @@ so a ``json`` job reads the JSON text exactly as from OpenAI. It cannot be combi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import httpx
 import orjson
@@ -46,10 +46,13 @@ from ai_lease.providers.anthropic_events import (
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall
 from ai_lease.providers.chunks import stream_error
 from ai_lease.providers.http_paths import check_answer
-from ai_lease.providers.openai_compat import HTTPPath, check_base_url, sampling_defaults
-from ai_lease.providers.streaming import HTTPStreamProvider
+from ai_lease.providers.streaming import (
+    HTTPStreamProvider,
+    StreamOptions,
+    model_of,
+    sampling_fields,
+)
 from ai_lease.redaction import register_secret
-from ai_lease.timeouts import StreamLimits
 
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicProvider", "messages_body"]
 
@@ -71,35 +74,24 @@ class AnthropicProvider(HTTPStreamProvider):
         base_url: str = "https://api.anthropic.com",
         api_key: str | SecretStr | None = None,
         model: str | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 600.0,
-        client: httpx.AsyncClient | None = None,
-        http: HTTPPath = "auto",
         temperature: float | None = None,
         max_tokens: int | None = None,
-        max_event_bytes: int = StreamLimits.max_event_bytes,
-        max_connections: int = 100,
-        pool_timeout: float | None = None,
         anthropic_version: str = "2023-06-01",
+        **options: Unpack[StreamOptions],
     ) -> None:
-        check_base_url(base_url)
-        self.defaults = sampling_defaults(temperature, max_tokens)
         key = _api_key(api_key, base_url)
+        super().__init__(
+            base_url=base_url,
+            model=model,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            **options,
+        )
         register_secret(key)  # masked in every error text, even one a server echoes
-        self.model = model
         self._url = base_url.rstrip("/") + "/v1/messages"
-        self._headers = {"anthropic-version": anthropic_version, "Content-Type": "application/json"}
+        self._headers = {"anthropic-version": anthropic_version}
         if key:
             self._headers["x-api-key"] = key
-        super().__init__(
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            client=client,
-            http=http,
-            max_event_bytes=max_event_bytes,
-            max_connections=max_connections,
-            pool_timeout=pool_timeout,
-        )
 
     def __repr__(self) -> str:  # never shows the key
         return f"AnthropicProvider(url={self._url!r}, model={self.model!r}, http={self.http!r})"
@@ -130,9 +122,6 @@ class AnthropicProvider(HTTPStreamProvider):
         except httpx.HTTPError as exc:
             raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
         return message_completion(self.name, response.content)
-
-    def _post_headers(self, request: ChatRequest) -> dict[str, str]:
-        return {**self._headers, **request.headers()}
 
 
 def message_completion(provider: str, content: bytes) -> Completion:
@@ -168,23 +157,15 @@ def messages_body(
     defaults: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of a Messages request for ``request`` (see the module docstring)."""
-    model = request.model or default_model
-    if not model:
-        raise ConfigError("provider.model: no model given (set it in the job or the settings)")
-    defaults = defaults or {}
     system, messages = _messages(request.messages)
     body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": request.max_tokens or defaults.get("max_tokens") or DEFAULT_MAX_TOKENS,
+        "model": model_of(request, default_model),
+        "max_tokens": DEFAULT_MAX_TOKENS,  # required by the API
+        **sampling_fields(request, defaults),
         "messages": messages,
     }
     if system:
         body["system"] = system
-    temperature = request.temperature
-    if temperature is None:
-        temperature = defaults.get("temperature")
-    if temperature is not None:
-        body["temperature"] = temperature
     if request.stop:
         body["stop_sequences"] = list(request.stop)
     body.update(_tooling(request))

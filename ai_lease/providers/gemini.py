@@ -24,7 +24,7 @@ import base64
 import binascii
 import mimetypes
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -36,9 +36,7 @@ from ai_lease.providers.base import ChatRequest, Completion, assemble_tool_calls
 from ai_lease.providers.chunks import stream_error
 from ai_lease.providers.gemini_events import GeminiParser
 from ai_lease.providers.http_paths import check_answer
-from ai_lease.providers.openai_compat import check_base_url, sampling_defaults
-from ai_lease.providers.streaming import HTTPStreamProvider
-from ai_lease.timeouts import StreamLimits
+from ai_lease.providers.streaming import HTTPStreamProvider, StreamOptions, sampling_fields
 
 __all__ = ["GeminiProvider", "request_body"]
 
@@ -78,17 +76,7 @@ def request_body(
 def _generation(
     request: ChatRequest, defaults: Mapping[str, Any], thoughts: bool
 ) -> dict[str, Any]:
-    config: dict[str, Any] = {}
-    temperature = (
-        request.temperature if request.temperature is not None else defaults.get("temperature")
-    )
-    max_tokens = (
-        request.max_tokens if request.max_tokens is not None else defaults.get("max_tokens")
-    )
-    if temperature is not None:
-        config["temperature"] = temperature
-    if max_tokens is not None:
-        config["maxOutputTokens"] = max_tokens
+    config = sampling_fields(request, defaults, "maxOutputTokens")
     if request.stop:
         config["stopSequences"] = list(request.stop)
     config.update(_response_format(request.response_format))
@@ -265,37 +253,27 @@ class GeminiProvider(HTTPStreamProvider):
         base_url: str = DEFAULT_BASE_URL,
         api_key: str | SecretStr | None = None,
         model: str | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 600.0,
-        client: httpx.AsyncClient | None = None,
-        http: Literal["auto", "aiohttp", "httpx", "fast"] = "auto",
         temperature: float | None = None,
         max_tokens: int | None = None,
-        max_event_bytes: int = StreamLimits.max_event_bytes,
-        max_connections: int = 100,
-        pool_timeout: float | None = None,
         include_thoughts: bool = True,
+        **options: Unpack[StreamOptions],
     ) -> None:
-        check_base_url(base_url)
-        self.defaults = sampling_defaults(temperature, max_tokens)
         key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         if not key and "googleapis.com" in base_url:
             raise ConfigError(
                 "provider.api_key: Gemini needs an API key (set GEMINI_API_KEY, "
                 "GOOGLE_API_KEY or AI_LEASE_PROVIDER__API_KEY)"
             )
-        self.model, self.include_thoughts = model, include_thoughts
+        super().__init__(
+            base_url=base_url,
+            model=model,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            **options,
+        )
+        self.include_thoughts = include_thoughts
         self._base = base_url.rstrip("/")
         self._headers = {"x-goog-api-key": key} if key else {}
-        super().__init__(
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            client=client,
-            http=http,
-            max_event_bytes=max_event_bytes,
-            max_connections=max_connections,
-            pool_timeout=pool_timeout,
-        )
 
     def __repr__(self) -> str:  # never shows the key
         return f"GeminiProvider(base_url={self._base!r}, model={self.model!r}, http={self.http!r})"
@@ -353,6 +331,3 @@ class GeminiProvider(HTTPStreamProvider):
     def _body(self, request: ChatRequest) -> bytes:
         body = request_body(request, self.defaults, self.include_thoughts, self._model(request))
         return orjson.dumps(body)
-
-    def _post_headers(self, request: ChatRequest) -> dict[str, str]:
-        return {**self._headers, **request.headers(), "Content-Type": "application/json"}

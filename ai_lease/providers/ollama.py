@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 from urllib.parse import urlsplit
 
 import httpx
@@ -66,9 +66,7 @@ from ai_lease.providers.chunks import stream_error
 from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.ndjson import NDJSONFramer
 from ai_lease.providers.ollama_request import chat_body
-from ai_lease.providers.openai_compat import check_base_url, sampling_defaults
-from ai_lease.providers.streaming import HTTPStreamProvider
-from ai_lease.timeouts import StreamLimits
+from ai_lease.providers.streaming import HTTPStreamProvider, StreamOptions
 
 __all__ = ["DEFAULT_PORT", "OllamaParser", "OllamaProvider", "ollama_base_url"]
 
@@ -255,38 +253,28 @@ class OllamaProvider(HTTPStreamProvider):
         base_url: str = f"http://127.0.0.1:{DEFAULT_PORT}",
         api_key: str | SecretStr | None = None,
         model: str | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 600.0,
-        client: httpx.AsyncClient | None = None,
-        http: Literal["auto", "aiohttp", "httpx", "fast"] = "auto",
         temperature: float | None = None,
         max_tokens: int | None = None,
-        max_event_bytes: int = StreamLimits.max_event_bytes,
-        max_connections: int = 100,
-        pool_timeout: float | None = None,
         think: bool | Literal["low", "medium", "high"] | None = None,
+        **options: Unpack[StreamOptions],
     ) -> None:
         if "://" not in base_url:  # an OLLAMA_HOST-style "host:port"
             base_url = ollama_base_url(base_url)
-        check_base_url(base_url)
         if think is not None and not isinstance(think, bool) and think not in _THINK_LEVELS:
             raise ConfigError(
                 f"provider.think: {think!r} is not true, false, or one of low, medium, high"
             )
-        self.defaults = sampling_defaults(temperature, max_tokens)
-        self.model, self.think = model, think
+        super().__init__(
+            base_url=base_url,
+            model=model,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            **options,
+        )
+        self.think = think
         self._url = base_url.rstrip("/") + "/api/chat"
         key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        super().__init__(
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            client=client,
-            http=http,
-            max_event_bytes=max_event_bytes,
-            max_connections=max_connections,
-            pool_timeout=pool_timeout,
-        )
 
     def __repr__(self) -> str:  # never shows the key
         return f"OllamaProvider(url={self._url!r}, model={self.model!r}, http={self.http!r})"
@@ -331,6 +319,3 @@ class OllamaProvider(HTTPStreamProvider):
         if self.think is not None:
             body.setdefault("think", self.think)
         return orjson.dumps(body)
-
-    def _post_headers(self, request: ChatRequest) -> dict[str, str]:
-        return {**self._headers, **request.headers(), "Content-Type": "application/json"}

@@ -15,6 +15,7 @@ import orjson
 
 from ai_lease.errors import ConfigError
 from ai_lease.providers.base import ChatRequest
+from ai_lease.providers.streaming import model_of, sampling_fields
 
 __all__ = ["chat_body", "ollama_message", "response_format"]
 
@@ -27,9 +28,7 @@ def chat_body(
     defaults: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of an ``/api/chat`` request (see the module's docstring)."""
-    model = request.model or default_model
-    if not model:
-        raise ConfigError("provider.model: no model given (set it in the job or the settings)")
+    model = model_of(request, default_model)
     body: dict[str, Any] = {
         "model": model,
         "messages": [ollama_message(m) for m in request.messages],
@@ -52,17 +51,7 @@ def chat_body(
 
 def sampling_options(request: ChatRequest, defaults: Mapping[str, Any]) -> dict[str, Any]:
     """``options``: temperature, ``num_predict`` (max_tokens) and ``stop``, where set."""
-    options: dict[str, Any] = {}
-    temperature = request.temperature
-    if temperature is None:
-        temperature = defaults.get("temperature")
-    if temperature is not None:
-        options["temperature"] = temperature
-    max_tokens = (
-        request.max_tokens if request.max_tokens is not None else defaults.get("max_tokens")
-    )
-    if max_tokens is not None:
-        options["num_predict"] = max_tokens
+    options = sampling_fields(request, defaults, "num_predict")
     if request.stop:
         options["stop"] = list(request.stop)
     return options

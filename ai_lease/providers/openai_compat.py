@@ -37,23 +37,26 @@ one async generator between the socket and the stream guard, shared by every lea
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Any, Literal, Unpack
 
 import httpx
 import orjson
 from pydantic import SecretStr
 
 from ai_lease.errors import ConfigError
-from ai_lease.job import sampling_problem
-from ai_lease.lease.urls import mask_url
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall
 from ai_lease.providers.chunks import ChunkParser, refuse_filtered, stream_error, usage_of
 from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.sse import SSEFramer
 from ai_lease.providers.sse import sse_batches as _sse_batches  # noqa: F401  (tests use it)
-from ai_lease.providers.streaming import HTTPStreamProvider
-from ai_lease.timeouts import StreamLimits
+from ai_lease.providers.streaming import (
+    HTTPStreamProvider,
+    StreamOptions,
+    check_base_url,
+    model_of,
+    sampling_defaults,
+    sampling_fields,
+)
 
 HTTPPath = Literal["auto", "aiohttp", "httpx", "fast"]  # "fast": the old name of "aiohttp"
 
@@ -75,16 +78,11 @@ def request_body(
 ) -> dict[str, Any]:
     """The JSON body of a chat completion request; ``defaults`` (the provider's configured
     ``temperature`` / ``max_tokens``) fill what the request leaves unset."""
-    model = request.model or default_model
-    if not model:
-        raise ConfigError("provider.model: no model given (set it in the job or the settings)")
-    body: dict[str, Any] = {"model": model, "messages": [dict(m) for m in request.messages]}
-    for name in ("temperature", "max_tokens"):
-        value = getattr(request, name)
-        if value is None and defaults:
-            value = defaults.get(name)
-        if value is not None:
-            body[name] = value
+    body: dict[str, Any] = {
+        "model": model_of(request, default_model),
+        "messages": [dict(m) for m in request.messages],
+    }
+    body.update(sampling_fields(request, defaults))
     if request.stop:
         body["stop"] = list(request.stop)
     body.update(tool_fields(request))
@@ -123,38 +121,6 @@ def message_tool_calls(message: Mapping[str, Any]) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
-def check_base_url(base_url: str) -> str:
-    """``base_url`` if it can name a server, else a :class:`ConfigError` (no retry mends it)."""
-    shown = mask_url(base_url[:200])  # never a password, never a whole 10 KB value
-    try:
-        parts = urlsplit(base_url)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(
-            f"provider.base_url: {shown!r} is not a valid URL ({exc}); "
-            "give one like http://127.0.0.1:8080/v1"
-        ) from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-        raise ConfigError(
-            f"provider.base_url: {shown!r} is not an http(s) URL with a host and a port "
-            "from 1 to 65535; give one like http://127.0.0.1:8080/v1"
-        )
-    return base_url
-
-
-def sampling_defaults(temperature: float | None, max_tokens: int | None) -> dict[str, Any]:
-    """A provider's configured sampling settings, checked: what a request leaves unset."""
-    problem = sampling_problem(temperature, max_tokens)
-    if problem:
-        raise ConfigError(f"provider.{problem}")
-    out: dict[str, Any] = {}
-    if temperature is not None:
-        out["temperature"] = float(temperature)
-    if max_tokens is not None:
-        out["max_tokens"] = max_tokens
-    return out
-
-
 class OpenAICompatProvider(HTTPStreamProvider):
     """Streams chat completions from ``base_url`` (default OpenAI's) with aiohttp or httpx.
 
@@ -170,31 +136,20 @@ class OpenAICompatProvider(HTTPStreamProvider):
         base_url: str = "https://api.openai.com/v1",
         api_key: str | SecretStr | None = None,
         model: str | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 600.0,
-        client: httpx.AsyncClient | None = None,
-        http: HTTPPath = "auto",
         temperature: float | None = None,
         max_tokens: int | None = None,
-        max_event_bytes: int = StreamLimits.max_event_bytes,
-        max_connections: int = 100,
-        pool_timeout: float | None = None,
+        **options: Unpack[StreamOptions],
     ) -> None:
-        check_base_url(base_url)
-        self.defaults = sampling_defaults(temperature, max_tokens)
+        super().__init__(
+            base_url=base_url,
+            model=model,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            **options,
+        )
         key = _api_key(api_key, base_url)
-        self.model = model
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        super().__init__(
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            client=client,
-            http=http,
-            max_event_bytes=max_event_bytes,
-            max_connections=max_connections,
-            pool_timeout=pool_timeout,
-        )
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAICompatProvider(url={self._url!r}, model={self.model!r}, http={self.http!r})"
@@ -236,9 +191,6 @@ class OpenAICompatProvider(HTTPStreamProvider):
             raise stream_error(self.name, problem, 0) from None
         refuse_filtered(self.name, choice.get("finish_reason"))
         return Completion(text, choice.get("finish_reason"), usage, tool_calls=calls)
-
-    def _post_headers(self, request: ChatRequest) -> dict[str, str]:
-        return {**self._headers, **request.headers(), "Content-Type": "application/json"}
 
 
 def _api_key(api_key: str | SecretStr | None, base_url: str) -> str | None:

@@ -34,7 +34,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -46,18 +46,19 @@ from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Delta
 from ai_lease.providers.chunks import stream_error
 from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.openai_compat import (
-    HTTPPath,
     _api_key,
-    check_base_url,
-    sampling_defaults,
 )
 from ai_lease.providers.responses_events import (
     ResponseNotResumable,
     ResponsesParser,
     completion_of,
 )
-from ai_lease.providers.streaming import HTTPStreamProvider
-from ai_lease.timeouts import StreamLimits
+from ai_lease.providers.streaming import (
+    HTTPStreamProvider,
+    StreamOptions,
+    model_of,
+    sampling_fields,
+)
 
 __all__ = ["OpenAIResponsesProvider", "input_items", "responses_body"]
 
@@ -79,9 +80,7 @@ def responses_body(
 ) -> dict[str, Any]:
     """The JSON body of ``POST /responses`` for ``request`` (``defaults``: the provider's
     ``temperature`` / ``max_tokens``, for what the request leaves unset)."""
-    model = request.model or default_model
-    if not model:
-        raise ConfigError("provider.model: no model given (set it in the job or the settings)")
+    model = model_of(request, default_model)
     if request.stop:
         raise ConfigError(
             "job.stop: the Responses API has no stop sequences; drop `stop` or use "
@@ -91,17 +90,7 @@ def responses_body(
     body: dict[str, Any] = {"model": model, "input": items}
     if instructions:
         body["instructions"] = instructions
-    defaults = defaults or {}
-    temperature = (
-        request.temperature if request.temperature is not None else defaults.get("temperature")
-    )
-    max_tokens = (
-        request.max_tokens if request.max_tokens is not None else defaults.get("max_tokens")
-    )
-    if temperature is not None:
-        body["temperature"] = temperature
-    if max_tokens is not None:
-        body["max_output_tokens"] = max_tokens
+    body.update(sampling_fields(request, defaults, "max_output_tokens"))
     if request.tools:
         body["tools"] = [_tool(tool) for tool in request.tools]
     if request.tool_choice is not None:
@@ -227,38 +216,28 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
         base_url: str = "https://api.openai.com/v1",
         api_key: str | SecretStr | None = None,
         model: str | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 600.0,
-        client: httpx.AsyncClient | None = None,
-        http: HTTPPath = "auto",
         temperature: float | None = None,
         max_tokens: int | None = None,
-        max_event_bytes: int = StreamLimits.max_event_bytes,
-        max_connections: int = 100,
-        pool_timeout: float | None = None,
         background: bool = False,
         store: bool | None = None,
+        **options: Unpack[StreamOptions],
     ) -> None:
-        check_base_url(base_url)
         if background and store is False:
             raise ConfigError(
                 "provider.store: background responses are stored by OpenAI "
                 "(store = false cannot be background); drop one of the two"
             )
-        self.defaults = sampling_defaults(temperature, max_tokens)
         key = _api_key(api_key, base_url)
-        self.model, self.background, self.store = model, background, store
+        super().__init__(
+            base_url=base_url,
+            model=model,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            **options,
+        )
+        self.background, self.store = background, store
         self._base = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        super().__init__(
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            client=client,
-            http=http,
-            max_event_bytes=max_event_bytes,
-            max_connections=max_connections,
-            pool_timeout=pool_timeout,
-        )
 
     def __repr__(self) -> str:  # never shows the key
         return (
@@ -365,6 +344,3 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
         except httpx.HTTPError as exc:
             raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
         return completion_of(self.name, response.content)
-
-    def _post_headers(self, request: ChatRequest) -> dict[str, str]:
-        return {**self._headers, **request.headers(), "Content-Type": "application/json"}

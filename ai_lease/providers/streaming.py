@@ -24,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol, TypedDict, Unpack
+from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
 
 from ai_lease.errors import ConfigError, PoolTimeout, ProviderError, StreamLimitExceeded
+from ai_lease.job import sampling_problem
 from ai_lease.lease.urls import mask_url
 from ai_lease.providers.base import ChatRequest, Delta
 from ai_lease.providers.chunks import stream_error
@@ -44,7 +46,17 @@ from ai_lease.providers.sse import EventTooLarge, SSEFramer
 from ai_lease.resource import AsyncResource
 from ai_lease.timeouts import StreamLimits
 
-__all__ = ["Framer", "HTTPStreamProvider", "StreamParser", "connection_count"]
+__all__ = [
+    "Framer",
+    "HTTPStreamProvider",
+    "StreamOptions",
+    "StreamParser",
+    "check_base_url",
+    "connection_count",
+    "model_of",
+    "sampling_defaults",
+    "sampling_fields",
+]
 
 
 class Framer(Protocol):
@@ -79,6 +91,22 @@ class StreamParser(Protocol):
     # sentinel (Gemini): it sets ``stopped`` when what came makes a whole answer.
 
 
+class StreamOptions(TypedDict, total=False):
+    """How a lean adapter connects (each optional): ``connect_timeout`` (10 s) and
+    ``read_timeout`` (600 s: no byte for that long fails the stream), ``client`` (an httpx
+    client of the caller's, which means the httpx path), ``http`` (``"auto"``, ``"aiohttp"``,
+    ``"httpx"``), ``max_event_bytes``, ``max_connections`` (100) and ``pool_timeout`` (the
+    connect timeout: how long a stream waits for a free connection)."""
+
+    connect_timeout: float
+    read_timeout: float
+    client: httpx.AsyncClient | None
+    http: str
+    max_event_bytes: int
+    max_connections: int
+    pool_timeout: float | None
+
+
 class HTTPStreamProvider(AsyncResource):
     """The shared half of a lean streaming adapter (see the module's docstring)."""
 
@@ -90,16 +118,26 @@ class HTTPStreamProvider(AsyncResource):
     def __init__(
         self,
         *,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 600.0,
-        client: httpx.AsyncClient | None = None,
-        http: str = "auto",
-        max_event_bytes: int = StreamLimits.max_event_bytes,
-        max_connections: int = 100,
-        pool_timeout: float | None = None,
+        base_url: str,
+        model: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        **options: Unpack[StreamOptions],
     ) -> None:
-        self.max_event_bytes = StreamLimits(max_event_bytes=max_event_bytes).max_event_bytes
-        self.max_connections = connection_count(max_connections)
+        """``base_url`` checked; ``temperature`` / ``max_tokens`` the defaults of requests
+        that set none; ``options`` the connection's (:class:`StreamOptions`)."""
+        check_base_url(base_url)
+        self.model = model
+        self.defaults = sampling_defaults(temperature, max_tokens)
+        self._headers: dict[str, str] = {}  # every request's (the key's): set by the adapter
+        connect_timeout = options.get("connect_timeout", 10.0)
+        read_timeout = options.get("read_timeout", 600.0)
+        client = options.get("client")
+        max_connections = connection_count(options.get("max_connections", 100))
+        pool_timeout = options.get("pool_timeout")
+        limit = options.get("max_event_bytes", StreamLimits.max_event_bytes)
+        self.max_event_bytes = StreamLimits(max_event_bytes=limit).max_event_bytes
+        self.max_connections = max_connections
         self.pool_timeout = connect_timeout if pool_timeout is None else pool_timeout
         self._slots = asyncio.Semaphore(max_connections)
         self._own_client = client is None
@@ -107,9 +145,13 @@ class HTTPStreamProvider(AsyncResource):
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=self.pool_timeout),
             limits=httpx.Limits(max_connections=max_connections),
         )
-        self._http = http_path(http, client)
+        self._http = http_path(options.get("http", "auto"), client)
         self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
         self._session: aiohttp.ClientSession | None = None  # made in the loop that uses it
+
+    def _post_headers(self, request: ChatRequest) -> dict[str, str]:
+        """A JSON request's headers: the adapter's, the request's tracing ones."""
+        return {**self._headers, **request.headers(), "Content-Type": "application/json"}
 
     @property
     def http(self) -> str:
@@ -224,3 +266,63 @@ def connection_count(max_connections: object) -> int:
     if max_connections < 1:
         raise ConfigError(f"provider.max_connections: {max_connections!r} is not a count >= 1")
     return max_connections
+
+
+def check_base_url(base_url: str) -> str:
+    """``base_url`` if it can name a server, else a :class:`ConfigError` (no retry mends it)."""
+    shown = mask_url(base_url[:200])  # never a password, never a whole 10 KB value
+    try:
+        parts = urlsplit(base_url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(
+            f"provider.base_url: {shown!r} is not a valid URL ({exc}); "
+            "give one like http://127.0.0.1:8080/v1"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        raise ConfigError(
+            f"provider.base_url: {shown!r} is not an http(s) URL with a host and a port "
+            "from 1 to 65535; give one like http://127.0.0.1:8080/v1"
+        )
+    return base_url
+
+
+def sampling_defaults(temperature: float | None, max_tokens: int | None) -> dict[str, Any]:
+    """A provider's configured sampling settings, checked: what a request leaves unset."""
+    problem = sampling_problem(temperature, max_tokens)
+    if problem:
+        raise ConfigError(f"provider.{problem}")
+    out: dict[str, Any] = {}
+    if temperature is not None:
+        out["temperature"] = float(temperature)
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
+    return out
+
+
+def model_of(request: ChatRequest, default_model: str | None) -> str:
+    """The model a request names, else the provider's; a :class:`ConfigError` for none."""
+    model = request.model or default_model
+    if not model:
+        raise ConfigError("provider.model: no model given (set it in the job or the settings)")
+    return model
+
+
+def sampling_fields(
+    request: ChatRequest, defaults: Mapping[str, Any] | None, max_tokens_field: str = "max_tokens"
+) -> dict[str, Any]:
+    """The request's temperature and token limit (else the provider's defaults), only those
+    set, under the names a wire format gives them (``max_output_tokens``, ``num_predict``…)."""
+    defaults = defaults or {}
+    temperature = request.temperature
+    max_tokens = request.max_tokens
+    if temperature is None:
+        temperature = defaults.get("temperature")
+    if max_tokens is None:
+        max_tokens = defaults.get("max_tokens")
+    out: dict[str, Any] = {}
+    if temperature is not None:
+        out["temperature"] = temperature
+    if max_tokens is not None:
+        out[max_tokens_field] = max_tokens
+    return out
