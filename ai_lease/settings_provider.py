@@ -23,26 +23,30 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _checked_key(key: SecretStr | None) -> SecretStr | None:
+    if key is not None:
+        check_api_key(key.get_secret_value())  # raises ValueError, never echoing it
+    return key
+
+
+def _masked_url(url: str | None) -> str | None:
+    return None if url is None else mask_url(url)
+
+
+def _masked_repr_args(self: BaseModel) -> Iterable[tuple[str | None, Any]]:
+    for name, value in BaseModel.__repr_args__(self):
+        yield name, mask_url(value) if name == "base_url" and value else value
+
+
 class EndpointSettings(_Section):
     """Where one provider is reached, and with which key (both optional)."""
 
     base_url: str | None = None
     api_key: SecretStr | None = None
 
-    @field_validator("api_key")
-    @classmethod
-    def _plain_key(cls, key: SecretStr | None) -> SecretStr | None:
-        if key is not None:
-            check_api_key(key.get_secret_value())  # raises ValueError, never echoing it
-        return key
-
-    @field_serializer("base_url")
-    def _masked_base_url(self, url: str | None) -> str | None:
-        return None if url is None else mask_url(url)
-
-    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
-        for name, value in super().__repr_args__():
-            yield name, mask_url(value) if name == "base_url" and value else value
+    _plain_key = field_validator("api_key")(_checked_key)
+    _masked_base_url = field_serializer("base_url")(_masked_url)
+    __repr_args__ = _masked_repr_args
 
 
 class ProviderSettings(_Section):
@@ -76,17 +80,6 @@ class ProviderSettings(_Section):
             return tuple(h.strip() for h in hosts.split(",") if h.strip())
         return hosts
 
-    @field_validator("api_key")
-    @classmethod
-    def _plain_key(cls, key: SecretStr | None) -> SecretStr | None:
-        if key is not None:
-            check_api_key(key.get_secret_value())  # raises ValueError, never echoing it
-        return key
-
-    @field_serializer("base_url")
-    def _masked_base_url(self, url: str | None) -> str | None:
-        return None if url is None else mask_url(url)
-
-    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
-        for name, value in super().__repr_args__():
-            yield name, mask_url(value) if name == "base_url" and value else value
+    _plain_key = field_validator("api_key")(_checked_key)
+    _masked_base_url = field_serializer("base_url")(_masked_url)
+    __repr_args__ = _masked_repr_args
