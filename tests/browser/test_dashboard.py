@@ -107,7 +107,7 @@ async def test_jobs_page_lists_real_runs_and_updates_live(
     store_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
 ) -> None:
     """The jobs page lists real runs newest first; a running job's row turns DONE when it
-    finishes, with no reload."""
+    finishes, with no reload; the filter form narrows the list."""
     await run_ok(store_url, "done-1", tmp_path / "done-1")
     await run_ok(store_url, "done-2", tmp_path / "done-2")
     ui = start_ui(store_url)
@@ -129,6 +129,20 @@ async def test_jobs_page_lists_real_runs_and_updates_live(
         assert "DONE" in done["text"], done
         assert_not_reloaded(page)
         assert await owner.exited() == 0
+    assert_filters(page)
+
+
+def assert_filters(page: WebDriver) -> None:
+    """The filter form: status DONE and prefix ``done-`` leave the two finished runs."""
+    form = page.find_element(By.ID, "filters")
+    page.execute_script("arguments[0].elements.status.value = 'DONE'", form)
+    prefix = form.find_element(By.NAME, "prefix")
+    prefix.clear()
+    prefix.send_keys("done-")
+    prefix.submit()
+    wait_for(page, lambda d: "prefix=done-" in d.current_url, "the filtered page")
+    wait_for(page, lambda d: row_keys(d) == ["done-2", "done-1"], "only done-2 and done-1")
+    assert "status=DONE" in page.current_url
 
 
 # -- a job's page: the timeline ---------------------------------------------------------------
