@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -79,9 +83,12 @@ def wait_for(
     driver: WebDriver, condition: Callable[[WebDriver], T], what: str, timeout: float = WAIT_S
 ) -> T:
     """Poll ``condition(driver)`` until it is truthy and return it; fail naming ``what``
-    with the page's URL and the start of its text."""
+    with the page's URL and the start of its text. An element missing or replaced (a
+    navigation or a live update in between) counts as not yet."""
+    ignored = (NoSuchElementException, StaleElementReferenceException)
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+        waiting = WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=ignored)
+        return waiting.until(condition)
     except TimeoutException:
         text = _page_text(driver)
         raise AssertionError(

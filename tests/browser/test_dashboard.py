@@ -266,6 +266,11 @@ async def test_hostile_keys_owner_and_result_render_as_text(
     assert lanes(page)[0].startswith(XSS_OWNER)
     await asyncio.sleep(0.5)
     assert_no_injection(page)
+    page.back()  # the other key's link: its "/" stays inside the one path segment
+    links = wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, "td.key a"), "the rows")
+    links[-1].click()
+    wait_for(page, lambda d: d.find_element(By.ID, "job-key").text == XSS_SCRIPT, "its page")
+    assert_no_injection(page)
 
 
 def test_non_loopback_bind_without_a_token_refuses_to_start(
