@@ -6,16 +6,14 @@ A missing Chromium or chromedriver FAILS these tests (never a skip): CI installs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 
-from tests.browser.support import MISSING_BROWSER, missing_browser, start_browser
+from tests.browser.support import MISSING_BROWSER, StartUI, missing_browser, start_browser
 from tests.harness.ui_server import UIServer
-
-StartUI = Callable[..., UIServer]
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,7 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.harness.node import Cluster, NodeProcess
+from tests.harness.ui_server import UIServer
 
 __all__ = [
     "CHROMEDRIVER",
@@ -37,6 +38,7 @@ __all__ = [
     "RENEW",
     "TTL",
     "WAIT_S",
+    "StartUI",
     "finish",
     "missing_browser",
     "run_ok",
@@ -57,6 +59,8 @@ TTL, RENEW, MNP = 2.0, 0.5, 1.0  # the timeline tests' compressed lease (tests/t
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage")
 
 T = TypeVar("T")
+StartUI = Callable[..., UIServer]
+"""The ``start_ui`` fixture: ``start_ui(store_url, token=None)`` -> a running server."""
 
 
 def missing_browser() -> list[str]:

@@ -23,9 +23,9 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 from ai_lease import Status, open_store
-from tests.browser.conftest import StartUI
 from tests.browser.support import (
     WAIT_S,
+    StartUI,
     finish,
     run_ok,
     run_takeover,
