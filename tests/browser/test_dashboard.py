@@ -67,6 +67,18 @@ def row(driver: WebDriver, key: str) -> dict[str, Any] | None:
     return found
 
 
+def wait_row(driver: WebDriver, key: str, what: str, status: str | None = None) -> dict[str, Any]:
+    """Wait until the row of ``key`` is on the page (with data-status ``status``, if given)."""
+
+    def ready(d: WebDriver) -> dict[str, Any] | None:
+        found = row(d, key)
+        return found if found and status in (None, found["status"]) else None
+
+    found = wait_for(driver, ready, what)
+    assert found is not None
+    return found
+
+
 def row_keys(driver: WebDriver) -> list[str]:
     rows = driver.find_elements(By.CSS_SELECTOR, "#jobs-body tr.job")
     return [str(r.get_attribute("data-key")) for r in rows]
@@ -115,17 +127,13 @@ async def test_jobs_page_lists_real_runs_and_updates_live(
     async with cluster:
         page.get(ui.url("/"))
         assert page.current_url == ui.url("/jobs"), "/ does not lead to /jobs"
-        running = wait_for(page, lambda d: row(d, "live-1"), "the running job's row")
+        running = wait_row(page, "live-1", "the running job's row")
         assert running["status"] == "RUNNING" and "RUNNING" in running["text"], running
         assert "health-healthy" in running["badge"].split(), running
         assert row_keys(page) == ["live-1", "done-2", "done-1"]
-        assert all(row(page, k)["status"] == "DONE" for k in ("done-1", "done-2"))  # type: ignore[index]
+        assert all(wait_row(page, k, k, "DONE") for k in ("done-1", "done-2"))
         mark_window(page)
-        done = wait_for(
-            page,
-            lambda d: (r := row(d, "live-1")) is not None and r["status"] == "DONE" and r,
-            "live-1's row to turn DONE without a reload",
-        )
+        done = wait_row(page, "live-1", "live-1's row to turn DONE without a reload", "DONE")
         assert "DONE" in done["text"], done
         assert_not_reloaded(page)
         assert await owner.exited() == 0
@@ -204,7 +212,8 @@ async def test_cancel_from_the_page_stops_the_running_owner(
     cluster, owner = await start_slow(sqlite_url, key, tmp_path / "cancel", seconds=60)
     async with cluster:
         page.get(ui.url(f"/jobs/{key}"))
-        wait_for(page, EC.element_to_be_clickable((By.ID, "cancel")), "the cancel button").click()
+        wait_for(page, lambda d: d.find_element(By.ID, "cancel").is_enabled(), "the cancel button")
+        page.find_element(By.ID, "cancel").click()
         accept_confirmation(page)
         await owner.exited(timeout=WAIT_S)
         exit_line = owner.events("exit")[-1]
@@ -246,11 +255,11 @@ async def test_hostile_keys_owner_and_result_render_as_text(
     await run_ok(sqlite_url, XSS_SCRIPT, tmp_path / "xss-script")
     ui = start_ui(sqlite_url)
     page.get(ui.url("/jobs"))
-    first = wait_for(page, lambda d: row(d, XSS_SCRIPT), "the <script> key's row")
+    first = wait_row(page, XSS_SCRIPT, "the <script> key's row")
     assert first["keyText"] == XSS_SCRIPT
     mark_window(page)
     await run_ok(sqlite_url, XSS_IMG, tmp_path / "xss-img", node=XSS_OWNER)  # arrives live
-    second = wait_for(page, lambda d: row(d, XSS_IMG), "the <img> key's row, live")
+    second = wait_row(page, XSS_IMG, "the <img> key's row, live")
     assert_not_reloaded(page)
     assert second["keyText"] == XSS_IMG
     assert unquote(second["href"]) == f"/jobs/{XSS_IMG}" and "<" not in second["href"]
@@ -302,7 +311,7 @@ async def test_with_a_token_a_request_needs_it_and_the_login_form_lets_the_brows
     )[0]
     field.send_keys(TOKEN)
     field.submit()
-    wait_for(page, lambda d: row(d, "behind-login"), "the jobs page after login")
+    wait_row(page, "behind-login", "the jobs page after login")
     assert page.current_url.startswith(ui.url("/jobs"))
     assert TOKEN not in page.page_source
     session = [c for c in page.get_cookies() if c.get("httpOnly")]
