@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import xml.etree.ElementTree as ET
-from itertools import count
+from itertools import count, pairwise
 
 import pytest
 
@@ -130,6 +130,41 @@ def test_marks_move_right_as_time_passes() -> None:
     assert axis is not None
     ticks = [text_of(t) for t in axis.findall("s:text[@class='tick-label']", NS)]
     assert ticks[0] == "0" and float(ticks[-1]) <= 80 and 3 <= len(ticks) <= 12
+
+
+def test_a_burst_within_a_millisecond_stays_apart_and_in_order() -> None:
+    """The stall, release, takeover and commit a takeover writes within a millisecond are
+    drawn apart, in their order, inside the plot; their labels never overlap."""
+    rows = entries(
+        (0, "acquired", A, 1, "attempt 1"),
+        (60, "stalled", A, 1, "snapshot stored"),
+        (60.0002, "released", A, 1, "interrupted"),
+        (60.0004, "taken_over", B, 2, f"released from {A} token 1"),
+        (60.0006, "committed", B, 2, "stop"),
+        (60.0008, "fenced_write_rejected", A, 1, "already_committed"),
+    )
+    root = parse(render_timeline(rows, JOB, width=800))
+    spots = {int(m.get("data-seq") or 0): mark_x(m) for m in marks(root)}
+    xs = [spots[seq] for seq in sorted(spots)]
+    assert all(b - a >= 8 for a, b in pairwise(xs)) and xs[-1] <= 800
+    for lane in lanes(root):
+        labels = sorted(
+            (float(t.get("x") or 0), float(t.get("y") or 0), len(text_of(t)))
+            for t in lane.iter(f"{{{NS['s']}}}text")
+            if t.get("class") == "mark-label"
+        )
+        for (x1, y1, n1), (x2, y2, n2) in pairwise(labels):
+            assert y1 != y2 or x2 - x1 >= 3 * (n1 + n2), labels
+
+
+def mark_x(mark: ET.Element) -> float:
+    """Where a mark stands: its circle's centre, or its path's first point."""
+    circle = mark.find("s:circle", NS)
+    if circle is not None:
+        return float(circle.get("cx") or 0)
+    path = mark.find("s:path", NS)
+    assert path is not None
+    return float((path.get("d") or "").removeprefix("M").split()[0])
 
 
 def test_renewals_say_whether_progress_moved() -> None:

@@ -9,10 +9,15 @@ the commit. Where a lease lapsed (a takeover after the old owner's refused renew
 or one whose cause is ``expired``/``stalled``) a dashed ``<line class="lease-expiry">``
 crosses the lanes at the takeover: the entries do not carry the old lease's expiry time.
 
-The DOM follows the UI contract (issue 16) (ids, classes, ``data-*``); styling is by class, with
-just enough stroke/fill attributes to read standalone. No script, no external resource;
+A takeover writes its stall, release, takeover, commit and rejected write within a
+millisecond: marks closer than a few pixels are nudged apart (in time order, inside the
+plot), and a mark's label goes above or below its lane's line where it fits, else only in
+its ``<title>``, which always holds the exact time.
+
+The DOM follows the UI contract of issue 16 (ids, classes, ``data-*``); styling is by class,
+with just enough stroke/fill attributes to read standalone. No script, no external resource;
 every text from the store is escaped with :func:`markupsafe.escape` and cut to a bounded
-length, at most :data:`~ai_lease.lease.base.TIMELINE_CAP` entries are drawn.
+length; at most :data:`~ai_lease.lease.base.TIMELINE_CAP` entries are drawn.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ TITLE_CHARS = 320
 """A mark's tooltip (kind, time, owner, stage, detail) is cut to this many characters."""
 MIN_WIDTH, MAX_WIDTH = 320, 4000
 
-_LEFT, _RIGHT, _TOP, _LANE, _AXIS = 200, 28, 30, 46, 36
+_LEFT, _RIGHT, _TOP, _LANE, _AXIS, _GAP = 200, 28, 30, 46, 36, 12.0
 _LAPSE_SIGNS = ("renew_refused", "stalled")
 _LAPSE_CAUSES = ("expired", "stalled")
 _PROGRESS = re.compile(r"progress \+(\d+)")
@@ -69,18 +74,19 @@ _LABELS = {"stalled": "stall", "fenced_write_rejected": "rejected write", "commi
 
 @dataclass(frozen=True, slots=True)
 class _Frame:
-    """Where things go: a time to an x, an owner to its lane."""
+    """Where things go: a time to an x, an owner to its lane; ``spots`` each entry's x."""
 
     t0: float
     span: float
     width: int
     lanes: dict[str, int]
+    spots: list[float]
 
-    def x(self, at: float) -> str:
-        return _num(_LEFT + (at - self.t0) / self.span * (self.width - _LEFT - _RIGHT))
+    def x(self, at: float) -> float:
+        return _LEFT + (at - self.t0) / self.span * (self.width - _LEFT - _RIGHT)
 
-    def y(self, owner: str) -> str:
-        return _num(_TOP + self.lanes[owner] * _LANE + _LANE / 2)
+    def y(self, owner: str) -> float:
+        return _TOP + self.lanes[owner] * _LANE + _LANE / 2
 
     @property
     def bottom(self) -> int:
@@ -135,7 +141,44 @@ def _frame(entries: list[TimelineEntry], width: int) -> _Frame:
     lanes: dict[str, int] = {}
     for entry in entries:
         lanes.setdefault(entry.owner_id, len(lanes))
-    return _Frame(t0, max(times) - t0 or 1.0, width, lanes)
+    frame = _Frame(t0, max(times) - t0 or 1.0, width, lanes, [])
+    frame.spots.extend(_dodge([frame.x(at) for at in times], _LEFT, width - _RIGHT))
+    return frame
+
+
+def _dodge(raw: list[float], low: float, high: float) -> list[float]:
+    """Each mark's x: its time's, pushed right just enough to stand a few pixels from the
+    one before it in time and pulled back inside ``high``, so the handful of entries a
+    takeover writes within a millisecond stay apart; the order in time is kept."""
+    order = sorted(range(len(raw)), key=raw.__getitem__)
+    gap = min(_GAP, (high - low) / max(len(raw) - 1, 1))
+    spots, before = list(raw), -math.inf
+    for i in order:
+        spots[i] = before = max(raw[i], before + gap)
+    after = high + gap
+    for i in reversed(order):
+        spots[i] = after = min(spots[i], after - gap)
+    return spots
+
+
+class _Shelves:
+    """Where a lane's mark labels go: above the line, else below, else nowhere (the
+    mark's title still says it), never over another label."""
+
+    ROWS = (-11.0, 20.0)
+
+    def __init__(self, width: int) -> None:
+        self.width, self.ends = width, dict.fromkeys(self.ROWS, -math.inf)
+
+    def place(self, x: float, text: str) -> tuple[float, float] | None:
+        """The (centre x, y offset) for ``text`` under a mark at ``x``, or None."""
+        half = 3.0 * len(text) + 2
+        centre = min(max(x, half + 2), self.width - half - 2)
+        for row, end in self.ends.items():
+            if centre - half > end:
+                self.ends[row] = centre + half
+                return centre, row
+        return None
 
 
 def _open(job: JobState, width: int, height: int) -> str:
@@ -161,8 +204,8 @@ def _note(dropped: int) -> str:
 def _lanes(entries: list[TimelineEntry], frame: _Frame) -> Iterator[str]:
     """One ``<g class="lane">`` per owner: its band, line, label and marks."""
     for owner, index in frame.lanes.items():
-        mine = [e for e in entries if e.owner_id == owner]
-        top, y = _TOP + index * _LANE, frame.y(owner)
+        mine = [i for i, e in enumerate(entries) if e.owner_id == owner]
+        top, y = _TOP + index * _LANE, _num(frame.y(owner))
         band = "#f7f7f7" if index % 2 == 0 else "#ffffff"
         yield (
             f'<g class="lane" data-owner="{_esc(owner, 200)}" data-lane="{index}">'
@@ -170,34 +213,42 @@ def _lanes(entries: list[TimelineEntry], frame: _Frame) -> Iterator[str]:
             f' fill="{band}"/>'
             f'<line class="lane-line" x1="{_LEFT}" y1="{y}" x2="{frame.width - _RIGHT}"'
             f' y2="{y}" stroke="#bbb"/>'
-            f'<text class="lane-label" x="8" y="{_num(float(y) + 4)}">{_label(owner, mine)}</text>'
+            f"{_label(owner, [entries[i] for i in mine], top)}"
         )
-        yield from (_mark(entry, frame) for entry in mine)
+        shelves = _Shelves(frame.width)
+        yield from (_mark(entries[i], frame.spots[i], frame, shelves) for i in mine)
         yield "</g>"
 
 
-def _label(owner: str, mine: list[TimelineEntry]) -> str:
+def _label(owner: str, mine: list[TimelineEntry], top: int) -> str:
+    """The lane's label: its owner id on one line, the token(s) it held on the next."""
     tokens = list(dict.fromkeys(e.token for e in mine))
     said = ", ".join(str(t) for t in tokens[:3]) + (", …" if len(tokens) > 3 else "")
-    return f"{_esc(owner or '-', LABEL_CHARS)} · token{'s' if len(tokens) > 1 else ''} {said}"
+    held = _cut(f"token{'s' if len(tokens) > 1 else ''} {said}", LABEL_CHARS)
+    return (
+        f'<text class="lane-label" x="8" y="{top + 19}">{_esc(owner or "-", LABEL_CHARS)}'
+        f'<tspan class="lane-tokens" x="8" dy="14" fill="#555">{held}</tspan></text>'
+    )
 
 
-def _mark(entry: TimelineEntry, frame: _Frame) -> str:
-    """One entry's ``<g class="mark mark-KIND">``: its glyph, a label for the notable ones,
-    and a ``<title>`` saying kind, time, owner, token, stage and detail."""
+def _mark(entry: TimelineEntry, x: float, frame: _Frame, shelves: _Shelves) -> str:
+    """One entry's ``<g class="mark mark-KIND">`` at ``x``: its glyph, a label for the
+    notable ones (where there is room), and a ``<title>`` saying kind, time, owner, token,
+    stage and detail."""
     kind = entry.kind if entry.kind in TIMELINE_KINDS else "other"
-    x, y = frame.x(entry.at), frame.y(entry.owner_id)
+    y = frame.y(entry.owner_id)
     glyph, extra = _glyph(entry, kind)
     label = _mark_label(entry, kind)
+    spot = shelves.place(x, label) if label else None
     text = (
-        f'<text class="mark-label" x="{x}" y="{_num(float(y) - 11)}" text-anchor="middle"'
-        f' fill="#333">{label}</text>'
-        if label
+        f'<text class="mark-label" x="{_num(spot[0])}" y="{_num(y + spot[1])}"'
+        f' text-anchor="middle" font-size="10" fill="#333">{label}</text>'
+        if spot
         else ""
     )
     return (
         f'<g class="mark mark-{kind}{extra}" data-seq="{entry.seq}" data-token="{entry.token}">'
-        f"<title>{_title(entry, frame)}</title>{glyph.format(x=x, y=y)}{text}</g>"
+        f"<title>{_title(entry, frame)}</title>{glyph.format(x=_num(x), y=_num(y))}{text}</g>"
     )
 
 
@@ -230,24 +281,25 @@ def _title(entry: TimelineEntry, frame: _Frame) -> str:
     return _esc(" · ".join(parts), TITLE_CHARS)
 
 
-def _lapses(entries: list[TimelineEntry]) -> Iterator[tuple[TimelineEntry, str]]:
-    """The takeovers that followed a lapsed lease, with the owner whose lease lapsed."""
+def _lapses(entries: list[TimelineEntry]) -> Iterator[tuple[int, str]]:
+    """The takeovers (their index) that followed a lapsed lease, with the owner whose
+    lease lapsed."""
     troubled: set[str] = set()
     holder: str | None = None
-    for entry in entries:
+    for index, entry in enumerate(entries):
         if entry.kind in _LAPSE_SIGNS:
             troubled.add(entry.owner_id)
         if entry.kind == "taken_over" and holder is not None and holder != entry.owner_id:
             if holder in troubled or entry.detail.startswith(_LAPSE_CAUSES):
-                yield entry, holder
+                yield index, holder
         if entry.kind in ("acquired", "taken_over"):
             holder = entry.owner_id
 
 
 def _expiries(entries: list[TimelineEntry], frame: _Frame) -> Iterator[str]:
     """A dashed ``<line class="lease-expiry">`` across the lanes at each lapse's takeover."""
-    for entry, lapsed in _lapses(entries):
-        x = frame.x(entry.at)
+    for index, lapsed in _lapses(entries):
+        entry, x = entries[index], _num(frame.spots[index])
         why = f"lease of {lapsed or '-'} lapsed; taken over by {entry.owner_id or '-'}"
         yield (
             f'<line class="lease-expiry" data-seq="{entry.seq}" x1="{x}" y1="{_TOP - 4}"'
@@ -275,7 +327,7 @@ def _axis(frame: _Frame) -> str:
         f' fill="#555">s since first entry</text>'
     ]
     for tick in _ticks(frame.span):
-        x = frame.x(frame.t0 + tick)
+        x = _num(frame.x(frame.t0 + tick))
         parts.append(
             f'<line class="tick" x1="{x}" y1="{y}" x2="{x}" y2="{y + 5}" stroke="#333"/>'
             f'<text class="tick-label" x="{x}" y="{y + 16}" text-anchor="middle"'
