@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
@@ -19,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ai_lease.errors import AiLeaseError
-from ai_lease.lease.base import JobTimeline, TimelineEntry
+from ai_lease.job import JobState
+from ai_lease.lease.base import JobTimeline
 from ai_lease.ui.listing import Filters, read_page
 from ai_lease.ui.present import job_row
 from ai_lease.ui.render import job_context
@@ -30,34 +32,46 @@ __all__ = ["job_stream", "jobs_stream"]
 log = logging.getLogger("ai_lease.ui")
 
 
+Produce = Callable[[], Awaitable[tuple[object, Callable[[], str]]]]
+"""One store read: the state it found (compared, never shown) and how to render it."""
+
+
+def _unread(job: JobState) -> JobState:
+    """The record without its read time: what changed is the job, not the clock."""
+    return replace(job, read_at=0.0)
+
+
 async def _changes(
-    request: Request, ui: Ui, event: str, produce: Any
+    request: Request, ui: Ui, event: str, produce: Produce
 ) -> AsyncIterator[dict[str, str]]:
-    """``produce()``'s HTML as ``event`` events, once per interval, when it changed."""
-    last: str | None = None
+    """``event`` events, one store read per interval, sent when the state read changed.
+
+    Relative times ("3 s ago") grow between sends on the page itself (``ui.js``), so a
+    table of finished jobs sends nothing at all."""
+    last: object = _NOTHING
     while not await request.is_disconnected():
         try:
-            html = await produce()
+            state, render = await produce()
         except (AiLeaseError, OSError) as exc:  # the next interval tries again
             log.debug("ui: live update skipped: %r", exc)
-            html = last
-        if html is not None and html != last:
-            last = html
-            yield {"event": event, "data": html}
+        else:
+            if state != last:
+                last = state
+                yield {"event": event, "data": render()}
         await asyncio.sleep(ui.refresh)
+
+
+_NOTHING = object()
 
 
 async def jobs_stream(request: Request) -> Response:
     """``rows`` events: the jobs table body for the page's filters."""
     ui, filters = ui_of(request), Filters.from_query(request.query_params)
 
-    async def rows() -> str:
-        listing = await read_page(ui.store, filters)
-        context = {
-            "rows": [job_row(job) for job in listing.jobs],
-            "filtered": bool(filters.query()),
-        }
-        return ui.templates.render("_rows.html", **context)
+    async def rows() -> tuple[object, Callable[[], str]]:
+        jobs = (await read_page(ui.store, filters)).jobs
+        context = {"rows": [job_row(job) for job in jobs], "filtered": bool(filters.query())}
+        return [_unread(job) for job in jobs], lambda: ui.templates.render("_rows.html", **context)
 
     return EventSourceResponse(_changes(request, ui, "rows", rows), ping=15)
 
@@ -67,18 +81,17 @@ async def job_stream(request: Request) -> Response:
     ui, key = ui_of(request), request.path_params["key"]
     seen: dict[str, Any] = {"mark": None, "entries": [], "dropped": 0}
 
-    async def live() -> str | None:
+    async def live() -> tuple[object, Callable[[], str]]:
         job = await ui.store.get(key)
         if job is None:
-            return '<p class="note">This job is gone (removed).</p>'
+            return None, lambda: '<p class="note">This job is gone (removed).</p>'
         mark = (job.updated_at, job.status, job.token, job.progress_version)
         if mark != seen["mark"] and isinstance(ui.store, JobTimeline):
-            entries: list[TimelineEntry]
-            entries, seen["dropped"] = await ui.store.timeline(key)
-            seen["entries"], seen["mark"] = entries, mark
-        html: str = ui.templates.render(
-            "_job_live.html", **job_context(job, seen["entries"], seen["dropped"])
-        )
-        return html
+            seen["entries"], seen["dropped"] = await ui.store.timeline(key)
+            seen["mark"] = mark
+        entries, dropped = seen["entries"], seen["dropped"]
+        context = job_context(job, entries, dropped)
+        state = (_unread(job), len(entries), dropped)
+        return state, lambda: ui.templates.render("_job_live.html", **context)
 
     return EventSourceResponse(_changes(request, ui, "job", live), ping=15)

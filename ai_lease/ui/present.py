@@ -57,6 +57,11 @@ class JobRow:
     takeovers: int
     age: str
     duration: str
+    # Seconds behind each growing time, for the page to tick on (None: it does not grow).
+    heartbeat_s: float | None = None
+    progress_s: float | None = None
+    age_s: float | None = None
+    duration_s: float | None = None
 
 
 def job_row(job: JobState) -> JobRow:
@@ -78,4 +83,17 @@ def job_row(job: JobState) -> JobRow:
         takeovers=job.takeovers,
         age=span(job.read_at - job.created_at) if job.created_at else "-",
         duration=span(ended - job.started_at) if job.started_at else "-",
+        **_growing(job),
     )
+
+
+def _growing(job: JobState) -> dict[str, float | None]:
+    """The times that grow while nothing is written: all of a running job's, a pending
+    job's age; none of a finished job's but its age."""
+    running = job.status.value == "RUNNING"
+    return {
+        "heartbeat_s": job.since_heartbeat if running else None,
+        "progress_s": job.since_progress if running else None,
+        "age_s": job.read_at - job.created_at if job.created_at else None,
+        "duration_s": job.read_at - job.started_at if running and job.started_at else None,
+    }
