@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -212,6 +213,38 @@ def test_a_public_bind_without_a_token_refuses_to_start(sqlite_url: str) -> None
     assert "--token" in line and "AI_LEASE_UI__TOKEN" in line
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_the_command_serves_the_store_with_its_url_masked(tmp_path: Path) -> None:
+    """`ai-lease ui` serves the jobs of the store it is given; a password in the store URL
+    never reaches a page (it is shown as ***)."""
+    url, port = f"sqlite:///{tmp_path / 'ui.db'}?password=hunter2", _free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AI_LEASE_")}
+    args = [sys.executable, "-m", "ai_lease", "--store", url, "ui", "--port", str(port)]
+    with subprocess.Popen(args, env=base, stderr=subprocess.PIPE, text=True) as server:
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    page = httpx.get(f"http://127.0.0.1:{port}/jobs", timeout=2)
+                    break
+                except httpx.TransportError:
+                    assert server.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.1)
+            assert page.status_code == 200 and '<table id="jobs">' in page.text
+            assert "hunter2" not in page.text and "password=***" in page.text
+            assert "server" not in page.headers
+        finally:
+            server.terminate()
+            _, err = server.communicate(timeout=20)
+    assert "hunter2" not in err
+
+
 def test_a_missing_extra_is_one_line_and_exit_2(sqlite_url: str) -> None:
     """Without starlette/uvicorn installed, `ai-lease ui` says how to get them (exit 2)."""
     code = (
@@ -389,3 +422,26 @@ async def test_the_jobs_page_renders_10000_jobs_quickly(sqlite_store: LeaseStore
             took.append(time.perf_counter() - started)
             assert page.text.count('<tr class="job"') == 50
     assert sorted(took)[2] < 0.3, took
+
+
+async def test_a_running_job_is_healthy_and_its_page_goes_live_to_done(store: LeaseStore) -> None:
+    """A running job shows under health=healthy (not zombie); its page's stream sends the
+    live section again once it is DONE, with its result and its timeline."""
+    slow = ScriptedProvider(["part one ", Pause(0.8), "part two"])
+    owner = asyncio.create_task(runner(store, slow).run(Job("watched", input="x")))
+    await until(lambda: running(store, "watched"))
+    sections: list[str] = []
+    async with serving(store, refresh=0.1) as base, httpx.AsyncClient(base_url=base) as client:
+        healthy = (await client.get("/jobs", params={"health": "healthy"})).text
+        assert 'data-key="watched"' in healthy and "health-healthy" in healthy
+        zombie = (await client.get("/jobs", params={"health": "zombie"})).text
+        assert 'data-key="watched"' not in zombie
+        async with aconnect_sse(client, "GET", "/jobs/watched/stream") as source:
+            async for event in source.aiter_sse():
+                assert event.event == "job"
+                sections.append(event.data)
+                if "part two" in event.data:
+                    break
+    await owner
+    assert "RUNNING" in sections[0] and '<svg id="timeline"' in sections[-1]
+    assert "committed" in sections[-1] and '<pre id="result">' in sections[-1]

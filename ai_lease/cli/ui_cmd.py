@@ -108,6 +108,7 @@ def _serve(
             log_level="warning",
             timeout_graceful_shutdown=2,
             lifespan="on",
+            server_header=False,
         )
         server = uvicorn.Server(config)
         shown = f"[{host}]" if ":" in host else host

@@ -5,7 +5,8 @@ Needs the ``ui`` extra (``pip install 'ai_lease[ui]'``: Starlette, uvicorn, sse-
 :mod:`~ai_lease.ui.app` (routes, guard, headers), :mod:`~ai_lease.ui.auth` (token, session,
 CSRF), :mod:`~ai_lease.ui.views` (pages), :mod:`~ai_lease.ui.actions` (cancel, retry,
 remove), :mod:`~ai_lease.ui.live` (SSE), :mod:`~ai_lease.ui.listing` (the page of jobs),
-:mod:`~ai_lease.ui.present` and :mod:`~ai_lease.ui.render` (how values are shown).
+:mod:`~ai_lease.ui.present` and :mod:`~ai_lease.ui.render` (how values are shown),
+:mod:`~ai_lease.ui.timeline_svg` (a job's timeline as inline SVG).
 """
 
 from __future__ import annotations

@@ -64,9 +64,12 @@ async def read_page(store: Any, filters: Filters, limit: int = PAGE_SIZE) -> Pag
     if filters.health is not None:
         status = Status.RUNNING.value  # only a running job has a health
     if hasattr(store, "list_page"):
-        page = await store.list_page(
-            status=status, prefix=filters.prefix, after=filters.after, limit=limit
-        )
+        try:
+            page = await store.list_page(
+                status=status, prefix=filters.prefix, after=filters.after, limit=limit
+            )
+        except ValueError:  # a cursor no page gave (edited, or another store's): page one
+            page = await store.list_page(status=status, prefix=filters.prefix, limit=limit)
         jobs, cursor = list(page.jobs), page.next_cursor
     else:
         jobs, cursor = await _fallback(store, status, filters, limit)

@@ -16,9 +16,10 @@ import orjson
 from markupsafe import Markup
 
 from ai_lease.job import JobState
-from ai_lease.lease.base import TIMELINE_CAP, TimelineEntry
+from ai_lease.lease.base import TimelineEntry
 from ai_lease.redaction import redact
 from ai_lease.ui.present import job_row
+from ai_lease.ui.timeline_svg import render_timeline
 
 __all__ = ["MAX_SHOWN_CHARS", "Templates", "job_context", "timeline_markup"]
 
@@ -44,17 +45,9 @@ class Templates:
 
 
 def timeline_markup(entries: Sequence[TimelineEntry], job: JobState, dropped: int) -> Markup:
-    """The job's timeline as inline SVG (``ai_lease.ui.timeline_svg``), or an empty
-    ``<svg id="timeline">`` placeholder while that module is not there."""
-    try:
-        from ai_lease.ui.timeline_svg import render_timeline  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return Markup(
-            '<svg id="timeline" xmlns="http://www.w3.org/2000/svg" role="img" '
-            'width="960" height="40"></svg>'
-        )
-    svg: Markup = render_timeline(entries, job, dropped=dropped)
-    return svg
+    """The job's timeline as inline SVG (:func:`~ai_lease.ui.timeline_svg.render_timeline`,
+    which escapes every value it draws)."""
+    return render_timeline(entries, job, dropped=dropped)
 
 
 def _when(at: float | None) -> str | None:
@@ -119,8 +112,6 @@ def job_context(job: JobState, entries: Sequence[TimelineEntry], dropped: int) -
         "row": job_row(job),
         "record": record_items(job),
         "timeline": timeline_markup(entries, job, dropped),
-        "dropped": dropped,
-        "cap": TIMELINE_CAP,
         "snapshot": _shown(job.stall_snapshot),
         "result": _result_text(job),
     }
