@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
-from ai_lease.settings_provider import _Section
+from ai_lease.settings_provider import _checked_key, _Section
 
 __all__ = ["UiSettings"]
 
@@ -25,3 +25,6 @@ class UiSettings(_Section):
     port: int = Field(default=8377, ge=1, le=65_535)
     token: SecretStr | None = None
     refresh: Annotated[float, Field(ge=0.05, le=60, allow_inf_nan=False)] = 1.0
+
+    # 1 to 4096 printable ASCII characters, checked like an API key (never echoed)
+    _plain_token = field_validator("token")(_checked_key)

@@ -76,6 +76,13 @@ def ui(
     port = conf.port if port is None else port
     if token is None and conf.token is not None:
         token = conf.token.get_secret_value()
+    if token:
+        from ai_lease.providers.keys import check_api_key
+
+        try:
+            check_api_key(token)
+        except ValueError as exc:
+            _refuse(f"--token: {exc}")
     if not is_loopback(host) and not token:
         _refuse(
             f"--host {host} is not a loopback address: pass --token (or set "
