@@ -18,7 +18,8 @@ import pytest
 import ai_lease
 
 # What `--help` must not pay for: pydantic-settings' sources, Jinja2, the metrics HTTP
-# server, rich, the provider SDKs and HTTP clients (and the modules of ours that bring them).
+# server, rich, the provider SDKs and HTTP clients, the dashboard's web stack (and the
+# modules of ours that bring them).
 HEAVY = (
     "pydantic_settings",
     "jinja2",
@@ -32,6 +33,10 @@ HEAVY = (
     "ai_lease.settings",
     "ai_lease.run.runner",
     "ai_lease.providers",
+    "starlette",
+    "uvicorn",
+    "sse_starlette",
+    "ai_lease.ui",
 )
 
 # Prints the heavy modules loaded by then, after whatever code comes first.
@@ -66,7 +71,14 @@ def _imported_by(code: str, *args: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--help"], ["submit", "--help"], ["worker", "--help"], ["status", "--help"]]
+    "argv",
+    [
+        ["--help"],
+        ["submit", "--help"],
+        ["worker", "--help"],
+        ["status", "--help"],
+        ["ui", "--help"],
+    ],
 )
 def test_help_imports_nothing_heavy(argv: list[str]) -> None:
     """`ai-lease ... --help` loads no settings, templates, metrics server, console or SDK."""

@@ -97,4 +97,5 @@ async def test_sigkilled_owner_is_resumed_not_recalled(tmp_path: Path) -> None:
     assert job is not None and job.output == ANSWER, job
     assert job.checkpoint is None  # the commit cleared it
     assert job.takeovers >= 1
+    assert (job.provider, job.model) == ("openai-responses", "m")  # what ran, named
     assert ANSWER in out.decode()

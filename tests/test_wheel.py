@@ -35,6 +35,10 @@ def test_wheel_installed_in_a_fresh_venv_runs_the_readme_job(tmp_path: Path) -> 
         "ai_lease/data/prompts/summarize.j2",
         "ai_lease/data/prompts/extract_json.j2",
         "ai_lease/data/ai-lease.toml",
+        "ai_lease/ui/templates/jobs.html",
+        "ai_lease/ui/templates/_rows.html",
+        "ai_lease/ui/static/ui.js",
+        "ai_lease/ui/static/ui.css",
     } <= names
 
     venv = tmp_path / "venv"

@@ -24,7 +24,14 @@ import click
 # `ai-lease --help` must stay quick: the settings (pydantic-settings), the prompts (Jinja2),
 # the runner, the providers (httpx, openai) and the console (rich) are imported by the
 # commands that use them (tests/test_import_discipline.py holds the line).
-from ai_lease.cli import admin_cmds, inspect_cmds, lifecycle_cmds, run_cmds, timeline_cmds
+from ai_lease.cli import (
+    admin_cmds,
+    inspect_cmds,
+    lifecycle_cmds,
+    run_cmds,
+    timeline_cmds,
+    ui_cmd,
+)
 from ai_lease.cli.context import Context
 from ai_lease.cli.exits import exit_code
 from ai_lease.errors import AiLeaseError
@@ -45,6 +52,7 @@ class _Group(click.Group):
         "worker",
         "workers",
         "tune",
+        "ui",
         "demo",
         "providers",
         "config",
@@ -95,5 +103,5 @@ def main(ctx: click.Context, config: Path | None, store_url: str | None, debug: 
 
 
 _ALL = (*run_cmds.COMMANDS, *inspect_cmds.COMMANDS, *admin_cmds.COMMANDS, *lifecycle_cmds.COMMANDS)
-for _command in (*_ALL, *timeline_cmds.COMMANDS):
+for _command in (*_ALL, *timeline_cmds.COMMANDS, *ui_cmd.COMMANDS):
     main.add_command(_command)

@@ -51,6 +51,7 @@ class TeeProvider:
     def __init__(self, inner: Provider, view: JobView) -> None:
         self.inner, self.view = inner, view
         self.name = inner.name
+        self.model = getattr(inner, "model", None)  # the record names the model that ran
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
         self.view.stream_opened()

@@ -189,14 +189,21 @@ async def _pump(proc: asyncio.subprocess.Process, timeline: Timeline) -> None:
 
 
 async def run_demo(
-    store_url: str | None = None, *, as_json: bool = False, out: TextIO | None = None
+    store_url: str | None = None,
+    *,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    ui: bool = False,
+    open_browser: bool = True,
+    linger: float | None = None,
 ) -> int:
-    """Run the demo; return 0 when exactly one result was stored and the zombie was fenced."""
+    """Run the demo; return 0 when exactly one result was stored and the zombie was fenced.
+    With ``ui``, the job is shown in a dashboard (:mod:`~ai_lease.cli.demo_ui`) that stays up
+    ``linger`` seconds afterwards (None: until Ctrl-C)."""
     out = out or sys.stdout
     with tempfile.TemporaryDirectory(prefix="ai-lease-demo-") as tmp:
         url = store_url or f"sqlite:///{Path(tmp) / 'demo.db'}"
         key = f"demo-{time.strftime('%H%M%S')}-{os.getpid()}"
-        timeline = Timeline(out, as_json)
         if not as_json:
             out.write(
                 f"ai-lease demo: 3 nodes race for job {key!r} on {url}\n"
@@ -204,34 +211,41 @@ async def run_demo(
                 f" call_ai may go {DEMO_TIMINGS.budget('call_ai').max_no_progress:g}s "
                 "without progress\n\n"
             )
-        start_at = time.time() + 1.0
-        procs = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "ai_lease.cli.demo",
-                "node",
-                name,
-                url,
-                key,
-                str(start_at),
-                stdout=asyncio.subprocess.PIPE,
-            )
-            for name in ("node-a", "node-b", "node-c")
-        ]
-        pumps = asyncio.gather(*(_pump(p, timeline) for p in procs))
-        try:
-            await asyncio.wait_for(pumps, 90)
-            codes = [await p.wait() for p in procs]
-        finally:
-            if pumps.done():  # after Ctrl-C: its end is retrieved, never logged as lost
-                with contextlib.suppress(asyncio.CancelledError):
-                    pumps.exception()
-            for proc in procs:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
-        return await _verdict(url, key, codes, out, as_json)
+        if not ui:
+            return await _race(url, key, out, as_json)
+        from ai_lease.cli import demo_ui
+
+        async with demo_ui.dashboard(url) as board:
+            demo_ui.announce(board, key, out, open_browser=open_browser, as_json=as_json)
+            code = await _race(url, key, out, as_json)
+            await demo_ui.linger(board, key, out, linger, as_json=as_json)
+        return code
+
+
+async def _race(url: str, key: str, out: TextIO, as_json: bool) -> int:
+    """Three node processes race for ``key``; the verdict's exit code."""
+    timeline = Timeline(out, as_json)
+    start_at = time.time() + 1.0
+    procs = [
+        await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "ai_lease.cli.demo", "node", name, url, key, str(start_at)),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for name in ("node-a", "node-b", "node-c")
+    ]
+    pumps = asyncio.gather(*(_pump(p, timeline) for p in procs))
+    try:
+        await asyncio.wait_for(pumps, 90)
+        codes = [await p.wait() for p in procs]
+    finally:
+        if pumps.done():  # after Ctrl-C: its end is retrieved, never logged as lost
+            with contextlib.suppress(asyncio.CancelledError):
+                pumps.exception()
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    return await _verdict(url, key, codes, out, as_json)
 
 
 async def _verdict(url: str, key: str, codes: list[int], out: TextIO, as_json: bool) -> int:
@@ -252,11 +266,20 @@ async def _verdict(url: str, key: str, codes: list[int], out: TextIO, as_json: b
     return 0 if ok else 1
 
 
-def run(store_url: str | None = None, *, as_json: bool = False) -> int:
+def run(
+    store_url: str | None = None,
+    *,
+    as_json: bool = False,
+    ui: bool = False,
+    open_browser: bool = True,
+    linger: float | None = None,
+) -> int:
     """``ai-lease demo``'s exit code. Ctrl-C stops the nodes (the demo's ``finally``), says so
     in one line and gives 130, never a traceback."""
     try:
-        return asyncio.run(run_demo(store_url, as_json=as_json))
+        return asyncio.run(
+            run_demo(store_url, as_json=as_json, ui=ui, open_browser=open_browser, linger=linger)
+        )
     except KeyboardInterrupt:
         sys.stdout.flush()
         print("ai-lease: interrupted (SIGINT): demo stopped, its nodes too", file=sys.stderr)

@@ -366,15 +366,35 @@ def worker(
 
 @click.command(short_help="Watch a zombie owner lose its job (about 15 s).")
 @click.option("--json", "as_json", is_flag=True, help="Emit every node's events as JSON lines.")
+@click.option(
+    "--ui",
+    is_flag=True,
+    help="Show the job in the web dashboard (needs the ui extra) and keep it up afterwards.",
+)
+@click.option("--no-open", is_flag=True, help="With --ui: print the address, open no browser.")
+@click.option(
+    "--linger",
+    type=click.FloatRange(0, 86_400),
+    default=None,
+    help="With --ui: seconds the dashboard stays up after the demo (default: until Ctrl-C).",
+)
 @click.pass_obj
-def demo(obj: Context, as_json: bool) -> None:
+def demo(obj: Context, as_json: bool, ui: bool, no_open: bool, linger: float | None) -> None:
     """Watch a zombie owner lose its job: three nodes race for one job, the owner's model
     call hangs while its heartbeat lives, a follower takes over with a higher token, and the
     old owner's late write is rejected. About 30 seconds, on a throw-away SQLite store
-    (or the --store given)."""
+    (or the --store given). With --ui, the dashboard draws the job's timeline as it happens:
+    one lane per node, the lapse, the takeover with its new token, the rejected write."""
     from ai_lease.cli.demo import run
 
-    sys.exit(run(obj.store_url, as_json=as_json))
+    if ui:
+        from ai_lease.cli.demo_ui import ui_available
+        from ai_lease.cli.ui_cmd import MISSING_EXTRA
+
+        if not ui_available():
+            click.echo(f"ai-lease: error: {MISSING_EXTRA}", err=True)
+            sys.exit(2)
+    sys.exit(run(obj.store_url, as_json=as_json, ui=ui, open_browser=not no_open, linger=linger))
 
 
 COMMANDS = (submit, worker, demo)

@@ -257,9 +257,13 @@ def _sdk_body(
 
 
 def _usage(usage: Any) -> Usage:
-    """The SDK's ``CompletionUsage``, reasoning tokens from ``completion_tokens_details``."""
+    """The SDK's ``CompletionUsage``, reasoning tokens from ``completion_tokens_details``
+    (an object in SDKs that know the field, a plain dict of extras in older ones)."""
     details = getattr(usage, "completion_tokens_details", None)
-    reasoning = getattr(details, "reasoning_tokens", None) if details is not None else None
+    if isinstance(details, dict):
+        reasoning = details.get("reasoning_tokens")
+    else:
+        reasoning = getattr(details, "reasoning_tokens", None) if details is not None else None
     return Usage(
         int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0), int(reasoning or 0)
     )

@@ -1,0 +1,137 @@
+"""``ai-lease ui``: serve the web dashboard over the store the other commands use.
+
+It binds 127.0.0.1 by default and needs no token there; any other address needs ``--token``
+(or ``AI_LEASE_UI__TOKEN``, or ``[ui] token``): without one it refuses to start, before
+binding, with one line and exit 2. Starlette and uvicorn come with the ``ui`` extra and
+are imported only here, when the command runs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ai_lease.cli.context import Context
+
+if TYPE_CHECKING:
+    from ai_lease.lease import LeaseStore
+
+MISSING_EXTRA = "ai-lease ui needs the ui extra: pip install 'ai_lease[ui]'"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only reaches this machine (``localhost``, 127.0.0.0/8, ``::1``).
+
+    >>> is_loopback("127.0.0.1"), is_loopback("0.0.0.0"), is_loopback("localhost")
+    (True, False, True)
+    """
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
+def _refuse(line: str) -> None:
+    click.echo(f"ai-lease: error: {line}", err=True)
+    sys.exit(2)
+
+
+@click.command(short_help="Serve the live web dashboard (jobs, timelines, workers).")
+@click.option("--host", default=None, help="Address to bind (default 127.0.0.1).")
+@click.option("--port", type=click.IntRange(0, 65_535), default=None, help="Port (default 8377).")
+@click.option(
+    "--token", default=None, help="Access token (or AI_LEASE_UI__TOKEN); needed off loopback."
+)
+@click.option(
+    "--refresh",
+    type=click.FloatRange(0.05, 60),
+    default=None,
+    help="Seconds between live updates (default 1).",
+)
+@click.option("--open", "open_browser", is_flag=True, help="Open the dashboard in a browser.")
+@click.pass_obj
+def ui(
+    obj: Context,
+    host: str | None,
+    port: int | None,
+    token: str | None,
+    refresh: float | None,
+    open_browser: bool,
+) -> None:
+    """Serve the dashboard at http://HOST:PORT/: jobs (live), one job's timeline, workers,
+    cancel/retry/remove, /metrics and /healthz. A non-loopback --host needs a token."""
+    try:
+        import uvicorn
+
+        from ai_lease.ui.app import create_app
+    except ImportError:
+        _refuse(MISSING_EXTRA)
+    conf = obj.settings.ui
+    host = host or conf.host
+    port = conf.port if port is None else port
+    if token is None and conf.token is not None:
+        token = conf.token.get_secret_value()
+    if token:
+        from ai_lease.providers.keys import check_api_key
+
+        try:
+            check_api_key(token)
+        except ValueError as exc:
+            _refuse(f"--token: {exc}")
+    if not is_loopback(host) and not token:
+        _refuse(
+            f"--host {host} is not a loopback address: pass --token (or set "
+            "AI_LEASE_UI__TOKEN) so only people with it can see and cancel jobs"
+        )
+    from ai_lease.redaction import register_secret
+
+    register_secret(token)
+    options = {"token": token or None, "refresh": refresh or conf.refresh}
+    _serve(obj, uvicorn, create_app, host, port, options, open_browser)
+
+
+def _serve(
+    obj: Context,
+    uvicorn: Any,
+    create_app: Any,
+    host: str,
+    port: int,
+    options: dict[str, Any],
+    open_browser: bool,
+) -> None:
+    import asyncio
+
+    async def main(store: LeaseStore) -> None:
+        app = create_app(store, settings_view={"store": obj.where}, **options)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+            lifespan="on",
+            server_header=False,
+        )
+        server = uvicorn.Server(config)
+        shown = f"[{host}]" if ":" in host else host
+        click.echo(
+            f"ai-lease ui: http://{shown}:{port}/ (store {obj.where}); Ctrl-C stops", err=True
+        )
+        if open_browser:
+            import webbrowser
+
+            asyncio.get_running_loop().call_later(0.5, webbrowser.open, f"http://{shown}:{port}/")
+        await server.serve()
+
+    try:
+        obj.run(main)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+COMMANDS = (ui,)

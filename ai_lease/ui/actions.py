@@ -1,0 +1,98 @@
+"""The job page's buttons: cancel, retry, remove — the same store operations as the CLI.
+
+POST only, each with the page's CSRF token (403 without it); each redirects back with a
+flash code. The rules are the store's and the CLI's: ``cancel`` ends a PENDING or RUNNING
+job (its owner stops within one renew interval), ``retry`` reopens a FAILED or CANCELLED
+one, ``remove`` keeps a RUNNING job under a live lease unless ``force`` (then cancels first,
+as ``ai-lease rm --force``).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+
+from ai_lease.cli.lifecycle_cmds import admin
+from ai_lease.errors import InputError
+from ai_lease.job import Status
+from ai_lease.lease.rules import RETRYABLE
+from ai_lease.ui.present import job_url
+from ai_lease.ui.views import form_fields, session_of, ui_of
+
+__all__ = ["cancel", "remove", "retry"]
+
+CANCEL_REASON = "cancelled from ai-lease ui"
+REMOVE_REASON = "removed from ai-lease ui (force)"
+
+
+async def _checked(request: Request) -> dict[str, str] | None:
+    """The form's fields when its CSRF token is this session's, else None."""
+    fields = await form_fields(request)
+    if not ui_of(request).guard.csrf_ok(session_of(request), fields.get("csrf")):
+        return None
+    return fields
+
+
+def _forbidden() -> Response:
+    return PlainTextResponse(
+        "403: this form's CSRF token is missing or stale: reload the page and try again",
+        status_code=403,
+    )
+
+
+def _back(key: str, code: str, *, to_list: bool = False) -> Response:
+    where = "/jobs" if to_list else job_url(key)
+    return RedirectResponse(f"{where}?{urlencode({'flash': code, 'key': key})}", status_code=303)
+
+
+async def cancel(request: Request) -> Response:
+    """Cancel the job (``ai-lease cancel``)."""
+    if await _checked(request) is None:
+        return _forbidden()
+    key = request.path_params["key"]
+    job = await ui_of(request).store.cancel(key, CANCEL_REASON)
+    if job is None:
+        return _back(key, "unknown", to_list=True)
+    return _back(key, "cancelled" if job.status is Status.CANCELLED else "not-cancelled")
+
+
+async def retry(request: Request) -> Response:
+    """Send a FAILED or CANCELLED job back to PENDING (``ai-lease retry``)."""
+    if await _checked(request) is None:
+        return _forbidden()
+    key, store = request.path_params["key"], ui_of(request).store
+    try:
+        jobs = admin(store, "this store")
+    except InputError:
+        return _back(key, "no-admin")
+    before = await store.get(key)
+    if before is None:
+        return _back(key, "unknown", to_list=True)
+    if before.status not in RETRYABLE:
+        return _back(key, "not-retried")
+    after = await jobs.retry(key)  # atomic: a job changed meanwhile is kept
+    retried = after is not None and after.status is Status.PENDING
+    return _back(key, "retried" if retried else "not-retried")
+
+
+async def remove(request: Request) -> Response:
+    """Remove the job's record (``ai-lease rm``; ``force`` cancels a running one first)."""
+    fields = await _checked(request)
+    if fields is None:
+        return _forbidden()
+    key, store = request.path_params["key"], ui_of(request).store
+    force = fields.get("force") in ("1", "on", "true")
+    try:
+        jobs = admin(store, "this store")
+    except InputError:
+        return _back(key, "no-admin")
+    if force:
+        await store.cancel(key, REMOVE_REASON)
+    removal = await jobs.remove(key, force=force)
+    if removal.job is None:
+        return _back(key, "unknown", to_list=True)
+    if not removal.removed:
+        return _back(key, "kept")
+    return _back(key, "removed", to_list=True)

@@ -1,0 +1,97 @@
+"""What the dashboard reads from the store: one page of jobs, filtered, newest first.
+
+A store with the listing API (``list_page``: an index it keeps, bounded work per call) is
+asked for exactly one page. A store without it is read through ``list_jobs`` and sorted
+here (bounded by :data:`FALLBACK_LIMIT`), so the page works either way. Health is judged
+from each record (``JobState.health()``), so a health filter narrows the page it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ai_lease.job import Health, JobState, Status
+
+__all__ = ["HEALTHS", "PAGE_SIZE", "STATUSES", "Filters", "Page", "read_page"]
+
+PAGE_SIZE = 50
+FALLBACK_LIMIT = 10_000
+STATUSES = tuple(s.value for s in Status)
+HEALTHS = tuple(h.value for h in Health)
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """The jobs page's query: status, health, key prefix and the page cursor (all optional;
+    unknown values are dropped, never passed to the store)."""
+
+    status: str | None = None
+    health: str | None = None
+    prefix: str | None = None
+    after: str | None = None
+
+    @classmethod
+    def from_query(cls, query: Any) -> Filters:
+        """Filters from a request's query parameters."""
+        status = (query.get("status") or "").upper() or None
+        health = (query.get("health") or "").replace("-", " ").lower() or None
+        return cls(
+            status=status if status in STATUSES else None,
+            health=health if health in HEALTHS else None,
+            prefix=query.get("prefix") or None,
+            after=query.get("after") or None,
+        )
+
+    def query(self, *, after: str | None = None) -> dict[str, str]:
+        """The filters as query parameters (``after`` for another page)."""
+        values = {"status": self.status, "health": self.health, "prefix": self.prefix}
+        values["after"] = after
+        return {name: value for name, value in values.items() if value}
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of jobs, and the cursor of the next one (None: the last page)."""
+
+    jobs: list[JobState]
+    next_cursor: str | None
+
+
+async def read_page(store: Any, filters: Filters, limit: int = PAGE_SIZE) -> Page:
+    """One store read: the page of jobs ``filters`` select, newest first."""
+    status = filters.status
+    if filters.health is not None:
+        status = Status.RUNNING.value  # only a running job has a health
+    if hasattr(store, "list_page"):
+        try:
+            page = await store.list_page(
+                status=status, prefix=filters.prefix, after=filters.after, limit=limit
+            )
+        except ValueError:  # a cursor no page gave (edited, or another store's): page one
+            page = await store.list_page(status=status, prefix=filters.prefix, limit=limit)
+        jobs, cursor = list(page.jobs), page.next_cursor
+    else:
+        jobs, cursor = await _fallback(store, status, filters, limit)
+    if filters.health is not None:
+        jobs = [job for job in jobs if _health(job) == filters.health]
+    return Page(jobs, cursor)
+
+
+async def _fallback(
+    store: Any, status: str | None, filters: Filters, limit: int
+) -> tuple[list[JobState], str | None]:
+    """A page cut from ``list_jobs`` (a store without ``list_page``); the cursor is an offset."""
+    jobs = await store.list_jobs(status=status, limit=FALLBACK_LIMIT, on_corrupt=lambda _: None)
+    if filters.prefix:
+        jobs = [job for job in jobs if job.key.startswith(filters.prefix)]
+    jobs.sort(key=lambda job: (job.created_at, job.key), reverse=True)
+    after = filters.after or ""
+    start = int(after) if after.isdigit() else 0
+    end = start + limit
+    return jobs[start:end], (str(end) if end < len(jobs) else None)
+
+
+def _health(job: JobState) -> str | None:
+    health = job.health()
+    return None if health is None else health.value

@@ -1,0 +1,97 @@
+"""Live pages over Server-Sent Events: the jobs table's rows, one job's live section.
+
+Each open page has its own stream, which reads the store once per refresh interval and
+sends the rendered HTML (escaped by the templates) only when it differs from what it last
+sent. A job's stream reads the record each interval and its timeline only when the record
+changed, so an idle page costs one small read per interval however many jobs there are.
+A store that does not answer costs that interval's update, never the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ai_lease.errors import AiLeaseError
+from ai_lease.job import JobState
+from ai_lease.lease.base import JobTimeline
+from ai_lease.ui.listing import Filters, read_page
+from ai_lease.ui.present import job_row
+from ai_lease.ui.render import job_context
+from ai_lease.ui.views import Ui, ui_of
+
+__all__ = ["job_stream", "jobs_stream"]
+
+log = logging.getLogger("ai_lease.ui")
+
+
+Produce = Callable[[], Awaitable[tuple[object, Callable[[], str]]]]
+"""One store read: the state it found (compared, never shown) and how to render it."""
+
+
+def _unread(job: JobState) -> JobState:
+    """The record without its read time: what changed is the job, not the clock."""
+    return replace(job, read_at=0.0)
+
+
+async def _changes(
+    request: Request, ui: Ui, event: str, produce: Produce
+) -> AsyncIterator[dict[str, str]]:
+    """``event`` events, one store read per interval, sent when the state read changed.
+
+    Relative times ("3 s ago") grow between sends on the page itself (``ui.js``), so a
+    table of finished jobs sends nothing at all."""
+    last: object = _NOTHING
+    while not await request.is_disconnected():
+        try:
+            state, render = await produce()
+        except (AiLeaseError, OSError) as exc:  # the next interval tries again
+            log.debug("ui: live update skipped: %r", exc)
+        else:
+            if state != last:
+                last = state
+                yield {"event": event, "data": render()}
+        await asyncio.sleep(ui.refresh)
+
+
+_NOTHING = object()
+
+
+async def jobs_stream(request: Request) -> Response:
+    """``rows`` events: the jobs table body for the page's filters."""
+    ui, filters = ui_of(request), Filters.from_query(request.query_params)
+
+    async def rows() -> tuple[object, Callable[[], str]]:
+        jobs = (await read_page(ui.store, filters)).jobs
+        context = {"rows": [job_row(job) for job in jobs], "filtered": bool(filters.query())}
+        return [_unread(job) for job in jobs], lambda: ui.templates.render("_rows.html", **context)
+
+    return EventSourceResponse(_changes(request, ui, "rows", rows), ping=15)
+
+
+async def job_stream(request: Request) -> Response:
+    """``job`` events: one job's live section (record, timeline, snapshot, result)."""
+    ui, key = ui_of(request), request.path_params["key"]
+    seen: dict[str, Any] = {"mark": None, "entries": [], "dropped": 0}
+
+    async def live() -> tuple[object, Callable[[], str]]:
+        job = await ui.store.get(key)
+        if job is None:
+            return None, lambda: '<p class="note">This job is gone (removed).</p>'
+        mark = (job.updated_at, job.status, job.token, job.progress_version)
+        if mark != seen["mark"] and isinstance(ui.store, JobTimeline):
+            seen["entries"], seen["dropped"] = await ui.store.timeline(key)
+            seen["mark"] = mark
+        entries, dropped = seen["entries"], seen["dropped"]
+        context = job_context(job, entries, dropped)
+        state = (_unread(job), len(entries), dropped)
+        return state, lambda: ui.templates.render("_job_live.html", **context)
+
+    return EventSourceResponse(_changes(request, ui, "job", live), ping=15)

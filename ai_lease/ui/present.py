@@ -1,0 +1,99 @@
+"""How the dashboard shows values: relative times, durations, a job as a table row.
+
+Pure functions of a record (no store, no web framework): the templates only place them.
+Every string here is plain text; Jinja2's autoescape escapes it when it is rendered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from ai_lease.job import JobState
+
+__all__ = ["JobRow", "ago", "job_row", "job_url", "span"]
+
+
+def span(seconds: float | None) -> str:
+    """A duration for people: ``850 ms``, ``4.2 s``, ``3 min``, ``2 h``, ``5 d`` (``-``: none)."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    for unit, size in (("d", 86_400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"  # pragma: no cover - the loop always returns
+
+
+def ago(seconds: float | None) -> str:
+    """``3 s ago`` (``-`` when unknown)."""
+    return "-" if seconds is None else f"{span(seconds)} ago"
+
+
+def job_url(key: str) -> str:
+    """The job page's path, the key quoted (a key may hold ``/``, ``?`` or ``<``)."""
+    return "/jobs/" + quote(key, safe="")
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One row of the jobs table, as text."""
+
+    key: str
+    url: str
+    status: str
+    health: str  # "" when the job is not running
+    health_class: str
+    stage: str
+    since_heartbeat: str
+    since_progress: str
+    owner: str
+    token: str
+    attempts: int
+    takeovers: int
+    age: str
+    duration: str
+    # Seconds behind each growing time, for the page to tick on (None: it does not grow).
+    heartbeat_s: float | None = None
+    progress_s: float | None = None
+    age_s: float | None = None
+    duration_s: float | None = None
+
+
+def job_row(job: JobState) -> JobRow:
+    """The jobs table's row for ``job``; times relative to when the store read it."""
+    health = job.health()
+    ended = job.finished_at if job.status.terminal and job.finished_at else job.read_at
+    return JobRow(
+        key=job.key,
+        url=job_url(job.key),
+        status=job.status.value,
+        health="" if health is None else health.value,
+        health_class="" if health is None else "health-" + health.value.replace(" ", "-"),
+        stage=job.stage or "-",
+        since_heartbeat=ago(job.since_heartbeat),
+        since_progress=ago(job.since_progress),
+        owner=job.owner_id or "-",
+        token=str(job.token) if job.token else "-",
+        attempts=job.attempts,
+        takeovers=job.takeovers,
+        age=span(job.read_at - job.created_at) if job.created_at else "-",
+        duration=span(ended - job.started_at) if job.started_at else "-",
+        **_growing(job),
+    )
+
+
+def _growing(job: JobState) -> dict[str, float | None]:
+    """The times that grow while nothing is written: all of a running job's, a pending
+    job's age; none of a finished job's but its age."""
+    running = job.status.value == "RUNNING"
+    return {
+        "heartbeat_s": job.since_heartbeat if running else None,
+        "progress_s": job.since_progress if running else None,
+        "age_s": job.read_at - job.created_at if job.created_at else None,
+        "duration_s": job.read_at - job.started_at if running and job.started_at else None,
+    }

@@ -1,0 +1,117 @@
+"""The dashboard's HTML: Jinja2 templates with autoescape on, and what a job page shows.
+
+Every value from the store reaches a template as plain text and is escaped there; the only
+markup passed through is the timeline's SVG, which escapes its own values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import orjson
+from markupsafe import Markup
+
+from ai_lease.job import JobState
+from ai_lease.lease.base import TimelineEntry
+from ai_lease.redaction import redact
+from ai_lease.ui.present import job_row
+from ai_lease.ui.timeline_svg import render_timeline
+
+__all__ = ["MAX_SHOWN_CHARS", "Templates", "job_context", "timeline_markup"]
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+MAX_SHOWN_CHARS = 200_000
+"""A result or snapshot longer than this is cut on the page (the CLI shows it whole)."""
+
+
+class Templates:
+    """The package's templates, autoescaped, rendered to strings."""
+
+    def __init__(self) -> None:
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(TEMPLATES),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=False,
+        )
+
+    def render(self, name: str, **context: Any) -> str:
+        """Template ``name`` rendered with ``context``."""
+        return self.env.get_template(name).render(**context)
+
+
+def timeline_markup(entries: Sequence[TimelineEntry], job: JobState, dropped: int) -> Markup:
+    """The job's timeline as inline SVG (:func:`~ai_lease.ui.timeline_svg.render_timeline`,
+    which escapes every value it draws)."""
+    return render_timeline(entries, job, dropped=dropped)
+
+
+def _when(at: float | None) -> str | None:
+    if not at:
+        return None
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+_RECORD = (
+    *("status", "owner_id", "token", "stage", "progress_version", "attempts", "takeovers"),
+    *("takeover_cause", "missed_renewals", "stall_policy", "max_no_progress", "renew_interval"),
+    *("last_error", "last_error_attempt", "last_error_owner", "finish_reason", "provider"),
+    *("model", "prompt_tokens", "completion_tokens", "reasoning_tokens", "first_token_s"),
+    *("first_visible_s", "stage_durations"),
+)
+_TIMES = ("created_at", "started_at", "heartbeat_at", "last_progress_at", "lease_expires_at")
+_TIMES_END = ("finished_at", "updated_at")
+
+
+def record_items(job: JobState) -> list[tuple[str, str]]:
+    """The record as (field, text) pairs for the ``<dl>``; empty fields left out, times in
+    UTC, every text redacted of registered secrets."""
+    items: list[tuple[str, str]] = []
+    for name in (*_RECORD[:1], *_RECORD[1:], *_TIMES, *_TIMES_END):
+        value = getattr(job, name)
+        if name in _TIMES or name in _TIMES_END:
+            value = _when(value)
+        elif name == "status":
+            value = job.status.value
+        if value is None or value == "":
+            continue
+        items.append((name, redact(str(value))))
+    if job.status.value == "RUNNING":
+        items.append(("lease_remaining", f"{job.lease_remaining:.1f} s"))
+    return items
+
+
+def _shown(text: str | None) -> str:
+    if text is None:
+        return ""
+    text = redact(text)
+    if len(text) > MAX_SHOWN_CHARS:
+        return text[:MAX_SHOWN_CHARS] + f"\n… ({len(text) - MAX_SHOWN_CHARS} more characters)"
+    return text
+
+
+def _result_text(job: JobState) -> str:
+    """The committed result, pretty-printed when it is JSON (as results are stored)."""
+    if job.result is None:
+        return "(no result yet)" if not job.status.terminal else "(no result)"
+    try:
+        text = orjson.dumps(orjson.loads(job.result), option=orjson.OPT_INDENT_2).decode()
+    except orjson.JSONDecodeError:
+        text = job.result
+    return _shown(text)
+
+
+def job_context(job: JobState, entries: Sequence[TimelineEntry], dropped: int) -> dict[str, Any]:
+    """What ``_job_live.html`` shows for ``job`` and its timeline."""
+    return {
+        "job": job,
+        "row": job_row(job),
+        "record": record_items(job),
+        "timeline": timeline_markup(entries, job, dropped),
+        "snapshot": _shown(job.stall_snapshot),
+        "result": _result_text(job),
+    }

@@ -1,0 +1,52 @@
+// ai-lease ui: live updates. The page names its stream (data-stream) and the element the
+// stream's HTML replaces (data-target); the server renders and escapes that HTML. Between
+// updates the relative times (cells with data-s: seconds when rendered) tick here.
+(function () {
+  "use strict";
+  var body = document.body;
+  var renderedAt = Date.now();
+
+  function span(seconds) {
+    if (seconds < 1) { return Math.round(seconds * 1000) + " ms"; }
+    if (seconds < 10) { return seconds.toFixed(1) + " s"; }
+    if (seconds < 60) { return Math.round(seconds) + " s"; }
+    if (seconds >= 86400) { return Math.round(seconds / 86400) + " d"; }
+    if (seconds >= 3600) { return Math.round(seconds / 3600) + " h"; }
+    return Math.round(seconds / 60) + " min";
+  }
+
+  function tick() {
+    var grown = (Date.now() - renderedAt) / 1000;
+    var cells = document.querySelectorAll("[data-s]");
+    for (var i = 0; i < cells.length; i++) {
+      var seconds = parseFloat(cells[i].getAttribute("data-s")) + grown;
+      var text = span(seconds);
+      cells[i].textContent = cells[i].hasAttribute("data-ago") ? text + " ago" : text;
+    }
+  }
+  window.setInterval(tick, 1000);
+
+  var url = body.getAttribute("data-stream");
+  var target = body.getAttribute("data-target");
+  if (!url || !target || !window.EventSource) {
+    return;
+  }
+  var events = new EventSource(url);
+  function replace(event) {
+    var element = document.getElementById(target);
+    if (!element) {
+      return;
+    }
+    var snapshot = document.getElementById("snapshot");
+    var open = snapshot ? snapshot.open : false;
+    element.innerHTML = event.data;
+    renderedAt = Date.now();
+    snapshot = document.getElementById("snapshot");
+    if (snapshot && open) {
+      snapshot.open = true;
+    }
+    body.setAttribute("data-updated", String(renderedAt));
+  }
+  events.addEventListener("rows", replace);
+  events.addEventListener("job", replace);
+})();

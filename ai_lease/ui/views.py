@@ -1,0 +1,210 @@
+"""The dashboard's pages: jobs, one job, workers, login, and the errors they answer with.
+
+Each handler reads the store once or twice (a page of jobs and the counts; a job and its
+timeline) and renders one template. ``Ui`` is what they share (``request.app.state.ui``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from ai_lease.job import JobState
+from ai_lease.lease.base import JobQueue, JobTimeline, TimelineEntry
+from ai_lease.ui.auth import COOKIE, Guard, Session
+from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, read_page
+from ai_lease.ui.present import ago, job_row, job_url
+from ai_lease.ui.render import Templates, job_context
+
+__all__ = ["FLASHES", "Ui", "form_fields", "page"]
+
+MAX_FORM_BYTES = 16_384
+
+
+@dataclass
+class Ui:
+    """What every handler shares: the store, the guard, the templates, the refresh."""
+
+    store: Any
+    guard: Guard
+    refresh: float
+    settings_view: Mapping[str, str] = field(default_factory=dict)
+    templates: Templates = field(default_factory=Templates)
+
+
+def ui_of(request: Request) -> Ui:
+    ui: Ui = request.app.state.ui
+    return ui
+
+
+def session_of(request: Request) -> Session | None:
+    return ui_of(request).guard.session(request.cookies.get(COOKIE))
+
+
+def set_session_cookie(response: Response, value: str) -> None:
+    response.set_cookie(COOKIE, value, httponly=True, samesite="strict", path="/")
+
+
+def page(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
+    """``template`` as an HTML response, with a session (and its CSRF token) for forms."""
+    ui = ui_of(request)
+    session, cookie = session_of(request), None
+    if session is None:
+        session, cookie = ui.guard.new_cookie(authenticated=False)
+    context.setdefault("stream", None)
+    context.setdefault("flash", flash_of(request))
+    html = ui.templates.render(
+        template,
+        where=ui.settings_view.get("store", ""),
+        csrf=ui.guard.csrf_token(session),
+        **context,
+    )
+    response = HTMLResponse(html, status_code=status_code)
+    if cookie is not None:
+        set_session_cookie(response, cookie)
+    return response
+
+
+# A flash is a code in the redirect's query (never free text from the request).
+FLASHES = {
+    "cancelled": ("info", "Cancelled: its owner stops within one renew interval."),
+    "not-cancelled": ("error", "Not cancelled: the job had already ended (nothing changed)."),
+    "retried": ("info", "Retried: PENDING, due for workers."),
+    "not-retried": ("error", "Only a FAILED or CANCELLED job can be retried (nothing changed)."),
+    "removed": ("info", "Removed."),
+    "kept": ("error", "RUNNING under a live lease: tick force to cancel and remove it."),
+    "unknown": ("error", "No such job."),
+    "no-admin": ("error", "This store cannot retry or remove jobs."),
+}
+
+
+def flash_of(request: Request) -> dict[str, str] | None:
+    code = request.query_params.get("flash", "")
+    if code not in FLASHES:
+        return None
+    level, text = FLASHES[code]
+    key = request.query_params.get("key")
+    return {"level": level, "text": f"{key}: {text}" if key else text}
+
+
+async def form_fields(request: Request) -> dict[str, str]:
+    """An urlencoded form's fields (first value of each), bounded in size."""
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        return {}
+    parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {name: values[0] for name, values in parsed.items()}
+
+
+def not_found(request: Request, message: str) -> Response:
+    return page(request, "error.html", 404, title="Not found", message=message, login=False)
+
+
+# -- the pages ---------------------------------------------------------------------------
+
+
+async def home(request: Request) -> Response:
+    return RedirectResponse("/jobs", status_code=307)
+
+
+async def jobs(request: Request) -> Response:
+    """The jobs table: one page, newest first, filtered; live over ``/jobs/stream``."""
+    ui, filters = ui_of(request), Filters.from_query(request.query_params)
+    listing = await read_page(ui.store, filters)
+    counts: list[tuple[str, int]] = []
+    if hasattr(ui.store, "count_jobs"):
+        found = await ui.store.count_jobs()
+        counts = [(s, found.get(s, 0)) for s in STATUSES]
+    query = urlencode(filters.query(after=filters.after))
+    next_url = None
+    if listing.next_cursor is not None:
+        next_url = "/jobs?" + urlencode(filters.query(after=listing.next_cursor))
+    return page(
+        request,
+        "jobs.html",
+        rows=[job_row(job) for job in listing.jobs],
+        filters=filters,
+        filtered=bool(filters.query()),
+        statuses=STATUSES,
+        healths=HEALTHS,
+        counts=counts,
+        next_url=next_url,
+        first_url=("/jobs?" + urlencode(filters.query())) if filters.after else None,
+        stream="/jobs/stream" + (f"?{query}" if query else ""),
+        target="jobs-body",
+    )
+
+
+async def read_job(store: Any, key: str) -> tuple[JobState | None, list[TimelineEntry], int]:
+    """A job's record and its timeline (none when the store keeps none)."""
+    job = await store.get(key)
+    if job is None or not isinstance(store, JobTimeline):
+        return job, [], 0
+    entries, dropped = await store.timeline(key)
+    return job, entries, dropped
+
+
+async def job(request: Request) -> Response:
+    """One job: record, stall snapshot, result, timeline, actions; live over its stream."""
+    key = request.path_params["key"]
+    found, entries, dropped = await read_job(ui_of(request).store, key)
+    if found is None:
+        return not_found(request, f"There is no job {key!r} in this store.")
+    return page(
+        request,
+        "job.html",
+        key=key,
+        url=job_url(key),
+        stream=job_url(key) + "/stream",
+        target="job-live",
+        **job_context(found, entries, dropped),
+    )
+
+
+async def workers(request: Request) -> Response:
+    """Live workers: host, pid, jobs running, last seen."""
+    store = ui_of(request).store
+    found = (
+        await store.list_workers(on_corrupt=lambda _: None) if isinstance(store, JobQueue) else []
+    )
+    now = time.time()
+    shown = [
+        {
+            "worker_id": w.worker_id,
+            "host": w.host,
+            "pid": w.pid,
+            "running": w.running,
+            "concurrency": w.concurrency,
+            "last_seen": ago(now - w.last_seen),
+            "keys": [{"key": k, "url": job_url(k)} for k in w.jobs],
+        }
+        for w in found
+    ]
+    return page(request, "workers.html", workers=shown)
+
+
+async def login_form(request: Request) -> Response:
+    if not ui_of(request).guard.required:
+        return RedirectResponse("/jobs", status_code=303)
+    return page(request, "login.html")
+
+
+async def login(request: Request) -> Response:
+    """Check the token; set an authenticated session cookie and go to the jobs."""
+    guard = ui_of(request).guard
+    if not guard.required:
+        return RedirectResponse("/jobs", status_code=303)
+    fields = await form_fields(request)
+    if not guard.token_ok(fields.get("token")):
+        flash = {"level": "error", "text": "That is not the token."}
+        return page(request, "login.html", 401, flash=flash)
+    _, cookie = guard.new_cookie(authenticated=True)
+    response = RedirectResponse("/jobs", status_code=303)
+    set_session_cookie(response, cookie)
+    return response
