@@ -1,16 +1,28 @@
 """Print each runtime dependency of pyproject.toml pinned at its declared floor (``>=X`` -> ``==X``).
 
-Used by .ci/run to install the oldest versions the project claims to support, so a floor that
-does not work fails CI instead of a user's first transient error.
+    python3 .ci/floors.py [PYPROJECT] [--extra NAME ...]
+
+With ``--extra``, the dependencies of those optional extras too (``--extra ui``: what
+``pip install 'ai_lease[ui]'`` adds). Used by .ci/run to install the oldest versions the
+project claims to support, so a floor that does not work fails CI instead of a user's first
+transient error.
 """
 
+import argparse
 import re
 import sys
 import tomllib
 from pathlib import Path
 
-project = tomllib.loads(Path(sys.argv[1] if len(sys.argv) > 1 else "pyproject.toml").read_text())
-for requirement in project["project"]["dependencies"]:
+parser = argparse.ArgumentParser(prog="floors.py")
+parser.add_argument("pyproject", nargs="?", default="pyproject.toml", type=Path)
+parser.add_argument("--extra", action="append", default=[])
+args = parser.parse_args()
+project = tomllib.loads(args.pyproject.read_text())["project"]
+requirements = list(project["dependencies"])
+for extra in args.extra:
+    requirements += project["optional-dependencies"][extra]
+for requirement in requirements:
     match = re.match(r"^([A-Za-z0-9_.\-\[\]]+)\s*[^>]*>=\s*([^,;\s]+)", requirement)
     if match is None:
         sys.exit(f"dependency without a >= floor: {requirement!r}")
