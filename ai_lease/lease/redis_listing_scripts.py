@@ -1,0 +1,96 @@
+"""The Redis store's listing scripts: pages off the creation index, and its one backfill.
+
+The creation index ``{<ns>:queue}:created`` (a sorted set: job hash -> ``created_at`` in
+microseconds) and its counts ``{<ns>:queue}:counts`` (a hash: status -> jobs) are kept by
+the job scripts that create, re-date, end or delete a job (lease/redis_scripts.py), on a
+standalone server. These read them; the backfill indexes the jobs stored before them.
+"""
+
+from __future__ import annotations
+
+from ai_lease.lease.redis_scripts import _PRELUDE
+
+LIST_CHUNK = 200
+"""Index entries one ZREVRANGEBYSCORE of LIST_PAGE reads."""
+
+# KEYS: creation index · ARGV: cursor's created_us ('' from the newest), cursor's job hash
+# ('' none), limit, status ('' any), job-hash prefix ('' any: '<ns>:{' .. hash_tag(prefix),
+# compared as bytes, never as a pattern), bound (index entries read at most)
+# returns {now, next created_us ('' none), next job hash ('' none), job hash, fields | 'corrupt',
+# ...}: up to limit jobs newest first (then job hash descending), each its LEAN fields (a
+# nested name, value list); a hash not ours as 'corrupt'; a member whose hash is gone is
+# passed over. The next cursor is the page's last job when a job beyond it matched, or the
+# last entry read when the bound was reached first; none when the index ran out.
+LIST_PAGE = (
+    _PRELUDE
+    + r"""
+local idx, limit, status, pre = KEYS[1], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local bound, top, after = tonumber(ARGV[6]), ARGV[1], ARGV[2]
+local topn = tonumber(top)
+if top == '' then top = '+inf' end
+local out, found, read, offset = {fmt(now_us()), '', ''}, 0, 0, 0
+local last_s, last_m, seen_s, seen_m
+local function wanted(m)
+  if pre ~= '' and string.sub(m, 1, #pre) ~= pre then return nil end
+  local schema = redis.pcall('HGET', m, 'schema')
+  if type(schema) == 'table' or (schema and schema ~= '1') then return 'corrupt' end
+  if not schema then return nil end  -- gone: passed over
+  if status ~= '' and redis.call('HGET', m, 'status') ~= status then return nil end
+  return 'ok'
+end
+while read < bound do
+  local chunk = redis.call('ZREVRANGEBYSCORE', idx, top, '-inf', 'WITHSCORES', 'LIMIT', offset,
+    math.min(%CHUNK%, bound - read))
+  if #chunk == 0 then return out end  -- the index ran out: the last page
+  offset = offset + #chunk / 2
+  for i = 1, #chunk, 2 do
+    local m, s = chunk[i], chunk[i + 1]
+    if after == '' or tonumber(s) < topn or m < after then
+      read = read + 1
+      local what = wanted(m)
+      if what == 'ok' and found == limit then  -- a job beyond the page: it has a next one
+        out[2], out[3] = last_s, last_m
+        return out
+      end
+      if what == 'ok' then
+        found, last_s, last_m = found + 1, s, m
+        out[#out + 1] = m
+        out[#out + 1] = lean(m)
+      elseif what == 'corrupt' then
+        out[#out + 1] = m
+        out[#out + 1] = 'corrupt'
+      end
+      seen_s, seen_m = s, m
+      if read >= bound then break end
+    end
+  end
+end
+if seen_m then out[2], out[3] = seen_s, seen_m end  -- the bound: go on after the last read
+return out
+""".replace("%CHUNK%", str(LIST_CHUNK))
+)
+
+# KEYS: creation index, counts, job hashes... · returns how many it indexed: each hash of
+# ours not yet in the index goes in under its created_at (0 when it has none), counted under
+# its status; a hash not ours (or gone) is left out.
+BACKFILL = (
+    _PRELUDE
+    + r"""
+local added = 0
+for i = 3, #KEYS do
+  local k = KEYS[i]
+  if not redis.call('ZSCORE', KEYS[1], k) then
+    local v = redis.pcall('HMGET', k, 'schema', 'status', 'created_at')
+    if type(v) == 'table' and v[1] == '1' then
+      redis.call('ZADD', KEYS[1], fmt(tonumber(v[3] or '') or 0), k)
+      redis.call('HINCRBY', KEYS[2], v[2] or '', 1)
+      added = added + 1
+    end
+  end
+end
+return added
+"""
+)
+
+# KEYS: counts · returns status, count, status, count, ... (the whole hash: a few statuses)
+COUNT_JOBS = "return redis.call('HGETALL', KEYS[1])"
