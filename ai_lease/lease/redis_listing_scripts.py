@@ -19,8 +19,9 @@ LIST_CHUNK = 200
 # returns {now, next created_us ('' none), next job hash ('' none), job hash, fields | 'corrupt',
 # ...}: up to limit jobs newest first (then job hash descending), each its LEAN fields (a
 # nested name, value list); a hash not ours as 'corrupt'; a member whose hash is gone is
-# passed over. The next cursor is the page's last job when a job beyond it matched, or the
-# last entry read when the bound was reached first; none when the index ran out.
+# passed over. The next cursor is the page's last entry (job or corrupt) when a job beyond it
+# matched, or the last entry read when the bound was reached first; none when the index ran
+# out.
 LIST_PAGE = (
     _PRELUDE
     + r"""
@@ -56,7 +57,8 @@ while read < bound do
         found, last_s, last_m = found + 1, s, m
         out[#out + 1] = m
         out[#out + 1] = lean(m)
-      elseif what == 'corrupt' then
+      elseif what == 'corrupt' then  -- reported once: the cursor goes past it too
+        last_s, last_m = s, m
         out[#out + 1] = m
         out[#out + 1] = 'corrupt'
       end

@@ -373,7 +373,7 @@ if not mine then
   note(now, 'fenced_write_rejected', owner, ARGV[2], v[AT_STAGE], 'newer_owner')
   return {'rejected', 'newer_owner', v[3], v[2]}
 end
-local at = fmt(now)
+local at, was = fmt(now), v[1]
 local w = {'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '', 'updated_at', at}
 v[AT_STATUS], v[AT_LEASE_EXPIRES_AT], v[AT_UPDATED_AT] = ARGV[3], '', at
 if ARGV[4] == 'last_error' then
@@ -406,7 +406,7 @@ end
 redis.call('HSET', k, unpack(w))
 redis.call('HDEL', k, 'checkpoint')
 unindex(k)
-recount(KEYS[7], KEYS[8], k, v[1], ARGV[3])
+recount(KEYS[7], KEYS[8], k, was, ARGV[3])
 redis.call('PUBLISH', KEYS[2], ARGV[3])
 if ARGV[3] == 'DONE' then
   note(now, 'committed', owner, ARGV[2], v[AT_STAGE], ARGV[6] or '')
