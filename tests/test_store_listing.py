@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from ai_lease.errors import CorruptRecord
-from ai_lease.lease import redis_listing
+from ai_lease.lease import redis_listing, sqlite_listing
 from ai_lease.lease.listing import decode_cursor
 from ai_lease.lease.redis import RedisStore
 from ai_lease.lease.sqlite import SQLiteStore
@@ -68,7 +68,8 @@ async def test_an_old_sqlite_file_is_migrated_and_listed(tmp_path: Path) -> None
 async def test_sqlite_pages_read_an_index_without_offset(
     sqlite_store: SQLiteStore, status: str | None, index: str
 ) -> None:
-    """A deep page is an index search from the cursor (no OFFSET, no sort of the table)."""
+    """A deep page is a covering-index search from the cursor (no OFFSET, no scan, no sort),
+    then a lookup of the page's own records."""
     await sqlite_store.submit("job", "{}", "fp")
     sql, args = _page_query("created_us", status, None, (1_800_000_000_000_000, "k"))
     assert "OFFSET" not in sql and "LIKE" not in sql
@@ -78,7 +79,28 @@ async def test_sqlite_pages_read_an_index_without_offset(
         return " | ".join(row[-1] for row in rows)
 
     text = await sqlite_store._run("plan", plan)
-    assert f"SEARCH ai_lease_jobs USING INDEX {index}" in text and "TEMP B-TREE" not in text
+    assert f"SEARCH ai_lease_jobs USING COVERING INDEX {index}" in text
+    assert "TEMP B-TREE" not in text and "SCAN ai_lease_jobs" not in text
+
+
+async def test_sqlite_walks_the_creation_index_for_a_broad_prefix(
+    sqlite_store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefix many keys share is read off the creation index (not by sorting its key
+    range): the pages still hold exactly its keys, newest first, each once."""
+    monkeypatch.setattr(sqlite_listing, "PREFIX_SORT_MAX", 3)
+    keys = []
+    for n in range(12):
+        keys.append(f"p%-{n:02}")
+        await sqlite_store.submit(keys[-1], "{}", "fp")
+        await sqlite_store.submit(f"pa-{n:02}", "{}", "fp")  # '%' is no wildcard
+    listed, after = [], None
+    while True:
+        page = await sqlite_store.list_page(prefix="p%", limit=5, after=after)
+        listed += [job.key for job in page.jobs]
+        if (after := page.next_cursor) is None:
+            break
+    assert listed == keys[::-1]
 
 
 async def _redis_store(server: RedisServer) -> RedisStore:

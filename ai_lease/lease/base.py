@@ -461,8 +461,9 @@ class JobListing(Protocol):
         on_corrupt: CorruptSink | None = None,
     ) -> JobPage:
         """Up to ``limit`` (1..500, else ValueError) jobs after cursor ``after`` (a
-        ValueError if it is not one a page gave), of one ``status`` and whose key starts with
-        ``prefix`` (literally: no wildcards). A corrupt record is skipped, reported to
+        ValueError if it is not one a page gave), of one ``status`` (a Status value, else
+        ValueError) and whose key starts with ``prefix`` (literally: no wildcards); an empty
+        status or prefix filters nothing. A corrupt record is skipped, reported to
         ``on_corrupt`` (without one, logged), never failing the page."""
         ...
 

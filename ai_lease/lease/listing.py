@@ -15,10 +15,12 @@ import binascii
 import logging
 
 from ai_lease.errors import CorruptRecord, CorruptSink
+from ai_lease.job import Status
 
 __all__ = [
     "MAX_LIMIT",
     "check_limit",
+    "check_status",
     "created_us",
     "decode_cursor",
     "encode_cursor",
@@ -45,6 +47,16 @@ def check_limit(limit: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
     return limit
+
+
+def check_status(status: str | None) -> str | None:
+    """The status to filter by (None, or ``""``: any), or a ValueError naming the statuses."""
+    if status is None or status == "":
+        return None
+    if status not in Status.__members__:
+        names = ", ".join(Status.__members__)
+        raise ValueError(f"status must be one of {names} (or none for any), not {status!r:.40}")
+    return status
 
 
 def encode_cursor(at_us: int, key: str) -> str:

@@ -36,6 +36,7 @@ from ai_lease.job import JobState
 from ai_lease.lease.base import JobPage
 from ai_lease.lease.listing import (
     check_limit,
+    check_status,
     created_us,
     decode_cursor,
     encode_cursor,
@@ -69,6 +70,7 @@ class RedisListing(RedisQueue):
         """A page of jobs, newest first (:class:`~ai_lease.lease.base.JobListing`): one
         script, bounded (see the module docstring)."""
         check_limit(limit)
+        status = check_status(status)
         cursor = None if after is None else decode_cursor(after)
         if self._cluster:
             return await self._scanned_page(status, prefix, cursor, limit, on_corrupt)

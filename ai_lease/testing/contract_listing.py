@@ -87,7 +87,8 @@ class ListingContract:
         assert seen == keys[::-1]
 
     async def test_status_filter(self, store: Any) -> None:
-        """``status`` lists only that status's jobs, across pages, newest first."""
+        """``status`` lists only that status's jobs, across pages, newest first; an empty one
+        lists all, an unknown one is a ValueError."""
         pending = [key_for(f"st-pending-{n}") for n in range(4)]
         await _submit(store, pending)
         running = [key_for(f"st-running-{n}") for n in range(5)]
@@ -98,6 +99,10 @@ class ListingContract:
         assert _keys(await _all_pages(store, 3, status="PENDING")) == pending[::-1]
         assert _keys(await _all_pages(store, 50, status="DONE")) == [done]
         assert (await store.list_page(status="CANCELLED")).jobs == []
+        assert len((await store.list_page(status="")).jobs) == 10
+        for bad in ("running", "BOGUS", "' OR 1=1 --"):
+            with pytest.raises(ValueError, match="status must be one of"):
+                await store.list_page(status=bad)
 
     async def test_prefix_filter_is_literal(self, store: Any) -> None:
         """A prefix matches keys starting with it character for character: ``%``, ``_``,
