@@ -147,9 +147,10 @@ class RedisListing(RedisQueue):
         def place(job: JobState) -> tuple[int, str]:
             return created_us(job.created_at), job.key
 
+        # A corrupt record has no place in the order: it is reported with the first page.
         jobs = [
             job
-            for job in await self._scanned(on_corrupt)
+            for job in await self._scanned(on_corrupt if cursor is None else _ignore)
             if (status is None or job.status.value == status)
             and (not prefix or job.key.startswith(prefix))
             and (cursor is None or place(job) < cursor)
@@ -164,3 +165,7 @@ class RedisListing(RedisQueue):
         for job in await self._scanned(None):
             counts[job.status.value] = counts.get(job.status.value, 0) + 1
         return counts
+
+
+def _ignore(exc: CorruptRecord) -> None:
+    """A corrupt record already reported (with the first page)."""
