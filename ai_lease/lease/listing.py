@@ -34,7 +34,7 @@ MAX_LIMIT = 500
 """The most jobs one page holds."""
 
 _MAX_CURSOR_CHARS = 64 * 1024
-_MAX_US = 2**53  # scores stay exact doubles on Redis
+_MAX_US_DIGITS = 19  # a creation time in us: 16 digits until the year 2286
 
 
 def created_us(seconds: float) -> int:
@@ -74,7 +74,7 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
         at, sep, key = raw.decode("utf-8").partition(":")
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise _bad(cursor) from None
-    if not sep or not at.isascii() or not at.isdigit() or not key or int(at) > _MAX_US:
+    if not sep or not at.isascii() or not at.isdigit() or not key or len(at) > _MAX_US_DIGITS:
         raise _bad(cursor)
     return int(at), key
 
