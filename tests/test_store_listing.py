@@ -160,3 +160,38 @@ async def test_redis_filtered_pages_read_a_bounded_slice(
         assert found == ["running-oldest"] and pages == 4
     finally:
         await store.aclose()
+
+
+async def test_redis_reads_a_narrow_prefix_off_the_name_index(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefix few keys share is found in one call however deep its jobs are (a range of
+    the name index); one many share walks the creation index, each match once."""
+    redis_server.flushall()
+    monkeypatch.setattr(redis_listing, "LIST_BOUND", 6)
+    store = await _redis_store(redis_server)
+    try:
+        deep = [f"deep%-{n}" for n in range(3)]
+        for key in deep:
+            await store.submit(key, "{}", "fp")
+        broad = []
+        for n in range(10):
+            broad.append(f"broad-{n:02}")
+            await store.submit(broad[-1], "{}", "fp")
+            await store.submit(f"broad_{n:02}", "{}", "fp")  # '_' is no wildcard
+        page = await store.list_page(prefix="deep%", limit=50)
+        assert [j.key for j in page.jobs] == deep[::-1] and page.next_cursor is None
+        found, after = [], None
+        while True:
+            page = await store.list_page(prefix="broad-", limit=4, after=after)
+            found += [j.key for j in page.jobs]
+            if (after := page.next_cursor) is None:
+                break
+        assert found == broad[::-1]
+        assert await store.remove("deep%-1")
+        assert [j.key for j in (await store.list_page(prefix="deep%")).jobs] == [
+            "deep%-2",
+            "deep%-0",
+        ]
+    finally:
+        await store.aclose()

@@ -133,6 +133,7 @@ class RedisCalls:
         self._recovery = f"{tag}:recovery"  # the looks at RUNNING jobs, asked for first
         # The creation index and its per-status counts (lease/redis_listing.py).
         self._created, self._counts = f"{tag}:created", f"{tag}:counts"
+        self._names = f"{tag}:names"
         self._epoch: str | None = None  # the epoch this process saw first
         self.lost_data: StoreDataLost | None = None
         """Set once this process has seen the store lose its data (or a recent note of it)."""
@@ -166,7 +167,8 @@ class RedisCalls:
         if self._cluster:  # the namespace's keys are in another slot
             return keys
         if script in _INDEXED:  # every namespace key a job script may keep
-            keys += [self._leases, self._queue, self._recovery, self._created, self._counts]
+            keys += [self._leases, self._queue, self._recovery]
+            keys += [self._created, self._counts, self._names]
         return keys
 
     # -- the data-loss marker ------------------------------------------------------------

@@ -79,7 +79,8 @@ class RedisListing(RedisQueue):
         pre = "" if not prefix else f"{self._ns}:{{{hash_tag(prefix)}"
         bound = max(LIST_BOUND, limit + 1)
         args = [at, name, limit, status or "", pre, bound]
-        reply = await self._eval("list_page", "LIST_PAGE", [self._created], args)
+        keys = [self._created, self._names]
+        reply = await self._eval("list_page", "LIST_PAGE", keys, args)
         jobs = []
         for member, fields in zip(reply[3::2], reply[4::2], strict=True):
             job = self._page_job(member, fields, reply[0])
@@ -116,7 +117,7 @@ class RedisListing(RedisQueue):
         marker = f"{self._created}_ready"
         if not await self._cmd("list_page", "EXISTS", marker):
             async for names in self._job_hashes(_BACKFILL_BATCH):
-                keys = [self._created, self._counts, *names]
+                keys = [self._created, self._counts, self._names, *names]
                 await self._eval("list_page", "BACKFILL", keys, [])
             await self._cmd("list_page", "SET", marker, "1")
         self._index_ready = True

@@ -7,12 +7,13 @@ the same script: no round trip of its own); all three share one hash tag, so eac
 valid on Redis Cluster. On a standalone server they also keep ``KEYS[4]``, the lease index
 (a sorted set of job hash -> lease expiry in microseconds), which ``DUE`` scans for lapsed
 leases even when a job has no queue entry; ``SUBMIT`` writes the queue entry (``KEYS[5]``)
-with the record. The scripts that create, re-date, end or delete a job
-also keep ``KEYS[7]``, the creation index (a sorted set of job hash -> ``created_at`` in
-microseconds: the dashboard's pages, lease/redis_listing.py), and ``KEYS[8]``, the count of
-indexed jobs per status (a hash), so that a listing never scans the namespace; ``KEYS[5]``
-and ``KEYS[6]`` are the queue and the recovery looks. On Cluster those keys live in another
-slot and are left out (``KEYS[4]`` onwards are nil).
+with the record. The scripts that create, re-date, end or delete a job also keep
+``KEYS[7]`` (created: a sorted set of job hash -> ``created_at`` in microseconds, the
+dashboard's pages, lease/redis_listing.py), ``KEYS[8]`` (counts: indexed jobs per status, a
+hash) and ``KEYS[9]`` (names: the job hashes at score 0, for a key prefix's range), so that
+a listing never scans the namespace; ``KEYS[5]`` and ``KEYS[6]`` are the queue and the
+recovery looks. On Cluster those keys live in another slot and are left out (``KEYS[4]``
+onwards are nil).
 The namespace's own keys (queue, lease index, epoch marker) share the hash tag
 ``{<ns>:queue}``; a worker's keys share ``{<ns>:workers}``. Time is the Redis server's
 ``TIME`` in microseconds; durations arrive in microseconds. Numbers are written with ``%d``
@@ -93,19 +94,24 @@ end
 local function unindex(k)
   if KEYS[4] then redis.call('ZREM', KEYS[4], k) end
 end
--- The creation index (ci) and its per-status counts (cc), standalone only: a job counts
--- under its status while it is in the index (a job from before the index is counted when
--- the backfill indexes it).
-local function created(ci, cc, k, at, status)  -- a new job
-  if ci and redis.call('ZADD', ci, fmt(at), k) == 1 then redis.call('HINCRBY', cc, status, 1) end
+-- The creation index (ci), its per-status counts (cc) and the name index (cn: job hashes at
+-- score 0, in byte order), standalone only: a job counts under its status while it is in
+-- the index (a job from before the index is counted when the backfill indexes it).
+local function created(ci, cc, k, at, status, cn)  -- a new job
+  if ci and redis.call('ZADD', ci, fmt(at), k) == 1 then
+    redis.call('HINCRBY', cc, status, 1)
+    redis.call('ZADD', cn, 0, k)
+  end
 end
 local function recount(ci, cc, k, from, to)  -- an indexed job's status moved
   if not ci or from == to or not redis.call('ZSCORE', ci, k) then return end
   if from and from ~= '' then redis.call('HINCRBY', cc, from, -1) end
   redis.call('HINCRBY', cc, to, 1)
 end
-local function uncreated(ci, cc, k, status)  -- a deleted job
-  if ci and redis.call('ZREM', ci, k) == 1 and status and status ~= '' then
+local function uncreated(ci, cc, k, status, cn)  -- a deleted job
+  if not ci then return end
+  redis.call('ZREM', cn, k)
+  if redis.call('ZREM', ci, k) == 1 and status and status ~= '' then
     redis.call('HINCRBY', cc, status, -1)
   end
 end
@@ -149,7 +155,7 @@ local function ours(k, schema)
 end
 """.replace("%LEAN%", _lean_lua()).replace("%CAP%", str(TIMELINE_CAP))
 
-# KEYS: job, events, timeline[, lease index, queue, recovery looks, creation index, counts] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: owner, ttl_us, max_no_progress_us, stall_policy,
 # fingerprint ('' none), max_attempts ('' none), spec ('' none: written only into a record
 # this call creates, i.e. one re-created after the store lost its data), renew_interval_us
@@ -203,7 +209,7 @@ local function write(w)  -- one HSET: w and the first fields; indexed or recount
   if ok then
     recount(KEYS[7], KEYS[8], k, v[2], w[2])
   else
-    created(KEYS[7], KEYS[8], k, now, w[2])
+    created(KEYS[7], KEYS[8], k, now, w[2], KEYS[9])
   end
   return w
 end
@@ -304,7 +310,7 @@ return {'ok', ARGV[3], stalled and 1 or 0}
 """
 )
 
-# KEYS: job, events, timeline[, lease index, queue, recovery looks, creation index, counts] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: owner, token, error ('' keep), snapshot ('' keep),
 # interrupted ('1': give the attempt back) · an error names its attempt and owner
 # (last_error_attempt, last_error_owner); a snapshot marks the attempt stalled · returns 1 | 0
@@ -339,7 +345,7 @@ return 1
 """
 )
 
-# KEYS: job, events, timeline[, lease index, queue, recovery looks, creation index, counts] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
 # finish reason ('' = none; kept on a DONE record), then what ran ('' = keep): provider, model,
 # prompt_tokens, completion_tokens, first_token_us, stage_durations (JSON); sets finished_at;
@@ -436,7 +442,7 @@ return 1
 """
 )
 
-# KEYS: job, events, timeline[, lease index, queue, recovery looks, creation index, counts] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: reason · returns {now, fields...} (no fields when
 # the job is unknown). Not fenced: a job not yet ended becomes CANCELLED (its owner's next
 # RENEW answers not_running, its FINISH is rejected; its checkpoint is cleared); an ended one
@@ -473,7 +479,7 @@ return {fmt(now_us()), unpack(redis.call('HGETALL', KEYS[1]))}
 """
 )
 
-# KEYS: job, events, timeline[, lease index, queue, recovery looks, creation index, counts] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: spec, fingerprint, job key (the queue's member)
 # returns {'ok', now, fields...} | {'conflict'}. The record and its queue entry are written
 # together: a job is never stored without the entry that makes a worker look at it.
@@ -493,7 +499,7 @@ if ok then
 else
   redis.call('HSET', k, 'schema', '1', 'status', 'PENDING', 'token', '0', 'spec', ARGV[1],
     'fingerprint', ARGV[2], 'created_at', fmt(now), 'updated_at', fmt(now))
-  created(KEYS[7], KEYS[8], k, now, 'PENDING')
+  created(KEYS[7], KEYS[8], k, now, 'PENDING', KEYS[9])
 end
 local status = redis.call('HGET', k, 'status')
 if KEYS[5] and not ended(status) then  -- add, or bring forward
@@ -505,7 +511,7 @@ return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
 
 # -- the jobs' lifecycle for people (ai-lease retry / rm / prune) ------------------------------
 
-# KEYS: job, events, timeline[, lease index, queue, recovery looks, creation index, counts] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: job key (the queue's member)
 # returns {now, fields...} (no fields when the job is unknown). A FAILED or CANCELLED job goes
 # back to PENDING with a fresh attempt budget (rules.retry): attempts 0, no owner, no lease,
@@ -537,7 +543,7 @@ return {fmt(now), unpack(redis.call('HGETALL', k))}
 """
 )
 
-# KEYS: job, events, timeline[, lease index, queue, recovery looks, creation index, counts] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: job key (the queue's member),
 # force ('1': even a RUNNING job under a live lease)
 # returns {now} (no such job) | {now, 'removed' | 'kept', fields...}: the record as it was.
@@ -553,7 +559,7 @@ if type(ok) == 'table' then return ok end
 local now = now_us()
 local function forget()
   unindex(k)
-  uncreated(KEYS[7], KEYS[8], k, v[2])
+  uncreated(KEYS[7], KEYS[8], k, v[2], KEYS[9])
   if KEYS[5] then
     redis.call('ZREM', KEYS[5], ARGV[1])
     redis.call('ZREM', KEYS[6], ARGV[1])
@@ -576,7 +582,7 @@ return {fmt(now), 'removed', unpack(was)}
 )
 
 # KEYS: job hashes... (n of them), their timelines (n, in the same order)[, lease index,
-# queue, recovery looks, creation index, counts] (standalone: a batch and the namespace's
+# queue, recovery looks, created, counts, names] (standalone: a batch and the namespace's
 # keys; on Cluster one job hash and its timeline alone) · ARGV: older than (microseconds),
 # statuses (',' between), n, job keys... (the queue's members, in the order of the hashes)
 # returns the number removed: each job one of the statuses (terminal ones) and last written
@@ -587,7 +593,7 @@ PRUNE = (
 local cutoff, n, wanted = now_us() - tonumber(ARGV[1]), tonumber(ARGV[3]), {}
 for s in string.gmatch(ARGV[2], '[^,]+') do wanted[s] = true end
 local leases, queue, looks = KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3]
-local ci, cc = KEYS[2 * n + 4], KEYS[2 * n + 5]
+local ci, cc, cn = KEYS[2 * n + 4], KEYS[2 * n + 5], KEYS[2 * n + 6]
 local removed = 0
 for i = 1, n do
   local k = KEYS[i]
@@ -599,7 +605,7 @@ for i = 1, n do
       redis.call('ZREM', leases, k)
       redis.call('ZREM', queue, ARGV[3 + i])
       redis.call('ZREM', looks, ARGV[3 + i])
-      uncreated(ci, cc, k, v[2])
+      uncreated(ci, cc, k, v[2], cn)
     end
     removed = removed + 1
   end
