@@ -9,8 +9,8 @@ ten RUNNING, the rest PENDING. Then, each timed ``--reps`` times (medians, milli
 * ``deep``      ``list_page(limit=50, after=<the cursor at the middle job>)``
 * ``status``    ``list_page(status="RUNNING", limit=50)`` (one job in ten matches)
 * ``prefix``    ``list_page(prefix=<a prefix 100 keys share>, limit=50)``
-* ``prefix50``  following that prefix's cursors until 50 jobs (Redis reads at most 2,000
-  index entries per call: a prefix whose jobs are deep takes several calls)
+* ``prefix50``  following that prefix's cursors until 50 jobs (one call when the first page
+  holds them)
 * ``counts``    ``count_jobs()``
 * ``list_jobs`` the old ``list_jobs(limit=50)`` (Redis: a SCAN of the namespace)
 

@@ -4,15 +4,19 @@ creation index, counts off the counters the job scripts keep.
 **Index.** ``{<ns>:queue}:created`` is a sorted set of job hash -> ``created_at`` (us), in
 the namespace's own hash tag like its queue and lease index; the scripts that create a job
 (``ACQUIRE`` of a new key, ``SUBMIT``), re-date it (``RETRY``) or delete it (``REMOVE``,
-``PRUNE``) keep it in the same script as the record, and the scripts that move a job's status
-keep ``{<ns>:queue}:counts`` (status -> jobs). ``count_jobs`` is one HGETALL of a few fields.
+``PRUNE``) keep it (and the name index) in the same script as the record, and the scripts
+that move a job's status keep ``{<ns>:queue}:counts`` (status -> jobs). ``count_jobs`` is
+one HGETALL of a few fields.
 
 **Bounds.** One page is one ``LIST_PAGE`` script: ZREVRANGEBYSCORE from the cursor in chunks
 of :data:`~ai_lease.lease.redis_listing_scripts.LIST_CHUNK`, reading at most
 :data:`LIST_BOUND` index entries (or ``limit + 1`` if more): unfiltered that is
-``limit + 1`` entries, O(log n + limit); with a status or prefix filter it stops after
-``limit`` matches or the bound, whichever comes first, and returns a cursor to go on from
-(a page may then hold fewer than ``limit`` jobs and still have a next one).
+``limit + 1`` entries, O(log n + limit); with a status filter it stops after ``limit``
+matches or the bound, whichever comes first, and returns a cursor to go on from (a page may
+then hold fewer than ``limit`` jobs and still have a next one). A key prefix that at most
+:data:`LIST_BOUND` jobs share is read off the name index ``{<ns>:queue}:names`` (the job
+hashes at score 0: ZLEXCOUNT, then ZRANGEBYLEX of that range, sorted by creation), however
+deep its jobs are; a prefix more jobs share walks the creation index like a status does.
 
 **Jobs from before the index.** The first listing call of a process checks a marker key
 (``{<ns>:queue}:created_ready``); when it is missing, it SCANs the namespace's job hashes once
