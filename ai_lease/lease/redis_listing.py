@@ -5,8 +5,8 @@ creation index, counts off the counters the job scripts keep.
 the namespace's own hash tag like its queue and lease index; the scripts that create a job
 (``ACQUIRE`` of a new key, ``SUBMIT``), re-date it (``RETRY``) or delete it (``REMOVE``,
 ``PRUNE``) keep it (and the name index) in the same script as the record, and the scripts
-that move a job's status keep ``{<ns>:queue}:counts`` (status -> jobs). ``count_jobs`` is
-one HGETALL of a few fields.
+that move a job's status keep ``{<ns>:queue}:counts`` (a sorted set: status -> jobs, by
+ZINCRBY). ``count_jobs`` is one ZRANGE of a few members.
 
 **Bounds.** One page is one ``LIST_PAGE`` script: ZREVRANGEBYSCORE from the cursor in chunks
 of :data:`~ai_lease.lease.redis_listing_scripts.LIST_CHUNK`, reading at most
@@ -106,12 +106,12 @@ class RedisListing(RedisQueue):
             return exc
 
     async def count_jobs(self) -> dict[str, int]:
-        """Jobs per status: one HGETALL of the counts the job scripts keep."""
+        """Jobs per status: one ZRANGE of the counts the job scripts keep."""
         if self._cluster:
             return await self._scanned_counts()
         await self._ensure_index()
         flat = await self._eval("count_jobs", "COUNT_JOBS", [self._counts], [])
-        counts = {status: int(n) for status, n in zip(flat[::2], flat[1::2], strict=True)}
+        counts = {status: int(float(n)) for status, n in zip(flat[::2], flat[1::2], strict=True)}
         return {status: n for status, n in counts.items() if status and n > 0}
 
     async def _ensure_index(self) -> None:

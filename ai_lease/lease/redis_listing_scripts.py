@@ -2,7 +2,7 @@
 
 The creation index ``{<ns>:queue}:created`` (a sorted set: job hash -> ``created_at`` in
 microseconds), the name index ``{<ns>:queue}:names`` (the same job hashes, all at score 0:
-in byte order, for a prefix's range) and the counts ``{<ns>:queue}:counts`` (a hash: status
+in byte order, for a prefix's range) and the counts ``{<ns>:queue}:counts`` (a sorted set: status
 -> jobs) are kept by
 the job scripts that create, re-date, end or delete a job (lease/redis_scripts.py), on a
 standalone server. These read them; the backfill indexes the jobs stored before them.
@@ -125,7 +125,7 @@ for i = 4, #KEYS do
     if type(v) == 'table' and v[1] == '1' then
       redis.call('ZADD', KEYS[1], fmt(tonumber(v[3] or '') or 0), k)
       redis.call('ZADD', KEYS[3], 0, k)
-      redis.call('HINCRBY', KEYS[2], v[2] or '', 1)
+      redis.call('ZINCRBY', KEYS[2], 1, v[2] or '')
       added = added + 1
     end
   end
@@ -134,5 +134,6 @@ return added
 """
 )
 
-# KEYS: counts · returns status, count, status, count, ... (the whole hash: a few statuses)
-COUNT_JOBS = "return redis.call('HGETALL', KEYS[1])"
+# KEYS: counts · returns status, count, status, count, ... (the whole sorted set: a few
+# statuses)
+COUNT_JOBS = "return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')"

@@ -10,7 +10,7 @@ leases even when a job has no queue entry; ``SUBMIT`` writes the queue entry (``
 with the record. The scripts that create, re-date, end or delete a job also keep
 ``KEYS[7]`` (created: a sorted set of job hash -> ``created_at`` in microseconds, the
 dashboard's pages, lease/redis_listing.py), ``KEYS[8]`` (counts: indexed jobs per status, a
-hash) and ``KEYS[9]`` (names: the job hashes at score 0, for a key prefix's range), so that
+sorted set) and ``KEYS[9]`` (names: the job hashes at score 0, for a key prefix's range), so that
 a listing never scans the namespace; ``KEYS[5]`` and ``KEYS[6]`` are the queue and the
 recovery looks. On Cluster those keys live in another slot and are left out (``KEYS[4]``
 onwards are nil).
@@ -99,20 +99,20 @@ end
 -- the index (a job from before the index is counted when the backfill indexes it).
 local function created(ci, cc, k, at, status, cn)  -- a new job
   if ci and redis.call('ZADD', ci, fmt(at), k) == 1 then
-    redis.call('HINCRBY', cc, status, 1)
+    redis.call('ZINCRBY', cc, 1, status)
     redis.call('ZADD', cn, 0, k)
   end
 end
 local function recount(ci, cc, k, from, to)  -- an indexed job's status moved
   if not ci or from == to or not redis.call('ZSCORE', ci, k) then return end
-  if from and from ~= '' then redis.call('HINCRBY', cc, from, -1) end
-  redis.call('HINCRBY', cc, to, 1)
+  if from and from ~= '' then redis.call('ZINCRBY', cc, -1, from) end
+  redis.call('ZINCRBY', cc, 1, to)
 end
 local function uncreated(ci, cc, k, status, cn)  -- a deleted job
   if not ci then return end
   redis.call('ZREM', cn, k)
   if redis.call('ZREM', ci, k) == 1 and status and status ~= '' then
-    redis.call('HINCRBY', cc, status, -1)
+    redis.call('ZINCRBY', cc, -1, status)
   end
 end
 -- The job's timeline (KEYS[3], a list): one entry per event, written by the script that
