@@ -76,7 +76,7 @@ async def serving(store: Any, refresh: float) -> AsyncIterator[str]:
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:  # uvicorn says so by a flag, not an event
-            await asyncio.sleep(0.01)  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
