@@ -75,7 +75,7 @@ async def serving(store: Any, refresh: float) -> AsyncIterator[str]:
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
-        while not server.started:  # uvicorn says so by a flag, not an event
+        while not server.started:  # noqa: ASYNC110  (uvicorn says so by a flag, not an event)
             await asyncio.sleep(0.01)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
