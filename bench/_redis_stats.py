@@ -19,6 +19,7 @@ __all__ = ["INNER", "Calls", "snapshot"]
 INNER = frozenset({"exists", "hget", "hgetall", "hmget", "hset", "publish", "time", "zadd"})
 INNER |= {"zrem", "zrangebyscore", "get", "set", "incr", "pexpire", "del"}
 INNER |= {"rpush", "lindex", "ltrim"}  # the job timeline's entry, written inside each script
+INNER |= {"zscore", "zincrby"}  # the creation index and its counts (lease/redis_listing.py)
 OWN = frozenset({"info", "config|resetstat"})  # the benchmark's own: never counted
 
 

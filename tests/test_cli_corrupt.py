@@ -80,7 +80,10 @@ def plant_corrupt_job(url: str) -> None:
     """A job record that is no ai_lease record (garbage on SQLite, a string key on Redis)."""
     if url.startswith("sqlite"):
         with sqlite_db(url) as conn:
-            conn.execute("INSERT INTO ai_lease_jobs VALUES ('bad-job', 'DONE', NULL, 'garbage')")
+            conn.execute(
+                "INSERT INTO ai_lease_jobs (key, status, lease_expires_at, record)"
+                " VALUES ('bad-job', 'DONE', NULL, 'garbage')"
+            )
     else:
         redis_client(url).set(f"{NS}:{{bad-job}}:job", "garbage")
 

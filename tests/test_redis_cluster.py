@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -14,6 +15,7 @@ from ai_lease.testing.contract import (
     DurationHistoryContract,
     JobQueueContract,
     LeaseStoreContract,
+    ListingContract,
     TimelineContract,
 )
 from ai_lease.testing.scripted import ScriptedProvider
@@ -52,6 +54,18 @@ class TestClusterHistory(ClusterStore, DurationHistoryContract):
 
 class TestClusterTimeline(ClusterStore, TimelineContract):
     """Each job's timeline shares its hash tag: written and read on one slot."""
+
+
+class TestClusterListing(ListingContract):
+    """Job pages and counts on Cluster, where no script can keep the creation index (the
+    namespace's keys are in another slot): a SCAN per call. A namespace per test."""
+
+    @pytest.fixture
+    async def store(self, cluster: RedisCluster) -> AsyncIterator[LeaseStore]:
+        namespace = f"listing-{uuid.uuid4().hex[:12]}"
+        store = open_store(cluster.url, namespace=namespace, op_timeout=2.0)
+        yield store
+        await store.aclose()
 
 
 async def test_a_job_end_to_end_on_the_cluster(cluster: RedisCluster) -> None:

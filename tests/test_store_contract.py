@@ -8,6 +8,7 @@ from ai_lease.testing.contract import (
     DurationHistoryContract,
     JobQueueContract,
     LeaseStoreContract,
+    ListingContract,
     TimelineContract,
 )
 
@@ -26,6 +27,10 @@ class TestHistoryContract(DurationHistoryContract):
 
 class TestTimelineContract(TimelineContract):
     """Both built-in stores keep a bounded timeline per job."""
+
+
+class TestListingContract(ListingContract):
+    """Both built-in stores list pages of jobs off their own indexes."""
 
 
 # -- recovery before fresh work (issue 12 C), on both stores ------------------------------------

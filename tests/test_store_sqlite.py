@@ -37,7 +37,11 @@ async def test_corrupt_row_is_named_and_left_alone(tmp_path: Path, record: bytes
         ok = await store.acquire("good", "A", ttl=30, max_no_progress=5)
         assert isinstance(ok, Acquired)
         conn = sqlite3.connect(tmp_path / "s.db")
-        conn.execute("INSERT INTO ai_lease_jobs VALUES ('bad', 'RUNNING', NULL, ?)", (record,))
+        conn.execute(
+            "INSERT INTO ai_lease_jobs (key, status, lease_expires_at, record)"
+            " VALUES ('bad', 'RUNNING', NULL, ?)",
+            (record,),
+        )
         conn.commit()
         ops = (
             lambda: store.get("bad"),

@@ -97,7 +97,9 @@ def plant_corrupt(store_url: str, key: str) -> None:
         conn = sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None)
         with conn:
             conn.execute(
-                "INSERT INTO ai_lease_jobs VALUES (?, 'PENDING', NULL, ?)", (key, b"\x00garbage")
+                "INSERT INTO ai_lease_jobs (key, status, lease_expires_at, record)"
+                " VALUES (?, 'PENDING', NULL, ?)",
+                (key, b"\x00garbage"),
             )
             conn.execute("INSERT INTO ai_lease_queue VALUES (?, 0)", (key,))
         conn.close()

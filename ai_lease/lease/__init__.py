@@ -6,6 +6,8 @@ from ai_lease.lease.base import (
     Fence,
     Finished,
     Following,
+    JobListing,
+    JobPage,
     LeaseStore,
     Renewal,
 )
@@ -18,6 +20,8 @@ __all__ = [
     "Fence",
     "Finished",
     "Following",
+    "JobListing",
+    "JobPage",
     "LeaseStore",
     "Refusal",
     "Renewal",

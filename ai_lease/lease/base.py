@@ -15,7 +15,8 @@ by the store's own clock:
 ``report_stall`` store where the work is stuck; ``cancel`` a job by key (not fenced: its
 owner's next renewal is refused and its commit rejected); ``get``; ``wait`` for a change;
 ``list_jobs`` for people (not a hot path): with ``on_corrupt``, a record that is not ours
-is skipped and reported to it instead of failing the whole listing.
+is skipped and reported to it instead of failing the whole listing. ``list_page`` and
+``count_jobs`` (:class:`JobListing`) are the bounded listing a dashboard refreshes.
 
 The records that ``acquire`` (when it grants or refuses a lease) and ``commit``/``fail``
 (on a fresh write) return may leave the big fields out — ``spec``, other owners'
@@ -41,6 +42,8 @@ __all__ = [
     "Fence",
     "Finished",
     "Following",
+    "JobListing",
+    "JobPage",
     "LeaseStore",
     "Renewal",
 ]
@@ -418,4 +421,52 @@ class JobTimeline(Protocol):
     ) -> tuple[list[TimelineEntry], int]:
         """Up to ``limit`` entries after ``after_seq``, oldest first, and how many were
         dropped from the front by the cap (an unknown key: no entries, none dropped)."""
+        ...
+
+
+# -- the jobs' listing for a dashboard: pages off the stores' own indexes ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of jobs: newest first (``created_at`` descending, then key descending), and
+    the cursor of the next page (pass it as ``after=``; None: this was the last page).
+
+    A page may hold fewer than ``limit`` jobs and still have a next cursor when a filter
+    matched few of the entries one call may read (Redis reads a bounded number of index
+    entries per call): follow the cursor to go on. A job's record in a page may leave out
+    the big fields (``spec``, ``result``, ``stall_snapshot``), as ``acquire``'s do.
+    """
+
+    jobs: list[JobState]
+    next_cursor: str | None
+
+
+@runtime_checkable
+class JobListing(Protocol):
+    """Pages of jobs and per-status counts, each call bounded work on the store's indexes
+    (both built-in stores implement it).
+
+    >>> page = await store.list_page(status="RUNNING", limit=50)   # doctest: +SKIP
+    >>> more = await store.list_page(status="RUNNING", after=page.next_cursor)  # doctest: +SKIP
+    """
+
+    async def list_page(
+        self,
+        *,
+        status: str | None = None,
+        prefix: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+        on_corrupt: CorruptSink | None = None,
+    ) -> JobPage:
+        """Up to ``limit`` (1..500, else ValueError) jobs after cursor ``after`` (a
+        ValueError if it is not one a page gave), of one ``status`` (a Status value, else
+        ValueError) and whose key starts with ``prefix`` (literally: no wildcards); an empty
+        status or prefix filters nothing. A corrupt record is skipped, reported to
+        ``on_corrupt`` (without one, logged), never failing the page."""
+        ...
+
+    async def count_jobs(self) -> dict[str, int]:
+        """How many jobs the store holds per status (statuses with none left out)."""
         ...

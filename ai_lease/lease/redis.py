@@ -40,7 +40,7 @@ from ai_lease.lease.base import (
 )
 from ai_lease.lease.redis_calls import connect
 from ai_lease.lease.redis_keys import decode, hash_tag, timeline_entry, us
-from ai_lease.lease.redis_queue import RedisQueue
+from ai_lease.lease.redis_listing import RedisListing
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.urls import mask_url
@@ -49,7 +49,7 @@ from ai_lease.resource import AsyncResource
 __all__ = ["RedisStore", "hash_tag"]
 
 
-class RedisStore(RedisQueue, AsyncResource):
+class RedisStore(RedisListing, AsyncResource):
     """A :class:`~ai_lease.lease.base.LeaseStore` on Redis.
 
     Keys are ``<namespace>:{<job key>}:job`` (a hash) and ``<namespace>:{<job key>}:events``

@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ai_lease import retry
 from ai_lease.errors import CorruptRecord, OutcomeUnknown, StoreDataLost, StoreUnavailable
+from ai_lease.lease import redis_listing_scripts as list_lua
 from ai_lease.lease import redis_queue_scripts as ns_lua
 from ai_lease.lease import redis_scripts as lua
 from ai_lease.lease.redis_keys import job_keys, untag
@@ -44,9 +45,13 @@ _SCRIPTS = {  # each script by name, from the module that holds its text
     **{name: lua for name in ("RETRY", "REMOVE", "PRUNE")},
     **{name: ns_lua for name in ("EPOCH", "DUE", "RESCHEDULE", "RECOVER_AT", "DUE_RECOVERIES")},
     **{name: ns_lua for name in ("BEAT", "WORKER_GONE", "LIST_WORKERS")},
+    **{name: list_lua for name in ("LIST_PAGE", "BACKFILL", "COUNT_JOBS")},
 }
-# Scripts that also keep the namespace's lease index (and, for SUBMIT, the queue).
-_INDEXED = frozenset({"ACQUIRE", "RENEW", "RELEASE", "FINISH", "CANCEL"})
+# Job scripts that also keep the namespace's keys: the lease index, the queue (SUBMIT, RETRY,
+# REMOVE), the recovery looks (RETRY, REMOVE), the creation index and its counts.
+_INDEXED = frozenset(
+    {"ACQUIRE", "RENEW", "RELEASE", "FINISH", "CANCEL", "SUBMIT", "RETRY", "REMOVE"}
+)
 # Specs remembered to write back into a record re-created after a data loss.
 _SPECS_KEPT, _SPEC_CHARS_KEPT = 64, 32 * 1024 * 1024
 
@@ -126,6 +131,9 @@ class RedisCalls:
         self._queue, self._leases = f"{namespace}:queue", f"{tag}:leases"
         self._marks = [f"{tag}:epoch", f"{tag}:data_lost"]
         self._recovery = f"{tag}:recovery"  # the looks at RUNNING jobs, asked for first
+        # The creation index and its per-status counts (lease/redis_listing.py).
+        self._created, self._counts = f"{tag}:created", f"{tag}:counts"
+        self._names = f"{tag}:names"
         self._epoch: str | None = None  # the epoch this process saw first
         self.lost_data: StoreDataLost | None = None
         """Set once this process has seen the store lose its data (or a recent note of it)."""
@@ -158,12 +166,9 @@ class RedisCalls:
         keys = self.keys(key)
         if self._cluster:  # the namespace's keys are in another slot
             return keys
-        if script in _INDEXED:
-            keys.append(self._leases)
-        elif script == "SUBMIT":
-            keys += [self._leases, self._queue]
-        elif script in ("RETRY", "REMOVE"):  # the lifecycle scripts clear every entry
+        if script in _INDEXED:  # every namespace key a job script may keep
             keys += [self._leases, self._queue, self._recovery]
+            keys += [self._created, self._counts, self._names]
         return keys
 
     # -- the data-loss marker ------------------------------------------------------------

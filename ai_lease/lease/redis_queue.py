@@ -180,6 +180,7 @@ class RedisQueue(RedisCalls):
                 job_keys = [self._key_of(name) for name in names]
                 lines = [self.keys(key)[2] for key in job_keys]  # their timelines
                 keys = [*names, *lines, self._leases, self._queue, self._recovery]
+                keys += [self._created, self._counts, self._names]
                 removed += await self._eval("prune", "PRUNE", keys, [*args, len(names), *job_keys])
                 continue
             for name in names:

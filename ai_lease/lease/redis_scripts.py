@@ -7,8 +7,13 @@ the same script: no round trip of its own); all three share one hash tag, so eac
 valid on Redis Cluster. On a standalone server they also keep ``KEYS[4]``, the lease index
 (a sorted set of job hash -> lease expiry in microseconds), which ``DUE`` scans for lapsed
 leases even when a job has no queue entry; ``SUBMIT`` writes the queue entry (``KEYS[5]``)
-with the record. On Cluster those keys live in another slot and are left out (``KEYS[4]``
-is nil).
+with the record. The scripts that create, re-date, end or delete a job also keep
+``KEYS[7]`` (created: a sorted set of job hash -> ``created_at`` in microseconds, the
+dashboard's pages, lease/redis_listing.py), ``KEYS[8]`` (counts: indexed jobs per status, a
+sorted set) and ``KEYS[9]`` (names: the job hashes at score 0, for a key prefix's range), so that
+a listing never scans the namespace; ``KEYS[5]`` and ``KEYS[6]`` are the queue and the
+recovery looks. On Cluster those keys live in another slot and are left out (``KEYS[4]``
+onwards are nil).
 The namespace's own keys (queue, lease index, epoch marker) share the hash tag
 ``{<ns>:queue}``; a worker's keys share ``{<ns>:workers}``. Time is the Redis server's
 ``TIME`` in microseconds; durations arrive in microseconds. Numbers are written with ``%d``
@@ -89,6 +94,27 @@ end
 local function unindex(k)
   if KEYS[4] then redis.call('ZREM', KEYS[4], k) end
 end
+-- The creation index (ci), its per-status counts (cc) and the name index (cn: job hashes at
+-- score 0, in byte order), standalone only: a job counts under its status while it is in
+-- the index (a job from before the index is counted when the backfill indexes it).
+local function created(ci, cc, k, at, status, cn)  -- a new job
+  if ci and redis.call('ZADD', ci, fmt(at), k) == 1 then
+    redis.call('ZINCRBY', cc, 1, status)
+    redis.call('ZADD', cn, 0, k)
+  end
+end
+local function recount(ci, cc, k, from, to)  -- an indexed job's status moved
+  if not ci or from == to or not redis.call('ZSCORE', ci, k) then return end
+  if from and from ~= '' then redis.call('ZINCRBY', cc, -1, from) end
+  redis.call('ZINCRBY', cc, 1, to)
+end
+local function uncreated(ci, cc, k, status, cn)  -- a deleted job
+  if not ci then return end
+  redis.call('ZREM', cn, k)
+  if redis.call('ZREM', ci, k) == 1 and status and status ~= '' then
+    redis.call('ZINCRBY', cc, -1, status)
+  end
+end
 -- The job's timeline (KEYS[3], a list): one entry per event, written by the script that
 -- caused it: seq, time (us), kind, owner, token, stage, detail, tab-separated. The last
 -- TIMELINE_CAP are kept; the first one's seq says how many were dropped.
@@ -129,7 +155,7 @@ local function ours(k, schema)
 end
 """.replace("%LEAN%", _lean_lua()).replace("%CAP%", str(TIMELINE_CAP))
 
-# KEYS: job, events, timeline[, lease index] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: owner, ttl_us, max_no_progress_us, stall_policy,
 # fingerprint ('' none), max_attempts ('' none), spec ('' none: written only into a record
 # this call creates, i.e. one re-created after the store lost its data), renew_interval_us
@@ -177,9 +203,14 @@ else
   first = {'schema', '1', 'created_at', at, 'fingerprint', fp}
   if ARGV[7] and ARGV[7] ~= '' then redis.call('HSET', k, 'spec', ARGV[7]) end
 end
-local function write(w)  -- one HSET: w and the first fields
+local function write(w)  -- one HSET: w and the first fields; indexed or recounted
   for _, f in ipairs(first) do w[#w + 1] = f end
   redis.call('HSET', k, unpack(w))
+  if ok then
+    recount(KEYS[7], KEYS[8], k, v[2], w[2])
+  else
+    created(KEYS[7], KEYS[8], k, now, w[2], KEYS[9])
+  end
   return w
 end
 if maxatt and attempts >= maxatt then
@@ -279,7 +310,8 @@ return {'ok', ARGV[3], stalled and 1 or 0}
 """
 )
 
-# KEYS: job, events, timeline · ARGV: owner, token, error ('' keep), snapshot ('' keep),
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
+# ARGV: owner, token, error ('' keep), snapshot ('' keep),
 # interrupted ('1': give the attempt back) · an error names its attempt and owner
 # (last_error_attempt, last_error_owner); a snapshot marks the attempt stalled · returns 1 | 0
 RELEASE = (
@@ -290,6 +322,7 @@ RELEASE = (
     + r"""
 if not mine or v[1] ~= 'RUNNING' then return 0 end
 redis.call('HSET', k, 'status', 'PENDING', 'lease_expires_at', fmt(now), 'updated_at', fmt(now))
+recount(KEYS[7], KEYS[8], k, 'RUNNING', 'PENDING')
 local attempt = v[6] or '0'
 local why = {}
 if ARGV[5] == '1' then why[#why + 1] = 'interrupted' end
@@ -312,7 +345,7 @@ return 1
 """
 )
 
-# KEYS: job, events, timeline ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: owner, token, status (DONE|FAILED), field (result|last_error), value,
 # finish reason ('' = none; kept on a DONE record), then what ran ('' = keep): provider, model,
 # prompt_tokens, completion_tokens, first_token_us, stage_durations (JSON); sets finished_at;
@@ -346,7 +379,7 @@ if not mine then
   note(now, 'fenced_write_rejected', owner, ARGV[2], v[AT_STAGE], 'newer_owner')
   return {'rejected', 'newer_owner', v[3], v[2]}
 end
-local at = fmt(now)
+local at, was = fmt(now), v[1]
 local w = {'status', ARGV[3], ARGV[4], ARGV[5], 'lease_expires_at', '', 'updated_at', at}
 v[AT_STATUS], v[AT_LEASE_EXPIRES_AT], v[AT_UPDATED_AT] = ARGV[3], '', at
 if ARGV[4] == 'last_error' then
@@ -379,6 +412,7 @@ end
 redis.call('HSET', k, unpack(w))
 redis.call('HDEL', k, 'checkpoint')
 unindex(k)
+recount(KEYS[7], KEYS[8], k, was, ARGV[3])
 redis.call('PUBLISH', KEYS[2], ARGV[3])
 if ARGV[3] == 'DONE' then
   note(now, 'committed', owner, ARGV[2], v[AT_STAGE], ARGV[6] or '')
@@ -408,7 +442,7 @@ return 1
 """
 )
 
-# KEYS: job, events, timeline[, lease index] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: reason · returns {now, fields...} (no fields when
 # the job is unknown). Not fenced: a job not yet ended becomes CANCELLED (its owner's next
 # RENEW answers not_running, its FINISH is rejected; its checkpoint is cleared); an ended one
@@ -428,6 +462,7 @@ if not ended(c[1]) then
     'last_error_attempt', '', 'last_error_owner', '', 'updated_at', fmt(now))
   redis.call('HDEL', k, 'checkpoint')
   unindex(k)
+  recount(KEYS[7], KEYS[8], k, c[1], 'CANCELLED')
   redis.call('PUBLISH', KEYS[2], 'CANCELLED')
 end
 return {fmt(now), unpack(redis.call('HGETALL', k))}
@@ -444,7 +479,7 @@ return {fmt(now_us()), unpack(redis.call('HGETALL', KEYS[1]))}
 """
 )
 
-# KEYS: job, events, timeline[, lease index, queue] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: spec, fingerprint, job key (the queue's member)
 # returns {'ok', now, fields...} | {'conflict'}. The record and its queue entry are written
 # together: a job is never stored without the entry that makes a worker look at it.
@@ -464,6 +499,7 @@ if ok then
 else
   redis.call('HSET', k, 'schema', '1', 'status', 'PENDING', 'token', '0', 'spec', ARGV[1],
     'fingerprint', ARGV[2], 'created_at', fmt(now), 'updated_at', fmt(now))
+  created(KEYS[7], KEYS[8], k, now, 'PENDING', KEYS[9])
 end
 local status = redis.call('HGET', k, 'status')
 if KEYS[5] and not ended(status) then  -- add, or bring forward
@@ -475,7 +511,7 @@ return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
 
 # -- the jobs' lifecycle for people (ai-lease retry / rm / prune) ------------------------------
 
-# KEYS: job, events, timeline[, lease index, queue, recovery looks] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: job key (the queue's member)
 # returns {now, fields...} (no fields when the job is unknown). A FAILED or CANCELLED job goes
 # back to PENDING with a fresh attempt budget (rules.retry): attempts 0, no owner, no lease,
@@ -495,6 +531,8 @@ if status == 'FAILED' or status == 'CANCELLED' then
     'lease_expires_at', '', 'started_at', '', 'created_at', fmt(now), 'updated_at', fmt(now))
   redis.call('HDEL', k, 'checkpoint')
   unindex(k)
+  recount(KEYS[7], KEYS[8], k, status, 'PENDING')
+  if KEYS[7] then redis.call('ZADD', KEYS[7], 'XX', fmt(now), k) end  -- created again: now
   if KEYS[5] then
     redis.call('ZADD', KEYS[5], string.format('%.6f', now / 1000000), ARGV[1])
     redis.call('ZREM', KEYS[6], ARGV[1])
@@ -505,12 +543,12 @@ return {fmt(now), unpack(redis.call('HGETALL', k))}
 """
 )
 
-# KEYS: job, events, timeline[, lease index, queue, recovery looks] ·
+# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: job key (the queue's member),
 # force ('1': even a RUNNING job under a live lease)
 # returns {now} (no such job) | {now, 'removed' | 'kept', fields...}: the record as it was.
-# A removed job's hash and its entries in the lease index, queue and recovery looks go in one
-# step (rules.removable); its followers wake (they find no job).
+# A removed job's hash and its entries in the lease index, queue, recovery looks and creation
+# index (and its count) go in one step (rules.removable); its followers wake (they find no job).
 REMOVE = (
     _PRELUDE
     + r"""
@@ -521,6 +559,7 @@ if type(ok) == 'table' then return ok end
 local now = now_us()
 local function forget()
   unindex(k)
+  uncreated(KEYS[7], KEYS[8], k, v[2], KEYS[9])
   if KEYS[5] then
     redis.call('ZREM', KEYS[5], ARGV[1])
     redis.call('ZREM', KEYS[6], ARGV[1])
@@ -543,8 +582,8 @@ return {fmt(now), 'removed', unpack(was)}
 )
 
 # KEYS: job hashes... (n of them), their timelines (n, in the same order)[, lease index,
-# queue, recovery looks] (standalone: a batch and the namespace's keys; on Cluster one job
-# hash and its timeline alone) · ARGV: older than (microseconds),
+# queue, recovery looks, created, counts, names] (standalone: a batch and the namespace's
+# keys; on Cluster one job hash and its timeline alone) · ARGV: older than (microseconds),
 # statuses (',' between), n, job keys... (the queue's members, in the order of the hashes)
 # returns the number removed: each job one of the statuses (terminal ones) and last written
 # more than ARGV[1] ago by the server's clock (rules.prunable); a hash not ours is left alone.
@@ -554,6 +593,7 @@ PRUNE = (
 local cutoff, n, wanted = now_us() - tonumber(ARGV[1]), tonumber(ARGV[3]), {}
 for s in string.gmatch(ARGV[2], '[^,]+') do wanted[s] = true end
 local leases, queue, looks = KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3]
+local ci, cc, cn = KEYS[2 * n + 4], KEYS[2 * n + 5], KEYS[2 * n + 6]
 local removed = 0
 for i = 1, n do
   local k = KEYS[i]
@@ -565,6 +605,7 @@ for i = 1, n do
       redis.call('ZREM', leases, k)
       redis.call('ZREM', queue, ARGV[3 + i])
       redis.call('ZREM', looks, ARGV[3 + i])
+      uncreated(ci, cc, k, v[2], cn)
     end
     removed = removed + 1
   end

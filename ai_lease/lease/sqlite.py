@@ -22,13 +22,14 @@ from ai_lease.job import JobState, RunFacts
 from ai_lease.lease import rules
 from ai_lease.lease import sqlite_timeline as timeline
 from ai_lease.lease.base import AcquireOutcome, Fence, Renewal, check_checkpoint
+from ai_lease.lease.sqlite_listing import SQLiteListing
 from ai_lease.lease.sqlite_queue import SQLiteQueue
 from ai_lease.resource import AsyncResource
 
 __all__ = ["SQLiteStore"]
 
 
-class SQLiteStore(SQLiteQueue, AsyncResource):
+class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
     """A :class:`~ai_lease.lease.base.LeaseStore` on one SQLite file.
 
     ``clock`` is the store's clock (seconds since the epoch); tests may inject one.

@@ -23,6 +23,7 @@ from ai_lease.errors import CorruptRecord, FencingRejected, StoreUnavailable
 from ai_lease.job import JobState
 from ai_lease.lease import sqlite_timeline as timeline
 from ai_lease.lease.base import TIMELINE_CAP, TimelineEntry
+from ai_lease.lease.listing import created_us
 from ai_lease.retry import while_locked
 
 __all__ = ["SQLiteFile"]
@@ -34,7 +35,8 @@ CREATE TABLE IF NOT EXISTS ai_lease_jobs (
     key TEXT PRIMARY KEY,
     status TEXT NOT NULL,
     lease_expires_at REAL,
-    record BLOB NOT NULL
+    record BLOB NOT NULL,
+    created_us INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS ai_lease_jobs_by_expiry
     ON ai_lease_jobs (status, lease_expires_at);
@@ -73,6 +75,45 @@ CREATE TABLE IF NOT EXISTS ai_lease_workers (
     info BLOB NOT NULL
 );
 """
+
+
+# The listing's indexes (lease/sqlite_listing.py): pages newest first, with or without a
+# status. Made after _migrate, which gives a file from before them its created_us column.
+_LISTING_SCHEMA = """
+CREATE INDEX IF NOT EXISTS ai_lease_jobs_by_created ON ai_lease_jobs (created_us, key);
+CREATE INDEX IF NOT EXISTS ai_lease_jobs_by_status_created
+    ON ai_lease_jobs (status, created_us, key);
+"""
+
+# A record's creation time in microseconds, read from its JSON (0 for one that is not ours):
+# how a file from before the created_us column fills it in, once.
+CREATED_FROM_RECORD = (
+    "CASE WHEN json_valid(CAST(record AS TEXT)) THEN coalesce(CAST(round("
+    "json_extract(CAST(record AS TEXT), '$.created_at') * 1000000) AS INTEGER), 0) ELSE 0 END"
+)
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Give a file made before the listing its ``created_us`` column, filled in from each
+    record, in one write transaction (a racing process finds it done and does nothing)."""
+    if _has_created(conn):
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not _has_created(conn):
+            conn.execute(
+                "ALTER TABLE ai_lease_jobs ADD COLUMN created_us INTEGER NOT NULL DEFAULT 0"
+            )
+            conn.execute(f"UPDATE ai_lease_jobs SET created_us = {CREATED_FROM_RECORD}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _has_created(conn: sqlite3.Connection) -> bool:
+    columns = conn.execute("PRAGMA table_info(ai_lease_jobs)").fetchall()
+    return any(column[1] == "created_us" for column in columns)
 
 
 class SQLiteFile:
@@ -144,6 +185,8 @@ class SQLiteFile:
         def once() -> None:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA)
+            _migrate(conn)
+            conn.executescript(_LISTING_SCHEMA)
 
         try:
             while_locked(once, self._op_timeout)
@@ -167,10 +210,13 @@ class SQLiteFile:
 
     def _load(self, conn: sqlite3.Connection, key: str, now: float) -> JobState | None:
         row = conn.execute("SELECT record FROM ai_lease_jobs WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            return None
+        return None if row is None else self._decode(key, row[0], now)
+
+    @staticmethod
+    def _decode(key: str, blob: bytes, now: float) -> JobState:
+        """A stored record as a job read at ``now`` (:class:`CorruptRecord` if not ours)."""
         try:
-            data = orjson.loads(row[0])
+            data = orjson.loads(blob)
         except orjson.JSONDecodeError:
             raise CorruptRecord(key, "record is not JSON") from None
         if not isinstance(data, dict) or data.get("schema") != 1:
@@ -182,11 +228,13 @@ class SQLiteFile:
         data = job.to_dict()
         del data["key"], data["read_at"]
         data["schema"] = 1
+        created = created_us(job.created_at)
         conn.execute(
-            "INSERT INTO ai_lease_jobs (key, status, lease_expires_at, record) VALUES (?,?,?,?)"
-            " ON CONFLICT(key) DO UPDATE SET status = excluded.status,"
-            " lease_expires_at = excluded.lease_expires_at, record = excluded.record",
-            (job.key, job.status.value, job.lease_expires_at, orjson.dumps(data)),
+            "INSERT INTO ai_lease_jobs (key, status, lease_expires_at, record, created_us)"
+            " VALUES (?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET status = excluded.status,"
+            " lease_expires_at = excluded.lease_expires_at, record = excluded.record,"
+            " created_us = excluded.created_us",
+            (job.key, job.status.value, job.lease_expires_at, orjson.dumps(data), created),
         )
 
     async def _write(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:

@@ -34,13 +34,20 @@ from ai_lease.lease.base import Acquired, Fence, Finished, Following, LeaseStore
 from ai_lease.lease.follow import acquire_or_follow
 from ai_lease.lease.refusal import Refusal
 from ai_lease.testing.contract_checkpoint import CheckpointContract
+from ai_lease.testing.contract_listing import ListingContract
 from ai_lease.testing.contract_queue import DurationHistoryContract, JobQueueContract
 from ai_lease.testing.contract_record import RecordContract
 from ai_lease.testing.contract_support import key_for, own, renew
 from ai_lease.testing.contract_timeline import TimelineContract
 from ai_lease.testing.contract_writes import WriteContract
 
-__all__ = ["DurationHistoryContract", "JobQueueContract", "LeaseStoreContract", "TimelineContract"]
+__all__ = [
+    "DurationHistoryContract",
+    "JobQueueContract",
+    "LeaseStoreContract",
+    "ListingContract",
+    "TimelineContract",
+]
 
 
 class LeaseStoreContract(WriteContract, RecordContract, CheckpointContract):
