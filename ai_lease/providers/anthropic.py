@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Unpack
 
-import httpx
 import orjson
 from pydantic import SecretStr
 
@@ -45,7 +44,6 @@ from ai_lease.providers.anthropic_events import (
 )
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall
 from ai_lease.providers.chunks import stream_error
-from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.streaming import (
     HTTPStreamProvider,
     StreamOptions,
@@ -108,20 +106,8 @@ class AnthropicProvider(HTTPStreamProvider):
         body = orjson.dumps(
             messages_body(request, self.model, stream=False, defaults=self.defaults)
         )
-        try:
-            response = await self._client.post(
-                self._url, content=body, headers=self._post_headers(request)
-            )
-            await check_answer(
-                self.name,
-                response.status_code,
-                response.headers,
-                "application/json",
-                response.aread,
-            )
-        except httpx.HTTPError as exc:
-            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
-        return message_completion(self.name, response.content)
+        content = await self.post_json(self._url, body, request)
+        return message_completion(self.name, content)
 
 
 def message_completion(provider: str, content: bytes) -> Completion:

@@ -27,15 +27,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Unpack
 from urllib.parse import quote
 
-import httpx
 import orjson
 from pydantic import SecretStr
 
 from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.providers.base import ChatRequest, Completion, assemble_tool_calls
-from ai_lease.providers.chunks import stream_error
 from ai_lease.providers.gemini_events import GeminiParser
-from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.streaming import HTTPStreamProvider, StreamOptions, sampling_fields
 
 __all__ = ["GeminiProvider", "request_body"]
@@ -287,20 +284,8 @@ class GeminiProvider(HTTPStreamProvider):
 
     async def complete(self, request: ChatRequest) -> Completion:
         url, body = self._url(request, "generateContent"), self._body(request)
-        try:
-            response = await self._client.post(
-                url, content=body, headers=self._post_headers(request)
-            )
-            await check_answer(
-                self.name,
-                response.status_code,
-                response.headers,
-                "application/json",
-                response.aread,
-            )
-        except httpx.HTTPError as exc:
-            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
-        return self._completion(response.content)
+        content = await self.post_json(url, body, request)
+        return self._completion(content)
 
     def _completion(self, content: bytes) -> Completion:
         """One whole ``GenerateContentResponse`` as a completion (or its error)."""

@@ -56,14 +56,12 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, Unpack
 from urllib.parse import urlsplit
 
-import httpx
 import orjson
 from pydantic import SecretStr
 
 from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.providers.base import ChatRequest, Completion, Delta, ToolCall, ToolCallDelta, Usage
 from ai_lease.providers.chunks import stream_error
-from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.ndjson import NDJSONFramer
 from ai_lease.providers.ollama_request import chat_body
 from ai_lease.providers.streaming import HTTPStreamProvider, StreamOptions
@@ -288,24 +286,12 @@ class OllamaProvider(HTTPStreamProvider):
     async def complete(self, request: ChatRequest) -> Completion:
         """One answer, not streamed (``stream: false``: one JSON object)."""
         body = self._body(request, stream=False)
-        try:
-            response = await self._client.post(
-                self._url, content=body, headers=self._post_headers(request)
-            )
-            await check_answer(
-                self.name,
-                response.status_code,
-                response.headers,
-                "application/json",
-                response.aread,
-            )
-        except httpx.HTTPError as exc:
-            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
+        content = await self.post_json(self._url, body, request)
         parser = self.parser()
-        deltas = parser.deltas([response.content])
+        deltas = parser.deltas([content])
         parser.end()
         if not parser.stopped:
-            raise stream_error(self.name, f"not a whole answer: {response.text[:80]!r}", 0)
+            raise stream_error(self.name, f"not a whole answer: {content[:80]!r}", 0)
         text = "".join(d.text for d in deltas)
         finish = next((d.finish_reason for d in deltas if d.finish_reason), None)
         usage = next((d.usage for d in deltas if d.usage), None)

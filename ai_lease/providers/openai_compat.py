@@ -39,14 +39,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Unpack
 
-import httpx
 import orjson
 from pydantic import SecretStr
 
 from ai_lease.errors import ConfigError
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall
 from ai_lease.providers.chunks import ChunkParser, refuse_filtered, stream_error, usage_of
-from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.sse import SSEFramer
 from ai_lease.providers.sse import sse_batches as _sse_batches  # noqa: F401  (tests use it)
 from ai_lease.providers.streaming import (
@@ -164,21 +162,9 @@ class OpenAICompatProvider(HTTPStreamProvider):
     async def complete(self, request: ChatRequest) -> Completion:
         """One whole answer (not streamed): its text, usage and tool calls, if it made any."""
         body = orjson.dumps(request_body(request, self.model, stream=False, defaults=self.defaults))
+        content = await self.post_json(self._url, body, request)
         try:
-            response = await self._client.post(
-                self._url, content=body, headers=self._post_headers(request)
-            )
-            await check_answer(
-                self.name,
-                response.status_code,
-                response.headers,
-                "application/json",
-                response.aread,
-            )
-        except httpx.HTTPError as exc:
-            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
-        try:
-            data = orjson.loads(response.content)
+            data = orjson.loads(content)
             choice = data["choices"][0]
             message = choice["message"]
             text = message["content"] or ""
@@ -187,7 +173,7 @@ class OpenAICompatProvider(HTTPStreamProvider):
             if not isinstance(text, str):
                 raise TypeError(text)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            problem = f"not a chat completion: {response.text[:80]!r}"
+            problem = f"not a chat completion: {content[:80]!r}"
             raise stream_error(self.name, problem, 0) from None
         refuse_filtered(self.name, choice.get("finish_reason"))
         return Completion(text, choice.get("finish_reason"), usage, tool_calls=calls)

@@ -37,14 +37,11 @@ from dataclasses import replace
 from typing import Any, Unpack
 from urllib.parse import quote
 
-import httpx
 import orjson
 from pydantic import SecretStr
 
 from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Delta
-from ai_lease.providers.chunks import stream_error
-from ai_lease.providers.http_paths import check_answer
 from ai_lease.providers.openai_compat import (
     _api_key,
 )
@@ -328,19 +325,5 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
         body = responses_body(
             request, self.model, stream=False, defaults=self.defaults, store=self.store
         )
-        try:
-            response = await self._client.post(
-                f"{self._base}/responses",
-                content=orjson.dumps(body),
-                headers=self._post_headers(request),
-            )
-            await check_answer(
-                self.name,
-                response.status_code,
-                response.headers,
-                "application/json",
-                response.aread,
-            )
-        except httpx.HTTPError as exc:
-            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
-        return completion_of(self.name, response.content)
+        content = await self.post_json(f"{self._base}/responses", orjson.dumps(body), request)
+        return completion_of(self.name, content)

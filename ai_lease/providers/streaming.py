@@ -38,6 +38,7 @@ from ai_lease.providers.chunks import stream_error
 from ai_lease.providers.http_paths import (
     Read,
     aiohttp_reads,
+    check_answer,
     http_path,
     httpx_reads,
     new_session,
@@ -152,6 +153,25 @@ class HTTPStreamProvider(AsyncResource):
     def _post_headers(self, request: ChatRequest) -> dict[str, str]:
         """A JSON request's headers: the adapter's, the request's tracing ones."""
         return {**self._headers, **request.headers(), "Content-Type": "application/json"}
+
+    async def post_json(self, url: str, body: bytes, request: ChatRequest) -> bytes:
+        """A request not streamed: POST ``body`` and return the JSON answer's bytes; a
+        non-2xx answer or one that is not JSON is the provider's error, as a stream's is. The
+        stage's hard deadline bounds it from outside."""
+        try:
+            response = await self._client.post(
+                url, content=body, headers=self._post_headers(request)
+            )
+            await check_answer(
+                self.name,
+                response.status_code,
+                response.headers,
+                "application/json",
+                response.aread,
+            )
+        except httpx.HTTPError as exc:
+            raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
+        return response.content
 
     @property
     def http(self) -> str:
