@@ -129,6 +129,7 @@ async def test_every_page_renders_for_real_jobs(store: LeaseStore) -> None:
         for part in ('<dl id="record">', '<section id="job-live">', '<svg id="timeline"'):
             assert part in one.text
         assert '<pre id="result">' in one.text and "result of alpha" in one.text
+        assert '<pre id="result">result of alpha' in one.text  # a text result as text, no quotes
         assert 'action="/jobs/alpha/cancel"' in one.text and 'id="remove"' in one.text
         assert (await client.get("/workers")).status_code == 200
         assert '<table id="workers">' in (await client.get("/workers")).text

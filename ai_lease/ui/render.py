@@ -95,13 +95,18 @@ def _shown(text: str | None) -> str:
 
 
 def _result_text(job: JobState) -> str:
-    """The committed result, pretty-printed when it is JSON (as results are stored)."""
+    """The committed result: a text job's text as it is, a JSON one pretty-printed."""
     if job.result is None:
         return "(no result yet)" if not job.status.terminal else "(no result)"
     try:
-        text = orjson.dumps(orjson.loads(job.result), option=orjson.OPT_INDENT_2).decode()
+        value = orjson.loads(job.result)
     except orjson.JSONDecodeError:
-        text = job.result
+        return _shown(job.result)
+    text = (
+        value
+        if isinstance(value, str)
+        else orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+    )
     return _shown(text)
 
 
