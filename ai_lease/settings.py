@@ -21,7 +21,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -128,6 +128,7 @@ class LeaseSettings(_Section):
     job_deadline: Annotated[float, Field(gt=0, le=WEEK_S, allow_inf_nan=False)] = 3600.0
     # From submission to the first acquisition; None (the default): no bound.
     queue_deadline: Annotated[float, Field(gt=0, le=WEEK_S, allow_inf_nan=False)] | None = None
+    phi_threshold: float = Field(default=8.0, ge=6, le=10)  # φ at which health says suspect
 
 
 class AdaptiveSettings(_Section):
@@ -153,6 +154,7 @@ class StreamSettings(_Section):
     first_token: Bound = 60.0
     idle: Bound = 30.0
     total: Bound = 600.0
+    idle_policy: Literal["fixed", "phi"] = "fixed"  # "phi": φ decides idle, `idle` the bound
     max_event_bytes: Annotated[int, Field(ge=1, le=MAX_EVENT_BYTES)] = StreamLimits.max_event_bytes
     max_answer_bytes: Annotated[int, Field(ge=1, le=MAX_ANSWER_BYTES)] = (
         StreamLimits.max_answer_bytes
@@ -296,7 +298,9 @@ class Settings(BaseSettings):
     def stream_timeouts(self) -> StreamTimeouts:
         """The first-token, idle and total budgets of a streamed call."""
         s = self.stream
-        return StreamTimeouts(first_token=s.first_token, idle=s.idle, total=s.total)
+        return StreamTimeouts(
+            s.first_token, s.idle, s.total, s.idle_policy, self.lease.phi_threshold
+        )
 
     def stream_limits(self) -> StreamLimits:
         """How big one event and one answer of a streamed call may grow."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, fields
+from typing import Literal
 
 from ai_lease.errors import ConfigError
 from ai_lease.retry import RetryPolicy  # re-exported: the one retry value object lives there
@@ -84,16 +85,43 @@ DEFAULT_STAGE_BUDGETS: dict[str, StageBudget] = {
 
 @dataclass(frozen=True, repr=False)
 class StreamTimeouts:
-    """First-token, idle (between content deltas) and total budgets of one streamed call."""
+    """First-token, idle (between content deltas) and total budgets of one streamed call.
+
+    ``idle_policy`` says what decides that a started stream went idle: ``"fixed"`` (the
+    default), the ``idle`` budget alone; ``"phi"``, φ-accrual suspicion over the gaps
+    between progress reaching ``phi_threshold`` (:mod:`ai_lease.observe.phi`), with ``idle``
+    still the upper bound. Either way, φ crossing the threshold is reported once per stream.
+    """
 
     first_token: float = 60.0
     idle: float = 30.0
     total: float = 600.0
+    idle_policy: Literal["fixed", "phi"] = "fixed"
+    phi_threshold: float = 8.0
 
     def __post_init__(self) -> None:
         _positive(self, "first_token", "idle", "total", allow_inf=True)
+        if self.idle_policy not in ("fixed", "phi"):
+            raise ConfigError(
+                f"StreamTimeouts.idle_policy: must be 'fixed' or 'phi' (got {self.idle_policy!r})"
+            )
+        threshold = self.phi_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise ConfigError("StreamTimeouts.phi_threshold: must be a number (φ, e.g. 8)")
+        if not 0 < threshold < 1000:
+            raise ConfigError(
+                f"StreamTimeouts.phi_threshold: must be above 0 and below 1000 (got {threshold!r})"
+            )
+        object.__setattr__(self, "phi_threshold", float(threshold))
 
-    __repr__ = _seconds_repr
+    def __repr__(self) -> str:
+        seconds = f"first_token={self.first_token}s, idle={self.idle}s, total={self.total}s"
+        if self.idle_policy == "fixed" and self.phi_threshold == 8.0:
+            return f"StreamTimeouts({seconds})"
+        return (
+            f"StreamTimeouts({seconds}, idle_policy={self.idle_policy!r}, "
+            f"phi_threshold={self.phi_threshold})"
+        )
 
 
 MiB = 1024 * 1024

@@ -26,6 +26,7 @@ from ai_lease.cli.output import (
     warn_data_lost,
 )
 from ai_lease.errors import CorruptRecord, InputError, JobCancelled, JobFailed
+from ai_lease.observe.phi import DEFAULT_THRESHOLD, is_suspect, phi_text, renewal_phi
 from ai_lease.redaction import redact
 
 if TYPE_CHECKING:
@@ -63,19 +64,35 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
             sys.exit(EXIT_INTERRUPTED)
         return
 
-    async def fetch(store: LeaseStore) -> JobState | None:
-        job = await store.get(key)
+    async def fetch(store: LeaseStore) -> tuple[JobState | None, float | None]:
+        found = await job_and_phi(store, key)
         await warn_data_lost(store)
-        return job
+        return found
 
-    job = obj.run(fetch)
+    job, phi = obj.run(fetch)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
+    lease = obj.settings.lease
     if as_json:
-        click.echo(to_json(job.to_dict()))
+        out = job.to_dict()
+        out["phi"] = phi
+        out["suspect"] = is_suspect(phi, job.health(lease.renew_interval), lease.phi_threshold)
+        click.echo(to_json(out))
         return
-    for label, value in describe(job, obj.settings.lease.renew_interval):
+    for label, value in describe(job, lease.renew_interval, phi, lease.phi_threshold):
         click.echo(f"{label:<11} {value}")
+
+
+async def job_and_phi(store: LeaseStore, key: str) -> tuple[JobState | None, float | None]:
+    """Job ``key``'s record, and φ of its owner's renewals (None: not RUNNING, or a store
+    that keeps no timeline)."""
+    from ai_lease.lease.base import JobTimeline
+
+    job = await store.get(key)
+    if job is None or not isinstance(store, JobTimeline):
+        return job, None
+    entries, _ = await store.timeline(key)
+    return job, renewal_phi(entries, job)
 
 
 def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -262,12 +279,18 @@ def workers(obj: Context, as_json: bool) -> None:
     end_with_corrupt(corrupt, "marked CORRUPT")
 
 
-def describe(job: JobState, grace: float) -> list[tuple[str, str]]:
-    """The rows ``status`` prints for ``job``."""
+def describe(
+    job: JobState,
+    grace: float,
+    phi: float | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> list[tuple[str, str]]:
+    """The rows ``status`` prints for ``job`` (with ``phi``: its owner's suspicion)."""
     health = job.health(grace)
+    shown = health.value if health else "-"
     rows = [
         ("status", job.status.value),
-        ("health", health.value if health else "-"),
+        ("health", shown + (", suspect" if is_suspect(phi, health, threshold) else "")),
         ("owner", f"{job.owner_id or '-'} (token {job.token})"),
         ("stage", job.stage or "-"),
         ("progress", f"version {job.progress_version}, last {ago(job.since_progress)}"),
@@ -280,6 +303,8 @@ def describe(job: JobState, grace: float) -> list[tuple[str, str]]:
         ("age", span(job.read_at - job.created_at) if job.created_at else "-"),
         ("duration", span(duration(job))),
     ]
+    if phi is not None:
+        rows.insert(2, ("suspicion", phi_text(phi, threshold)))
     rows += _newer_rows(job)
     if job.finish_reason == "length":
         rows.append(("answer", "capped at max_tokens (finish_reason length)"))

@@ -22,23 +22,26 @@ if TYPE_CHECKING:
     from ai_lease.job import JobState
     from ai_lease.lease import LeaseStore
 
-Describe = Callable[["JobState", float], list[tuple[str, str]]]
+Describe = Callable[["JobState", float, "float | None", float], list[tuple[str, str]]]
 
 
 def watch_job(
     obj: Context, key: str, *, interval: float, as_json: bool, describe: Describe
 ) -> None:
     """Show job ``key`` every ``interval`` seconds until it is terminal."""
+    from ai_lease.cli.inspect_cmds import job_and_phi
+
     grace = obj.settings.lease.renew_interval
     live = not as_json and sys.stdout.isatty()
     show = _Shown(describe, grace, as_json=as_json, live=live)
+    show.threshold = obj.settings.lease.phi_threshold
 
     async def watch(store: LeaseStore) -> None:
         while True:
-            job = await store.get(key)
+            job, phi = await job_and_phi(store, key)
             if job is None:
                 raise InputError(f"no job {key!r} in {obj.where}")
-            show.update(job)
+            show.update(job, phi)
             if job.status.terminal:
                 return
             await asyncio.sleep(interval)
@@ -53,6 +56,7 @@ class _Shown:
     def __init__(self, describe: Describe, grace: float, *, as_json: bool, live: bool) -> None:
         self.describe, self.grace, self.as_json = describe, grace, as_json
         self._last: tuple[Any, ...] | None = None
+        self.threshold = 8.0  # φ at which the owner reads as suspect
         self._live: Any = None
         if live:
             from rich.live import Live
@@ -68,8 +72,9 @@ class _Shown:
         if self._live is not None:
             self._live.__exit__(*exc)
 
-    def update(self, job: JobState) -> None:
-        rows = "\n".join(f"{label:<11} {value}" for label, value in self.describe(job, self.grace))
+    def update(self, job: JobState, phi: float | None = None) -> None:
+        described = self.describe(job, self.grace, phi, self.threshold)
+        rows = "\n".join(f"{label:<11} {value}" for label, value in described)
         if self._live is not None:
             from rich.text import Text
 

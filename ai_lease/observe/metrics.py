@@ -192,6 +192,11 @@ class Metrics:
             "Model stream timeouts of every kind (first_token, idle, total).",
             "kind",
         )
+        self.progress_suspicion = counter(
+            "owner_progress_suspicion_total",
+            "Model streams whose silence reached the φ-accrual threshold, by provider.",
+            "provider",
+        )
 
     def _zero(self, pipeline: str, stages: Iterable[str]) -> None:
         """Create the fixed-set series at 0, so the first increment shows in ``rate()``."""
@@ -290,6 +295,10 @@ class Metrics:
             if isinstance(used, int | float) and used > 0:
                 self.tokens.labels(pipeline, provider, model, kind).inc(used)
 
+    def _progress_suspected(self, event: Event, pipeline: str) -> None:
+        provider = self._providers(str((event.attrs or {}).get("provider") or event.detail))
+        self.progress_suspicion.labels(pipeline, provider).inc()
+
     def _stream_timeout(self, event: Event, pipeline: str) -> None:
         kind = STREAM_TIMEOUTS.get(event.detail, OTHER)
         self.stream_timeout.labels(pipeline, kind).inc()
@@ -310,6 +319,7 @@ _HANDLERS: dict[str, Callable[[Metrics, Event, str], None]] = {
     "first_token": Metrics._first_token,
     "model_call": Metrics._model_call,
     "stream_timeout": Metrics._stream_timeout,
+    "progress_suspected": Metrics._progress_suspected,
 }
 
 

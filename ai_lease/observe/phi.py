@@ -28,17 +28,26 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ai_lease.job import Health, JobState
+    from ai_lease.lease.base import TimelineEntry
 
 __all__ = [
     "DEFAULT_MIN_STD_S",
+    "DEFAULT_THRESHOLD",
     "DEFAULT_WINDOW",
     "PHI_MAX",
     "PhiAccrual",
     "crossing_s",
+    "is_suspect",
     "normal_fit",
+    "phi_text",
     "phi_value",
+    "renewal_phi",
 ]
 
 DEFAULT_WINDOW = 100
@@ -47,6 +56,8 @@ DEFAULT_MIN_STD_S = 0.1
 """The least standard deviation (seconds) the fit assumes."""
 REL_MIN_STD = 0.1
 """...and at least this fraction of the mean gap."""
+DEFAULT_THRESHOLD = 8.0
+"""φ at which a job's owner is suspect (``lease.phi_threshold``, 6-10)."""
 PHI_MAX = 1e3
 """φ never reads more than this (a gap 10¹⁰⁰⁰ times rarer than its peers is simply lost)."""
 _SQRT2 = math.sqrt(2.0)
@@ -174,3 +185,43 @@ class PhiAccrual:
         if self.last is None or not self.gaps:
             return math.inf
         return self.last + crossing_s(threshold, self.mean, self.std)
+
+
+# -- a job's owner, from the renewals the store saw ------------------------------------------------
+
+_BEATS = frozenset({"acquired", "taken_over", "renewed"})  # the lease's start, then each renewal
+
+
+def renewal_phi(
+    entries: Sequence[TimelineEntry], job: JobState, now: float | None = None
+) -> float | None:
+    """φ of ``job``'s current owner: over the gaps between its renewals in the job's
+    timeline (the store's clock), ``now`` (default: the record's ``read_at``) seconds in.
+    None unless the job is RUNNING with an owner; 0 with fewer than two renewals seen."""
+    from ai_lease.job import Status
+
+    if job.status is not Status.RUNNING or not job.owner_id:
+        return None
+    detector = PhiAccrual()
+    for entry in entries:
+        if entry.kind in _BEATS and entry.owner_id == job.owner_id and entry.token == job.token:
+            detector.heartbeat(entry.at)
+    return detector.phi(job.read_at if now is None else now)
+
+
+def phi_text(phi: float, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """How φ reads next to a job's health: ``φ 3.2 (suspect at 8)`` or ``φ 9.1: suspect``."""
+    if phi >= threshold:
+        return f"φ {phi:.1f}: suspect (threshold {threshold:g})"
+    return f"φ {phi:.1f} (suspect at {threshold:g})"
+
+
+def is_suspect(
+    phi: float | None, health: Health | None, threshold: float = DEFAULT_THRESHOLD
+) -> bool:
+    """φ has reached ``threshold`` while the heartbeat's own rule (``JobState.health``:
+    renew interval plus grace, or the TTL) does not yet say the node is lost."""
+    from ai_lease.job import Health
+
+    alive = health in (Health.HEALTHY, Health.ZOMBIE)
+    return phi is not None and phi >= threshold and alive

@@ -155,6 +155,13 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
         limits=ctx.stream_limits,
         # said as the first content arrives, so a watcher sees it while the answer streams
         on_first_token=lambda s: _first_token(ctx, provider, s),
+        # φ over the gaps between progress reached the threshold: said once per stream
+        on_suspected=lambda phi, silence: ctx.say(
+            "progress_suspected",
+            provider.name,
+            value=phi,
+            attrs={"provider": provider.name, "silence_s": round(silence, 3)},
+        ),
     )
     ctx.checkpoint, ctx.guard = request.resume, guard  # the keeper's source, from now on
     try:

@@ -31,12 +31,22 @@ Whatever the provider, a stream is whole only with a finish reason: one that end
 :class:`StreamInterrupted`, never a result. An answer whose text outgrows
 ``StreamLimits.max_answer_bytes`` is :class:`StreamLimitExceeded`, and its stream is closed.
 ``on_first_token`` is called the moment the first progress arrives (not at the end).
+
+**φ-accrual suspicion** (:mod:`ai_lease.observe.phi`): per batch the guard appends the gap
+since the previous progress to a bounded deque (:data:`PHI_WINDOW`), nothing more. The
+watchdog, when it arms, fits the gaps (once at least :data:`PHI_MIN_GAPS` are known) and
+also sleeps until the moment φ would reach ``StreamTimeouts.phi_threshold``; if it wakes
+there with no progress since, it calls ``on_suspected(phi, silence_s)`` once per stream
+(an alert); with ``idle_policy="phi"`` that is also the idle decision
+(:class:`StreamIdleTimeout`, "φ N after S s of silence"), ``idle`` staying the upper bound.
+With fewer gaps it re-looks every :data:`PHI_RECHECK_S` until there are enough.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -47,6 +57,7 @@ from ai_lease.errors import (
     StreamLimitExceeded,
     StreamTotalTimeout,
 )
+from ai_lease.observe.phi import crossing_s, normal_fit, phi_value
 from ai_lease.providers.base import (
     ChatRequest,
     Completion,
@@ -59,7 +70,21 @@ from ai_lease.providers.base import (
 from ai_lease.run.progress import Progress
 from ai_lease.timeouts import StreamLimits, StreamTimeouts
 
-__all__ = ["StreamGuard", "guarded_completion"]
+__all__ = ["PHI_MIN_GAPS", "PHI_WINDOW", "StreamGuard", "guarded_completion"]
+
+PHI_WINDOW = 100
+"""How many of a stream's latest gaps between progress the φ fit uses."""
+PHI_MIN_GAPS = 8
+"""Fewer gaps than this and φ says nothing: only the fixed idle budget applies."""
+PHI_MIN_STD_S = 0.35
+"""The least std (seconds) of a stream's gaps: a model streaming every 50 ms is suspected
+after ~2 s of silence at φ 8 (0.05 + 5.61 x 0.35), not on a one-second hiccup."""
+PHI_RECHECK_S = 0.5
+"""While fewer than :data:`PHI_MIN_GAPS` gaps are known, the watchdog looks this often."""
+
+
+class _PhiCheck(Exception):
+    """The watchdog's marker for "look at φ now" (never raised)."""
 
 
 class StreamGuard:
@@ -77,12 +102,16 @@ class StreamGuard:
         clock: Callable[[], float] | None = None,
         limits: StreamLimits | None = None,
         on_first_token: Callable[[float], None] | None = None,
+        on_suspected: Callable[[float, float], None] | None = None,
     ) -> None:
         # One clock for deadlines and progress: the tracker's, unless one is given.
         clock = clock or (progress.clock if progress is not None else time.monotonic)
         self.timeouts, self.progress, self.clock = timeouts, progress, clock
         self.limits = limits or StreamLimits()
         self.on_first_token = on_first_token  # called with first_token_s as it arrives
+        self.on_suspected = on_suspected  # called with (φ, silence_s), once per stream
+        self.suspected_phi: float | None = None  # φ when the stream was suspected
+        self.gaps: deque[float] = deque(maxlen=PHI_WINDOW)  # between progress batches
         self.provider_name = ""
         self.started_at = 0.0
         self.last_content_at: float | None = None
@@ -109,9 +138,23 @@ class StreamGuard:
                 else (total_at, StreamTotalTimeout, t.total)
             )
         idle_at = self.last_content_at + t.idle
+        phi_at = self._phi_at(self.last_content_at)
+        if phi_at < idle_at and phi_at < total_at:
+            return phi_at, _PhiCheck, t.phi_threshold
         if idle_at < total_at:
             return idle_at, StreamIdleTimeout, t.idle
         return total_at, StreamTotalTimeout, t.total
+
+    def _phi_at(self, last: float) -> float:
+        """When the watchdog should look at φ: where it reaches the threshold, or a recheck
+        while too few gaps are known (inf once the alert is out, under the fixed policy)."""
+        if self.suspected_phi is not None:
+            return float("inf")
+        gaps = self.gaps
+        if len(gaps) < PHI_MIN_GAPS:
+            return self.clock() + PHI_RECHECK_S  # always ahead: a wake only re-arms
+        mean, std = normal_fit(gaps, PHI_MIN_STD_S)
+        return last + crossing_s(self.timeouts.phi_threshold, mean, std)
 
     def _arm(self) -> None:
         assert self._loop is not None
@@ -130,9 +173,30 @@ class StreamGuard:
         if self.clock() < when:  # content arrived since we armed: sleep until the new deadline
             self._arm()
             return
-        self._fired = error(budget, self.chunks, "".join(self.text_parts))
+        if error is _PhiCheck and not self._suspect():
+            self._arm()  # an alert only: the fixed budgets still stand
+            return
+        self._fired = self._fired or error(budget, self.chunks, "".join(self.text_parts))
         assert self._task is not None
         self._task.cancel()
+
+    def _suspect(self) -> bool:
+        """φ has reached the threshold: say so (once); True if that is the idle decision."""
+        assert self.last_content_at is not None
+        silence = self.clock() - self.last_content_at
+        mean, std = normal_fit(self.gaps, PHI_MIN_STD_S)
+        self.suspected_phi = phi = phi_value(silence, mean, std)
+        if self.on_suspected is not None:
+            self.on_suspected(phi, silence)
+        if self.timeouts.idle_policy != "phi":
+            return False
+        self._fired = fired = StreamIdleTimeout(silence, self.chunks, "".join(self.text_parts))
+        fired.args = (
+            f"the stream went idle: φ {phi:.1f} after {silence:.1f}s of silence (threshold "
+            f"{self.timeouts.phi_threshold:g}, fixed idle budget {self.timeouts.idle:g}s; "
+            f"{self.chunks} content chunks received)",
+        )
+        return True
 
     # -- consuming ------------------------------------------------------------------------------
 
@@ -238,8 +302,11 @@ class StreamGuard:
         longest gap, the first visible text's time, and the watchdog's idle clock."""
         if last is None:  # once per stream
             self._first_content(now)
-        elif now - last > self.max_gap_s:
-            self.max_gap_s = now - last
+        else:
+            gap = now - last
+            self.gaps.append(gap)  # φ's window (a bounded deque): fitted by the watchdog only
+            if gap > self.max_gap_s:
+                self.max_gap_s = gap
         if visible and self.first_visible_s is None:
             self.first_visible_s = now - self.started_at
         self.last_content_at = now  # the watchdog reads the attribute

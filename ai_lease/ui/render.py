@@ -17,6 +17,7 @@ from markupsafe import Markup
 
 from ai_lease.job import JobState
 from ai_lease.lease.base import TimelineEntry
+from ai_lease.observe.phi import DEFAULT_THRESHOLD, phi_text, renewal_phi
 from ai_lease.redaction import redact
 from ai_lease.ui.present import job_row
 from ai_lease.ui.timeline_svg import render_timeline
@@ -110,9 +111,17 @@ def _result_text(job: JobState) -> str:
     return _shown(text)
 
 
-def job_context(job: JobState, entries: Sequence[TimelineEntry], dropped: int) -> dict[str, Any]:
-    """What ``_job_live.html`` shows for ``job`` and its timeline."""
+def job_context(
+    job: JobState,
+    entries: Sequence[TimelineEntry],
+    dropped: int,
+    phi_threshold: float = DEFAULT_THRESHOLD,
+) -> dict[str, Any]:
+    """What ``_job_live.html`` shows for ``job`` and its timeline (with the φ suspicion of
+    a RUNNING job's owner, from the renewals in ``entries``)."""
+    phi = renewal_phi(entries, job)
     return {
+        "phi": None if phi is None else phi_text(phi, phi_threshold),
         "job": job,
         "row": job_row(job),
         "record": record_items(job),
