@@ -97,3 +97,14 @@ def test_suspicion_is_counted_by_provider() -> None:
     metrics(event)
     labels = {"pipeline": "default", "provider": "scripted"}
     assert metrics.registry.get_sample_value("owner_progress_suspicion_total", labels) == 1.0
+
+
+def test_settings_carry_the_policy_and_threshold_to_the_guard() -> None:
+    """stream.idle_policy and lease.phi_threshold reach StreamTimeouts; 11 is refused."""
+    from ai_lease.settings import load_settings
+
+    env = {"AI_LEASE_STREAM__IDLE_POLICY": "phi", "AI_LEASE_LEASE__PHI_THRESHOLD": "7"}
+    timeouts = load_settings(env=env).stream_timeouts()
+    assert (timeouts.idle_policy, timeouts.phi_threshold) == ("phi", 7.0)
+    with pytest.raises(ConfigError, match="phi_threshold"):
+        load_settings(env={"AI_LEASE_LEASE__PHI_THRESHOLD": "11"})
