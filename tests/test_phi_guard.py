@@ -7,13 +7,15 @@ from collections.abc import Sequence
 
 import pytest
 
+from ai_lease import Job, LeaseStore, LeaseTimings, Runner
 from ai_lease.errors import ConfigError, StreamIdleTimeout
 from ai_lease.observe.events import Event
 from ai_lease.observe.metrics import Metrics
 from ai_lease.providers.base import ChatRequest
+from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step
-from ai_lease.timeouts import StreamTimeouts
+from ai_lease.timeouts import StageBudget, StreamTimeouts
 
 REQUEST = ChatRequest([{"role": "user", "content": "hi"}])
 FIXED_IDLE = 8.0  # the fixed idle budget: φ must decide well before it
@@ -108,3 +110,30 @@ def test_settings_carry_the_policy_and_threshold_to_the_guard() -> None:
     assert (timeouts.idle_policy, timeouts.phi_threshold) == ("phi", 7.0)
     with pytest.raises(ConfigError, match="phi_threshold"):
         load_settings(env={"AI_LEASE_LEASE__PHI_THRESHOLD": "11"})
+
+
+async def test_a_run_says_progress_suspected_once_and_counts_it(store: LeaseStore) -> None:
+    """Through the runner (both stores): a stream that pauses 3 s after steady 50 ms
+    chunks says progress_suspected once (provider, φ, silence) and counts it; the job
+    ends DONE, the fixed idle budget (8 s) deciding."""
+    events: list[Event] = []
+    metrics = Metrics()
+    timings = LeaseTimings(
+        ttl=5.0, renew_interval=0.5, op_timeout=0.4, poll_interval=0.05,
+        self_fence_margin=0.5, stage_budgets={"call_ai": StageBudget(10, 30)},
+    )  # fmt: skip
+    config = RunConfig(
+        timings=timings,
+        node_id="n1",
+        stream_timeouts=StreamTimeouts(first_token=5, idle=FIXED_IDLE, total=30),
+    )
+    steps = [*every_50ms(20), Pause(3.0), "end"]
+    hooks = RunHooks(on_event=lambda e: (events.append(e), metrics(e)))
+    runner = Runner(store, provider=ScriptedProvider(steps), config=config, hooks=hooks)
+    done = await runner.run(Job("phi-run", input="x"))
+    assert done.output is not None and done.output.endswith("end")
+    said = [e for e in events if e.kind == "progress_suspected"]
+    assert len(said) == 1 and said[0].value is not None and said[0].value >= 8
+    assert said[0].attrs is not None and said[0].attrs["provider"] == "scripted"
+    labels = {"pipeline": "default", "provider": "scripted"}
+    assert metrics.registry.get_sample_value("owner_progress_suspicion_total", labels) == 1.0
