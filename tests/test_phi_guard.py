@@ -113,9 +113,7 @@ def test_settings_carry_the_policy_and_threshold_to_the_guard() -> None:
 
 
 async def test_a_run_says_progress_suspected_once_and_counts_it(store: LeaseStore) -> None:
-    """Through the runner (both stores): a stream that pauses 3 s after steady 50 ms
-    chunks says progress_suspected once (provider, φ, silence) and counts it; the job
-    ends DONE, the fixed idle budget (8 s) deciding."""
+    """A run whose 50 ms stream pauses 3 s says progress_suspected once, counts it, ends DONE."""
     events: list[Event] = []
     metrics = Metrics()
     timings = LeaseTimings(

@@ -74,8 +74,7 @@ async def test_a_job_that_is_not_running_has_no_phi(store_url: str) -> None:
 
 
 def test_status_text_json_and_page_show_the_suspicion(tmp_path: Path) -> None:
-    """status prints 'healthy, suspect' and a φ row; --json has phi and suspect; the job
-    page shows 'φ N: suspect'."""
+    """A silent owner reads 'healthy, suspect' with a φ row in status, --json and the page."""
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
 
     async def seed() -> str:
