@@ -253,3 +253,17 @@ def test_handlers_refuse_a_non_main_thread(tmp_path: Path) -> None:
     thread.join()
     assert errors and "main thread" in str(errors[0])
     assert not (tmp_path / "dump.txt").exists()
+
+
+async def test_ladder_without_pidfd_polls(spawn: Spawn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the OS has no pidfd (macOS, old kernels) the same ladder works by polling."""
+    monkeypatch.delattr(os, "pidfd_open")
+    honours, _ = spawn("recv")
+    ignores, _ = spawn("sleep", "--ignore-term")
+    started = time.monotonic()
+    assert await terminate(honours.pid, grace=30) == "term"
+    assert time.monotonic() - started < 10
+    started = time.monotonic()
+    assert await terminate(ignores.pid, grace=0.5) == "kill"
+    assert 0.45 <= time.monotonic() - started < 5
+    assert audit(ignores.pid)["proc_gone"] is True
