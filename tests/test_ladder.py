@@ -145,6 +145,22 @@ async def test_snapshot_of_a_gone_pid_says_so(tmp_path: Path) -> None:
     assert "is gone" in snap.stacks and snap.threads is None
 
 
+async def test_snapshot_never_signals_a_child_without_the_handler(tmp_path: Path) -> None:
+    """SIGUSR2 would end a child that never installed the handlers: it is not sent."""
+    proc = _plain_child()
+    try:
+        snap = await snapshot_child(proc.pid, str(tmp_path / "dump.txt"))
+        assert "no SIGUSR2 handler" in snap.stacks and proc.poll() is None
+        assert snap.threads == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _plain_child() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()

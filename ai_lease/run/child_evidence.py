@@ -176,18 +176,35 @@ async def snapshot_child(
     for a stuck wait, near 0 for a busy loop. Without ``since_progress_s`` the window is
     the child's whole life. Never raises for a gone pid.
     """
+    stacks = await _dump_stacks(pid, dump_path, timeout, proc_root)
+    figures = read_figures(pid, proc_root=proc_root)
+    idle = _idle_pct(pid, figures.get("cpu_s"), since_progress_cpu_s, since_progress_s, proc_root)
+    return ChildSnapshot(stacks=stacks, cpu_idle_pct=idle, **figures)
+
+
+async def _dump_stacks(pid: int, dump_path: str, timeout: float, proc_root: str) -> str:
+    """Ask ``pid`` for its stack dump; the dump, or a text saying why there is none."""
+    if _catches(pid, signal.SIGUSR2, proc_root) is False:
+        # SIGUSR2's default action ends the process: never send it to a child without
+        # the handler (install_child_handlers not called, or not yet).
+        return f"<no stack dump: process {pid} has no SIGUSR2 handler (install_child_handlers)>"
     start = _size(dump_path)
     try:
         os.kill(pid, signal.SIGUSR2)
     except ProcessLookupError:
-        stacks = f"<no stack dump: process {pid} is gone>"
+        return f"<no stack dump: process {pid} is gone>"
     except PermissionError:
-        stacks = f"<no stack dump: not allowed to signal process {pid}>"
-    else:
-        stacks = await _await_dump(dump_path, start, timeout)
-    figures = read_figures(pid, proc_root=proc_root)
-    idle = _idle_pct(pid, figures.get("cpu_s"), since_progress_cpu_s, since_progress_s, proc_root)
-    return ChildSnapshot(stacks=stacks, cpu_idle_pct=idle, **figures)
+        return f"<no stack dump: not allowed to signal process {pid}>"
+    return await _await_dump(dump_path, start, timeout)
+
+
+def _catches(pid: int, sig: signal.Signals, proc_root: str) -> bool | None:
+    """Whether ``pid`` has a handler for ``sig`` (``SigCgt`` in its status; None: unknown)."""
+    mask = _status(os.path.join(proc_root, str(pid))).get("SigCgt", "").strip()
+    try:
+        return bool(int(mask, 16) >> (sig - 1) & 1)
+    except ValueError:
+        return None
 
 
 async def _await_dump(path: str, start: int, timeout: float) -> str:
@@ -197,12 +214,14 @@ async def _await_dump(path: str, start: int, timeout: float) -> str:
     while time.monotonic() < deadline:
         await asyncio.sleep(0.01)
         size = _size(path)
-        if size > start and size == seen:
+        if size < start:
+            start = seen = 0  # the file was truncated or replaced: read it from its start
+        elif size > start and size == seen:
             break  # grew, then stable for one poll: faulthandler writes it in one go
         seen = size
     if _size(path) <= start:
         return f"<no stack dump within {timeout:g} s: the child did not answer SIGUSR2>"
-    return _read_from(path, start if _size(path) >= start else 0)
+    return _read_from(path, start)
 
 
 def _size(path: str) -> int:
