@@ -97,6 +97,14 @@ async def test_snapshot_names_a_blocking_recv(spawn: Spawn) -> None:
     assert len(snap.socket_inodes) == snap.sockets
 
 
+async def test_snapshot_shows_the_await_chain_when_the_loop_is_alive(spawn: Spawn) -> None:
+    """A coroutine stuck awaiting on a live loop: the tasks section names it."""
+    proc, workdir = spawn("await")
+    snap = await snapshot_child(proc.pid, str(workdir / "dump.txt"), timeout=5.0)
+    assert "asyncio tasks (1, " in snap.stacks and "in stuck_await" in snap.stacks
+    assert "# end of dump" not in snap.stacks and "# ai_lease" not in snap.stacks
+
+
 async def test_snapshot_of_a_busy_loop_shows_cpu_in_use(spawn: Spawn) -> None:
     """A busy loop holding the GIL is dumped all the same, and its idle percentage is low."""
     proc, workdir = spawn("busy")
@@ -220,7 +228,7 @@ async def test_child_stuck_in_a_c_call_is_dumped_then_killed(spawn: Spawn) -> No
     """An endless C call holding the GIL: dumped anyway; SIGTERM cannot run, so SIGKILL."""
     proc, workdir = spawn("cloop")
     snap = await _snapshot_after(proc.pid, workdir, 0.5)
-    assert "in stuck_c_loop" in snap.stacks
+    assert "in stuck_c_loop" in snap.stacks and "asyncio tasks: no answer" in snap.stacks
     assert snap.cpu_idle_pct is not None and snap.cpu_idle_pct < 70
     steps, on_step = _steps()
     assert await terminate(proc.pid, grace=0.5, on_step=on_step) == "kill"
