@@ -64,7 +64,7 @@ def install_child_handlers(
     handler then appends the await chain of each asyncio task of the loop running in the
     main thread, ending with :data:`END_OF_DUMP`; it only runs when the main thread runs
     Python code, so a missing section is itself evidence (the loop is stuck in a C call).
-    Nothing else in the child may take ``SIGUSR2`` over.
+    Nothing else in the child may take ``SIGUSR2`` over; use one dump file per child.
     ``SIGTERM`` calls ``on_terminate`` once, in the main thread, from Python's signal
     handler (between two bytecodes of whatever the main thread runs): it should only do
     what is safe there (set a flag, ``loop.call_soon_threadsafe(task.cancel)``, run short
@@ -85,7 +85,8 @@ def install_child_handlers(
         _dump_file.close()
     _dump_file = open(dump_path, "ab", buffering=0)  # must outlive this call
     if tasks:  # faulthandler dumps first, then chains to the Python handler below
-        _dump_file.write(TASKS_HEADER)
+        if _dump_file.tell() == 0:  # one dump file per child process: say it once
+            _dump_file.write(TASKS_HEADER)
         signal.signal(signal.SIGUSR2, _tasks_handler)
     faulthandler.register(signal.SIGUSR2, file=_dump_file, all_threads=True, chain=tasks)
     signal.signal(signal.SIGTERM, _term_handler(on_terminate))
