@@ -241,6 +241,17 @@ async def test_child_stuck_in_a_c_call_is_dumped_then_killed(spawn: Spawn) -> No
     assert steps == ["term", "kill", "reaped"] and not (workdir / "terminated").exists()
 
 
+async def test_a_failing_step_sink_never_stops_the_ladder(spawn: Spawn) -> None:
+    """An on_step that raises does not stop the ladder: the child is killed all the same."""
+    proc, _ = spawn("sleep", "--ignore-term")
+
+    def broken(step: str, facts: dict[str, Any]) -> None:
+        raise RuntimeError("sink down")
+
+    assert await terminate(proc.pid, grace=0.3, on_step=broken) == "kill"
+    assert audit(proc.pid)["proc_gone"] is True
+
+
 async def test_an_already_dead_pid_has_exited() -> None:
     """A pid that is gone before any signal: "exited", no signal step, no error."""
     steps, on_step = _steps()
