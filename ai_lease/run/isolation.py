@@ -1,0 +1,367 @@
+"""Process isolation for workers: each job's stages up to ``parse`` run in a warm child.
+
+``Worker(..., isolation="process")`` starts a pool of child processes once (``forkserver``
+on Linux, ``spawn`` elsewhere; each imports ai_lease and waits on a pipe), so a short job
+pays a pipe round trip, not an interpreter start. The lease, the keeper and the fenced
+commit stay in the worker: the child writes its progress marks into shared memory, which
+the parent copies into the attempt's :class:`~ai_lease.run.progress.Progress` (so the
+keeper's and the store's progress gates work unchanged), and sends back the parsed result,
+which the parent's ``persist`` commits, fenced.
+
+When the attempt must stop the child — the keeper found it stalled, the job was cancelled,
+its lease was lost, the worker is shutting down — the parent takes the child's snapshot
+first (every thread's stack, by signal: it works while the child's loop or a C call is
+stuck), then climbs the termination ladder: SIGTERM, ``terminate_grace`` seconds, SIGKILL;
+it audits that the child is gone, starts a fresh child in its place, and the attempt ends
+by the usual release/expire policy. A child that exits at once is not waited for.
+
+The rule for what crosses: the pipeline's stage functions and the provider *factory* must
+be picklable (module-level functions, ``functools.partial`` of them); a provider object
+cannot cross processes. A stage after ``parse`` (``persist``) and the persist hook run in
+the parent, seeing ``ctx.output("parse")`` only. Stream checkpoints are not stored for an
+isolated job (a takeover calls the model afresh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import pickle
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from ai_lease.errors import ProviderError
+from ai_lease.lease.keeper import LeaseKeeper
+from ai_lease.run import isolation_ladder as ladder
+from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work, child_main
+from ai_lease.run.pipeline import Pipeline, StageContext
+from ai_lease.timeouts import LeaseTimings
+
+if TYPE_CHECKING:
+    from ai_lease.providers.base import Provider
+    from ai_lease.run.runner import Runner
+
+__all__ = [
+    "ChildKeeper",
+    "ChildPool",
+    "IsolatedPipeline",
+    "check_isolation",
+    "isolated",
+    "split_at_persist",
+]
+
+MAX_TERMINATE_GRACE = 300.0
+"""Seconds; the longest SIGTERM window a worker gives a child before SIGKILL."""
+
+POLL_S = 0.05
+"""Seconds between the parent's copies of the child's progress while it waits."""
+
+
+def check_isolation(isolation: str, terminate_grace: float) -> None:
+    """Refuse an unknown isolation or a grace outside 0-300 s, naming the field."""
+    if isolation not in ("task", "process"):
+        raise ValueError(f"Worker.isolation: must be 'task' or 'process' (got {isolation!r})")
+    if (
+        isinstance(terminate_grace, bool)
+        or not isinstance(terminate_grace, int | float)
+        or not 0 <= terminate_grace <= MAX_TERMINATE_GRACE
+    ):
+        raise ValueError(
+            "Worker.terminate_grace: must be a number of seconds from 0 to 300 "
+            f"(got {terminate_grace!r})"
+        )
+
+
+@contextlib.asynccontextmanager
+async def isolated(
+    runner: Runner,
+    size: int,
+    provider_factory: Callable[[], Provider] | None,
+    terminate_grace: float,
+) -> AsyncIterator[ChildPool]:
+    """A pool of ``size`` warm children, with ``runner``'s pipeline run through it inside
+    the block (the runner gets its own pipeline back afterwards)."""
+    pipeline, config = runner.pipeline, runner.config
+    spec = ChildSpec(
+        pipeline,
+        provider_factory,
+        tuple(str(f) for f in runner.prompts.folders),
+        config.stream_timeouts,
+        config.stream_limits,
+        config.call_retry,
+        split_at_persist(pipeline),
+    )
+    pool = ChildPool(spec, size)
+    try:
+        await pool.start()
+        runner.pipeline = IsolatedPipeline(pipeline, pool, terminate_grace=terminate_grace)
+        yield pool
+    finally:
+        runner.pipeline = pipeline
+        await pool.aclose()
+
+
+def split_at_persist(pipeline: Pipeline) -> int:
+    """How many leading stages run in the child: every stage before ``persist``."""
+    names = [s.name for s in pipeline.stages]
+    return names.index("persist") if "persist" in names else len(names)
+
+
+@dataclass
+class Child:
+    """One warm child: its process, its pipe, its shared progress array, its dump file."""
+
+    process: BaseProcess
+    conn: Connection
+    shared: Any
+    dump_path: str
+
+    @property
+    def pid(self) -> int:
+        assert self.process.pid is not None
+        return self.process.pid
+
+
+class ChildPool:
+    """``size`` warm children built from ``spec``; :meth:`take` one per job."""
+
+    def __init__(self, spec: ChildSpec, size: int, *, method: str | None = None) -> None:
+        self.spec, self.size = spec, size
+        method = method or ("forkserver" if sys.platform.startswith("linux") else "spawn")
+        self.mp = multiprocessing.get_context(method)
+        if method == "forkserver":
+            self.mp.set_forkserver_preload(["ai_lease.run.isolation_child"])
+        self._idle: asyncio.Queue[Child] = asyncio.Queue()
+        self.children: dict[int, Child] = {}  # pid → child, idle or busy
+        self._dumps = tempfile.TemporaryDirectory(prefix="ai-lease-children-")
+        self.started = 0  # children started over the pool's life (replacements included)
+
+    async def start(self) -> None:
+        """Start every child and wait until each is ready."""
+        children = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
+        for child in children:
+            self._idle.put_nowait(child)
+
+    async def _spawn(self) -> Child:
+        """One new child, ready (it has imported ai_lease and built its provider)."""
+        parent_end, child_end = self.mp.Pipe()
+        shared = self.mp.RawArray("d", 3)
+        self.started += 1
+        dump = os.path.join(self._dumps.name, f"child-{os.getpid()}-{self.started}.txt")
+        process = self.mp.Process(  # type: ignore[attr-defined]
+            target=child_main,
+            args=(child_end, self.spec, shared, dump),
+            name=f"ai-lease child {self.started}",
+            daemon=True,
+        )
+        await asyncio.to_thread(process.start)
+        child_end.close()
+        child = Child(process, parent_end, shared, dump)
+        self.children[child.pid] = child
+        message = await _receive(child, timeout=60.0)
+        if message[0] != "ready":
+            raise RuntimeError(f"child {child.pid} did not start: {message!r}")
+        return child
+
+    async def take(self) -> Child:
+        """An idle child (waits while every child is busy)."""
+        return await self._idle.get()
+
+    def give_back(self, child: Child) -> None:
+        self._idle.put_nowait(child)
+
+    async def replace(self, child: Child) -> None:
+        """Forget ``child`` (stopped) and put a fresh one in its place."""
+        self.children.pop(child.pid, None)
+        child.conn.close()
+        await asyncio.to_thread(child.process.join, 5.0)
+        self.give_back(await self._spawn())
+
+    def idle_count(self) -> int:
+        return self._idle.qsize()
+
+    async def aclose(self) -> None:
+        """Close every pipe (the children exit), then reap them; stragglers are killed."""
+        children = list(self.children.values())
+        self.children.clear()
+        for child in children:
+            child.conn.close()
+        for child in children:
+            await asyncio.to_thread(child.process.join, 5.0)
+            if child.process.is_alive():
+                child.process.kill()
+                await asyncio.to_thread(child.process.join, 5.0)
+        self._dumps.cleanup()
+
+
+async def _receive(child: Child, timeout: float | None = None) -> tuple[Any, ...]:
+    """The child's next message; EOF (the child died) raises a retryable ProviderError."""
+    loop = asyncio.get_running_loop()
+    fd = child.conn.fileno()
+    if not child.conn.poll():
+        readable: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, _set_once, readable)
+        try:
+            async with asyncio.timeout(timeout):
+                await readable
+        finally:
+            loop.remove_reader(fd)
+    try:
+        message = pickle.loads(child.conn.recv_bytes())
+    except (EOFError, OSError):
+        code = child.process.exitcode
+        raise ProviderError(
+            f"the job's child process {child.pid} ended (exit code {code}) before it answered",
+            retryable=True,
+        ) from None
+    assert isinstance(message, tuple)
+    return message
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class ChildKeeper(LeaseKeeper):
+    """A keeper whose stall snapshot is the child's (every thread's stack), taken first."""
+
+    child: Child | None = None
+    snapshotted = False
+
+    async def _report(self, text: str, idle: float, budget: float) -> None:
+        child = self.child
+        if child is not None:
+            snap = await ladder.snapshot_child(child.pid, child.dump_path, since_progress_s=idle)
+            text = f"{text.splitlines()[0]}\n{snap.render()}"
+            self.snapshotted = True
+        await super()._report(text, idle, budget)
+
+
+class IsolatedPipeline(Pipeline):
+    """``pipeline`` with its stages before ``persist`` run in a child of ``pool``."""
+
+    keeper_class = ChildKeeper  # the attempt builds its keeper from this (see attempt.py)
+
+    def __init__(self, pipeline: Pipeline, pool: ChildPool, *, terminate_grace: float) -> None:
+        super().__init__(pipeline.stages)
+        self.pool, self.terminate_grace = pool, terminate_grace
+        self.cut = split_at_persist(pipeline)
+        tail = pipeline.stages[self.cut :]
+        self.tail = Pipeline(tail) if tail else None
+
+    async def run(self, ctx: StageContext, timings: LeaseTimings, emit: Any) -> Any:
+        """The child's stages, then the rest (``persist``) here; the child is stopped by
+        the ladder if the attempt ends any other way while it runs."""
+        ctx.emit = emit
+        child = await self.pool.take()
+        keeper = ctx.keeper
+        if isinstance(keeper, ChildKeeper):
+            keeper.child = child
+        try:
+            kind, value, clean = await self._remote(child, ctx, timings)
+        except BaseException as exc:
+            await _shielded(self._stop(child, ctx, exc))
+            raise
+        finally:
+            if isinstance(keeper, ChildKeeper):
+                keeper.child = None
+        if clean:
+            self.pool.give_back(child)
+        else:  # a stage thread still runs in it (a deadline gave up on it): retire it
+            await _shielded(self._stop(child, ctx, None))
+        if kind == "failed":
+            raise value
+        if self.tail is None:
+            return value
+        return await self.tail.run(ctx, timings, emit)
+
+    async def _remote(
+        self, child: Child, ctx: StageContext, timings: LeaseTimings
+    ) -> tuple[str, Any, bool]:
+        """Send the job; copy progress and pass events on until the child's answer:
+        ``("done", value, clean)`` or ``("failed", error, clean)``."""
+        shared = child.shared
+        shared[VERSION], shared[LAST_AT], shared[STAGE] = 0.0, time.monotonic(), -1.0
+        work = Work(
+            ctx.job, ctx.fence, ctx.prepared, ctx.resume_from, timings, ctx.emit is not None
+        )
+        child.conn.send_bytes(pickle.dumps(work, protocol=pickle.HIGHEST_PROTOCOL))
+        budgets, seen = self.budgets(timings), 0.0
+        while True:
+            try:
+                message = await _receive(child, POLL_S)
+            except TimeoutError:
+                message = None
+            seen = self._copy(shared, seen, ctx, budgets)
+            if message is None:
+                continue
+            if message[0] == "event":
+                if ctx.emit is not None:
+                    ctx.emit(message[1])
+            elif message[0] == "done":
+                _, value, ran, finish_reason, clean = message
+                ctx.ran.update(ran)
+                ctx.finish_reason = finish_reason
+                ctx.outputs[self.stages[self.cut - 1].name] = value
+                return "done", value, clean
+            else:
+                return "failed", message[1], message[2]
+
+    def _copy(self, shared: Any, seen: float, ctx: StageContext, budgets: Any) -> float:
+        """The child's latest progress into the attempt's tracker; returns the version."""
+        version = shared[VERSION]
+        if version != seen:
+            tracker = ctx.tracker
+            tracker.version, tracker.last_at = int(version), shared[LAST_AT]
+            index = int(shared[STAGE])
+            if 0 <= index < len(self.stages):
+                tracker.stage, tracker.budget = self.stages[index].name, budgets[index]
+        return float(version)
+
+    async def _stop(self, child: Child, ctx: StageContext, why: BaseException | None) -> None:
+        """The ladder: snapshot (unless the keeper took it), SIGTERM, grace, SIGKILL; audit;
+        a fresh child in its place. ``why`` None: retiring a child left unclean."""
+        keeper, pid = ctx.keeper, child.pid
+        stacks = ""
+        if why is not None and not (isinstance(keeper, ChildKeeper) and keeper.snapshotted):
+            snap = await ladder.snapshot_child(pid, child.dump_path, timeout=1.0)
+            stacks = "\n" + snap.render()  # the stall's own snapshot is in the record
+        reason = type(why).__name__ if why is not None else "a stage thread left running"
+        ctx.say("terminating", f"child {pid}: {reason}{stacks}", attrs={"pid": pid})
+        how = await ladder.terminate(pid, grace=self.terminate_grace, reap=_reaper(child))
+        report = ladder.audit(pid)
+        ctx.say(
+            "terminated",
+            f"child {pid}: {how}; audit {report}",
+            attrs={"pid": pid, "signal": how},
+        )
+        await self.pool.replace(child)
+
+
+def _reaper(child: Child) -> Any:
+    def reap() -> bool:
+        child.process.join(0)
+        return not child.process.is_alive()
+
+    return reap
+
+
+async def _shielded(stopping: Any) -> None:
+    """Run the ladder to its end even if the attempt is cancelled again meanwhile."""
+    task = asyncio.ensure_future(stopping)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+    with contextlib.suppress(Exception):
+        task.result()
