@@ -32,10 +32,10 @@ import pickle
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ai_lease.errors import ProviderError

@@ -36,7 +36,7 @@ from ai_lease.run.pipeline import Pipeline, StageContext
 from ai_lease.run.progress import Progress
 from ai_lease.timeouts import LeaseTimings, StageBudget, StreamLimits, StreamTimeouts
 
-__all__ = ["MAX_RESULT_BYTES", "ChildSpec", "Work", "child_main"]
+__all__ = ["MAX_RESULT_BYTES", "ChildSpec", "ProviderFactory", "Work", "child_main"]
 
 MAX_RESULT_BYTES = 8 * 1024 * 1024
 """A child's reply (the parsed result) larger than this is refused (not retryable)."""
@@ -44,6 +44,23 @@ MAX_RESULT_BYTES = 8 * 1024 * 1024
 VERSION, LAST_AT, STAGE = 0, 1, 2
 """Slots of the shared progress array: progress version, last progress time (monotonic,
 system-wide on Linux), index of the running stage (-1: none yet)."""
+
+
+class ProviderFactory:
+    """A picklable provider factory by name and options, as the CLI builds providers:
+    ``ProviderFactory("openai", model="…", api_key=…)``. Its repr names the provider only
+    (the options may hold a key)."""
+
+    def __init__(self, name: str, **options: Any) -> None:
+        self.name, self.options = name, options
+
+    def __call__(self) -> Provider:
+        from ai_lease.providers import create_provider
+
+        return create_provider(self.name, **self.options)
+
+    def __repr__(self) -> str:
+        return f"ProviderFactory({self.name!r})"
 
 
 @dataclass(frozen=True)

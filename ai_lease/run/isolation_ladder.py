@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - replaced by the ladder module when mer
     ) -> None:
         """SIGUSR1 dumps every thread's stack to ``dump_path``; SIGTERM runs
         ``on_terminate`` and exits 143 (from the main thread, between bytecodes)."""
-        dump = open(dump_path, "w")  # noqa: SIM115 - kept open for the process's life
+        dump = open(dump_path, "w")
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True, chain=False)
 
         def on_term(signum: int, frame: Any) -> None:
@@ -57,8 +57,7 @@ except ImportError:  # pragma: no cover - replaced by the ladder module when mer
         timeout: float = 1.0,
     ) -> _Snapshot:
         """Ask the child for its threads' stacks and read them (bounded wait)."""
-        path = Path(dump_path)
-        before = path.stat().st_size if path.exists() else 0
+        before = _size(dump_path)
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
@@ -66,13 +65,19 @@ except ImportError:  # pragma: no cover - replaced by the ladder module when mer
         until, size = time.monotonic() + timeout, before
         while time.monotonic() < until:
             await asyncio.sleep(0.02)
-            now = path.stat().st_size if path.exists() else 0
+            now = _size(dump_path)
             if now > before and now == size:  # written and no longer growing
                 break
             size = now
-        with path.open(errors="replace") as f:
-            f.seek(before)
-            return _Snapshot(f"child process {pid}, every thread:\n" + f.read())
+        return _Snapshot(f"child process {pid}, every thread:\n" + _read_from(dump_path, before))
+
+    def _size(path: str) -> int:
+        return os.path.getsize(path) if os.path.exists(path) else 0
+
+    def _read_from(path: str, offset: int) -> str:
+        with open(path, errors="replace") as f:
+            f.seek(offset)
+            return f.read()
 
     async def terminate(  # type: ignore[misc,unused-ignore]
         pid: int,
