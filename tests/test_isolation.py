@@ -295,8 +295,10 @@ async def test_the_worker_command_runs_jobs_in_child_processes(tmp_path: Path) -
 def test_the_worker_command_refuses_a_grace_over_300_seconds(tmp_path: Path) -> None:
     """worker --terminate-grace 301: exit 2 naming the flag."""
     out = subprocess.run(
-        [sys.executable, "-m", "ai_lease", "--store", f"sqlite:///{tmp_path / 'j.db'}"]
-        + ["worker", "--isolation", "process", "--terminate-grace", "301"],
+        [
+            *(sys.executable, "-m", "ai_lease", "--store", f"sqlite:///{tmp_path / 'j.db'}"),
+            *("worker", "--isolation", "process", "--terminate-grace", "301"),
+        ],
         cwd=tmp_path,
         env=_env(),
         capture_output=True,
