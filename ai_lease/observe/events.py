@@ -30,7 +30,10 @@ class Event:
     ``committed`` (``value``: seconds from acquiring to committing), ``commit_late`` (a
     commit whose answer never came was applied after all), ``fenced`` (a write
     rejected), ``retry``, ``done``, ``failed``, ``store_corrupt`` (a stored value that is not
-    ours was skipped: ``detail`` names it); workers add ``worker_*`` and ``job_*`` kinds.
+    ours was skipped: ``detail`` names it), ``terminated`` (a signal sent to the job's child
+    process: ``attrs`` signal ``"term"``/``"kill"``, pid), ``reaped`` (the child collected:
+    ``detail`` the ladder's outcome, ``attrs`` exit_code), ``child_audit`` (what the kill
+    left behind); workers add ``worker_*`` and ``job_*`` kinds.
     """
 
     kind: str

@@ -58,6 +58,8 @@ TAKEOVER_CAUSES = ("expired", "released", "stalled", OTHER)
 TOKEN_KINDS = ("prompt", "completion", "reasoning")
 # Keeper ticks: one of these per renew interval while a job is owned.
 HEARTBEAT_KINDS = frozenset({"renewed", "renew_skipped", "renew_refused", "renew_failed"})
+# The termination ladder's signals (ai_lease/run/ladder.py): "terminated" events' attrs.
+TERM_SIGNALS = ("term", "kill")
 
 
 class _Capped:
@@ -192,6 +194,12 @@ class Metrics:
             "Model stream timeouts of every kind (first_token, idle, total).",
             "kind",
         )
+        self.terminated = counter(
+            "owner_terminated_total",
+            "Signals the termination ladder sent to a stuck job's child process: every "
+            "ladder sends term, kill counts the children still there after the grace.",
+            "signal",
+        )
 
     def _zero(self, pipeline: str, stages: Iterable[str]) -> None:
         """Create the fixed-set series at 0, so the first increment shows in ``rate()``."""
@@ -207,6 +215,8 @@ class Metrics:
             self.fencing_rejected.labels(pipeline, reason)
         for kind in {*STREAM_TIMEOUTS.values(), OTHER}:
             self.stream_timeout.labels(pipeline, kind)
+        for sig in TERM_SIGNALS:
+            self.terminated.labels(pipeline, sig)
         for stage in stages:
             self.no_progress.labels(pipeline, stage)
             self.false_takeover.labels(pipeline, stage)
@@ -296,6 +306,11 @@ class Metrics:
         if kind == "idle":
             self.stream_idle.labels(pipeline).inc()
 
+    def _terminated(self, event: Event, pipeline: str) -> None:
+        sig = (event.attrs or {}).get("signal")
+        if sig in TERM_SIGNALS:
+            self.terminated.labels(pipeline, sig).inc()
+
 
 _HANDLERS: dict[str, Callable[[Metrics, Event, str], None]] = {
     "renewed": Metrics._renewed,
@@ -310,6 +325,7 @@ _HANDLERS: dict[str, Callable[[Metrics, Event, str], None]] = {
     "first_token": Metrics._first_token,
     "model_call": Metrics._model_call,
     "stream_timeout": Metrics._stream_timeout,
+    "terminated": Metrics._terminated,
 }
 
 
