@@ -182,10 +182,10 @@ def hanging(fn: Any) -> Pipeline:
 
 
 async def assert_ladder(
-    store: LeaseStore, tmp_path: Path, fn: Any, signal_name: str, **variables: Any
+    store: LeaseStore, tmp_path: Path, fn: Any, signals: list[str], **variables: Any
 ) -> None:
     """A job whose first attempt hangs in ``fn`` ends DONE once, its child stopped by
-    ``signal_name``, its snapshot naming the stuck function; no child of it is left."""
+    ``signals`` (the ladder's steps), its snapshot naming the stuck function; no child of it is left."""
     events: list[Event] = []
     mark = tmp_path / "hung"
     worker = make_worker(store, events, pipeline=hanging(fn), grace=0.5)
@@ -196,7 +196,7 @@ async def assert_ladder(
     assert record.output == "ok" and record.attempts == 2, record
     assert "stuck_in_a_blocking_call" in (record.stall_snapshot or ""), record.stall_snapshot
     terminated = [e for e in events if e.kind == "terminated"]
-    assert [e.attrs["signal"] for e in terminated if e.attrs] == [signal_name], terminated
+    assert [e.attrs["signal"] for e in terminated if e.attrs] == signals, terminated
     assert [e.kind for e in events].count("committed") == 1
     hung_pid = int(mark.read_text())
     assert gone(hung_pid), f"child {hung_pid} is still there"
@@ -208,7 +208,7 @@ async def test_a_child_hung_in_a_stage_thread_is_snapshotted_and_stopped_by_sigt
 ) -> None:
     """A sync stage hung in the child's thread: stalled, snapshotted, SIGTERM ends it;
     the job is retried and ends DONE once."""
-    await assert_ladder(store, tmp_path, hang_once_in_thread, "term")
+    await assert_ladder(store, tmp_path, hang_once_in_thread, ["term"])
 
 
 async def test_a_child_ignoring_sigterm_with_a_blocked_loop_is_sigkilled(
@@ -216,7 +216,7 @@ async def test_a_child_ignoring_sigterm_with_a_blocked_loop_is_sigkilled(
 ) -> None:
     """A stage blocking the child's event loop and ignoring SIGTERM: the snapshot still
     names the stuck function (taken by signal), SIGKILL ends it after the grace."""
-    await assert_ladder(store, tmp_path, hang_on_loop, "kill", ignore_term=1)
+    await assert_ladder(store, tmp_path, hang_on_loop, ["term", "kill"], ignore_term=1)
 
 
 async def test_cancelling_a_running_job_stops_its_child(store: LeaseStore, tmp_path: Path) -> None:

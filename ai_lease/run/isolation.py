@@ -32,7 +32,7 @@ import pickle
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ai_lease.errors import ProviderError
 from ai_lease.lease.keeper import LeaseKeeper
-from ai_lease.run import isolation_ladder as ladder
+from ai_lease.run import ladder
 from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work, child_main
 from ai_lease.run.pipeline import Pipeline, StageContext
 from ai_lease.timeouts import LeaseTimings
@@ -235,14 +235,19 @@ class ChildKeeper(LeaseKeeper):
     """A keeper whose stall snapshot is the child's (every thread's stack), taken first."""
 
     child: Child | None = None
-    snapshotted = False
+    snapshot: ladder.ChildSnapshot | None = None  # the child's, taken for the stall
+    cpu_at_progress: float | None = None  # the child's CPU seconds at its last progress
 
     async def _report(self, text: str, idle: float, budget: float) -> None:
         child = self.child
         if child is not None:
-            snap = await ladder.snapshot_child(child.pid, child.dump_path, since_progress_s=idle)
-            text = f"{text.splitlines()[0]}\n{snap.render()}"
-            self.snapshotted = True
+            self.snapshot = snap = await ladder.snapshot_child(
+                child.pid,
+                child.dump_path,
+                since_progress_cpu_s=self.cpu_at_progress,
+                since_progress_s=idle,
+            )
+            text = f"{text.splitlines()[0]}\n{snap.render(12_000)}"
         await super()._report(text, idle, budget)
 
 
@@ -301,7 +306,7 @@ class IsolatedPipeline(Pipeline):
                 message = await _receive(child, POLL_S)
             except TimeoutError:
                 message = None
-            seen = self._copy(shared, seen, ctx, budgets)
+            seen = self._copy(child, seen, ctx, budgets)
             if message is None:
                 continue
             if message[0] == "event":
@@ -316,10 +321,14 @@ class IsolatedPipeline(Pipeline):
             else:
                 return "failed", message[1], message[2]
 
-    def _copy(self, shared: Any, seen: float, ctx: StageContext, budgets: Any) -> float:
-        """The child's latest progress into the attempt's tracker; returns the version."""
+    def _copy(self, child: Child, seen: float, ctx: StageContext, budgets: Any) -> float:
+        """The child's latest progress into the attempt's tracker (and its CPU time then,
+        for the snapshot's ``cpu_idle_pct``); returns the version."""
+        shared = child.shared
         version = shared[VERSION]
         if version != seen:
+            if isinstance(ctx.keeper, ChildKeeper):
+                ctx.keeper.cpu_at_progress = ladder.cpu_seconds(child.pid)
             tracker = ctx.tracker
             tracker.version, tracker.last_at = int(version), shared[LAST_AT]
             index = int(shared[STAGE])
@@ -328,29 +337,41 @@ class IsolatedPipeline(Pipeline):
         return float(version)
 
     async def _stop(self, child: Child, ctx: StageContext, why: BaseException | None) -> None:
-        """The ladder: snapshot (unless the keeper took it), SIGTERM, grace, SIGKILL; audit;
-        a fresh child in its place. ``why`` None: retiring a child left unclean."""
+        """The ladder: snapshot (unless the keeper took it), SIGTERM, grace, SIGKILL; reap;
+        audit; a fresh child in its place. ``why`` None: retiring a child left unclean."""
         keeper, pid = ctx.keeper, child.pid
-        stacks = ""
-        if why is not None and not (isinstance(keeper, ChildKeeper) and keeper.snapshotted):
+        snap = None
+        if why is not None and not (isinstance(keeper, ChildKeeper) and keeper.snapshot):
             snap = await ladder.snapshot_child(pid, child.dump_path, timeout=1.0)
-            stacks = "\n" + snap.render()  # the stall's own snapshot is in the record
+        elif isinstance(keeper, ChildKeeper):
+            snap = keeper.snapshot
         reason = type(why).__name__ if why is not None else "a stage thread left running"
+        stacks = f"\n{snap.render(4096)}" if snap is not None and why is not None else ""
         ctx.say("terminating", f"child {pid}: {reason}{stacks}", attrs={"pid": pid})
-        how = await ladder.terminate(pid, grace=self.terminate_grace, reap=_reaper(child))
-        report = ladder.audit(pid)
-        ctx.say(
-            "terminated",
-            f"child {pid}: {how}; audit {report}",
-            attrs={"pid": pid, "signal": how},
+
+        def on_step(step: str, facts: dict[str, Any]) -> None:
+            if ctx.emit is not None:
+                fence = ctx.fence
+                ids = {"owner_id": fence.owner_id, "token": fence.token, "stage": None}
+                ctx.emit(ladder.step_event(fence.key, step, facts, **ids))
+
+        how = await ladder.terminate(
+            pid, grace=self.terminate_grace, on_step=on_step, reap=_reaper(child)
         )
+        inodes = snap.socket_inodes if snap is not None else ()
+        report = ladder.audit(pid, sockets=inodes, hooks_ran=how == "term" or None)
+        ctx.say("audited", f"child {pid}: {how}", attrs=_flat(report))
         await self.pool.replace(child)
 
 
-def _reaper(child: Child) -> Any:
-    def reap() -> bool:
-        child.process.join(0)
-        return not child.process.is_alive()
+def _flat(report: dict[str, Any]) -> dict[str, float | int | str]:
+    return {k: v if isinstance(v, int | float | str) else str(v) for k, v in report.items()}
+
+
+def _reaper(child: Child) -> Callable[[], Awaitable[int | None]]:
+    async def reap() -> int | None:
+        await asyncio.to_thread(child.process.join, 5.0)
+        return child.process.exitcode
 
     return reap
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -31,7 +32,7 @@ from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
 from ai_lease.run.classify import describe, retryable
-from ai_lease.run.isolation_ladder import install_child_handlers
+from ai_lease.run.ladder import install_child_handlers
 from ai_lease.run.pipeline import Pipeline, StageContext
 from ai_lease.run.progress import Progress
 from ai_lease.timeouts import LeaseTimings, StageBudget, StreamLimits, StreamTimeouts
@@ -142,10 +143,18 @@ class _Channel:
 
 def child_main(conn: Connection, spec: ChildSpec, shared: Any, dump_path: str) -> None:
     """The child's entry point: handlers first, then serve jobs until the pipe closes."""
-    install_child_handlers(dump_path)
+    install_child_handlers(dump_path, on_terminate=_exit_on_sigterm)
     provider = spec.provider_factory() if spec.provider_factory is not None else None
     prompts = PromptLibrary(spec.prompt_folders)
     asyncio.run(_serve(_Channel(conn), spec, shared, provider, prompts))
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM: exit now, status 143. Not ``sys.exit``: the interpreter's exit would wait
+    for the stuck stage thread it is being stopped for. The kernel closes the child's
+    descriptors and sockets; the parent audits that."""
+    sys.stderr.flush()
+    os._exit(143)
 
 
 async def _serve(
