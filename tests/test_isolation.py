@@ -185,7 +185,8 @@ async def assert_ladder(
     store: LeaseStore, tmp_path: Path, fn: Any, signals: list[str], **variables: Any
 ) -> None:
     """A job whose first attempt hangs in ``fn`` ends DONE once, its child stopped by
-    ``signals`` (the ladder's steps), its snapshot naming the stuck function; no child of it is left."""
+    ``signals`` (the ladder's steps), its snapshot naming the stuck function, with no child
+    of it left."""
     events: list[Event] = []
     mark = tmp_path / "hung"
     worker = make_worker(store, events, pipeline=hanging(fn), grace=0.5)

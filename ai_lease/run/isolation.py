@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from ai_lease.errors import ProviderError
+from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.run import ladder
 from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work, child_main
@@ -60,6 +60,9 @@ __all__ = [
 
 MAX_TERMINATE_GRACE = 300.0
 """Seconds; the longest SIGTERM window a worker gives a child before SIGKILL."""
+
+START_TIMEOUT_S = 60.0
+"""Seconds a new child may take to import ai_lease and build its provider."""
 
 POLL_S = 0.05
 """Seconds between the parent's copies of the child's progress while it waits."""
@@ -166,9 +169,16 @@ class ChildPool:
         child_end.close()
         child = Child(process, parent_end, shared, dump)
         self.children[child.pid] = child
-        message = await _receive(child, timeout=60.0)
-        if message[0] != "ready":
-            raise RuntimeError(f"child {child.pid} did not start: {message!r}")
+        try:
+            message = await _receive(child, timeout=START_TIMEOUT_S)
+        except (ProviderError, TimeoutError):
+            process.kill()
+            raise ConfigError(
+                f"child process {child.pid} did not start (exit code {process.exitcode}): "
+                "see its error above; a script that starts a process worker needs "
+                "`if __name__ == '__main__':` (multiprocessing's forkserver/spawn rule)"
+            ) from None
+        assert message[0] == "ready", message
         return child
 
     async def take(self) -> Child:
@@ -345,7 +355,7 @@ class IsolatedPipeline(Pipeline):
             snap = await ladder.snapshot_child(pid, child.dump_path, timeout=1.0)
         elif isinstance(keeper, ChildKeeper):
             snap = keeper.snapshot
-        reason = type(why).__name__ if why is not None else "a stage thread left running"
+        reason = _why(why, keeper)
         stacks = f"\n{snap.render(4096)}" if snap is not None and why is not None else ""
         ctx.say("terminating", f"child {pid}: {reason}{stacks}", attrs={"pid": pid})
 
@@ -362,6 +372,17 @@ class IsolatedPipeline(Pipeline):
         report = ladder.audit(pid, sockets=inodes, hooks_ran=how == "term" or None)
         ctx.say("audited", f"child {pid}: {how}", attrs=_flat(report))
         await self.pool.replace(child)
+
+
+def _why(why: BaseException | None, keeper: LeaseKeeper) -> str:
+    """Why the child is being stopped, in words for the ``terminating`` event."""
+    if why is None:
+        return "a stage thread is still running in it"
+    if keeper.stalled_at is not None:
+        return "the job stalled"
+    if isinstance(why, asyncio.CancelledError):
+        return "the attempt was cancelled (lease lost, job cancelled or worker stopping)"
+    return f"the attempt ended: {type(why).__name__}"
 
 
 def _flat(report: dict[str, Any]) -> dict[str, float | int | str]:
