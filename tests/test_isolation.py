@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ai_lease import LeaseStore, LeaseTimings, Status, open_store
 from ai_lease.job import Job
 from ai_lease.observe.events import Event
@@ -28,7 +30,7 @@ from ai_lease.run.pipeline import Pipeline, Stage, StageContext
 from ai_lease.run.runner import Runner
 from ai_lease.run.stages import call_ai
 from ai_lease.run.worker import Worker
-from ai_lease.testing.scripted import ScriptedProvider
+from ai_lease.testing.scripted import Pause, ScriptedProvider
 
 TIMINGS = LeaseTimings(
     ttl=2.0, renew_interval=0.3, op_timeout=0.25, poll_interval=0.1, self_fence_margin=0.5
@@ -307,3 +309,49 @@ def test_the_worker_command_refuses_a_grace_over_300_seconds(tmp_path: Path) -> 
         timeout=20,
     )
     assert out.returncode == 2 and "--terminate-grace" in out.stderr, out.stderr
+
+
+def paced(*chunks: str) -> ScriptedProvider:
+    """A model that streams one chunk every 0.15 s (module level: picklable)."""
+    script: list[Any] = []
+    for chunk in chunks:
+        script += [Pause(0.15), chunk]
+    return ScriptedProvider(script)
+
+
+async def test_progress_marks_in_the_child_keep_the_lease(store: LeaseStore) -> None:
+    """A 2 s stream in the child, with a 0.5 s no-progress budget: its chunks reach the
+    parent's keeper through shared memory, so the lease is renewed and the job is not
+    stalled; the renewals carry the child's progress version."""
+    events: list[Event] = []
+    pipeline = Pipeline.default().replace("call_ai", Stage("call_ai", call_ai, max_no_progress=0.5))
+    factory = functools.partial(paced, *(["word "] * 13))
+    worker = make_worker(store, events, pipeline=pipeline, factory=factory)
+    await submit(store, ["streamed"])
+    await run_until_done(worker, store, ["streamed"], timeout=30)
+    record = await store.get("streamed")
+    assert record is not None and record.status is Status.DONE, record
+    assert record.attempts == 1 and record.output == ("word " * 13).strip(), record
+    kinds = [e.kind for e in events]
+    assert "stalled" not in kinds and "terminated" not in kinds, kinds
+    assert kinds.count("renewed") >= 3, kinds
+    assert sum(e.value or 0 for e in events if e.kind == "renewed") >= 8  # chunks counted
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"isolation": "thread"}, "Worker.isolation"),
+        ({"isolation": "process", "terminate_grace": 301}, "Worker.terminate_grace"),
+        ({"isolation": "process", "terminate_grace": -1}, "Worker.terminate_grace"),
+        ({"isolation": "process"}, "provider_factory"),
+    ],
+)
+async def test_a_worker_refuses_isolation_settings_it_cannot_run(
+    sqlite_store: LeaseStore, kwargs: dict[str, Any], named: str
+) -> None:
+    """An unknown isolation, a grace outside 0-300 s, or a provider object without a
+    factory for the children: ValueError naming the field."""
+    runner = Runner(sqlite_store, provider=scripted("ok"), config=RunConfig(trace=False))
+    with pytest.raises(ValueError, match=named):
+        Worker(sqlite_store, runner, **kwargs)

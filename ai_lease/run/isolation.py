@@ -332,18 +332,19 @@ class IsolatedPipeline(Pipeline):
                 return "failed", message[1], message[2]
 
     def _copy(self, child: Child, seen: float, ctx: StageContext, budgets: Any) -> float:
-        """The child's latest progress into the attempt's tracker (and its CPU time then,
-        for the snapshot's ``cpu_idle_pct``); returns the version."""
-        shared = child.shared
+        """The child's latest progress into the attempt's tracker (and, when it moved, the
+        child's CPU time, for the snapshot's ``cpu_idle_pct``); returns the version. The
+        time is copied at every look: the child may write it just after the version."""
+        shared, tracker = child.shared, ctx.tracker
         version = shared[VERSION]
+        tracker.last_at = max(tracker.last_at, shared[LAST_AT])
         if version != seen:
-            if isinstance(ctx.keeper, ChildKeeper):
-                ctx.keeper.cpu_at_progress = ladder.cpu_seconds(child.pid)
-            tracker = ctx.tracker
-            tracker.version, tracker.last_at = int(version), shared[LAST_AT]
+            tracker.version = int(version)
             index = int(shared[STAGE])
             if 0 <= index < len(self.stages):
                 tracker.stage, tracker.budget = self.stages[index].name, budgets[index]
+            if isinstance(ctx.keeper, ChildKeeper):
+                ctx.keeper.cpu_at_progress = ladder.cpu_seconds(child.pid)
         return float(version)
 
     async def _stop(self, child: Child, ctx: StageContext, why: BaseException | None) -> None:

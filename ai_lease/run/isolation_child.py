@@ -18,7 +18,7 @@ import pickle
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, cast
@@ -92,27 +92,36 @@ class Work:
 
 
 class SharedProgress(Progress):
-    """A :class:`Progress` that also writes each mark into the shared array."""
+    """A :class:`Progress` whose version and last progress time live in the shared array
+    the parent reads (the stream guard writes them directly, per chunk: so they are the
+    array's slots, not copies), and which also says the running stage's index there."""
 
     __slots__ = ("_index", "_shared")
 
     def __init__(self, shared: Any, names: Sequence[str]) -> None:
-        super().__init__()
         self._shared = shared
         self._index = {name: i for i, name in enumerate(names)}
+        super().__init__()
+
+    @property
+    def version(self) -> int:
+        return int(self._shared[VERSION])
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self._shared[VERSION] = value
+
+    @property
+    def last_at(self) -> float:
+        return float(self._shared[LAST_AT])
+
+    @last_at.setter
+    def last_at(self, value: float) -> None:
+        self._shared[LAST_AT] = value
 
     def enter(self, stage: str, budget: StageBudget) -> None:
+        self._shared[STAGE] = self._index.get(stage, -1)
         super().enter(stage, budget)
-        shared = self._shared
-        shared[STAGE] = self._index.get(stage, -1)
-        shared[LAST_AT], shared[VERSION] = self.last_at, self.version
-
-    def progress(self, marker: Hashable | None = None) -> bool:
-        moved = super().progress(marker)
-        if moved:
-            shared = self._shared
-            shared[LAST_AT], shared[VERSION] = self.last_at, self.version
-        return moved
 
 
 class _NoKeeper:
