@@ -26,22 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
-import os
 import pickle
-import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.run import ladder
-from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work, child_main
+from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work
+from ai_lease.run.isolation_pool import Child, ChildPool, receive
 from ai_lease.run.pipeline import Pipeline, StageContext
 from ai_lease.timeouts import LeaseTimings
 
@@ -60,9 +53,6 @@ __all__ = [
 
 MAX_TERMINATE_GRACE = 300.0
 """Seconds; the longest SIGTERM window a worker gives a child before SIGKILL."""
-
-START_TIMEOUT_S = 60.0
-"""Seconds a new child may take to import ai_lease and build its provider."""
 
 POLL_S = 0.05
 """Seconds between the parent's copies of the child's progress while it waits."""
@@ -118,129 +108,6 @@ def split_at_persist(pipeline: Pipeline) -> int:
     return names.index("persist") if "persist" in names else len(names)
 
 
-@dataclass
-class Child:
-    """One warm child: its process, its pipe, its shared progress array, its dump file."""
-
-    process: BaseProcess
-    conn: Connection
-    shared: Any
-    dump_path: str
-
-    @property
-    def pid(self) -> int:
-        assert self.process.pid is not None
-        return self.process.pid
-
-
-class ChildPool:
-    """``size`` warm children built from ``spec``; :meth:`take` one per job."""
-
-    def __init__(self, spec: ChildSpec, size: int, *, method: str | None = None) -> None:
-        self.spec, self.size = spec, size
-        method = method or ("forkserver" if sys.platform.startswith("linux") else "spawn")
-        self.mp = multiprocessing.get_context(method)
-        if method == "forkserver":
-            self.mp.set_forkserver_preload(["ai_lease.run.isolation_child"])
-        self._idle: asyncio.Queue[Child] = asyncio.Queue()
-        self.children: dict[int, Child] = {}  # pid → child, idle or busy
-        self._dumps = tempfile.TemporaryDirectory(prefix="ai-lease-children-")
-        self.started = 0  # children started over the pool's life (replacements included)
-
-    async def start(self) -> None:
-        """Start every child and wait until each is ready."""
-        children = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
-        for child in children:
-            self._idle.put_nowait(child)
-
-    async def _spawn(self) -> Child:
-        """One new child, ready (it has imported ai_lease and built its provider)."""
-        parent_end, child_end = self.mp.Pipe()
-        shared = self.mp.RawArray("d", 3)
-        self.started += 1
-        dump = os.path.join(self._dumps.name, f"child-{os.getpid()}-{self.started}.txt")
-        process = self.mp.Process(  # type: ignore[attr-defined]
-            target=child_main,
-            args=(child_end, self.spec, shared, dump),
-            name=f"ai-lease child {self.started}",
-            daemon=True,
-        )
-        await asyncio.to_thread(process.start)
-        child_end.close()
-        child = Child(process, parent_end, shared, dump)
-        self.children[child.pid] = child
-        try:
-            message = await _receive(child, timeout=START_TIMEOUT_S)
-        except (ProviderError, TimeoutError):
-            process.kill()
-            raise ConfigError(
-                f"child process {child.pid} did not start (exit code {process.exitcode}): "
-                "see its error above; a script that starts a process worker needs "
-                "`if __name__ == '__main__':` (multiprocessing's forkserver/spawn rule)"
-            ) from None
-        assert message[0] == "ready", message
-        return child
-
-    async def take(self) -> Child:
-        """An idle child (waits while every child is busy)."""
-        return await self._idle.get()
-
-    def give_back(self, child: Child) -> None:
-        self._idle.put_nowait(child)
-
-    async def replace(self, child: Child) -> None:
-        """Forget ``child`` (stopped) and put a fresh one in its place."""
-        self.children.pop(child.pid, None)
-        child.conn.close()
-        await asyncio.to_thread(child.process.join, 5.0)
-        self.give_back(await self._spawn())
-
-    def idle_count(self) -> int:
-        return self._idle.qsize()
-
-    async def aclose(self) -> None:
-        """Close every pipe (the children exit), then reap them; stragglers are killed."""
-        children = list(self.children.values())
-        self.children.clear()
-        for child in children:
-            child.conn.close()
-        for child in children:
-            await asyncio.to_thread(child.process.join, 5.0)
-            if child.process.is_alive():
-                child.process.kill()
-                await asyncio.to_thread(child.process.join, 5.0)
-        self._dumps.cleanup()
-
-
-async def _receive(child: Child, timeout: float | None = None) -> tuple[Any, ...]:
-    """The child's next message; EOF (the child died) raises a retryable ProviderError."""
-    loop = asyncio.get_running_loop()
-    fd = child.conn.fileno()
-    if not child.conn.poll():
-        readable: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(fd, _set_once, readable)
-        try:
-            async with asyncio.timeout(timeout):
-                await readable
-        finally:
-            loop.remove_reader(fd)
-    try:
-        message = pickle.loads(child.conn.recv_bytes())
-    except (EOFError, OSError):
-        code = child.process.exitcode
-        raise ProviderError(
-            f"the job's child process {child.pid} ended (exit code {code}) before it answered",
-            retryable=True,
-        ) from None
-    assert isinstance(message, tuple)
-    return message
-
-
-def _set_once(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
 class ChildKeeper(LeaseKeeper):
     """A keeper whose stall snapshot is the child's (every thread's stack), taken first."""
 
@@ -276,6 +143,8 @@ class IsolatedPipeline(Pipeline):
     async def run(self, ctx: StageContext, timings: LeaseTimings, emit: Any) -> Any:
         """The child's stages, then the rest (``persist``) here; the child is stopped by
         the ladder if the attempt ends any other way while it runs."""
+        if self.cut == 0:  # nothing to run in a child
+            return await super().run(ctx, timings, emit)
         ctx.emit = emit
         child = await self.pool.take()
         keeper = ctx.keeper
@@ -313,7 +182,7 @@ class IsolatedPipeline(Pipeline):
         budgets, seen = self.budgets(timings), 0.0
         while True:
             try:
-                message = await _receive(child, POLL_S)
+                message = await receive(child, POLL_S)
             except TimeoutError:
                 message = None
             seen = self._copy(child, seen, ctx, budgets)
