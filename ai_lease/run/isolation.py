@@ -57,6 +57,9 @@ MAX_TERMINATE_GRACE = 300.0
 POLL_S = 0.05
 """Seconds between the parent's copies of the child's progress while it waits."""
 
+CPU_EVERY_S = 0.25
+"""Seconds between reads of the child's CPU time at its progress (for ``cpu_idle_pct``)."""
+
 
 def check_isolation(isolation: str, terminate_grace: float) -> None:
     """Refuse an unknown isolation or a grace outside 0-300 s, naming the field."""
@@ -114,6 +117,7 @@ class ChildKeeper(LeaseKeeper):
     child: Child | None = None
     snapshot: ladder.ChildSnapshot | None = None  # the child's, taken for the stall
     cpu_at_progress: float | None = None  # the child's CPU seconds at its last progress
+    cpu_read_at = float("-inf")  # when (monotonic) it was read
 
     async def _report(self, text: str, idle: float, budget: float) -> None:
         child = self.child
@@ -212,8 +216,13 @@ class IsolatedPipeline(Pipeline):
             index = int(shared[STAGE])
             if 0 <= index < len(self.stages):
                 tracker.stage, tracker.budget = self.stages[index].name, budgets[index]
-            if isinstance(ctx.keeper, ChildKeeper):
-                ctx.keeper.cpu_at_progress = ladder.cpu_seconds(child.pid)
+            keeper = ctx.keeper
+            if (
+                isinstance(keeper, ChildKeeper)
+                and tracker.last_at - keeper.cpu_read_at > CPU_EVERY_S
+            ):
+                keeper.cpu_at_progress = ladder.cpu_seconds(child.pid)  # a /proc read: rare
+                keeper.cpu_read_at = tracker.last_at
         return float(version)
 
     async def _stop(self, child: Child, ctx: StageContext, why: BaseException | None) -> None:
