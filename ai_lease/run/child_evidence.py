@@ -17,6 +17,7 @@ no ``/proc`` (macOS, Windows) the figures are ``None`` and render as "unavailabl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import os
 import signal
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 __all__ = [
+    "END_OF_DUMP",
     "PROC_ROOT",
     "ChildSnapshot",
     "cpu_seconds",
@@ -39,6 +41,11 @@ __all__ = [
 
 PROC_ROOT = "/proc"
 MAX_DUMP_BYTES = 256 * 1024  # read at most this much of one dump
+MAX_TASKS = 20  # asyncio tasks shown per dump
+TASKS_WAIT_S = 0.5  # how long the tasks section may lag the faulthandler dump
+# The dump file starts with TASKS_HEADER when each dump ends with an asyncio section.
+TASKS_HEADER = b"# ai_lease child dump: each stack dump ends with the asyncio tasks\n"
+END_OF_DUMP = b"# end of dump\n"
 _UNAVAILABLE = "unavailable"
 # The open dump file: faulthandler writes to its descriptor, so it must stay open.
 _dump_file: IO[bytes] | None = None
@@ -47,10 +54,17 @@ _dump_file: IO[bytes] | None = None
 # -- in the child ---------------------------------------------------------------------------------
 
 
-def install_child_handlers(dump_path: str, on_terminate: Callable[[], None] | None = None) -> None:
+def install_child_handlers(
+    dump_path: str, on_terminate: Callable[[], None] | None = None, *, tasks: bool = True
+) -> None:
     """In a child process, at start: stack dumps on ``SIGUSR2``, cleanup on ``SIGTERM``.
 
-    ``SIGUSR2`` makes :mod:`faulthandler` append every thread's stack to ``dump_path``.
+    ``SIGUSR2`` makes :mod:`faulthandler` append every thread's stack to ``dump_path``
+    (from C, so it works while anything is stuck). With ``tasks`` (the default) a Python
+    handler then appends the await chain of each asyncio task of the loop running in the
+    main thread, ending with :data:`END_OF_DUMP`; it only runs when the main thread runs
+    Python code, so a missing section is itself evidence (the loop is stuck in a C call).
+    Nothing else in the child may take ``SIGUSR2`` over; use one dump file per child.
     ``SIGTERM`` calls ``on_terminate`` once, in the main thread, from Python's signal
     handler (between two bytecodes of whatever the main thread runs): it should only do
     what is safe there (set a flag, ``loop.call_soon_threadsafe(task.cancel)``, run short
@@ -70,7 +84,11 @@ def install_child_handlers(dump_path: str, on_terminate: Callable[[], None] | No
         faulthandler.unregister(signal.SIGUSR2)
         _dump_file.close()
     _dump_file = open(dump_path, "ab", buffering=0)  # must outlive this call
-    faulthandler.register(signal.SIGUSR2, file=_dump_file, all_threads=True, chain=False)
+    if tasks:  # faulthandler dumps first, then chains to the Python handler below
+        if _dump_file.tell() == 0:  # one dump file per child process: say it once
+            _dump_file.write(TASKS_HEADER)
+        signal.signal(signal.SIGUSR2, _tasks_handler)
+    faulthandler.register(signal.SIGUSR2, file=_dump_file, all_threads=True, chain=tasks)
     signal.signal(signal.SIGTERM, _term_handler(on_terminate))
 
 
@@ -90,6 +108,33 @@ def _term_handler(on_terminate: Callable[[], None] | None) -> Callable[[int, Any
             _report(f"on_terminate failed:\n{traceback.format_exc()}")
 
     return handle
+
+
+def _tasks_handler(signum: int, frame: Any) -> None:
+    """Append the await chains of the main thread's running loop's tasks, then the end."""
+    try:
+        text = _tasks_text()
+    except Exception as exc:  # diagnostics must never break the child
+        text = f"asyncio tasks: unavailable ({exc!r})\n"
+    if _dump_file is not None:
+        with contextlib.suppress(OSError):
+            _dump_file.write(text.encode("utf-8", "replace") + END_OF_DUMP)
+
+
+def _tasks_text() -> str:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return "asyncio tasks: no event loop running in the main thread\n"
+    from ai_lease.observe.snapshot import snapshot  # only when asked: keep start-up light
+
+    found = sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name())
+    parts = [f"asyncio tasks ({len(found)}, await chain innermost last):"]
+    for task in found[:MAX_TASKS]:
+        parts.append(snapshot(task, None, f"task {task.get_name()}"))
+    if len(found) > MAX_TASKS:
+        parts.append(f"… and {len(found) - MAX_TASKS} more tasks")
+    return "\n".join(parts) + "\n"
 
 
 def _report(text: str) -> None:
@@ -176,33 +221,77 @@ async def snapshot_child(
     for a stuck wait, near 0 for a busy loop. Without ``since_progress_s`` the window is
     the child's whole life. Never raises for a gone pid.
     """
-    start = _size(dump_path)
-    try:
-        os.kill(pid, signal.SIGUSR2)
-    except ProcessLookupError:
-        stacks = f"<no stack dump: process {pid} is gone>"
-    except PermissionError:
-        stacks = f"<no stack dump: not allowed to signal process {pid}>"
-    else:
-        stacks = await _await_dump(dump_path, start, timeout)
+    stacks = await _dump_stacks(pid, dump_path, timeout, proc_root)
     figures = read_figures(pid, proc_root=proc_root)
     idle = _idle_pct(pid, figures.get("cpu_s"), since_progress_cpu_s, since_progress_s, proc_root)
     return ChildSnapshot(stacks=stacks, cpu_idle_pct=idle, **figures)
 
 
+async def _dump_stacks(pid: int, dump_path: str, timeout: float, proc_root: str) -> str:
+    """Ask ``pid`` for its stack dump; the dump, or a text saying why there is none."""
+    if _catches(pid, signal.SIGUSR2, proc_root) is False:
+        # SIGUSR2's default action ends the process: never send it to a child without
+        # the handler (install_child_handlers not called, or not yet).
+        return f"<no stack dump: process {pid} has no SIGUSR2 handler (install_child_handlers)>"
+    start = _size(dump_path)
+    try:
+        os.kill(pid, signal.SIGUSR2)
+    except ProcessLookupError:
+        return f"<no stack dump: process {pid} is gone>"
+    except PermissionError:
+        return f"<no stack dump: not allowed to signal process {pid}>"
+    return _without_marker(await _await_dump(dump_path, start, timeout))
+
+
+def _catches(pid: int, sig: signal.Signals, proc_root: str) -> bool | None:
+    """Whether ``pid`` has a handler for ``sig`` (``SigCgt`` in its status; None: unknown)."""
+    mask = _status(os.path.join(proc_root, str(pid))).get("SigCgt", "").strip()
+    try:
+        return bool(int(mask, 16) >> (sig - 1) & 1)
+    except ValueError:
+        return None
+
+
 async def _await_dump(path: str, start: int, timeout: float) -> str:
-    """The dump appended to ``path`` past ``start``, once it stops growing (bounded)."""
+    """The dump appended to ``path`` past ``start``, once complete (bounded by ``timeout``).
+
+    Complete means: it ends with :data:`END_OF_DUMP` where the file says a tasks section
+    follows each dump (waited for at most ``TASKS_WAIT_S`` past the stacks), else that it
+    grew and then stayed the same for one poll (faulthandler writes it in one go).
+    """
     deadline = time.monotonic() + timeout
-    seen = start
+    tasks, seen, stable_at = _has_tasks(path), start, None
     while time.monotonic() < deadline:
         await asyncio.sleep(0.01)
         size = _size(path)
-        if size > start and size == seen:
-            break  # grew, then stable for one poll: faulthandler writes it in one go
+        if size < start:
+            start = seen = 0  # the file was truncated or replaced: read it from its start
+        elif size > start and size == seen:
+            if not tasks or _read_from(path, start).endswith(END_OF_DUMP.decode()):
+                break
+            stable_at = stable_at or time.monotonic()
+            if time.monotonic() - stable_at >= TASKS_WAIT_S:
+                return _read_from(path, start) + _NO_TASKS
         seen = size
     if _size(path) <= start:
         return f"<no stack dump within {timeout:g} s: the child did not answer SIGUSR2>"
-    return _read_from(path, start if _size(path) >= start else 0)
+    text = _read_from(path, start)
+    return text if not tasks or text.endswith(END_OF_DUMP.decode()) else text + _NO_TASKS
+
+
+def _without_marker(text: str) -> str:
+    return text.replace(END_OF_DUMP.decode(), "")
+
+
+_NO_TASKS = "asyncio tasks: no answer (the main thread ran no Python code: stuck in a C call?)\n"
+
+
+def _has_tasks(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(TASKS_HEADER)) == TASKS_HEADER
+    except OSError:
+        return False
 
 
 def _size(path: str) -> int:
@@ -216,6 +305,8 @@ def _read_from(path: str, offset: int) -> str:
     with open(path, "rb") as f:
         f.seek(offset)
         data = f.read(MAX_DUMP_BYTES)
+    if offset == 0 and data.startswith(TASKS_HEADER):
+        data = data[len(TASKS_HEADER) :]
     return data.decode("utf-8", "replace")
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import select
 import shutil
@@ -54,6 +55,7 @@ __all__ = [
 MAX_GRACE_S = 300.0
 KILL_WAIT_S = 5.0  # how long a SIGKILL-ed child may take to go (it may be in a D state)
 
+_log = logging.getLogger("ai_lease.ladder")
 StepSink = Callable[[str, dict[str, Any]], None]
 
 
@@ -161,14 +163,14 @@ async def terminate(
     _check(pid, grace)
     child, started = _Child(pid), time.monotonic()
     try:
-        outcome = await _ladder(child, grace, started, on_step or _ignore)
+        outcome = await _ladder(child, grace, started, _guarded(on_step))
     finally:
         child.close()
     code = await _reap(pid, reap)
     facts: dict[str, Any] = {"pid": pid, "outcome": outcome, "elapsed_s": _since(started)}
     if code is not None:
         facts["exit_code"] = code
-    (on_step or _ignore)("reaped", facts)
+    _guarded(on_step)("reaped", facts)
     return outcome
 
 
@@ -215,8 +217,19 @@ def _since(started: float) -> float:
     return round(time.monotonic() - started, 3)
 
 
-def _ignore(step: str, facts: dict[str, Any]) -> None:
-    return None
+def _guarded(on_step: StepSink | None) -> StepSink:
+    """``on_step``, made safe: a failing sink is logged and never stops the ladder halfway
+    (a child left unkilled is worse than a missing event)."""
+
+    def step(name: str, facts: dict[str, Any]) -> None:
+        if on_step is None:
+            return
+        try:
+            on_step(name, facts)
+        except Exception:
+            _log.exception("ladder step %s for pid %s: on_step failed", name, facts.get("pid"))
+
+    return step
 
 
 def step_event(key: str, step: str, facts: dict[str, Any], **ids: Any) -> Event:

@@ -3,18 +3,19 @@
     python -m tests.harness.stuck_child MODE WORKDIR [--ignore-term]
 
 MODE is ``sleep`` (a thread stuck in ``time.sleep``), ``recv`` (the main thread in a
-blocking ``socket.recv`` with no timeout) or ``busy`` (the main thread in a tight
-pure-Python loop, holding the GIL) or ``cloop`` (one endless C call, ``sum`` over
-``itertools.repeat``, that never lets a Python signal handler run). Before getting stuck
-the child opens two files and a socket pair, writes a temp file ``WORKDIR/temp.txt`` (its
-"registered" cleanup), installs the ladder's handlers (dump file ``WORKDIR/dump.txt``) and
-then creates ``WORKDIR/ready``.
+blocking ``socket.recv`` with no timeout), ``busy`` (the main thread in a tight pure-Python
+loop, holding the GIL), ``cloop`` (one endless C call, ``sum`` over ``itertools.repeat``,
+that never lets a Python signal handler run) or ``await`` (a coroutine awaiting forever on
+a live event loop). Before getting stuck the child opens two files and a socket pair,
+writes a temp file ``WORKDIR/temp.txt`` (its "registered" cleanup), installs the ladder's
+handlers (dump file ``WORKDIR/dump.txt``) and then creates ``WORKDIR/ready``.
 Its ``on_terminate`` hook writes ``WORKDIR/terminated``, removes the temp file and exits 0.
 With ``--ignore-term`` SIGTERM is ignored (``SIG_IGN``), so only SIGKILL ends it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -49,6 +50,10 @@ def stuck_c_loop() -> None:
     sum(itertools.repeat(1))
 
 
+async def stuck_await() -> None:
+    await asyncio.get_running_loop().create_future()  # awaits forever; the loop stays alive
+
+
 def main(mode: str, workdir: str, ignore_term: bool) -> None:
     temp = os.path.join(workdir, "temp.txt")
 
@@ -76,6 +81,8 @@ def main(mode: str, workdir: str, ignore_term: bool) -> None:
         stuck_busy()
     elif mode == "cloop":
         stuck_c_loop()
+    elif mode == "await":
+        asyncio.run(stuck_await())
     else:
         while True:
             time.sleep(3600)
