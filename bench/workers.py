@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/workers.py                        # SQLite and Redis, asyncio and uvloop
     .venv/bin/python bench/workers.py --jobs 300 --rounds 5 --workers 1,2 --loops asyncio
+    .venv/bin/python bench/workers.py --isolation task,process --loops asyncio --workers 1
 
 Run from the repository root in the dev environment (``pip install -e '.[dev]'``; needs the
 ``redis-server`` binary). It starts its own ``redis-server`` (tests/harness) and writes its
@@ -26,6 +27,11 @@ the table shows medians of jobs/s, of the workers' CPU per job (all worker proce
 together) and of redis-server's CPU per job. On Redis it also counts, from ``INFO
 commandstats``, the commands the workers sent per job (the bench's own reads of the records
 left out): what one queued job costs in round trips, sweeps and heartbeats included.
+
+``--isolation task,process`` adds a column: ``process`` runs each job's stages in the
+worker's warm child processes (``ai-lease worker --isolation process``); worker CPU then
+counts the children too, and the report gives process isolation's overhead per job
+against ``task`` (CPU, and wall time from throughput: ``1/jobs_per_s`` difference).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from tests.harness.redis_server import RedisServer
 from tests.harness.sse_server import Request, Response, SSEServer, chat_chunks, sse
 
 STORES = ("sqlite", "redis")
+ISOLATIONS = ("task", "process")
 LOOPS = ("asyncio", "uvloop")
 DONE_TIMEOUT_S = 300.0
 START_TIMEOUT_S = 60.0
@@ -91,9 +98,30 @@ def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds the processes have used so far (Linux /proc)."""
     total = 0
     for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a child that has gone since it was listed
+            continue
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
     return total / TICKS
+
+
+def with_descendants(pids: list[int]) -> list[int]:
+    """``pids`` and every live process below them (a process worker's children)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = list(pids), list(pids)
+    while todo:
+        below = parents.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
 
 
 async def submit(store: LeaseStore, keys: list[str]) -> None:
@@ -141,10 +169,12 @@ class Variant:
     store: str
     loop: str
     workers: int
+    isolation: str = "task"
 
     @property
     def name(self) -> str:
-        return f"{self.store}_{self.loop}_{self.workers}"
+        base = f"{self.store}_{self.loop}_{self.workers}"
+        return base if self.isolation == "task" else f"{base}_{self.isolation}"
 
 
 class Bench:
@@ -174,7 +204,7 @@ class Bench:
                 proc.send_signal(signal.SIGSTOP)
             keys = [f"bench-{i:05d}" for i in range(args.jobs)]
             await submit(store, keys)
-            pids = [proc.pid for proc in procs]
+            pids = with_descendants([proc.pid for proc in procs])
             admin = client_for(url) if variant.store == "redis" else None
             before = await snapshot(admin) if admin is not None else Calls()
             cpu0 = cpu_seconds(pids)
@@ -214,6 +244,7 @@ class Bench:
                 *("--config", str(config), "worker", "--loop", variant.loop),
                 *("--concurrency", str(self.args.concurrency), "--worker-id", f"w{i}"),
                 *("--sweep-interval", str(self.args.sweep)),
+                *("--isolation", variant.isolation),
                 cwd=directory,
                 env=env,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -265,6 +296,7 @@ class Bench:
                     samples.append(sample)
                     print(
                         f"  round {r + 1}: {variant.store:<6} {variant.loop:<7} "
+                        f"{variant.isolation:<7} "
                         f"{variant.workers} worker(s) {sample.jobs_per_s:6.0f} jobs/s  "
                         f"worker CPU {sample.worker_cpu_ms:.2f} ms/job"
                         + (
@@ -284,18 +316,19 @@ def med(samples: list[Sample], field: str) -> float:
 
 def report(variants: list[Variant], results: dict[str, list[Sample] | str]) -> None:
     print(
-        f"\n{'store':<7} {'loop':<8} {'workers':>7} {'jobs/s':>7} {'worker CPU':>11} "
-        f"{'redis CPU':>10}   jobs/s per round"
+        f"\n{'store':<7} {'loop':<8} {'isolation':<9} {'workers':>7} {'jobs/s':>7} "
+        f"{'worker CPU':>11} {'redis CPU':>10}   jobs/s per round"
     )
     for v in variants:
         samples = results[v.name]
         if isinstance(samples, str):
-            print(f"{v.store:<7} {v.loop:<8} {v.workers:>7}   {samples}")
+            print(f"{v.store:<7} {v.loop:<8} {v.isolation:<9} {v.workers:>7}   {samples}")
             continue
         redis_cpu = f"{med(samples, 'server_cpu_ms'):>7.2f} ms" if v.store == "redis" else "-"
         each = " / ".join(f"{s.jobs_per_s:.0f}" for s in samples)
         print(
-            f"{v.store:<7} {v.loop:<8} {v.workers:>7} {med(samples, 'jobs_per_s'):>7.0f} "
+            f"{v.store:<7} {v.loop:<8} {v.isolation:<9} {v.workers:>7} "
+            f"{med(samples, 'jobs_per_s'):>7.0f} "
             f"{med(samples, 'worker_cpu_ms'):>8.2f} ms {redis_cpu:>10}   {each}"
         )
     print("(medians; worker CPU: all worker processes together, per job)\n")
@@ -310,8 +343,9 @@ def report(variants: list[Variant], results: dict[str, list[Sample] | str]) -> N
             print(f"RESULT {v.name}_redis_cpu_ms_per_job {med(samples, 'server_cpu_ms'):.3f}")
             total = statistics.median(sum(s.sent.values()) for s in samples)
             print(f"RESULT {v.name}_redis_commands_per_job {total:.3f}")
+    isolation_overhead(variants, results)
     for v in variants:  # uvloop against asyncio, same store and worker count
-        if v.loop != "uvloop":
+        if v.loop != "uvloop" or v.isolation != "task":
             continue
         fast, base = results[v.name], results.get(f"{v.store}_asyncio_{v.workers}")
         if isinstance(fast, list) and isinstance(base, list) and fast and base:
@@ -319,6 +353,22 @@ def report(variants: list[Variant], results: dict[str, list[Sample] | str]) -> N
             cpu = med(fast, "worker_cpu_ms") / med(base, "worker_cpu_ms")
             print(f"RESULT {v.store}_{v.workers}_uvloop_vs_asyncio_jobs_per_s {speed:.3f}")
             print(f"RESULT {v.store}_{v.workers}_uvloop_vs_asyncio_cpu_per_job {cpu:.3f}")
+
+
+def isolation_overhead(variants: list[Variant], results: dict[str, list[Sample] | str]) -> None:
+    """Process isolation's cost per job against task isolation, same store, loop, workers:
+    CPU (all processes) and wall time (``1000 / jobs_per_s`` difference, ms)."""
+    for v in variants:
+        if v.isolation != "process":
+            continue
+        task = Variant(v.store, v.loop, v.workers)
+        proc, base = results[v.name], results.get(task.name)
+        if not (isinstance(proc, list) and isinstance(base, list) and proc and base):
+            continue
+        cpu = med(proc, "worker_cpu_ms") - med(base, "worker_cpu_ms")
+        wall = 1000 / med(proc, "jobs_per_s") - 1000 / med(base, "jobs_per_s")
+        print(f"RESULT {task.name}_process_overhead_cpu_ms_per_job {cpu:.3f}")
+        print(f"RESULT {task.name}_process_overhead_wall_ms_per_job {wall:.3f}")
 
 
 def main() -> int:
@@ -332,6 +382,9 @@ def main() -> int:
     )
     p.add_argument("--stores", default=",".join(STORES), help="comma-separated: sqlite,redis")
     p.add_argument("--loops", default=",".join(LOOPS), help="comma-separated: asyncio,uvloop")
+    p.add_argument(
+        "--isolation", default="task", help="comma-separated: task,process (worker --isolation)"
+    )
     p.add_argument("--model", choices=["sse", "local"], default="sse", help="see above")
     p.add_argument(
         "--http",
@@ -347,10 +400,11 @@ def main() -> int:
         print("uvloop is not installed: measuring asyncio only", file=sys.stderr)
         loops.remove("uvloop")
     variants = [
-        Variant(store, loop, k)
+        Variant(store, loop, k, isolation)
         for store in args.stores.split(",")
         for loop in loops
         for k in args.workers
+        for isolation in args.isolation.split(",")
     ]
     print(
         f"workers: {args.jobs} jobs through `ai-lease worker` x {args.workers} "

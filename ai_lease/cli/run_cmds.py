@@ -292,6 +292,22 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
 @click.option("--provider", help="Provider for jobs (default: the settings').")
 @click.option("--worker-id", help="Name shown by `ai-lease workers` (default host:pid).")
 @click.option(
+    "--isolation",
+    type=click.Choice(["task", "process"]),
+    default="task",
+    show_default=True,
+    help="Run each job as a task here, or its stages up to parse in a warm child process "
+    "(stopped by SIGTERM, then SIGKILL, when it stalls or is cancelled).",
+)
+@click.option(
+    "--terminate-grace",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0, 300),
+    callback=_finite,
+    help="With --isolation process: seconds a child gets after SIGTERM before SIGKILL.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
     metavar="PORT",
@@ -321,6 +337,8 @@ def worker(
     grace: float,
     provider: str | None,
     worker_id: str | None,
+    isolation: str,
+    terminate_grace: float,
     metrics_port: int | None,
     metrics_host: str,
     log_json: bool,
@@ -332,7 +350,9 @@ def worker(
     first SIGTERM/SIGINT drains (running jobs get --grace seconds, then hand over); a
     second stops at once. Jobs submitted with `ai-lease submit --detach` are picked up.
     """
+    from ai_lease.cli.provider_options import provider_options
     from ai_lease.observe.logs import JobLogger, configure_logging, fan_out
+    from ai_lease.run.isolation_child import ProviderFactory
     from ai_lease.run.worker import Worker
 
     settings = obj.settings
@@ -340,7 +360,12 @@ def worker(
     json_log = JobLogger(configure_logging(json=True), json=True) if log_json else None
 
     async def work(store: LeaseStore) -> None:
-        model_provider = obj.provider({"name": provider} if provider else {})
+        overrides = {"name": provider} if provider else {}
+        model_provider = obj.provider(overrides)
+        factory = None
+        if isolation == "process":  # each child builds its own, by name and options
+            name, options = provider_options(settings, overrides)
+            factory = ProviderFactory(name, **options)
         on_event = fan_out(metrics, json_log or log_job_event)
         runner = _runner(store, settings, obj.prompts(), provider=model_provider, on_event=on_event)
         node = Worker(
@@ -351,6 +376,9 @@ def worker(
             grace=grace,
             worker_id=worker_id,
             on_event=json_log or log_worker_event,
+            isolation=isolation,
+            provider_factory=factory,
+            terminate_grace=terminate_grace,
         )
         undo = node.install_signal_handlers()
         try:

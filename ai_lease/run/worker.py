@@ -16,6 +16,13 @@ quarantined: reported once, then looked at no more than once per sweep interval.
 On the first SIGTERM/SIGINT a worker stops taking jobs, lets running jobs finish within a
 grace window, then steps down from the rest (release: another worker takes over at once)
 and exits 0. A second signal stops everything at once (jobs still step down).
+
+``isolation="process"`` runs each job's stages up to ``parse`` in a warm child process
+(:mod:`ai_lease.run.isolation`): the worker keeps the lease, the keeper and the fenced
+commit, and stops a stuck child by the termination ladder (snapshot, SIGTERM,
+``terminate_grace``, SIGKILL). The provider then comes from ``provider_factory`` (picklable:
+a provider object cannot cross processes). The default, ``"task"``, runs jobs as tasks of
+the worker's own event loop.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -53,6 +60,8 @@ from ai_lease.lease.base import (
     WorkerInfo,
 )
 from ai_lease.observe.events import Event, EventSink
+from ai_lease.providers.base import Provider
+from ai_lease.run.isolation import ChildPool, check_isolation, isolated
 from ai_lease.run.runner import Runner
 
 __all__ = ["Worker"]
@@ -109,10 +118,24 @@ class Worker:
         grace: float = 30.0,
         worker_id: str | None = None,
         on_event: EventSink | None = None,
+        isolation: str = "task",
+        provider_factory: Callable[[], Provider] | None = None,
+        terminate_grace: float = 10.0,
     ) -> None:
         if not isinstance(store, JobQueue):
             raise TypeError(f"{store!r} keeps no job queue")
         _check(concurrency, sweep_interval, grace)
+        check_isolation(isolation, terminate_grace)
+        if isolation == "process" and provider_factory is None and runner.provider is not None:
+            raise ValueError(
+                "Worker(isolation='process') needs provider_factory=: a picklable callable "
+                "that builds the provider in each child (e.g. functools.partial("
+                "create_provider, 'openai', model=...)); a provider object cannot cross "
+                "processes"
+            )
+        self.isolation, self.terminate_grace = isolation, float(terminate_grace)
+        self.provider_factory = provider_factory
+        self.pool: ChildPool | None = None  # the warm children, while a process worker runs
         self.store, self.queue, self.runner = store, store, runner
         self.concurrency, self.sweep_interval, self.grace = concurrency, sweep_interval, grace
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
@@ -198,17 +221,30 @@ class Worker:
             + (f"on ({adaptive})" if adaptive else "off")
             + f", event loop {loop}",
         )
-        async with asyncio.TaskGroup() as tg:
-            beat = tg.create_task(self._beat())
-            while not self._stopping.is_set():
-                await self._take(tg)
-                await self._pause()
-            await self._drain()
-            beat.cancel()
+        async with self._isolated():
+            async with asyncio.TaskGroup() as tg:
+                beat = tg.create_task(self._beat())
+                while not self._stopping.is_set():
+                    await self._take(tg)
+                    await self._pause()
+                await self._drain()
+                beat.cancel()
         await self.runner.flush_history()
         with contextlib.suppress(AiLeaseError):
             await self.queue.worker_gone(self.worker_id)
         self._say("worker_stopped", f"{self.completed} jobs completed")
+
+    @contextlib.asynccontextmanager
+    async def _isolated(self) -> AsyncIterator[None]:
+        """With ``isolation="process"``: the warm pool, for the worker's life."""
+        if self.isolation != "process":
+            yield
+            return
+        async with isolated(
+            self.runner, self.concurrency, self.provider_factory, self.terminate_grace
+        ) as self.pool:
+            self._say("worker_isolation", f"process: {self.concurrency} warm children")
+            yield
 
     async def _take(self, tg: asyncio.TaskGroup) -> None:
         free = self.concurrency - len(self._running)

@@ -1,0 +1,288 @@
+"""Process isolation for workers: each job's stages up to ``parse`` run in a warm child.
+
+``Worker(..., isolation="process")`` starts a pool of child processes once (``forkserver``
+on Linux, ``spawn`` elsewhere; each imports ai_lease and waits on a pipe), so a short job
+pays a pipe round trip, not an interpreter start. The lease, the keeper and the fenced
+commit stay in the worker: the child writes its progress marks into shared memory, which
+the parent copies into the attempt's :class:`~ai_lease.run.progress.Progress` (so the
+keeper's and the store's progress gates work unchanged), and sends back the parsed result,
+which the parent's ``persist`` commits, fenced.
+
+When the attempt must stop the child — the keeper found it stalled, the job was cancelled,
+its lease was lost, the worker is shutting down — the parent takes the child's snapshot
+first (every thread's stack, by signal: it works while the child's loop or a C call is
+stuck), then climbs the termination ladder: SIGTERM, ``terminate_grace`` seconds, SIGKILL;
+it audits that the child is gone, starts a fresh child in its place, and the attempt ends
+by the usual release/expire policy. A child that exits at once is not waited for.
+
+The rule for what crosses: the pipeline's stage functions and the provider *factory* must
+be picklable (module-level functions, ``functools.partial`` of them); a provider object
+cannot cross processes. A stage after ``parse`` (``persist``) and the persist hook run in
+the parent, seeing ``ctx.output("parse")`` only. Stream checkpoints are not stored for an
+isolated job (a takeover calls the model afresh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pickle
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ai_lease.lease.keeper import LeaseKeeper
+from ai_lease.run import ladder
+from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work
+from ai_lease.run.isolation_pool import Child, ChildPool, receive
+from ai_lease.run.pipeline import Pipeline, StageContext
+from ai_lease.timeouts import LeaseTimings
+
+if TYPE_CHECKING:
+    from ai_lease.providers.base import Provider
+    from ai_lease.run.runner import Runner
+
+__all__ = [
+    "ChildKeeper",
+    "ChildPool",
+    "IsolatedPipeline",
+    "check_isolation",
+    "isolated",
+    "split_at_persist",
+]
+
+MAX_TERMINATE_GRACE = 300.0
+"""Seconds; the longest SIGTERM window a worker gives a child before SIGKILL."""
+
+POLL_S = 0.05
+"""Seconds between the parent's copies of the child's progress while it waits."""
+
+CPU_EVERY_S = 0.25
+"""Seconds between reads of the child's CPU time at its progress (for ``cpu_idle_pct``)."""
+
+
+def check_isolation(isolation: str, terminate_grace: float) -> None:
+    """Refuse an unknown isolation or a grace outside 0-300 s, naming the field."""
+    if isolation not in ("task", "process"):
+        raise ValueError(f"Worker.isolation: must be 'task' or 'process' (got {isolation!r})")
+    if (
+        isinstance(terminate_grace, bool)
+        or not isinstance(terminate_grace, int | float)
+        or not 0 <= terminate_grace <= MAX_TERMINATE_GRACE
+    ):
+        raise ValueError(
+            "Worker.terminate_grace: must be a number of seconds from 0 to 300 "
+            f"(got {terminate_grace!r})"
+        )
+
+
+@contextlib.asynccontextmanager
+async def isolated(
+    runner: Runner,
+    size: int,
+    provider_factory: Callable[[], Provider] | None,
+    terminate_grace: float,
+) -> AsyncIterator[ChildPool]:
+    """A pool of ``size`` warm children, with ``runner``'s pipeline run through it inside
+    the block (the runner gets its own pipeline back afterwards)."""
+    pipeline, config = runner.pipeline, runner.config
+    spec = ChildSpec(
+        pipeline,
+        provider_factory,
+        tuple(str(f) for f in runner.prompts.folders),
+        config.stream_timeouts,
+        config.stream_limits,
+        config.call_retry,
+        split_at_persist(pipeline),
+    )
+    pool = ChildPool(spec, size)
+    try:
+        await pool.start()
+        runner.pipeline = IsolatedPipeline(pipeline, pool, terminate_grace=terminate_grace)
+        yield pool
+    finally:
+        runner.pipeline = pipeline
+        await pool.aclose()
+
+
+def split_at_persist(pipeline: Pipeline) -> int:
+    """How many leading stages run in the child: every stage before ``persist``."""
+    names = [s.name for s in pipeline.stages]
+    return names.index("persist") if "persist" in names else len(names)
+
+
+class ChildKeeper(LeaseKeeper):
+    """A keeper whose stall snapshot is the child's (every thread's stack), taken first."""
+
+    child: Child | None = None
+    snapshot: ladder.ChildSnapshot | None = None  # the child's, taken for the stall
+    cpu_at_progress: float | None = None  # the child's CPU seconds at its last progress
+    cpu_read_at = float("-inf")  # when (monotonic) it was read
+
+    async def _report(self, text: str, idle: float, budget: float) -> None:
+        child = self.child
+        if child is not None:
+            self.snapshot = snap = await ladder.snapshot_child(
+                child.pid,
+                child.dump_path,
+                since_progress_cpu_s=self.cpu_at_progress,
+                since_progress_s=idle,
+            )
+            text = f"{text.splitlines()[0]}\n{snap.render(12_000)}"
+        await super()._report(text, idle, budget)
+
+
+class IsolatedPipeline(Pipeline):
+    """``pipeline`` with its stages before ``persist`` run in a child of ``pool``."""
+
+    keeper_class = ChildKeeper  # the attempt builds its keeper from this (see attempt.py)
+
+    def __init__(self, pipeline: Pipeline, pool: ChildPool, *, terminate_grace: float) -> None:
+        super().__init__(pipeline.stages)
+        self.pool, self.terminate_grace = pool, terminate_grace
+        self.cut = split_at_persist(pipeline)
+        tail = pipeline.stages[self.cut :]
+        self.tail = Pipeline(tail) if tail else None
+
+    async def run(self, ctx: StageContext, timings: LeaseTimings, emit: Any) -> Any:
+        """The child's stages, then the rest (``persist``) here; the child is stopped by
+        the ladder if the attempt ends any other way while it runs."""
+        if self.cut == 0:  # nothing to run in a child
+            return await super().run(ctx, timings, emit)
+        ctx.emit = emit
+        child = await self.pool.take()
+        keeper = ctx.keeper
+        if isinstance(keeper, ChildKeeper):
+            keeper.child = child
+        try:
+            kind, value, clean = await self._remote(child, ctx, timings)
+        except BaseException as exc:
+            await _shielded(self._stop(child, ctx, exc))
+            raise
+        finally:
+            if isinstance(keeper, ChildKeeper):
+                keeper.child = None
+        if clean:
+            self.pool.give_back(child)
+        else:  # a stage thread still runs in it (a deadline gave up on it): retire it
+            await _shielded(self._stop(child, ctx, None))
+        if kind == "failed":
+            raise value
+        if self.tail is None:
+            return value
+        return await self.tail.run(ctx, timings, emit)
+
+    async def _remote(
+        self, child: Child, ctx: StageContext, timings: LeaseTimings
+    ) -> tuple[str, Any, bool]:
+        """Send the job; copy progress and pass events on until the child's answer:
+        ``("done", value, clean)`` or ``("failed", error, clean)``."""
+        shared = child.shared
+        shared[VERSION], shared[LAST_AT], shared[STAGE] = 0.0, time.monotonic(), -1.0
+        work = Work(
+            ctx.job, ctx.fence, ctx.prepared, ctx.resume_from, timings, ctx.emit is not None
+        )
+        child.conn.send_bytes(pickle.dumps(work, protocol=pickle.HIGHEST_PROTOCOL))
+        budgets, seen = self.budgets(timings), 0.0
+        while True:
+            try:
+                message = await receive(child, POLL_S)
+            except TimeoutError:
+                message = None
+            seen = self._copy(child, seen, ctx, budgets)
+            if message is None:
+                continue
+            if message[0] == "event":
+                if ctx.emit is not None:
+                    ctx.emit(message[1])
+            elif message[0] == "done":
+                _, value, ran, finish_reason, clean = message
+                ctx.ran.update(ran)
+                ctx.finish_reason = finish_reason
+                ctx.outputs[self.stages[self.cut - 1].name] = value
+                return "done", value, clean
+            else:
+                return "failed", message[1], message[2]
+
+    def _copy(self, child: Child, seen: float, ctx: StageContext, budgets: Any) -> float:
+        """The child's latest progress into the attempt's tracker (and, when it moved, the
+        child's CPU time, for the snapshot's ``cpu_idle_pct``); returns the version. The
+        time is copied at every look: the child may write it just after the version."""
+        shared, tracker = child.shared, ctx.tracker
+        version = shared[VERSION]
+        tracker.last_at = max(tracker.last_at, shared[LAST_AT])
+        if version != seen:
+            tracker.version = int(version)
+            index = int(shared[STAGE])
+            if 0 <= index < len(self.stages):
+                tracker.stage, tracker.budget = self.stages[index].name, budgets[index]
+            keeper = ctx.keeper
+            if (
+                isinstance(keeper, ChildKeeper)
+                and tracker.last_at - keeper.cpu_read_at > CPU_EVERY_S
+            ):
+                keeper.cpu_at_progress = ladder.cpu_seconds(child.pid)  # a /proc read: rare
+                keeper.cpu_read_at = tracker.last_at
+        return float(version)
+
+    async def _stop(self, child: Child, ctx: StageContext, why: BaseException | None) -> None:
+        """The ladder: snapshot (unless the keeper took it), SIGTERM, grace, SIGKILL; reap;
+        audit; a fresh child in its place. ``why`` None: retiring a child left unclean."""
+        keeper, pid = ctx.keeper, child.pid
+        snap = None
+        if why is not None and not (isinstance(keeper, ChildKeeper) and keeper.snapshot):
+            snap = await ladder.snapshot_child(pid, child.dump_path, timeout=1.0)
+        elif isinstance(keeper, ChildKeeper):
+            snap = keeper.snapshot
+        reason = _why(why, keeper)
+        stacks = f"\n{snap.render(4096)}" if snap is not None and why is not None else ""
+        ctx.say("terminating", f"child {pid}: {reason}{stacks}", attrs={"pid": pid})
+
+        def on_step(step: str, facts: dict[str, Any]) -> None:
+            if ctx.emit is not None:
+                fence = ctx.fence
+                ids = {"owner_id": fence.owner_id, "token": fence.token, "stage": None}
+                ctx.emit(ladder.step_event(fence.key, step, facts, **ids))
+
+        how = await ladder.terminate(
+            pid, grace=self.terminate_grace, on_step=on_step, reap=_reaper(child)
+        )
+        inodes = snap.socket_inodes if snap is not None else ()
+        report = ladder.audit(pid, sockets=inodes, hooks_ran=how == "term" or None)
+        ctx.say("audited", f"child {pid}: {how}", attrs=_flat(report))
+        await self.pool.replace(child)
+
+
+def _why(why: BaseException | None, keeper: LeaseKeeper) -> str:
+    """Why the child is being stopped, in words for the ``terminating`` event."""
+    if why is None:
+        return "a stage thread is still running in it"
+    if keeper.stalled_at is not None:
+        return "the job stalled"
+    if isinstance(why, asyncio.CancelledError):
+        return "the attempt was cancelled (lease lost, job cancelled or worker stopping)"
+    return f"the attempt ended: {type(why).__name__}"
+
+
+def _flat(report: dict[str, Any]) -> dict[str, float | int | str]:
+    return {k: v if isinstance(v, int | float | str) else str(v) for k, v in report.items()}
+
+
+def _reaper(child: Child) -> Callable[[], Awaitable[int | None]]:
+    async def reap() -> int | None:
+        await asyncio.to_thread(child.process.join, 5.0)
+        return child.process.exitcode
+
+    return reap
+
+
+async def _shielded(stopping: Any) -> None:
+    """Run the ladder to its end even if the attempt is cancelled again meanwhile."""
+    task = asyncio.ensure_future(stopping)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+    with contextlib.suppress(Exception):
+        task.result()
