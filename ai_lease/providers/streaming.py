@@ -21,6 +21,7 @@ The base class owns the rest, the same for every format:
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -108,7 +109,7 @@ class StreamOptions(TypedDict, total=False):
     pool_timeout: float | None
 
 
-class HTTPStreamProvider(AsyncResource):
+class HTTPStreamProvider(AsyncResource, abc.ABC):
     """The shared half of a lean streaming adapter (see the module's docstring)."""
 
     name = "http-stream"
@@ -180,13 +181,13 @@ class HTTPStreamProvider(AsyncResource):
 
     # -- what an adapter says ------------------------------------------------------
 
+    @abc.abstractmethod
     def stream_request(self, request: ChatRequest) -> tuple[str, bytes | None, dict[str, str]]:
         """``(url, body, headers)`` of ``request`` streamed (a body of None: a GET)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def parser(self) -> StreamParser:
         """A fresh parser for one stream."""
-        raise NotImplementedError
 
     # -- the loop --------------------------------------------------------------------
 
