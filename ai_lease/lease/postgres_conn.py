@@ -223,10 +223,9 @@ class PostgresConn(AsyncResource):
         except pg_errors.InsufficientPrivilege as exc:
             raise ConfigError(f"store.url {self.where!r}: {_one_line(str(exc))}") from None
         except pg_errors.RaiseException as exc:
-            text_ = exc.diag.message_primary or ""
-            if text_.startswith("AILEASE_CORRUPT "):
-                key, _, detail = text_.removeprefix("AILEASE_CORRUPT ").partition(" ")
-                raise CorruptRecord(key, detail[:120]) from None
+            if exc.diag.message_primary == "AILEASE_CORRUPT":  # ail_ours(): not a job record
+                detail = exc.diag.message_detail or "not a job record"
+                raise CorruptRecord(exc.diag.message_hint or "", detail[:120]) from None
             raise self._unavailable(op, _one_line(str(exc)), maybe_applied=False) from exc
         except psycopg.Error as exc:  # the server refused the statement: rolled back
             raise self._unavailable(op, _one_line(str(exc)), maybe_applied=False) from exc
