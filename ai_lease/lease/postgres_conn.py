@@ -277,6 +277,14 @@ def check_url(url: str) -> None:
     port = str(params.get("port") or "")
     if port and not all(part.isdigit() for part in port.split(",")):
         raise ConfigError(f"store.url {where!r}: the port {port!r} is not a number")
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in _SSLMODES:
+        raise ConfigError(
+            f"store.url {where!r}: sslmode {sslmode!r} is not one of {', '.join(_SSLMODES)}"
+        )
+
+
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
 def _with_bounds(conninfo: str, op_timeout: float) -> str:
