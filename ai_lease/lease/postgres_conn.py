@@ -217,18 +217,24 @@ class PostgresConn(AsyncResource):
             raise self._unavailable(op, detail, maybe_applied=sends > 1) from None
         except _Stale as exc:
             raise self._unavailable(op, f"connection lost: {_one_line(str(exc))}") from exc
-        except (pg_errors.UndefinedTable, pg_errors.UndefinedFunction) as exc:
+        except psycopg.Error as exc:
+            raise self._translate(op, exc) from exc
+
+    def _translate(self, op: str, exc: psycopg.Error) -> Exception:
+        """The typed error for a statement the server refused (it was rolled back)."""
+        if isinstance(exc, pg_errors.UndefinedTable | pg_errors.UndefinedFunction):
             self._forget_pool()  # the schema went away (dropped): the next call re-creates it
-            raise self._unavailable(op, _one_line(str(exc)), maybe_applied=False) from exc
-        except pg_errors.InsufficientPrivilege as exc:
-            raise ConfigError(f"store.url {self.where!r}: {_one_line(str(exc))}") from None
-        except pg_errors.RaiseException as exc:
-            if exc.diag.message_primary == "AILEASE_CORRUPT":  # ail_ours(): not a job record
-                detail = exc.diag.message_detail or "not a job record"
-                raise CorruptRecord(exc.diag.message_hint or "", detail[:120]) from None
-            raise self._unavailable(op, _one_line(str(exc)), maybe_applied=False) from exc
-        except psycopg.Error as exc:  # the server refused the statement: rolled back
-            raise self._unavailable(op, _one_line(str(exc)), maybe_applied=False) from exc
+        if isinstance(exc, pg_errors.QueryCanceled | pg_errors.LockNotAvailable):
+            detail = f"no answer within {self._op_timeout:g}s ({_primary(exc)})"
+            return self._unavailable(op, detail, maybe_applied=False)
+        if isinstance(exc, pg_errors.InsufficientPrivilege):
+            return ConfigError(f"store.url {self.where!r}: {_primary(exc)}")
+        if isinstance(exc, pg_errors.RaiseException) and (
+            exc.diag.message_primary == "AILEASE_CORRUPT"  # ail_ours(): not a job record
+        ):
+            detail = exc.diag.message_detail or "not a job record"
+            return CorruptRecord(exc.diag.message_hint or "", detail[:120])
+        return self._unavailable(op, _primary(exc), maybe_applied=False)
 
     async def _fetchone(
         self, op: str, query: str, params: Sequence[Any] = ()
@@ -291,7 +297,9 @@ def _with_bounds(conninfo: str, op_timeout: float) -> str:
     """The conninfo with the server-side bounds added to its ``options`` (kept from the URL
     too), and an application name unless it names one."""
     params = conninfo_to_dict(conninfo)
-    ms = max(1, round(op_timeout * 1000))
+    # A little under op_timeout: the server ends a stalled statement first (a clean "rolled
+    # back" answer, the connection kept); the client's deadline backs it up.
+    ms = max(1, round(op_timeout * 900))
     bounds = (
         f"-c statement_timeout={ms} -c lock_timeout={ms} "
         f"-c idle_in_transaction_session_timeout={max(ms * 5, 10_000)}"
@@ -303,6 +311,11 @@ def _with_bounds(conninfo: str, op_timeout: float) -> str:
     if "connect_timeout" not in params:
         extra["connect_timeout"] = max(2, round(op_timeout * 2))
     return make_conninfo(conninfo, **extra)
+
+
+def _primary(exc: psycopg.Error) -> str:
+    """The server's message for a refused statement (without its PL/pgSQL context)."""
+    return _one_line(exc.diag.message_primary or str(exc))
 
 
 def _one_line(text: str) -> str:

@@ -129,8 +129,10 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str, where: str) -
     Raises :class:`ConfigError` for a schema that is not ours, or a newer one, or a user
     without the right to create it."""
     async with conn.transaction():
+        # DDL, and waiting for another process's migration: not bounded like a lease op.
+        await conn.execute("SET LOCAL statement_timeout = '60s'")
+        await conn.execute("SET LOCAL lock_timeout = '60s'")
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_id(schema),))
-        await conn.execute("SET LOCAL statement_timeout = '60s'")  # DDL: not a lease op
         version = await installed(conn, schema)
         if version is not None and version >= VERSION:
             if version > VERSION:
