@@ -211,12 +211,14 @@ class PostgresConn(AsyncResource):
             async with asyncio.timeout_at(deadline):
                 return await retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past)
         except TimeoutError:
-            raise self._unavailable(op, f"no answer within {self._op_timeout:g}s") from None
+            detail = f"no answer within {self._op_timeout:g}s"
+            raise self._unavailable(op, detail, key=_key_of(params)) from None
         except PoolTimeout:
             detail = f"no connection within {self._op_timeout:g}s"
             raise self._unavailable(op, detail, maybe_applied=sends > 1) from None
         except _Stale as exc:
-            raise self._unavailable(op, f"connection lost: {_one_line(str(exc))}") from exc
+            detail = f"connection lost: {_one_line(str(exc))}"
+            raise self._unavailable(op, detail, key=_key_of(params)) from exc
         except psycopg.Error as exc:
             raise self._translate(op, exc) from exc
 
@@ -242,9 +244,11 @@ class PostgresConn(AsyncResource):
         rows = await self._fetch(op, query, params)
         return rows[0] if rows else None
 
-    def _unavailable(self, op: str, detail: str, *, maybe_applied: bool = True) -> StoreUnavailable:
+    def _unavailable(
+        self, op: str, detail: str, *, maybe_applied: bool = True, key: str = ""
+    ) -> StoreUnavailable:
         if maybe_applied and op == "submit":  # the caller must be told it may be stored
-            return OutcomeUnknown(self.where, op, detail, key="")
+            return OutcomeUnknown(self.where, op, detail, key=key)
         return StoreUnavailable(self.where, op, detail, maybe_applied=maybe_applied)
 
     def _forget_pool(self) -> None:
@@ -311,6 +315,11 @@ def _with_bounds(conninfo: str, op_timeout: float) -> str:
     if "connect_timeout" not in params:
         extra["connect_timeout"] = max(2, round(op_timeout * 2))
     return make_conninfo(conninfo, **extra)
+
+
+def _key_of(params: Sequence[Any]) -> str:
+    """The job key a call names (its first argument, by convention), for OutcomeUnknown."""
+    return params[0] if params and isinstance(params[0], str) else ""
 
 
 def _primary(exc: psycopg.Error) -> str:
