@@ -1,4 +1,5 @@
-"""Shared fixtures: a real redis-server per session (never skipped), and a store per backend."""
+"""Shared fixtures: a real redis-server and a real PostgreSQL cluster per session (never
+skipped), and a store per backend."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from ai_lease.lease import LeaseStore, open_store
 from ai_lease.lease.sqlite import SQLiteStore
+from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import RedisServer
 
 
@@ -21,16 +23,31 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL cluster of our own for the session (initdb + pg_ctl on a free port);
+    a missing binary fails the run, never skips."""
+    with PostgresServer() as server:
+        yield server
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'ai-lease.db'}"
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A store URL per backend: a fresh SQLite file, or a fresh Redis database."""
+    """A store URL per backend: a fresh SQLite file, a fresh Redis database, or a PostgreSQL
+    database without any store schema (a leaked connection from the last test is cut first,
+    so it cannot hold a lock the DROP waits for)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'ai-lease.db'}"
+    if request.param == "postgres":
+        pg: PostgresServer = request.getfixturevalue("pg_server")
+        pg.terminate_backends()
+        pg.reset_all()
+        return pg.url
     server: RedisServer = request.getfixturevalue("redis_server")
     server.flushall()
     return server.url
