@@ -91,9 +91,7 @@ class PostgresQueue(PostgresConn):
         )
 
     async def recover_at(self, key: str, at: float) -> None:
-        await self._fetch(
-            "recover_at", "SELECT {schema}.ail_recover_at(%s, %s)", (key, float(at))
-        )
+        await self._fetch("recover_at", "SELECT {schema}.ail_recover_at(%s, %s)", (key, float(at)))
 
     async def due_recoveries(self, limit: int) -> list[str]:
         rows = await self._fetch(
