@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import secrets
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ PROCESSES, JOBS, LIMIT = 4, 40, 16
 
 
 @pytest.fixture
-def namespace(pg_server: PostgresServer) -> Any:
+def namespace(pg_server: PostgresServer) -> Iterator[str]:
     name = f"ail_q_{secrets.token_hex(4)}"
     yield name
     pg_server.reset(name)
@@ -46,27 +47,32 @@ async def queue(pg_server: PostgresServer, namespace: str) -> AsyncIterator[Post
 # -- the claim raced by several OS processes ----------------------------------------------------
 
 
-def _claimant(url: str, namespace: str, barrier: Any, out: Any) -> None:
-    """One worker process: its own store, one due() at the barrier's instant."""
+Handed = tuple[list[str], float, float]  # keys, when the call started, when it ended
 
-    async def main() -> list[str]:
+
+def _claimant(url: str, namespace: str, hold: float, barrier: Any, out: Any) -> None:
+    """One worker process: its own store, one due() at the barrier's instant."""
+    postgres_queue.CLAIM_HOLD = hold
+
+    async def main() -> Handed:
         store = await _open(url, namespace)
         try:
             barrier.wait(timeout=30)
-            return await store.due(LIMIT)
+            started = time.time()
+            keys = await store.due(LIMIT)
+            return keys, started, time.time()
         finally:
             await store.aclose()
 
     out.put(asyncio.run(main()))
 
 
-def _race(url: str, namespace: str) -> list[list[str]]:
-    """PROCESSES processes calling due() at one instant; what each was handed."""
+def _race(url: str, namespace: str, hold: float) -> list[Handed]:
+    """PROCESSES processes calling due() at one instant; what each was handed, and when."""
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(PROCESSES), ctx.Queue()
-    procs = [
-        ctx.Process(target=_claimant, args=(url, namespace, barrier, out)) for _ in range(PROCESSES)
-    ]
+    args = (url, namespace, hold, barrier, out)
+    procs = [ctx.Process(target=_claimant, args=args) for _ in range(PROCESSES)]
     for proc in procs:
         proc.start()
     try:
@@ -76,30 +82,40 @@ def _race(url: str, namespace: str) -> list[list[str]]:
             proc.join(timeout=30)
 
 
-def _assert_disjoint(handed: list[list[str]], keys: list[str]) -> None:
+def _assert_disjoint(handed: list[Handed], keys: list[str], hold: float) -> None:
+    """No key handed to two processes whose calls were within ``hold`` of each other (the
+    same instant, for a claim), and every key handed to someone."""
     seen: dict[str, int] = {}
-    for n, got in enumerate(handed):
+    for n, (got, started, ended) in enumerate(handed):
         for key in got:
-            assert key not in seen, f"{key} handed to processes {seen[key]} and {n}"
+            if key in seen:
+                _, other_started, other_ended = handed[seen[key]]
+                apart = max(ended, other_ended) - min(started, other_started)
+                assert apart >= hold, f"{key} handed to processes {seen[key]} and {n}"
             seen[key] = n
     assert sorted(seen) == sorted(keys), "a due key was handed to nobody"
 
 
+HOLDS = [postgres_queue.CLAIM_HOLD, 30.0]  # the default; one no scheduler jitter outlasts
+
+
+@pytest.mark.parametrize("hold", HOLDS, ids=["default-hold", "long-hold"])
 async def test_processes_claiming_at_one_instant_get_disjoint_keys(
-    pg_server: PostgresServer, namespace: str, queue: PostgresListing
+    pg_server: PostgresServer, namespace: str, queue: PostgresListing, hold: float
 ) -> None:
     """Four processes, each its own store, call due() at the same instant on 40 due jobs:
     no key is handed to two of them, and every one is handed to someone."""
     keys = [f"race-{n:02}" for n in range(JOBS)]
     for key in keys:
         await queue.submit(key, "{}", "fp")
-    handed = await asyncio.to_thread(_race, pg_server.url, namespace)
-    _assert_disjoint(handed, keys)
-    assert sum(map(bool, handed)) >= 2, f"one process took everything: {handed}"
+    handed = await asyncio.to_thread(_race, pg_server.url, namespace, hold)
+    _assert_disjoint(handed, keys, hold)
+    assert sum(bool(got) for got, _, _ in handed) >= 3, f"fewer than 3 took all: {handed}"
 
 
+@pytest.mark.parametrize("hold", HOLDS, ids=["default-hold", "long-hold"])
 async def test_processes_claiming_lapsed_leases_get_disjoint_keys(
-    pg_server: PostgresServer, namespace: str, queue: PostgresListing
+    pg_server: PostgresServer, namespace: str, queue: PostgresListing, hold: float
 ) -> None:
     """The lapsed leases (looked at first) are claimed the same way: one process each."""
     keys = [f"lapsed-{n:02}" for n in range(JOBS)]
@@ -107,8 +123,8 @@ async def test_processes_claiming_lapsed_leases_get_disjoint_keys(
         await queue.submit(key, "{}", "fp")
         await queue.reschedule(key, 1e12)  # far ahead: only the lapse makes it due
     _lapse(pg_server, namespace, keys)
-    handed = await asyncio.to_thread(_race, pg_server.url, namespace)
-    _assert_disjoint(handed, keys)
+    handed = await asyncio.to_thread(_race, pg_server.url, namespace, hold)
+    _assert_disjoint(handed, keys, hold)
 
 
 def _lapse(pg: PostgresServer, namespace: str, keys: list[str]) -> None:
@@ -125,10 +141,14 @@ def _lapse(pg: PostgresServer, namespace: str, keys: list[str]) -> None:
 
 
 async def test_a_claim_hides_a_key_from_other_stores_for_the_hold_only(
-    pg_server: PostgresServer, namespace: str, queue: PostgresListing
+    pg_server: PostgresServer,
+    namespace: str,
+    queue: PostgresListing,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A key one store was handed is not due for another until the hold ends; the store
     that claimed it still sees it; a reschedule ends the claim for everyone."""
+    monkeypatch.setattr(postgres_queue, "CLAIM_HOLD", 1.0)  # longer than a loaded box's pause
     other = await _open(pg_server.url, namespace)
     try:
         await queue.submit("held", "{}", "fp")
@@ -146,10 +166,14 @@ async def test_a_claim_hides_a_key_from_other_stores_for_the_hold_only(
 
 
 async def test_a_lapsed_lease_comes_first_and_is_claimed(
-    pg_server: PostgresServer, namespace: str, queue: PostgresListing
+    pg_server: PostgresServer,
+    namespace: str,
+    queue: PostgresListing,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A lapsed RUNNING job with a queue entry far ahead is due before fresh work, the
     earliest lapse first; once claimed, another store is not handed it."""
+    monkeypatch.setattr(postgres_queue, "CLAIM_HOLD", 5.0)
     for key in ("fresh-1", "fresh-2", "late-lapse", "early-lapse"):
         await queue.submit(key, "{}", "fp")
     for key in ("late-lapse", "early-lapse"):

@@ -27,7 +27,7 @@ from ai_lease.observe.history import checked_histogram
 
 __all__ = ["CLAIM_HOLD", "PRUNE_BATCH", "PostgresQueue"]
 
-CLAIM_HOLD = 0.5
+CLAIM_HOLD = 0.1
 """Seconds a key ``due`` handed out stays hidden from other stores (unless rescheduled):
 long enough for the worker that got it to acquire it and move its entry, short enough that
 a key it did not take is soon due for the others again."""
@@ -53,7 +53,10 @@ class PostgresQueue(PostgresConn):
         )
         if row is None or row[0] == "conflict":
             raise JobConflict(key)
-        return self._job(row[2:], row[1])
+        job = self._job(row[2:], row[1])
+        if row[0] == "corrupt":  # _job found nothing wrong: the status is still unknown
+            raise CorruptRecord(key, f"field 'status' holds {str(job.status)[:40]!r}")
+        return job
 
     async def due(self, limit: int) -> list[str]:
         """Lapsed leases with a queue entry first (the earliest lapse first), then the due

@@ -21,6 +21,7 @@ __all__ = ["FUNCTIONS"]
 _SUBMIT = r"""
 -- A job for workers: PENDING with its spec, or the one already there (rules.submit); a
 -- job that has not ended is due at once (its entry added or brought forward).
+-- o_outcome: ok | conflict (another fingerprint) | corrupt (a status none of ours).
 CREATE FUNCTION ail_submit(p_key text, p_spec text, p_fp text,
   OUT o_outcome text, OUT o_now double precision, OUT o_job ail_jobs)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -29,6 +30,10 @@ BEGIN
   INSERT INTO ail_jobs (key, status, spec, fingerprint, created_at, updated_at)
     VALUES (p_key, 'PENDING', p_spec, p_fp, o_now, o_now) ON CONFLICT (key) DO NOTHING;
   SELECT * INTO o_job FROM ail_jobs WHERE key = p_key FOR UPDATE;
+  IF o_job.status NOT IN ('PENDING', 'RUNNING', 'DONE', 'FAILED', 'CANCELLED') THEN
+    o_outcome := 'corrupt';  -- not a record of ours: left as it is
+    RETURN;
+  END IF;
   IF coalesce(o_job.fingerprint, '') <> '' AND o_job.fingerprint <> p_fp THEN
     o_outcome := 'conflict';
     o_job := NULL;
