@@ -78,6 +78,7 @@ class PostgresConn(AsyncResource):
         self._conninfo = _with_bounds(conninfo, op_timeout)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._ready_lock = asyncio.Lock()
+        self._slots = asyncio.Semaphore(POOL_SIZE[1])  # calls in flight: one per connection
         self._queries: dict[str, bytes] = {}
         self._closed = False
 
@@ -186,10 +187,23 @@ class PostgresConn(AsyncResource):
         self, op: str, query: str, params: Sequence[Any] = ()
     ) -> list[tuple[Any, ...]]:
         """Run one statement (one round trip) and return its rows; bounded by op_timeout,
-        sent again once on another connection if its own went stale."""
-        text, loop = self._query(query), asyncio.get_running_loop()
-        deadline = loop.time() + self._op_timeout
+        sent again once on another connection if its own went stale.
+
+        Calls beyond the pool's size queue here first, unbounded (as SQLite's queue for its
+        thread is): the deadline bounds the store, not this process's own backlog."""
         pool = await self._ready(op)
+        async with self._slots:
+            return await self._send(op, pool, self._query(query), params)
+
+    async def _send(
+        self,
+        op: str,
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
+        text: bytes,
+        params: Sequence[Any],
+    ) -> list[tuple[Any, ...]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._op_timeout
         sends = 0
 
         async def send() -> list[tuple[Any, ...]]:
