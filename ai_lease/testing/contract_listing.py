@@ -58,6 +58,13 @@ class ListingContract:
             conn.close()
         elif hasattr(store, "_client"):  # Redis: the hash's schema marker is foreign
             await store._client.hset(store.keys(key)[0], "schema", "2")
+        elif hasattr(store, "_fetch") and hasattr(store, "schema"):  # PostgreSQL: a status
+            # no ai_lease writes (the row no longer decodes)
+            await store._fetch(
+                "corrupt",
+                "UPDATE {schema}.ail_jobs SET status = 'BOGUS' WHERE key = %s RETURNING key",
+                (key,),
+            )
         else:
             pytest.skip("override ListingContract.corrupt to spoil a record of this store")
 

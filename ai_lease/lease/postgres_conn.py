@@ -1,0 +1,331 @@
+"""How the PostgreSQL store talks to PostgreSQL: psycopg 3 (async) and a psycopg_pool pool.
+
+Every operation is one statement in autocommit mode (a lease operation is one plpgsql
+function call, which is one transaction), so a call costs one round trip: the server-side
+bounds (``statement_timeout``, ``lock_timeout``, ``idle_in_transaction_session_timeout``)
+are set once per connection in its startup ``options``, never by a statement per call, and
+the client bounds the whole call by ``op_timeout`` as well (a black-holed link). A call whose
+connection went stale (a restarted server, ``pg_terminate_backend``) is sent once more on
+another connection within the same deadline: every function is safe to run twice (a
+repeated acquire by the same owner returns its token; a repeated commit of the same fence
+answers with the stored record). psycopg errors become :class:`StoreUnavailable` or, for
+what no retry fixes (a bad URL, bad credentials, no right to create the schema, a foreign
+table of our name), :class:`ConfigError` — both naming the URL with its password masked.
+
+The first call of a store object connects once on its own, so that a refusal reads as
+libpq's own message, and applies the migration unless the schema is at its version
+(lease/postgres_schema.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+import psycopg.errors as pg_errors
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ai_lease import retry
+from ai_lease.errors import ConfigError, CorruptRecord, OutcomeUnknown, StoreUnavailable
+from ai_lease.job import JobState
+from ai_lease.lease import postgres_schema as schema_
+from ai_lease.lease.postgres_schema import JOB_COLUMNS
+from ai_lease.lease.urls import mask_url
+from ai_lease.resource import AsyncResource
+
+__all__ = ["PostgresConn"]
+
+POOL_SIZE = (2, 20)
+"""The pool's least and most connections per store object."""
+
+# libpq's refusals that no retry fixes: credentials, names, options.
+_CONFIG_PROBLEMS = re.compile(
+    r"(?i)password authentication failed|authentication failed|role \S+ does not exist|"
+    r"database \S+ does not exist|no pg_hba\.conf entry|password is required|"
+    r"invalid (?:integer )?value|invalid connection option|invalid sslmode|"
+    r"permission denied for database|is not permitted to log in"
+)
+
+
+class _Stale(Exception):
+    """A call's connection broke under it (the cause is psycopg's error): send again."""
+
+
+class PostgresConn(AsyncResource):
+    """The pool, the bounded calls and the record decoding the store's parts share
+    (lease/postgres_queue.py, lease/postgres_listing.py, lease/postgres.py)."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        namespace: str = "ai_lease",
+        op_timeout: float = 2.0,
+        poll_interval: float = 0.05,
+        where: str | None = None,
+    ) -> None:
+        if not namespace:
+            raise ConfigError("store.namespace: must not be empty for a PostgreSQL store")
+        self.where = where or mask_url(conninfo)
+        self.namespace = namespace
+        self.schema = sql.Identifier(namespace).as_string(None)
+        self._op_timeout, self._poll = op_timeout, poll_interval
+        self._conninfo = _with_bounds(conninfo, op_timeout)
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._ready_lock = asyncio.Lock()
+        self._queries: dict[str, bytes] = {}
+        self._closed = False
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        namespace: str = "ai_lease",
+        op_timeout: float = 2.0,
+        poll_interval: float = 0.05,
+    ) -> PostgresConn:  # a subclass's from_url returns its own type (see PostgresStore)
+        """A store on ``postgresql://`` / ``postgres://`` (libpq's URL: ``?sslmode=``, its
+        environment variables and service files all apply). Parses the URL (a bad one is a
+        :class:`ConfigError`) but does no I/O: the first call connects."""
+        check_url(url)
+        return cls(url, namespace=namespace, op_timeout=op_timeout, poll_interval=poll_interval)
+
+    # -- connecting ---------------------------------------------------------------------------
+
+    async def _ready(self, op: str) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        """The pool, once the schema is known to be at its version (first call only)."""
+        if self._pool is not None:
+            return self._pool
+        if self._closed:
+            raise StoreUnavailable(self.where, op, "the store is closed", maybe_applied=False)
+        async with self._ready_lock:
+            if self._pool is None:
+                await self._check_and_migrate(op)
+                pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+                    self._conninfo,
+                    min_size=POOL_SIZE[0],
+                    max_size=POOL_SIZE[1],
+                    kwargs={"autocommit": True},
+                    timeout=self._op_timeout,
+                    open=False,
+                    name=f"ai_lease:{self.namespace}",
+                )
+                await pool.open(wait=False)
+                self._pool = pool
+        return self._pool
+
+    async def _connect(self, op: str, *, autocommit: bool = True) -> psycopg.AsyncConnection[Any]:
+        """One connection of its own (the first check, ``migrate``, the listener), bounded,
+        its refusal typed."""
+        try:
+            async with asyncio.timeout(max(self._op_timeout, 1.0) * 2):
+                return await psycopg.AsyncConnection.connect(self._conninfo, autocommit=autocommit)
+        except TimeoutError:
+            raise StoreUnavailable(
+                self.where,
+                op,
+                f"no connection within {self._op_timeout * 2:g}s",
+                maybe_applied=False,
+            ) from None
+        except psycopg.Error as exc:
+            raise self._refused(op, exc) from None
+
+    def _refused(self, op: str, exc: psycopg.Error) -> ConfigError | StoreUnavailable:
+        detail = _one_line(str(exc))
+        if _CONFIG_PROBLEMS.search(detail) or isinstance(exc, psycopg.ProgrammingError):
+            return ConfigError(f"store.url {self.where!r}: {detail}")
+        return StoreUnavailable(self.where, op, detail, maybe_applied=False)
+
+    async def _check_and_migrate(self, op: str) -> None:
+        conn = await self._connect(op, autocommit=True)
+        try:
+            version = await schema_.installed(conn, self.namespace)
+            if version != schema_.VERSION:
+                await schema_.migrate(conn, self.namespace, self.where)
+        except pg_errors.InsufficientPrivilege as exc:  # e.g. no USAGE on the schema
+            raise ConfigError(f"store.url {self.where!r}: {_one_line(str(exc))}") from None
+        except pg_errors.UndefinedColumn:  # an ail_migrations table that is not ours
+            raise ConfigError(
+                f"store.url {self.where!r}: schema {self.namespace!r} holds an ail_migrations "
+                "table ai_lease did not make: use another namespace (store.namespace)"
+            ) from None
+        except psycopg.Error as exc:
+            raise StoreUnavailable(
+                self.where, op, _one_line(str(exc)), maybe_applied=False
+            ) from exc
+        finally:
+            await conn.close()
+
+    async def migrate(self) -> bool:
+        """Apply the schema's migration now (``ai-lease migrate``); True when this call
+        applied it, False when it was already there."""
+        conn = await self._connect("migrate")
+        try:
+            return await schema_.migrate(conn, self.namespace, self.where)
+        except psycopg.Error as exc:
+            raise self._refused("migrate", exc) from exc
+        finally:
+            await conn.close()
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    def _query(self, query: str) -> bytes:
+        """``query`` with ``{schema}`` replaced by the quoted schema name (kept per text)."""
+        text = self._queries.get(query)
+        if text is None:
+            text = self._queries[query] = query.replace("{schema}", self.schema).encode()
+        return text
+
+    async def _fetch(
+        self, op: str, query: str, params: Sequence[Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement (one round trip) and return its rows; bounded by op_timeout,
+        sent again once on another connection if its own went stale."""
+        text, loop = self._query(query), asyncio.get_running_loop()
+        deadline = loop.time() + self._op_timeout
+        pool = await self._ready(op)
+        sends = 0
+
+        async def send() -> list[tuple[Any, ...]]:
+            nonlocal sends
+            sends += 1
+            if sends > 1:  # the others idle beside it most likely went stale too
+                await pool.check()
+            async with pool.connection(timeout=max(0.001, deadline - loop.time())) as conn:
+                try:
+                    cur = await conn.execute(text, params, prepare=None)
+                    return await cur.fetchall()
+                except psycopg.OperationalError as exc:
+                    if conn.broken or conn.closed:
+                        raise _Stale(str(exc)) from exc
+                    raise
+
+        past = lambda: loop.time() >= deadline  # noqa: E731
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past)
+        except TimeoutError:
+            detail = f"no answer within {self._op_timeout:g}s"
+            raise self._unavailable(op, detail, key=_key_of(params)) from None
+        except PoolTimeout:
+            detail = f"no connection within {self._op_timeout:g}s"
+            raise self._unavailable(op, detail, maybe_applied=sends > 1) from None
+        except _Stale as exc:
+            detail = f"connection lost: {_one_line(str(exc))}"
+            raise self._unavailable(op, detail, key=_key_of(params)) from exc
+        except psycopg.Error as exc:
+            raise self._translate(op, exc) from exc
+
+    def _translate(self, op: str, exc: psycopg.Error) -> Exception:
+        """The typed error for a statement the server refused (it was rolled back)."""
+        if isinstance(exc, pg_errors.UndefinedTable | pg_errors.UndefinedFunction):
+            self._forget_pool()  # the schema went away (dropped): the next call re-creates it
+        if isinstance(exc, pg_errors.QueryCanceled | pg_errors.LockNotAvailable):
+            detail = f"no answer within {self._op_timeout:g}s ({_primary(exc)})"
+            return self._unavailable(op, detail, maybe_applied=False)
+        if isinstance(exc, pg_errors.InsufficientPrivilege):
+            return ConfigError(f"store.url {self.where!r}: {_primary(exc)}")
+        if isinstance(exc, pg_errors.RaiseException) and (
+            exc.diag.message_primary == "AILEASE_CORRUPT"  # ail_ours(): not a job record
+        ):
+            detail = exc.diag.message_detail or "not a job record"
+            return CorruptRecord(exc.diag.message_hint or "", detail[:120])
+        return self._unavailable(op, _primary(exc), maybe_applied=False)
+
+    async def _fetchone(
+        self, op: str, query: str, params: Sequence[Any] = ()
+    ) -> tuple[Any, ...] | None:
+        rows = await self._fetch(op, query, params)
+        return rows[0] if rows else None
+
+    def _unavailable(
+        self, op: str, detail: str, *, maybe_applied: bool = True, key: str = ""
+    ) -> StoreUnavailable:
+        if maybe_applied and op == "submit":  # the caller must be told it may be stored
+            return OutcomeUnknown(self.where, op, detail, key=key)
+        return StoreUnavailable(self.where, op, detail, maybe_applied=maybe_applied)
+
+    def _forget_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            asyncio.get_running_loop().create_task(pool.close())
+
+    # -- records --------------------------------------------------------------------------------
+
+    def _job(self, row: Mapping[str, Any] | Sequence[Any], now: float) -> JobState:
+        """A row of the jobs table (in :data:`JOB_COLUMNS` order) as a job read at ``now``;
+        :class:`CorruptRecord` when it does not decode."""
+        data = row if isinstance(row, Mapping) else dict(zip(JOB_COLUMNS, row, strict=False))
+        key = data.get("key")
+        if not isinstance(key, str):
+            raise CorruptRecord(str(key), "row has no key")
+        return JobState.from_fields(key, data, float(now))
+
+    async def aclose(self) -> None:
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.where!r}, namespace={self.namespace!r})"
+
+
+def check_url(url: str) -> None:
+    """Raise :class:`ConfigError` for a URL libpq would refuse (before any I/O)."""
+    where = mask_url(url)
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"store.url {where!r}: {_one_line(str(exc))}") from None
+    port = str(params.get("port") or "")
+    if port and not all(part.isdigit() for part in port.split(",")):
+        raise ConfigError(f"store.url {where!r}: the port {port!r} is not a number")
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in _SSLMODES:
+        raise ConfigError(
+            f"store.url {where!r}: sslmode {sslmode!r} is not one of {', '.join(_SSLMODES)}"
+        )
+
+
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
+def _with_bounds(conninfo: str, op_timeout: float) -> str:
+    """The conninfo with the server-side bounds added to its ``options`` (kept from the URL
+    too), and an application name unless it names one."""
+    params = conninfo_to_dict(conninfo)
+    # A little under op_timeout: the server ends a stalled statement first (a clean "rolled
+    # back" answer, the connection kept); the client's deadline backs it up.
+    ms = max(1, round(op_timeout * 900))
+    bounds = (
+        f"-c statement_timeout={ms} -c lock_timeout={ms} "
+        f"-c idle_in_transaction_session_timeout={max(ms * 5, 10_000)}"
+    )
+    options = " ".join(part for part in (str(params.get("options") or ""), bounds) if part)
+    extra: dict[str, Any] = {"options": options}
+    if "application_name" not in params:
+        extra["application_name"] = "ai_lease"
+    if "connect_timeout" not in params:
+        extra["connect_timeout"] = max(2, round(op_timeout * 2))
+    return make_conninfo(conninfo, **extra)
+
+
+def _key_of(params: Sequence[Any]) -> str:
+    """The job key a call names (its first argument, by convention), for OutcomeUnknown."""
+    return params[0] if params and isinstance(params[0], str) else ""
+
+
+def _primary(exc: psycopg.Error) -> str:
+    """The server's message for a refused statement (without its PL/pgSQL context)."""
+    return _one_line(exc.diag.message_primary or str(exc))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]

@@ -1,0 +1,218 @@
+"""The PostgreSQL store's job queue, workers, duration history and admin: one call each.
+
+The queue is a table of "look again at" times beside the jobs (plus the recovery looks
+asked for first); workers and duration buckets have a table each. Every operation is one
+statement, most a call of a function in lease/postgres_queue_sql.py. The schedule is a hint
+that workers correct, never the judge: ``due`` claims the keys it hands out with ``FOR
+UPDATE SKIP LOCKED`` and hides them from other stores for :data:`CLAIM_HOLD` seconds, so
+workers asking at the same instant look at different jobs, and the lease still decides who
+runs one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+
+from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
+from ai_lease.job import JobState
+from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo
+from ai_lease.lease.postgres_conn import PostgresConn
+from ai_lease.lease.postgres_schema import JOB_COLUMNS
+from ai_lease.observe.history import checked_histogram
+
+__all__ = ["CLAIM_HOLD", "PRUNE_BATCH", "PostgresQueue"]
+
+CLAIM_HOLD = 0.1
+"""Seconds a key ``due`` handed out stays hidden from other stores (unless rescheduled):
+long enough for the worker that got it to acquire it and move its entry, short enough that
+a key it did not take is soon due for the others again."""
+
+PRUNE_BATCH = 500
+"""Jobs one prune call deletes at most (one statement each, bounded by ``op_timeout``)."""
+
+JOB = ", ".join(f"(o_job).{name}" for name in JOB_COLUMNS)
+"""The columns of a function's ``o_job`` result, in :data:`JOB_COLUMNS` order."""
+
+
+class PostgresQueue(PostgresConn):
+    """The :class:`~ai_lease.lease.base.JobQueue` and
+    :class:`~ai_lease.lease.base.JobAdmin` parts of the PostgreSQL store, and its history."""
+
+    _claims: dict[str, tuple[float, float]] | None = None  # see _live_claims
+
+    async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
+        row = await self._fetchone(
+            "submit",
+            f"SELECT o_outcome, o_now, {JOB} FROM {{schema}}.ail_submit(%s, %s, %s)",
+            (key, spec, fingerprint),
+        )
+        if row is None or row[0] == "conflict":
+            raise JobConflict(key)
+        job = self._job(row[2:], row[1])
+        if row[0] == "corrupt":  # _job found nothing wrong: the status is still unknown
+            raise CorruptRecord(key, f"field 'status' holds {str(job.status)[:40]!r}")
+        return job
+
+    async def due(self, limit: int) -> list[str]:
+        """Lapsed leases with a queue entry first (the earliest lapse first), then the due
+        entries; each claimed for :data:`CLAIM_HOLD` seconds. This store's own claims it
+        still sees as due until their hold ends (so a worker never loses sight of a key it
+        passed over), others' it does not."""
+        mine = self._live_claims()
+        rows = await self._fetch(
+            "due",
+            "SELECT o_key, o_claimed FROM {schema}.ail_due(%s, %s, %s, %s)",
+            (limit, CLAIM_HOLD, list(mine), [at for at, _ in mine.values()]),
+        )
+        now = time.monotonic()
+        for key, claimed in rows:
+            if claimed is not None:
+                mine[key] = (claimed, now)
+        return [key for key, _ in rows]
+
+    def _live_claims(self) -> dict[str, tuple[float, float]]:
+        """This store's claims (key -> the ``due_at`` it set, when) whose hold may not have
+        ended yet: the server compares the exact ``due_at``, so one kept too long is
+        harmless, and a key rescheduled since no longer matches."""
+        if self._claims is None:
+            self._claims = {}
+        cutoff = time.monotonic() - CLAIM_HOLD - 1.0
+        if any(at < cutoff for _, at in self._claims.values()):
+            self._claims = {k: v for k, v in self._claims.items() if v[1] >= cutoff}
+        return self._claims
+
+    async def reschedule(self, key: str, at: float | None) -> None:
+        await self._fetch(
+            "reschedule",
+            "SELECT {schema}.ail_reschedule(%s, %s)",
+            (key, None if at is None else float(at)),
+        )
+
+    async def recover_at(self, key: str, at: float) -> None:
+        await self._fetch("recover_at", "SELECT {schema}.ail_recover_at(%s, %s)", (key, float(at)))
+
+    async def due_recoveries(self, limit: int) -> list[str]:
+        rows = await self._fetch(
+            "due_recoveries",
+            "SELECT key FROM {schema}.ail_recovery"
+            " WHERE due_at <= extract(epoch FROM clock_timestamp())"
+            " ORDER BY due_at, key LIMIT %s",
+            (limit,),
+        )
+        return [key for (key,) in rows]
+
+    # -- workers ---------------------------------------------------------------------------
+
+    async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
+        blob = orjson.dumps({k: v for k, v in asdict(info).items() if k != "last_seen"})
+        await self._fetch(
+            "worker_beat",
+            "SELECT {schema}.ail_worker_beat(%s, %s, %s)",
+            (info.worker_id, blob.decode(), float(ttl)),
+        )
+
+    async def worker_gone(self, worker_id: str) -> None:
+        await self._fetch(
+            "worker_gone",
+            "DELETE FROM {schema}.ail_workers WHERE worker_id = %s RETURNING worker_id",
+            (worker_id,),
+        )
+
+    async def list_workers(self, *, on_corrupt: CorruptSink | None = None) -> list[WorkerInfo]:
+        rows = await self._fetch(
+            "list_workers",
+            "SELECT worker_id, info FROM {schema}.ail_workers"
+            " WHERE expires_at > extract(epoch FROM clock_timestamp()) ORDER BY worker_id",
+        )
+        out = []
+        for worker_id, blob in rows:
+            try:
+                out.append(WorkerInfo.from_json(str(worker_id), blob))
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
+        return out
+
+    # -- duration history ------------------------------------------------------------------
+
+    async def add_durations(self, counts: Mapping[tuple[str, str, str], Mapping[int, int]]) -> None:
+        rows = sorted(
+            (*series, int(bucket), int(n))
+            for series, buckets in counts.items()
+            for bucket, n in buckets.items()
+        )
+        if not rows:
+            return
+        columns: list[Sequence[Any]] = [list(column) for column in zip(*rows, strict=True)]
+        await self._fetch(
+            "add_durations",
+            "SELECT {schema}.ail_add_durations(%s, %s, %s, %s::int[], %s::bigint[])",
+            columns,
+        )
+
+    async def load_durations(
+        self, *, on_corrupt: CorruptSink | None = None
+    ) -> dict[tuple[str, str, str], dict[int, int]]:
+        rows = await self._fetch(
+            "load_durations",
+            "SELECT pipeline, kind, stage, bucket, count FROM {schema}.ail_durations",
+        )
+        grouped: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {}
+        for pipeline, kind, stage, bucket, n in rows:
+            grouped.setdefault((pipeline, kind, stage), []).append((bucket, n))
+        out: dict[tuple[str, str, str], dict[int, int]] = {}
+        for parts, buckets in grouped.items():
+            try:
+                series, counted = checked_histogram("/".join(map(str, parts))[:120], parts, buckets)
+            except CorruptRecord as exc:
+                skip_corrupt(exc, on_corrupt)
+                continue
+            out[series] = counted
+        return out
+
+    # -- the jobs' lifecycle for people (JobAdmin): one function call each -----------------
+
+    async def retry(self, key: str) -> JobState | None:
+        row = await self._fetchone(
+            "retry", f"SELECT o_now, {JOB} FROM {{schema}}.ail_retry(%s)", (key,)
+        )
+        if row is None or row[1] is None:
+            return None
+        return self._job(row[1:], row[0])
+
+    async def remove(self, key: str, *, force: bool = False) -> Removal:
+        """Delete the job (see :func:`~ai_lease.lease.rules.removable`); a record that is
+        not ours raises :class:`CorruptRecord` and stays."""
+        row = await self._fetchone(
+            "remove",
+            f"SELECT o_outcome, o_now, {JOB} FROM {{schema}}.ail_remove(%s, %s)",
+            (key, force),
+        )
+        if row is None or row[0] == "gone":
+            return Removal(False, None)
+        job = self._job(row[2:], row[1])
+        if row[0] == "corrupt":  # _job found nothing wrong: the status is still unknown
+            raise CorruptRecord(key, f"field 'status' holds {str(job.status)[:40]!r}")
+        return Removal(row[0] == "removed", job)
+
+    async def prune(self, older_than: float, statuses: frozenset[str] = TERMINAL_STATUSES) -> int:
+        """Batches of :data:`PRUNE_BATCH`, one statement each, until a batch comes up short:
+        for people, not hot paths."""
+        wanted = sorted(statuses & TERMINAL_STATUSES)
+        if not wanted:
+            return 0
+        removed = 0
+        while True:
+            row = await self._fetchone(
+                "prune",
+                "SELECT {schema}.ail_prune(%s, %s, %s)",
+                (float(older_than), wanted, PRUNE_BATCH),
+            )
+            n = int(row[0]) if row is not None else 0
+            removed += n
+            if n < PRUNE_BATCH:
+                return removed
