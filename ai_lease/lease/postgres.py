@@ -32,7 +32,8 @@ from ai_lease.lease.base import (
     TimelineEntry,
     check_checkpoint,
 )
-from ai_lease.lease.postgres_conn import PostgresConn, check_url
+from ai_lease.lease.postgres_conn import check_url
+from ai_lease.lease.postgres_listing import PostgresListing
 from ai_lease.lease.postgres_notify import Listener
 from ai_lease.lease.postgres_schema import channel_name
 from ai_lease.lease.refusal import Refusal
@@ -69,7 +70,7 @@ _TIMELINE = (
 _NOTE = "SELECT {schema}.ail_note_job(%s, %s, %s, %s, %s, %s, %s)"
 
 
-class PostgresStore(PostgresConn):
+class PostgresStore(PostgresListing):
     """A :class:`~ai_lease.lease.base.LeaseStore` on PostgreSQL (psycopg 3, async).
 
     Everything lives in the PostgreSQL schema named after ``namespace``; ``from_url`` opens
