@@ -35,13 +35,6 @@ SLACK = 1.0  # generous: two CPUs shared with other test runs
 TTL = PROFILE["ttl"]
 KEY = "pg-job"
 
-BUG_CANCEL_OUTLIVES_DEADLINE = (
-    "ai_lease/lease/postgres_conn.py PostgresConn._fetch: at the op_timeout deadline the "
-    "cancelled psycopg call sends a cancel request to the server and waits for it (psycopg's "
-    "_try_cancel, up to 5 s) and the pool then resets the connection: against a frozen "
-    "server a get with op_timeout 1 s returns StoreUnavailable after ~11 s"
-)
-
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PostgresServer]:
@@ -191,7 +184,6 @@ async def test_a_statement_stalled_by_a_lock_is_bounded_by_op_timeout(
     assert record is not None and record.status is Status.RUNNING and record.result is None
 
 
-@pytest.mark.xfail(reason=BUG_CANCEL_OUTLIVES_DEADLINE, strict=True, raises=AssertionError)
 async def test_a_frozen_server_is_bounded_by_op_timeout(
     pg: PostgresServer, store: PostgresStore
 ) -> None:

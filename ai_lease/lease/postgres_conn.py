@@ -35,6 +35,7 @@ from ai_lease.errors import ConfigError, CorruptRecord, OutcomeUnknown, StoreUna
 from ai_lease.job import JobState
 from ai_lease.lease import postgres_schema as schema_
 from ai_lease.lease.postgres_schema import JOB_COLUMNS
+from ai_lease.lease.redis_wire import Tasks, within  # the bounded wait both stores share
 from ai_lease.lease.urls import mask_url
 from ai_lease.resource import AsyncResource
 
@@ -79,6 +80,7 @@ class PostgresConn(AsyncResource):
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._ready_lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(POOL_SIZE[1])  # calls in flight: one per connection
+        self._tasks = Tasks()  # calls still running after their caller's deadline
         self._queries: dict[str, bytes] = {}
         self._closed = False
 
@@ -221,9 +223,13 @@ class PostgresConn(AsyncResource):
                     raise
 
         past = lambda: loop.time() >= deadline  # noqa: E731
+        call = retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past)
         try:
-            async with asyncio.timeout_at(deadline):
-                return await retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past)
+            # The deadline ends the wait, not the call: cancelling a psycopg call makes it
+            # send the server a cancel request and wait for that (seconds, against a frozen
+            # server). The call runs on in the background and gives its connection back
+            # when its answer (or its error) comes; aclose() ends what is still running.
+            return await within(self._tasks.start(call), max(0.0, deadline - loop.time()))
         except TimeoutError:
             detail = f"no answer within {self._op_timeout:g}s"
             raise self._unavailable(op, detail, key=_key_of(params)) from None
@@ -283,6 +289,7 @@ class PostgresConn(AsyncResource):
 
     async def aclose(self) -> None:
         self._closed = True
+        await self._tasks.aclose()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
