@@ -26,7 +26,6 @@ from typing import Any
 
 import psycopg
 import psycopg.errors as pg_errors
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -74,7 +73,7 @@ class PostgresConn(AsyncResource):
             raise ConfigError("store.namespace: must not be empty for a PostgreSQL store")
         self.where = where or mask_url(conninfo)
         self.namespace = namespace
-        self.schema = sql.Identifier(namespace).as_string(None)
+        self.schema = '"' + namespace.replace('"', '""') + '"'  # sql.Identifier's quoting
         self._op_timeout, self._poll = op_timeout, poll_interval
         self._conninfo = _with_bounds(conninfo, op_timeout)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
