@@ -6,6 +6,7 @@ operation; one listening connection per store; a resend after a killed connectio
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,8 +19,9 @@ from click.testing import CliRunner
 from ai_lease import ConfigError, StoreUnavailable
 from ai_lease.cli.app import main
 from ai_lease.job import Status
-from ai_lease.lease import Acquired, open_store
+from ai_lease.lease import Acquired, open_store, postgres_sql
 from ai_lease.lease.postgres import PostgresStore
+from ai_lease.lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS, Refusal
 from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import free_port
 
@@ -247,3 +249,14 @@ async def test_a_killed_connection_is_resent_and_the_retry_is_idempotent(
         '"r"',
         done.finished_at,
     )
+
+
+def test_the_functions_answer_with_the_refusal_codes_of_their_kind() -> None:
+    """ail_renew can answer every renewal refusal, ail_finish every write refusal (codes of
+    the one enum, as the Lua scripts and the rules do)."""
+
+    def codes(text: str) -> set[str]:
+        return set(re.findall(r"'([a-z_]+)'", text)) & {r.value for r in Refusal}
+
+    assert codes(postgres_sql._RENEW) == {r.value for r in RENEWAL_REFUSALS}
+    assert codes(postgres_sql._FINISH) == {r.value for r in WRITE_REFUSALS}
