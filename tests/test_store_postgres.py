@@ -274,5 +274,5 @@ async def test_a_note_is_appended_to_an_existing_job_only(store: PostgresStore) 
     assert last.detail == "x" * 2000 and last.at >= entries[0].at
     assert not await store.note("no-such-job", "reaped", "gone", owner_id="A", token=1)
     assert await store.timeline("no-such-job") == ([], 0)
-    with pytest.raises(ValueError, match="note kind"):
+    with pytest.raises(ValueError, match="kind 'committed'"):
         await store.note("noted", "committed", "forged", owner_id="A", token=1)
