@@ -204,6 +204,22 @@ async def assert_ladder(
     hung_pid = int(mark.read_text())
     assert gone(hung_pid), f"child {hung_pid} is still there"
     assert worker.pool is not None and worker.pool.started == 2 + 1  # one replacement
+    await assert_ladder_noted(store, "stuck", signals, hung_pid)
+
+
+async def assert_ladder_noted(store: LeaseStore, key: str, signals: list[str], pid: int) -> None:
+    """The ladder's steps are in the job's stored timeline: one ``terminated`` per signal
+    (its detail led by it) then ``reaped``, under the stopped attempt's fence, after the
+    stall and before the job's commit."""
+    entries, _ = await store.timeline(key)  # type: ignore[attr-defined]
+    kinds = [e.kind for e in entries]
+    steps = [e for e in entries if e.kind in ("terminated", "reaped")]
+    assert [e.kind for e in steps] == ["terminated"] * len(signals) + ["reaped"], kinds
+    assert [e.detail.split(":")[0] for e in steps[:-1]] == signals
+    assert f"pid {pid}" in steps[-1].detail, steps[-1]
+    first = next(e for e in entries if e.kind == "acquired")
+    assert {(e.owner_id, e.token) for e in steps} == {(first.owner_id, first.token)}
+    assert kinds.index("stalled") < kinds.index("terminated") < kinds.index("committed")
 
 
 async def test_a_child_hung_in_a_stage_thread_is_snapshotted_and_stopped_by_sigterm(

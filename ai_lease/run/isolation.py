@@ -13,7 +13,9 @@ its lease was lost, the worker is shutting down — the parent takes the child's
 first (every thread's stack, by signal: it works while the child's loop or a C call is
 stuck), then climbs the termination ladder: SIGTERM, ``terminate_grace`` seconds, SIGKILL;
 it audits that the child is gone, starts a fresh child in its place, and the attempt ends
-by the usual release/expire policy. A child that exits at once is not waited for.
+by the usual release/expire policy. A child that exits at once is not waited for. Each
+signal and the reaping are events and, on a store with ``note`` (both built-in ones),
+entries in the job's timeline (ai_lease/run/ladder_notes.py).
 
 The rule for what crosses: the pipeline's stage functions and the provider *factory* must
 be picklable (module-level functions, ``functools.partial`` of them); a provider object
@@ -35,6 +37,7 @@ from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.run import ladder
 from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work
 from ai_lease.run.isolation_pool import Child, ChildPool, receive
+from ai_lease.run.ladder_notes import noting
 from ai_lease.run.pipeline import Pipeline, StageContext
 from ai_lease.timeouts import LeaseTimings
 
@@ -238,15 +241,18 @@ class IsolatedPipeline(Pipeline):
         stacks = f"\n{snap.render(4096)}" if snap is not None and why is not None else ""
         ctx.say("terminating", f"child {pid}: {reason}{stacks}", attrs={"pid": pid})
 
-        def on_step(step: str, facts: dict[str, Any]) -> None:
-            if ctx.emit is not None:
-                fence = ctx.fence
-                ids = {"owner_id": fence.owner_id, "token": fence.token, "stage": None}
-                ctx.emit(ladder.step_event(fence.key, step, facts, **ids))
+        fence = ctx.fence
+        async with noting(ctx.store, fence, ctx.tracker.stage) as note:
 
-        how = await ladder.terminate(
-            pid, grace=self.terminate_grace, on_step=on_step, reap=_reaper(child)
-        )
+            def on_step(step: str, facts: dict[str, Any]) -> None:
+                note(step, facts)  # into the job's stored timeline (a store with note())
+                if ctx.emit is not None:
+                    ids = {"owner_id": fence.owner_id, "token": fence.token, "stage": None}
+                    ctx.emit(ladder.step_event(fence.key, step, facts, **ids))
+
+            how = await ladder.terminate(
+                pid, grace=self.terminate_grace, on_step=on_step, reap=_reaper(child)
+            )
         inodes = snap.socket_inodes if snap is not None else ()
         report = ladder.audit(pid, sockets=inodes, hooks_ran=how == "term" or None)
         ctx.say("audited", f"child {pid}: {how}", attrs=_flat(report))
