@@ -17,10 +17,10 @@ by the usual release/expire policy. A child that exits at once is not waited for
 signal and the reaping are events and, on a store with ``note`` (both built-in ones),
 entries in the job's timeline (ai_lease/run/ladder_notes.py).
 
-The rule for what crosses: the pipeline's stage functions and the provider *factory* must
-be picklable (module-level functions, ``functools.partial`` of them); a provider object
-cannot cross processes. A stage after ``parse`` (``persist``) and the persist hook run in
-the parent, seeing ``ctx.output("parse")`` only. Stream checkpoints are not stored for an
+The rule for what crosses: the stage functions before ``persist`` and the provider
+*factory* must be picklable (module-level functions, ``functools.partial`` of them); a
+provider object cannot cross processes. A stage from ``persist`` on and the persist hook
+run in the parent (they need not be picklable), seeing ``ctx.output("parse")`` only. Stream checkpoints are not stored for an
 isolated job (a takeover calls the model afresh).
 """
 
@@ -89,14 +89,15 @@ async def isolated(
     """A pool of ``size`` warm children, with ``runner``'s pipeline run through it inside
     the block (the runner gets its own pipeline back afterwards)."""
     pipeline, config = runner.pipeline, runner.config
+    cut = split_at_persist(pipeline)
     spec = ChildSpec(
-        pipeline,
+        Pipeline(pipeline.stages[:cut]) if cut else pipeline,  # only these cross: picklable
         provider_factory,
         tuple(str(f) for f in runner.prompts.folders),
         config.stream_timeouts,
         config.stream_limits,
         config.call_retry,
-        split_at_persist(pipeline),
+        cut,
     )
     pool = ChildPool(spec, size)
     try:

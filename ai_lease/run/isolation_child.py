@@ -7,14 +7,17 @@ every progress mark into a shared-memory array the parent reads (no message, no 
 trip per mark), sends the events the stages say over the pipe, and finally the last stage's
 value (bounded in size) or the error that ended it. It never touches the store: the lease,
 the keeper and the fenced commit stay in the parent, which stops the child (the termination
-ladder) when the job stalls, is cancelled or loses its lease.
+ladder) when the job stalls, is cancelled or loses its lease. A child dies with its worker
+(:func:`die_with_parent`, also set in the fork server: ai_lease/run/isolation_forkserver.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -41,6 +44,8 @@ __all__ = ["MAX_RESULT_BYTES", "ChildSpec", "ProviderFactory", "Work", "child_ma
 
 MAX_RESULT_BYTES = 8 * 1024 * 1024
 """A child's reply (the parsed result) larger than this is refused (not retryable)."""
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 VERSION, LAST_AT, STAGE = 0, 1, 2
 """Slots of the shared progress array: progress version, last progress time (monotonic,
@@ -150,8 +155,19 @@ class _Channel:
         return len(blob)
 
 
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; a no-op
+    elsewhere): a child must not outlive the worker that owns its job's lease."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
 def child_main(conn: Connection, spec: ChildSpec, shared: Any, dump_path: str) -> None:
     """The child's entry point: handlers first, then serve jobs until the pipe closes."""
+    die_with_parent()  # the fork server (or the worker, with spawn), which dies with it
     install_child_handlers(dump_path, on_terminate=_exit_on_sigterm)
     provider = spec.provider_factory() if spec.provider_factory is not None else None
     prompts = PromptLibrary(spec.prompt_folders)
