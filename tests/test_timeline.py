@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -143,7 +144,7 @@ async def assert_no_orphans(node: NodeProcess, timeout: float = 5.0) -> None:
     its stage would otherwise run on, orphaned, for ever)."""
     pids = [pid for e in of_kind(node.events(), "children") for pid in e["pids"]]
     deadline = time.monotonic() + timeout
-    while left := [pid for pid in pids if Path(f"/proc/{pid}").exists()]:
+    while left := [pid for pid in pids if os.path.exists(f"/proc/{pid}")]:
         assert time.monotonic() < deadline, f"children {left} outlived their node"
         await asyncio.sleep(0.05)
 

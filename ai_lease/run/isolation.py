@@ -20,8 +20,8 @@ entries in the job's timeline (ai_lease/run/ladder_notes.py).
 The rule for what crosses: the stage functions before ``persist`` and the provider
 *factory* must be picklable (module-level functions, ``functools.partial`` of them); a
 provider object cannot cross processes. A stage from ``persist`` on and the persist hook
-run in the parent (they need not be picklable), seeing ``ctx.output("parse")`` only. Stream checkpoints are not stored for an
-isolated job (a takeover calls the model afresh).
+run in the parent (they need not be picklable), seeing ``ctx.output("parse")`` only.
+Stream checkpoints are not stored for an isolated job (a takeover calls the model afresh).
 """
 
 from __future__ import annotations
