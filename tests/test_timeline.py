@@ -139,12 +139,16 @@ def assert_child_stopped(cluster: Cluster, zombie: Events) -> None:
     assert not Path(f"/proc/{steps[0]['attrs']['pid']}").exists(), "the stuck child remains"
 
 
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
 async def assert_no_orphans(node: NodeProcess, timeout: float = 5.0) -> None:
     """After its node was SIGKILLed, no child process of it lives on (a child stuck in
     its stage would otherwise run on, orphaned, for ever)."""
     pids = [pid for e in of_kind(node.events(), "children") for pid in e["pids"]]
     deadline = time.monotonic() + timeout
-    while left := [pid for pid in pids if os.path.exists(f"/proc/{pid}")]:
+    while left := [pid for pid in pids if alive(pid)]:
         assert time.monotonic() < deadline, f"children {left} outlived their node"
         await asyncio.sleep(0.05)
 
