@@ -24,6 +24,7 @@ import pytest
 
 from ai_lease import LeaseStore, LeaseTimings, Status, open_store
 from ai_lease.job import Job
+from ai_lease.observe.cpu_idle import STUCK_WAIT_PCT, cpu_idle_of
 from ai_lease.observe.events import Event
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
@@ -198,6 +199,8 @@ async def assert_ladder(
     assert record is not None and record.status is Status.DONE, record
     assert record.output == "ok" and record.attempts == 2, record
     assert "stuck_in_a_blocking_call" in (record.stall_snapshot or ""), record.stall_snapshot
+    idle = cpu_idle_of(record.stall_snapshot)  # a sleep: a stuck wait, not work
+    assert isinstance(idle, float) and idle >= STUCK_WAIT_PCT, record.stall_snapshot
     terminated = [e for e in events if e.kind == "terminated"]
     assert [e.attrs["signal"] for e in terminated if e.attrs] == signals, terminated
     assert [e.kind for e in events].count("committed") == 1
