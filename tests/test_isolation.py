@@ -273,19 +273,32 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
 
 
-async def test_the_worker_command_runs_jobs_in_child_processes(tmp_path: Path) -> None:
-    """`ai-lease worker --isolation process` runs jobs to DONE in its warm children and
-    exits 0 on SIGTERM, leaving no child behind."""
+CHOSEN_BY = {  # how process isolation is chosen: flags, or the [worker] settings
+    "flags": ((), ("--isolation", "process", "--terminate-grace", "2")),
+    "environment": (
+        (("AI_LEASE_WORKER__ISOLATION", "process"), ("AI_LEASE_WORKER__TERMINATE_GRACE", "2")),
+        (),
+    ),
+}
+
+
+@pytest.mark.parametrize("chosen_by", sorted(CHOSEN_BY))
+async def test_the_worker_command_runs_jobs_in_child_processes(
+    tmp_path: Path, chosen_by: str
+) -> None:
+    """`ai-lease worker --isolation process` (or AI_LEASE_WORKER__ISOLATION=process) runs
+    jobs to DONE in its warm children and exits 0 on SIGTERM, leaving no child behind."""
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     store = open_store(url)
     keys = [f"cli-{i}" for i in range(3)]
+    variables, flags = CHOSEN_BY[chosen_by]
     try:
         await submit(store, keys)
         worker = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "ai_lease", "--store", url, "worker"),
-            *("--isolation", "process", "--terminate-grace", "2", "--sweep-interval", "0.1"),
+            *(*flags, "--sweep-interval", "0.1"),
             cwd=tmp_path,
-            env=_env(),
+            env={**_env(), **dict(variables)},
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -310,6 +323,36 @@ async def test_the_worker_command_runs_jobs_in_child_processes(tmp_path: Path) -
                 break
             await asyncio.sleep(0.05)
         assert all(gone(pid) for pid in children), children
+    finally:
+        await store.aclose()
+
+
+async def test_the_isolation_flag_beats_the_settings(tmp_path: Path) -> None:
+    """--isolation task over AI_LEASE_WORKER__ISOLATION=process: the job runs, no child
+    process is started."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    store = open_store(url)
+    try:
+        await submit(store, ["flag"])
+        worker = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "ai_lease", "--store", url, "worker"),
+            *("--isolation", "task", "--sweep-interval", "0.1"),
+            cwd=tmp_path,
+            env={**_env(), "AI_LEASE_WORKER__ISOLATION": "process"},
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while (record := await store.get("flag")) is None or not record.status.terminal:
+                assert time.monotonic() < deadline and worker.returncode is None
+                await asyncio.sleep(0.1)
+            assert record.status is Status.DONE and not descendants(worker.pid)
+        finally:
+            if worker.returncode is None:
+                worker.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(worker.communicate(), 30)
+        assert worker.returncode == 0 and "warm children" not in err.decode(), err.decode()
     finally:
         await store.aclose()
 
