@@ -21,7 +21,10 @@ The rule for what crosses: the stage functions before ``persist`` and the provid
 *factory* must be picklable (module-level functions, ``functools.partial`` of them); a
 provider object cannot cross processes. A stage from ``persist`` on and the persist hook
 run in the parent (they need not be picklable), seeing ``ctx.output("parse")`` only.
-Stream checkpoints are not stored for an isolated job (a takeover calls the model afresh).
+A resumable stream's checkpoint (``openai-responses`` in background mode) is sent by the
+child when it moves and stored by the parent's keeper at its renewals, as in-process: a
+takeover resumes the response (the record's checkpoint goes to the new child as
+``resume_from``) instead of calling the model again.
 """
 
 from __future__ import annotations
@@ -136,6 +139,16 @@ class ChildKeeper(LeaseKeeper):
         await super()._report(text, idle, budget)
 
 
+class RemoteCheckpoint:
+    """The keeper's checkpoint source while a child runs the stream: the last checkpoint
+    the child sent (the record's JSON), stored by the keeper's next renewal."""
+
+    latest: str | None = None
+
+    def __call__(self) -> str | None:
+        return self.latest
+
+
 class IsolatedPipeline(Pipeline):
     """``pipeline`` with its stages before ``persist`` run in a child of ``pool``."""
 
@@ -155,15 +168,17 @@ class IsolatedPipeline(Pipeline):
             return await super().run(ctx, timings, emit)
         ctx.emit = emit
         child = await self.pool.take()
-        keeper = ctx.keeper
+        keeper, checkpoints = ctx.keeper, RemoteCheckpoint()
         if isinstance(keeper, ChildKeeper):
             keeper.child = child
+        source, keeper.checkpoint = keeper.checkpoint, checkpoints  # the child's, meanwhile
         try:
-            kind, value, clean = await self._remote(child, ctx, timings)
+            kind, value, clean = await self._remote(child, ctx, timings, checkpoints)
         except BaseException as exc:
             await _shielded(self._stop(child, ctx, exc))
             raise
         finally:
+            keeper.checkpoint = source
             if isinstance(keeper, ChildKeeper):
                 keeper.child = None
         if clean:
@@ -177,7 +192,7 @@ class IsolatedPipeline(Pipeline):
         return await self.tail.run(ctx, timings, emit)
 
     async def _remote(
-        self, child: Child, ctx: StageContext, timings: LeaseTimings
+        self, child: Child, ctx: StageContext, timings: LeaseTimings, checkpoints: RemoteCheckpoint
     ) -> tuple[str, Any, bool]:
         """Send the job; copy progress and pass events on until the child's answer:
         ``("done", value, clean)`` or ``("failed", error, clean)``."""
@@ -199,6 +214,8 @@ class IsolatedPipeline(Pipeline):
             if message[0] == "event":
                 if ctx.emit is not None:
                     ctx.emit(message[1])
+            elif message[0] == "checkpoint":
+                checkpoints.latest = message[1]
             elif message[0] == "done":
                 _, value, ran, finish_reason, clean = message
                 ctx.ran.update(ran)

@@ -4,11 +4,14 @@
 The child imports ai_lease once, builds its provider from a picklable factory, and waits on
 its pipe. For each job it runs the stages before ``persist`` under the job's budgets, writes
 every progress mark into a shared-memory array the parent reads (no message, no store round
-trip per mark), sends the events the stages say over the pipe, and finally the last stage's
-value (bounded in size) or the error that ended it. It never touches the store: the lease,
-the keeper and the fenced commit stay in the parent, which stops the child (the termination
-ladder) when the job stalls, is cancelled or loses its lease. A child dies with its worker
-(:func:`die_with_parent`, also set in the fork server: ai_lease/run/isolation_forkserver.py).
+trip per mark), sends the events the stages say over the pipe, a resumable stream's
+checkpoint when it moved (twice per renewal interval at most: the parent's keeper stores
+it, so a takeover resumes the response instead of paying for it again), and finally the
+last stage's value (bounded in size) or the error that ended it. It never touches the
+store: the lease, the keeper and the fenced commit stay in the parent, which stops the child
+(the termination ladder) when the job stalls, is cancelled or loses its lease. A child
+dies with its worker (:func:`die_with_parent`, also set in the fork server:
+ai_lease/run/isolation_forkserver.py).
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ MAX_RESULT_BYTES = 8 * 1024 * 1024
 """A child's reply (the parsed result) larger than this is refused (not retryable)."""
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+CHECKPOINT_EVERY_MIN_S = 0.05
+"""The shortest pause between two looks at a stream's checkpoint in a child."""
 
 VERSION, LAST_AT, STAGE = 0, 1, 2
 """Slots of the shared progress array: progress version, last progress time (monotonic,
@@ -249,11 +255,15 @@ async def _run_one(
     def emit(event: Event) -> None:
         channel.send(("event", event))
 
+    sender = asyncio.create_task(_send_checkpoints(channel, ctx, _checkpoint_every(work)))
     try:
         value = await stages.run(ctx, work.timings, emit if work.listening else None)
     except Exception as exc:
         channel.send(("failed", _portable(exc), tracker.thread_ident is None))
         return
+    finally:
+        sender.cancel()
+        await asyncio.wait([sender])  # gone before the answer: no checkpoint after it
     reply = ("done", value, ctx.ran, ctx.finish_reason, tracker.thread_ident is None)
     blob = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
     if len(blob) > MAX_RESULT_BYTES:
@@ -265,6 +275,26 @@ async def _run_one(
         return
     with channel.lock:
         channel.conn.send_bytes(blob)
+
+
+def _checkpoint_every(work: Work) -> float:
+    """Seconds between the child's looks at its stream's checkpoint: twice per renewal, so
+    the parent's keeper stores one at most half a renewal old."""
+    return max(CHECKPOINT_EVERY_MIN_S, work.timings.renew_interval / 2)
+
+
+async def _send_checkpoints(channel: _Channel, ctx: StageContext, every: float) -> None:
+    """Send ``("checkpoint", json)`` whenever the running stream's checkpoint changed (a
+    resumable stream only: ``openai-responses`` in background mode), for the parent's
+    keeper to store at its renewals. Read here, between the guard's batches, as the
+    keeper reads it in-process: the text and the sequence agree."""
+    sent: str | None = None
+    while True:
+        await asyncio.sleep(every)
+        blob = ctx.checkpoint_json()  # the same object while nothing changed
+        if blob is not None and blob is not sent:
+            channel.send(("checkpoint", blob))
+            sent = blob
 
 
 def _portable(exc: Exception) -> Exception:
