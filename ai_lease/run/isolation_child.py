@@ -35,7 +35,7 @@ from ai_lease.lease.base import Fence, LeaseStore
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.observe.events import Event
 from ai_lease.prompts import PromptLibrary
-from ai_lease.providers.base import Provider
+from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
 from ai_lease.run.classify import describe, retryable
 from ai_lease.run.ladder import install_child_handlers
@@ -161,6 +161,29 @@ class _Channel:
         return len(blob)
 
 
+@dataclass(kw_only=True)
+class _ChildContext(StageContext):
+    """The child's stage context: a resumable stream's checkpoint (``openai-responses`` in
+    background mode) also goes to the parent, whose keeper stores it at its renewals; at
+    most once per ``checkpoint_every`` seconds, and no task of its own."""
+
+    channel: _Channel
+    checkpoint_every: float
+    sent_at: float = float("-inf")
+
+    def note_checkpoint(self, point: Checkpoint) -> None:
+        """Send the checkpoint noted *before* this one, whose batch the guard has
+        collected by now (a provider reports a checkpoint before handing its batch over):
+        its text and its sequence agree. Then note ``point`` as in-process."""
+        now = time.monotonic()
+        if now - self.sent_at >= self.checkpoint_every:
+            blob = self.checkpoint_json()
+            if blob is not None:
+                self.channel.send(("checkpoint", blob))
+                self.sent_at = now
+        super().note_checkpoint(point)
+
+
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL this process when its parent dies (Linux; a no-op
     elsewhere): a child must not outlive the worker that owns its job's lease."""
@@ -237,7 +260,9 @@ async def _run_one(
     """Run ``work``'s stages and send ``("done", value, ran, finish_reason, clean)`` or
     ``("failed", error, clean)``; ``clean`` False: a stage thread is still running."""
     tracker = SharedProgress(shared, [s.name for s in spec.pipeline.stages])
-    ctx = StageContext(
+    ctx = _ChildContext(
+        channel=channel,
+        checkpoint_every=_checkpoint_every(work),
         job=work.job,
         fence=work.fence,
         store=cast(LeaseStore, None),  # stages before persist never touch the store
@@ -255,15 +280,11 @@ async def _run_one(
     def emit(event: Event) -> None:
         channel.send(("event", event))
 
-    sender = asyncio.create_task(_send_checkpoints(channel, ctx, _checkpoint_every(work)))
     try:
         value = await stages.run(ctx, work.timings, emit if work.listening else None)
     except Exception as exc:
         channel.send(("failed", _portable(exc), tracker.thread_ident is None))
         return
-    finally:
-        sender.cancel()
-        await asyncio.wait([sender])  # gone before the answer: no checkpoint after it
     reply = ("done", value, ctx.ran, ctx.finish_reason, tracker.thread_ident is None)
     blob = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
     if len(blob) > MAX_RESULT_BYTES:
@@ -281,20 +302,6 @@ def _checkpoint_every(work: Work) -> float:
     """Seconds between the child's looks at its stream's checkpoint: twice per renewal, so
     the parent's keeper stores one at most half a renewal old."""
     return max(CHECKPOINT_EVERY_MIN_S, work.timings.renew_interval / 2)
-
-
-async def _send_checkpoints(channel: _Channel, ctx: StageContext, every: float) -> None:
-    """Send ``("checkpoint", json)`` whenever the running stream's checkpoint changed (a
-    resumable stream only: ``openai-responses`` in background mode), for the parent's
-    keeper to store at its renewals. Read here, between the guard's batches, as the
-    keeper reads it in-process: the text and the sequence agree."""
-    sent: str | None = None
-    while True:
-        await asyncio.sleep(every)
-        blob = ctx.checkpoint_json()  # the same object while nothing changed
-        if blob is not None and blob is not sent:
-            channel.send(("checkpoint", blob))
-            sent = blob
 
 
 def _portable(exc: Exception) -> Exception:
