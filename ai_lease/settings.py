@@ -41,6 +41,7 @@ from ai_lease.settings_errors import Loc, Origins, allowed, report, rule, where
 from ai_lease.settings_provider import EndpointSettings, ProviderSettings, _Section
 from ai_lease.settings_sources import CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENV_DELIMITER, ENV_PREFIX
 from ai_lease.settings_ui import UiSettings
+from ai_lease.settings_worker import WorkerSettings
 from ai_lease.timeouts import (
     DEFAULT_STAGE_BUDGETS,
     AdaptiveBudgets,
@@ -210,6 +211,7 @@ class Settings(BaseSettings):
     adaptive: AdaptiveSettings = AdaptiveSettings()
     job: JobSettings = JobSettings()
     ui: UiSettings = UiSettings()  # ai-lease ui: host, port, token, refresh
+    worker: WorkerSettings = WorkerSettings()  # ai-lease worker: isolation, terminate_grace
 
     @classmethod
     def settings_customise_sources(

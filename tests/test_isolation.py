@@ -24,6 +24,7 @@ import pytest
 
 from ai_lease import LeaseStore, LeaseTimings, Status, open_store
 from ai_lease.job import Job
+from ai_lease.observe.cpu_idle import STUCK_WAIT_PCT, cpu_idle_of
 from ai_lease.observe.events import Event
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
@@ -198,12 +199,30 @@ async def assert_ladder(
     assert record is not None and record.status is Status.DONE, record
     assert record.output == "ok" and record.attempts == 2, record
     assert "stuck_in_a_blocking_call" in (record.stall_snapshot or ""), record.stall_snapshot
+    idle = cpu_idle_of(record.stall_snapshot)  # a sleep: a stuck wait, not work
+    assert isinstance(idle, float) and idle >= STUCK_WAIT_PCT, record.stall_snapshot
     terminated = [e for e in events if e.kind == "terminated"]
     assert [e.attrs["signal"] for e in terminated if e.attrs] == signals, terminated
     assert [e.kind for e in events].count("committed") == 1
     hung_pid = int(mark.read_text())
     assert gone(hung_pid), f"child {hung_pid} is still there"
     assert worker.pool is not None and worker.pool.started == 2 + 1  # one replacement
+    await assert_ladder_noted(store, "stuck", signals, hung_pid)
+
+
+async def assert_ladder_noted(store: LeaseStore, key: str, signals: list[str], pid: int) -> None:
+    """The ladder's steps are in the job's stored timeline: one ``terminated`` per signal
+    (its detail led by it) then ``reaped``, under the stopped attempt's fence, after the
+    stall and before the job's commit."""
+    entries, _ = await store.timeline(key)  # type: ignore[attr-defined]
+    kinds = [e.kind for e in entries]
+    steps = [e for e in entries if e.kind in ("terminated", "reaped")]
+    assert [e.kind for e in steps] == ["terminated"] * len(signals) + ["reaped"], kinds
+    assert [e.detail.split(":")[0] for e in steps[:-1]] == signals
+    assert f"pid {pid}" in steps[-1].detail, steps[-1]
+    first = next(e for e in entries if e.kind == "acquired")
+    assert {(e.owner_id, e.token) for e in steps} == {(first.owner_id, first.token)}
+    assert kinds.index("stalled") < kinds.index("terminated") < kinds.index("committed")
 
 
 async def test_a_child_hung_in_a_stage_thread_is_snapshotted_and_stopped_by_sigterm(
@@ -254,19 +273,32 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
 
 
-async def test_the_worker_command_runs_jobs_in_child_processes(tmp_path: Path) -> None:
-    """`ai-lease worker --isolation process` runs jobs to DONE in its warm children and
-    exits 0 on SIGTERM, leaving no child behind."""
+CHOSEN_BY = {  # how process isolation is chosen: flags, or the [worker] settings
+    "flags": ((), ("--isolation", "process", "--terminate-grace", "2")),
+    "environment": (
+        (("AI_LEASE_WORKER__ISOLATION", "process"), ("AI_LEASE_WORKER__TERMINATE_GRACE", "2")),
+        (),
+    ),
+}
+
+
+@pytest.mark.parametrize("chosen_by", sorted(CHOSEN_BY))
+async def test_the_worker_command_runs_jobs_in_child_processes(
+    tmp_path: Path, chosen_by: str
+) -> None:
+    """`ai-lease worker --isolation process` (or AI_LEASE_WORKER__ISOLATION=process) runs
+    jobs to DONE in its warm children and exits 0 on SIGTERM, leaving no child behind."""
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     store = open_store(url)
     keys = [f"cli-{i}" for i in range(3)]
+    variables, flags = CHOSEN_BY[chosen_by]
     try:
         await submit(store, keys)
         worker = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "ai_lease", "--store", url, "worker"),
-            *("--isolation", "process", "--terminate-grace", "2", "--sweep-interval", "0.1"),
+            *(*flags, "--sweep-interval", "0.1"),
             cwd=tmp_path,
-            env=_env(),
+            env={**_env(), **dict(variables)},
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -291,6 +323,36 @@ async def test_the_worker_command_runs_jobs_in_child_processes(tmp_path: Path) -
                 break
             await asyncio.sleep(0.05)
         assert all(gone(pid) for pid in children), children
+    finally:
+        await store.aclose()
+
+
+async def test_the_isolation_flag_beats_the_settings(tmp_path: Path) -> None:
+    """--isolation task over AI_LEASE_WORKER__ISOLATION=process: the job runs, no child
+    process is started."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    store = open_store(url)
+    try:
+        await submit(store, ["flag"])
+        worker = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "ai_lease", "--store", url, "worker"),
+            *("--isolation", "task", "--sweep-interval", "0.1"),
+            cwd=tmp_path,
+            env={**_env(), "AI_LEASE_WORKER__ISOLATION": "process"},
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while (record := await store.get("flag")) is None or not record.status.terminal:
+                assert time.monotonic() < deadline and worker.returncode is None
+                await asyncio.sleep(0.1)
+            assert record.status is Status.DONE and not descendants(worker.pid)
+        finally:
+            if worker.returncode is None:
+                worker.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(worker.communicate(), 30)
+        assert worker.returncode == 0 and "warm children" not in err.decode(), err.decode()
     finally:
         await store.aclose()
 

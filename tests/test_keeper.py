@@ -154,6 +154,30 @@ async def test_alert_keeps_renewing_and_records_once(store: SQLiteStore) -> None
     assert job is not None and job.lease_live and job.stall_snapshot
 
 
+@pytest.mark.parametrize("policy", list(StallPolicy))
+async def test_on_stall_makes_the_stored_snapshot(store: SQLiteStore, policy: StallPolicy) -> None:
+    """Under every policy the snapshot stored for a stall is what ``on_stall`` returns,
+    given the keeper's own text and the idle seconds (process isolation's hook)."""
+    keeper, _, clock, _ = await _keeper(store, policy)
+    seen: list[tuple[str, float]] = []
+
+    async def child_stacks(text: str, idle: float) -> str:
+        seen.append((text, idle))
+        return f"{text.splitlines()[0]}\nthe child's stacks"
+
+    keeper.on_stall = child_stacks
+    clock.now += 21
+    if policy is StallPolicy.ALERT:
+        await keeper.tick()
+    else:
+        with pytest.raises(Stalled):
+            await keeper.tick()
+    job = await store.get("job")
+    assert job is not None and (job.stall_snapshot or "").endswith("\nthe child's stacks")
+    ((text, idle),) = seen
+    assert idle == pytest.approx(21) and "no progress" in text
+
+
 async def test_refused_renewal_raises_lease_lost(store: SQLiteStore) -> None:
     """A renewal the store refuses (another owner took over) stops the work at once."""
     keeper, _, clock, events = await _keeper(store)

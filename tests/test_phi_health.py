@@ -96,3 +96,73 @@ def test_status_text_json_and_page_show_the_suspicion(tmp_path: Path) -> None:
     assert "healthy, suspect" in out.stdout and "suspicion   φ " in out.stdout
     js = orjson.loads(run_cli("--store", url, "status", KEY, "--json", cwd=tmp_path).stdout)
     assert js["phi"] >= 8 and js["suspect"] is True
+
+
+async def test_the_dashboard_uses_the_configured_threshold(tmp_path: Path) -> None:
+    """create_app(phi_threshold=10) (the CLI passes lease.phi_threshold): the job page and
+    its live section measure φ against 10, not the default 8."""
+    import httpx
+    from httpx_sse import aconnect_sse
+
+    from tests.test_ui_app import serving
+
+    store = open_store(f"sqlite:///{tmp_path / 'jobs.db'}")
+    try:
+        await renewing_owner(store, beats=10)
+        pages = []
+        async with (
+            serving(store, refresh=0.1, phi_threshold=10.0) as base,
+            httpx.AsyncClient(base_url=base) as client,
+        ):
+            pages.append((await client.get(f"/jobs/{KEY}")).text)
+            async with aconnect_sse(client, "GET", f"/jobs/{KEY}/stream") as source:
+                async for event in source.aiter_sse():
+                    pages.append(event.data)
+                    break
+    finally:
+        await store.aclose()
+    for text in pages:
+        assert 'id="phi">φ ' in text and ("at 10)" in text or "threshold 10)" in text), text
+        assert "at 8)" not in text and "threshold 8)" not in text
+
+
+async def test_the_ui_command_passes_the_lease_phi_threshold(tmp_path: Path) -> None:
+    """`ai-lease ui` with AI_LEASE_LEASE__PHI_THRESHOLD=10 serves φ against 10."""
+    import os
+    import socket
+    import sys
+    import time
+
+    import httpx
+
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    store = open_store(url)
+    try:
+        await renewing_owner(store, beats=10)
+    finally:
+        await store.aclose()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AI_LEASE_")}
+    server = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "ai_lease", "--store", url, "ui", "--port", str(port)),
+        cwd=tmp_path,
+        env={**env, "AI_LEASE_LEASE__PHI_THRESHOLD": "10"},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            while True:
+                try:
+                    page = (await client.get(f"/jobs/{KEY}")).text
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline and server.returncode is None
+                    await asyncio.sleep(0.1)
+    finally:
+        server.terminate()
+        await server.wait()
+    assert 'id="phi">φ ' in page and ("at 10)" in page or "threshold 10)" in page), page

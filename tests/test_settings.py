@@ -390,8 +390,8 @@ def test_out_of_range_number_is_exit_2_naming_field_and_range(
 ) -> None:
     """1e13, nan, inf, -1 and 0 (where 0 is invalid) are refused from the environment and
     from a TOML file: exit 2, the dotted field named with the range it allows."""
-    if value == "0" and name == "provider.temperature":
-        return  # 0 is a valid temperature
+    if value == "0" and name in ("provider.temperature", "worker.terminate_grace"):
+        return  # 0 is a valid temperature, and a valid grace (SIGKILL at once)
     variable = "AI_LEASE_" + name.upper().replace(".", "__")
     code, output = _cli_config({variable: value})
     assert code == 2, output
@@ -420,3 +420,47 @@ def test_values_at_the_bounds_are_accepted() -> None:
         }
     )
     assert settings.lease.ttl == 86400.0 and settings.retry.attempts == 1000
+
+
+# --- the [worker] section (ai_lease/settings_worker.py) --------------------------------------
+
+
+def test_worker_settings_come_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    """[worker] isolation and terminate_grace load from TOML; AI_LEASE_WORKER__* beats it."""
+    path = toml(tmp_path, '[worker]\nisolation = "process"\nterminate_grace = 30\n')
+    from_file = load_settings(config_path=path, env={}).worker
+    assert (from_file.isolation, from_file.terminate_grace) == ("process", 30.0)
+    env = {"AI_LEASE_WORKER__ISOLATION": "task", "AI_LEASE_WORKER__TERMINATE_GRACE": "0"}
+    from_env = load_settings(config_path=path, env=env).worker
+    assert (from_env.isolation, from_env.terminate_grace) == ("task", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"AI_LEASE_WORKER__ISOLATION": "thread"},
+            "worker.isolation: must be one of task, process",
+        ),
+        (
+            {"AI_LEASE_WORKER__TERMINATE_GRACE": "301"},
+            "worker.terminate_grace: must be at most 300",
+        ),
+        (
+            {"AI_LEASE_WORKER__TERMINATE_GRACE": "-1"},
+            "worker.terminate_grace: must be at least 0",
+        ),
+    ],
+)
+def test_a_bad_worker_setting_names_its_field(env: dict[str, str], expected: str) -> None:
+    """An unknown isolation or a grace outside 0-300 s: the variable, field and rule."""
+    (name,) = env
+    assert f"environment {name}: {expected}" in config_error(env=env)
+
+
+def test_the_worker_settings_bound_is_the_workers() -> None:
+    """The settings' grace bound is the one the worker itself enforces."""
+    from ai_lease.run.isolation import MAX_TERMINATE_GRACE
+    from ai_lease.settings_worker import MAX_TERMINATE_GRACE_S
+
+    assert MAX_TERMINATE_GRACE_S == MAX_TERMINATE_GRACE

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -42,9 +43,15 @@ KEY = "timeline-job"
 Events = list[dict[str, Any]]
 
 
-@pytest.fixture
-async def cluster(store_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    async with Cluster(store_url, KEY, tmp_path, ttl=TTL, renew=RENEW, mnp=MNP) as running:
+@pytest.fixture(params=["task", "process"])
+async def cluster(
+    store_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Cluster]:
+    """The nodes of one scenario, with each job's stages in the node's own process
+    (``task``) or in a warm child of it (``process``: stopped by the termination ladder)."""
+    async with Cluster(
+        store_url, KEY, tmp_path, ttl=TTL, renew=RENEW, mnp=MNP, isolation=request.param
+    ) as running:
         yield running
 
 
@@ -112,6 +119,40 @@ def assert_stalled_then_taken_over(zombie: Events, follower: Events) -> dict[str
     }
 
 
+def awaited_chain(snapshot: str) -> list[str]:
+    """A stall snapshot's lines up to its resource figures (a child's ends with them)."""
+    lines = snapshot.splitlines()
+    return lines[: next((i for i, ln in enumerate(lines) if ln.startswith("rss: ")), None)]
+
+
+def assert_child_stopped(cluster: Cluster, zombie: Events) -> None:
+    """Under process isolation the zombie's stuck child was snapshotted with its figures,
+    stopped by SIGTERM and reaped, and is gone; under task isolation no ladder ran."""
+    steps = of_kind(zombie, "terminated", "reaped")
+    if cluster.isolation == "task":
+        assert not steps, steps
+        return
+    assert [e["kind"] for e in steps] == ["terminated", "reaped"], steps
+    assert steps[0]["attrs"]["signal"] == "term"
+    (children,) = of_kind(zombie, "children")
+    assert steps[0]["attrs"]["pid"] in children["pids"]
+    assert not Path(f"/proc/{steps[0]['attrs']['pid']}").exists(), "the stuck child remains"
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+async def assert_no_orphans(node: NodeProcess, timeout: float = 5.0) -> None:
+    """After its node was SIGKILLed, no child process of it lives on (a child stuck in
+    its stage would otherwise run on, orphaned, for ever)."""
+    pids = [pid for e in of_kind(node.events(), "children") for pid in e["pids"]]
+    deadline = time.monotonic() + timeout
+    while left := [pid for pid in pids if alive(pid)]:
+        assert time.monotonic() < deadline, f"children {left} outlived their node"
+        await asyncio.sleep(0.05)
+
+
 async def test_hung_coroutine_is_taken_over(cluster: Cluster) -> None:
     """A coroutine hung in the model call loses its job to a higher token; its late write fails."""
     a, b = await owner_then_follower(cluster, "hang-async")
@@ -124,8 +165,10 @@ async def test_hung_coroutine_is_taken_over(cluster: Cluster) -> None:
     snapshot = record.stall_snapshot or ""
     assert f"token {stalled['token']}" in snapshot, snapshot
     assert "ai_lease/testing/scripted.py" in snapshot, snapshot
-    assert snapshot.splitlines()[-2].endswith("in stream"), snapshot  # the scripted stream,
-    assert snapshot.splitlines()[-1].endswith("in wait"), snapshot  # awaiting its Stall()
+    chain = awaited_chain(snapshot)
+    assert chain[-2].endswith("in stream"), snapshot  # the scripted stream,
+    assert chain[-1].endswith("in wait"), snapshot  # awaiting its Stall()
+    assert_child_stopped(cluster, histories["A"])
     report(cluster, "hang-async", **timings)
 
 
@@ -139,6 +182,7 @@ async def test_stage_blocked_in_thread_is_taken_over(cluster: Cluster) -> None:
     assert record.output == "answer from B"
     snapshot = record.stall_snapshot or ""
     assert "in call_ai_blocking" in snapshot.split("thread", 1)[-1], snapshot
+    assert_child_stopped(cluster, histories["A"])
     report(cluster, "hang-thread", **timings)
 
 
@@ -152,6 +196,7 @@ async def test_killed_owner_is_taken_over(cluster: Cluster) -> None:
     a.signal(signal.SIGKILL)
     killed_at = time.time()
     assert await a.exited() == -signal.SIGKILL
+    await assert_no_orphans(a)
     await exited_cleanly(b)
     histories = cluster.histories()
     record = await check_invariants(cluster.store_url, KEY, histories)
@@ -243,6 +288,7 @@ async def test_alert_policy_never_hands_over(cluster: Cluster) -> None:
 
     a.signal(signal.SIGKILL)  # now let the follower finish the job
     assert await a.exited() == -signal.SIGKILL
+    await assert_no_orphans(a)
     await exited_cleanly(b)
     histories = cluster.histories()
     final = await check_invariants(cluster.store_url, KEY, histories)

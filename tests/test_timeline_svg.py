@@ -285,3 +285,22 @@ async def test_a_real_takeover_draws_the_zombie_and_its_successor(
     assert label is not None and text_of(label) == f"token {record.token}"
     assert takeover.get("data-token") == str(record.token) and record.token > first.token
     assert root.findall(".//s:line[@class='lease-expiry']", NS)
+
+
+def test_a_termination_ladders_steps_are_drawn_in_the_old_owners_lane() -> None:
+    """``terminated`` (labelled by its signal) and ``reaped`` entries, noted by the worker
+    after the takeover under the old owner's fence, are marks of their own in its lane."""
+    rows = entries(
+        (0, "acquired", A, 1, "attempt 1"),
+        (31, "stalled", A, 1, "snapshot stored"),
+        (31.5, "terminated", A, 1, "term: SIGTERM to pid 42, grace 10 s"),
+        (41.5, "terminated", A, 1, "kill: SIGKILL to pid 42 after 10 s"),
+        (41.6, "reaped", A, 1, "kill: pid 42 reaped after 10.1 s, exit code -9"),
+        (61, "taken_over", B, 2, f"expired from {A} token 1"),
+    )
+    old, _ = lanes(parse(render_timeline(rows, JOB, width=1200)))
+    signals = marks(old, "terminated")
+    assert [text_of(m, "s:text[@class='mark-label']") for m in signals] == ["SIGTERM", "SIGKILL"]
+    (reaped,) = marks(old, "reaped")
+    assert "exit code -9" in text_of(reaped, "s:title")
+    assert not marks(old, "other")

@@ -26,6 +26,7 @@ from ai_lease.cli.output import (
     warn_data_lost,
 )
 from ai_lease.errors import CorruptRecord, InputError, JobCancelled, JobFailed
+from ai_lease.observe.cpu_idle import cpu_idle_of, cpu_idle_text
 from ai_lease.observe.phi import DEFAULT_THRESHOLD, is_suspect, phi_text, renewal_phi
 from ai_lease.redaction import redact
 
@@ -76,6 +77,7 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
     if as_json:
         out = job.to_dict()
         out["phi"] = phi
+        out["cpu_idle_pct"] = cpu_idle_of(job.stall_snapshot)
         out["suspect"] = is_suspect(phi, job.health(lease.renew_interval), lease.phi_threshold)
         click.echo(to_json(out))
         return
@@ -311,6 +313,9 @@ def describe(
     if job.last_error:
         rows.append(("last error", redact(job.last_error)))
     if job.stall_snapshot:
+        idle = cpu_idle_of(job.stall_snapshot)
+        if idle is not None:
+            rows.append(("cpu idle", cpu_idle_text(idle)))
         rows.append(("stuck at", redact(job.stall_snapshot)))
     return rows
 

@@ -257,9 +257,9 @@ def _event_loop(
     return factory
 
 
-def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """Refuse nan and inf, which FloatRange lets through."""
-    if not math.isfinite(value):
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Refuse nan and inf, which FloatRange lets through (None: not given)."""
+    if value is not None and not math.isfinite(value):
         raise click.BadParameter(f"must be a finite number of seconds (got {value!r})")
     return value
 
@@ -294,18 +294,18 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
 @click.option(
     "--isolation",
     type=click.Choice(["task", "process"]),
-    default="task",
-    show_default=True,
+    default=None,
     help="Run each job as a task here, or its stages up to parse in a warm child process "
-    "(stopped by SIGTERM, then SIGKILL, when it stalls or is cancelled).",
+    "(stopped by SIGTERM, then SIGKILL, when it stalls or is cancelled). "
+    "Default: [worker] isolation (task).",
 )
 @click.option(
     "--terminate-grace",
-    default=10.0,
-    show_default=True,
+    default=None,
     type=click.FloatRange(0, 300),
     callback=_finite,
-    help="With --isolation process: seconds a child gets after SIGTERM before SIGKILL.",
+    help="With --isolation process: seconds a child gets after SIGTERM before SIGKILL. "
+    "Default: [worker] terminate_grace (10).",
 )
 @click.option(
     "--metrics-port",
@@ -337,8 +337,8 @@ def worker(
     grace: float,
     provider: str | None,
     worker_id: str | None,
-    isolation: str,
-    terminate_grace: float,
+    isolation: str | None,
+    terminate_grace: float | None,
     metrics_port: int | None,
     metrics_host: str,
     log_json: bool,
@@ -356,6 +356,9 @@ def worker(
     from ai_lease.run.worker import Worker
 
     settings = obj.settings
+    isolation = isolation or settings.worker.isolation  # a flag beats the settings
+    if terminate_grace is None:
+        terminate_grace = settings.worker.terminate_grace
     metrics = new_metrics() if metrics_port is not None else None
     json_log = JobLogger(configure_logging(json=True), json=True) if log_json else None
 

@@ -1,7 +1,8 @@
 """``ai-lease events KEY``: what happened to one job, from its timeline in the store.
 
 Each entry was written by the operation that caused it (acquired, renewed, renew refused,
-stalled, released, taken over, fenced write rejected, committed, failed, cancelled): one
+stalled, released, taken over, fenced write rejected, committed, failed, cancelled; and
+a process-isolated job's termination ladder, noted by its worker: terminated, reaped): one
 line each, or one JSON object per line with ``--json``. ``--follow`` polls for new entries
 until the job has ended; Ctrl-C exits 130 quietly.
 """

@@ -91,7 +91,11 @@ def ui(
     from ai_lease.redaction import register_secret
 
     register_secret(token)
-    options = {"token": token or None, "refresh": refresh or conf.refresh}
+    options = {
+        "token": token or None,
+        "refresh": refresh or conf.refresh,
+        "phi_threshold": obj.settings.lease.phi_threshold,
+    }
     _serve(obj, uvicorn, create_app, host, port, options, open_browser)
 
 

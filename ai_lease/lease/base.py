@@ -387,11 +387,20 @@ class JobAdmin(Protocol):
 TIMELINE_CAP = 200
 """Entries a job's timeline keeps: the oldest go first, and are counted as dropped."""
 
+NOTE_KINDS = ("terminated", "reaped")
+"""What :meth:`JobNotes.note` may append: the termination ladder's steps (a signal sent to
+an owner's child process, the child collected), written by the worker that sent them."""
+
+NOTE_LIMIT = 2000
+"""Characters of a note's ``detail`` kept (the rest is clipped)."""
+
 TIMELINE_KINDS = (
     *("acquired", "renewed", "renew_refused", "stalled", "released", "taken_over"),
     *("fenced_write_rejected", "committed", "failed", "cancelled"),
+    *NOTE_KINDS,
 )
-"""What an entry can say; each is written inside the operation that caused it."""
+"""What an entry can say; each is written inside the operation that caused it (the
+:data:`NOTE_KINDS` by :meth:`JobNotes.note`, for what happened outside the store)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,6 +430,37 @@ class JobTimeline(Protocol):
     ) -> tuple[list[TimelineEntry], int]:
         """Up to ``limit`` entries after ``after_seq``, oldest first, and how many were
         dropped from the front by the cap (an unknown key: no entries, none dropped)."""
+        ...
+
+
+def check_note(kind: str, detail: str) -> str:
+    """``detail`` clipped to :data:`NOTE_LIMIT`; a ValueError for a kind not in
+    :data:`NOTE_KINDS` (before any I/O: a typo is the caller's bug, not the store's)."""
+    if kind not in NOTE_KINDS:
+        raise ValueError(f"note: kind {kind!r} is not one of {', '.join(NOTE_KINDS)}")
+    return detail[:NOTE_LIMIT]
+
+
+@runtime_checkable
+class JobNotes(Protocol):
+    """A store that takes notes from outside its operations into a job's timeline (both
+    built-in stores do; a worker skips the notes for a store without it)."""
+
+    async def note(
+        self,
+        key: str,
+        kind: str,
+        detail: str,
+        *,
+        owner_id: str,
+        token: int,
+        stage: str | None = None,
+    ) -> bool:
+        """Append one entry of ``kind`` (one of :data:`NOTE_KINDS`, else ValueError) to an
+        existing job's timeline, by the store's clock, ``detail`` clipped to
+        :data:`NOTE_LIMIT`; one round trip. Not fenced: it says what happened to an old
+        owner's process, often after its lease was lost. An unknown key writes nothing and
+        answers False; True when written."""
         ...
 
 

@@ -49,6 +49,11 @@ log = logging.getLogger("ai_lease.keeper")
 CheckpointSource = Callable[[], str | None]
 """Where the work's resumable stream stands now, as the record keeps it (None: nowhere)."""
 
+StallHook = Callable[[str, float], Awaitable[str]]
+"""Called when the work has stalled, before its snapshot is stored: given the keeper's
+snapshot text and the seconds since the last progress, returns the text to store (process
+isolation puts the stuck child's stacks and figures there)."""
+
 
 class LeaseKeeper:
     """Keeps one owner's lease while its job makes progress. See the module docstring."""
@@ -64,6 +69,7 @@ class LeaseKeeper:
         stall_policy: StallPolicy | None = None,
         on_event: EventSink | None = None,
         checkpoint: CheckpointSource | None = None,
+        on_stall: StallHook | None = None,
     ) -> None:
         self.store, self.fence, self.progress, self.timings = store, fence, progress, timings
         self.clock = progress.clock
@@ -79,6 +85,7 @@ class LeaseKeeper:
         self._committing = False
         self.checkpoint = checkpoint  # asked at each renewal (may be set after construction)
         self._stored_checkpoint: str | None = None  # the last one a granted renewal stored
+        self.on_stall = on_stall  # may be set after construction, like ``checkpoint``
 
     # -- local checks (cheap; used by the pipeline before any side effect) ---------------------
 
@@ -186,10 +193,9 @@ class LeaseKeeper:
         if self.misses < self.timings.stall_after_misses:
             return
         self.stalled_at = self.clock()
-        text = self._snapshot(idle, budget)
         try:
             async with asyncio.timeout(max(0.0, self.fence_at - self.clock())):
-                await self._report(text, idle, budget)
+                await self._report(await self._stall_snapshot(idle, budget), idle, budget)
         except (StoreUnavailable, TimeoutError) as exc:  # the lease lapses anyway
             self._event("store_unavailable", detail=f"stall report: {exc or 'too late'}")
         self._event(
@@ -215,11 +221,15 @@ class LeaseKeeper:
         self._event("stalled", detail=f"alert: {_stall_text(self.progress, idle, budget)}")
         try:
             async with asyncio.timeout(max(0.0, self.fence_at - self.clock())):
-                await self.store.report_stall(
-                    self.fence, self.progress.stage, self._snapshot(idle, budget)
-                )
+                text = await self._stall_snapshot(idle, budget)
+                await self.store.report_stall(self.fence, self.progress.stage, text)
         except (StoreUnavailable, TimeoutError) as exc:
             self._event("store_unavailable", detail=f"stall report: {exc or 'too late'}")
+
+    async def _stall_snapshot(self, idle: float, budget: float) -> str:
+        """The snapshot to store for a stall: the keeper's, as ``on_stall`` makes it."""
+        text = self._snapshot(idle, budget)
+        return text if self.on_stall is None else await self.on_stall(text, idle)
 
     def _snapshot(self, idle: float, budget: float) -> str:
         header = (

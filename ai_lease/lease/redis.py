@@ -37,6 +37,7 @@ from ai_lease.lease.base import (
     Renewal,
     TimelineEntry,
     check_checkpoint,
+    check_note,
 )
 from ai_lease.lease.redis_calls import connect
 from ai_lease.lease.redis_keys import decode, hash_tag, timeline_entry, us
@@ -185,6 +186,21 @@ class RedisStore(RedisListing, AsyncResource):
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
         args = [fence.owner_id, fence.token, stage or "", clip(snapshot) or ""]
         return bool(await self._call("report_stall", fence.key, "REPORT_STALL", args))
+
+    async def note(
+        self,
+        key: str,
+        kind: str,
+        detail: str,
+        *,
+        owner_id: str,
+        token: int,
+        stage: str | None = None,
+    ) -> bool:
+        """One entry in an existing job's timeline (:class:`~ai_lease.lease.base.JobNotes`)."""
+        detail = check_note(kind, detail)
+        args = [kind, owner_id, token, stage or "", detail]
+        return bool(await self._call("note", key, "NOTE", args))
 
     async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
         reply = await self._call("cancel", key, "CANCEL", [clip(reason) or ""])

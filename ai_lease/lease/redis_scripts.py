@@ -27,7 +27,7 @@ tests/test_refusal.py holds the script text to that list and to the enum.
 
 from __future__ import annotations
 
-from ai_lease.lease.base import TIMELINE_CAP
+from ai_lease.lease.base import NOTE_LIMIT, TIMELINE_CAP
 
 SCHEMA = "1"
 
@@ -118,18 +118,18 @@ end
 -- The job's timeline (KEYS[3], a list): one entry per event, written by the script that
 -- caused it: seq, time (us), kind, owner, token, stage, detail, tab-separated. The last
 -- TIMELINE_CAP are kept; the first one's seq says how many were dropped.
-local function flat(s)  -- a field of an entry: one line, no tabs, bounded
-  s = s or ''
-  if #s > 200 then s = string.sub(s, 1, 200) end
+local function flat(s, n)  -- a field of an entry: one line, no tabs, bounded (n, or 200)
+  s, n = s or '', n or 200
+  if #s > n then s = string.sub(s, 1, n) end
   if string.find(s, '[\t\r\n]') then s = (string.gsub(s, '[\t\r\n]', ' ')) end
   return s
 end
-local function note(now, kind, owner, token, stage, detail)
+local function note(now, kind, owner, token, stage, detail, n)
   local t, seq = KEYS[3], 1
   local last = redis.call('LINDEX', t, -1)
   if last then seq = (tonumber(string.match(last, '^%d+')) or 0) + 1 end
   redis.call('RPUSH', t, fmt(seq) .. '\t' .. fmt(now) .. '\t' .. kind .. '\t' .. flat(owner)
-    .. '\t' .. (token or '') .. '\t' .. flat(stage) .. '\t' .. flat(detail))
+    .. '\t' .. (token or '') .. '\t' .. flat(stage) .. '\t' .. flat(detail, n))
   if seq > %CAP% then redis.call('LTRIM', t, -%CAP%, -1) end
 end
 local function node_of(o)  -- an owner id's node: the part before its last '#'
@@ -440,6 +440,22 @@ local first_line = string.match(ARGV[4], '^[^\n]*')
 note(now, 'stalled', owner, ARGV[2], ARGV[3], 'snapshot stored: ' .. first_line)
 return 1
 """
+)
+
+# KEYS: job, events, timeline ·
+# ARGV: kind (one of NOTE_KINDS, checked by the caller), owner, token, stage, detail
+# (clipped by the caller to NOTE_LIMIT characters; only flattened here) · returns 1 (noted)
+# | 0 (no such job: nothing written). Not fenced: the entry says what happened to an old
+# owner's process (a ladder step), often after its lease was lost; nothing is published.
+NOTE = (
+    _PRELUDE
+    + r"""
+local ok = check(KEYS[1])
+if type(ok) == 'table' then return ok end
+if not ok then return 0 end
+note(now_us(), ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], %NOTE_LIMIT%)
+return 1
+""".replace("%NOTE_LIMIT%", str(NOTE_LIMIT))
 )
 
 # KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·

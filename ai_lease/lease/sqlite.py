@@ -21,7 +21,7 @@ from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease import rules
 from ai_lease.lease import sqlite_timeline as timeline
-from ai_lease.lease.base import AcquireOutcome, Fence, Renewal, check_checkpoint
+from ai_lease.lease.base import AcquireOutcome, Fence, Renewal, check_checkpoint, check_note
 from ai_lease.lease.sqlite_listing import SQLiteListing
 from ai_lease.lease.sqlite_queue import SQLiteQueue
 from ai_lease.resource import AsyncResource
@@ -158,6 +158,28 @@ class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
             return job
 
         return await self._write("cancel", work)
+
+    async def note(
+        self,
+        key: str,
+        kind: str,
+        detail: str,
+        *,
+        owner_id: str,
+        token: int,
+        stage: str | None = None,
+    ) -> bool:
+        """One entry in an existing job's timeline (:class:`~ai_lease.lease.base.JobNotes`)."""
+        detail = check_note(kind, detail)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            if conn.execute("SELECT 1 FROM ai_lease_jobs WHERE key = ?", (key,)).fetchone() is None:
+                return False
+            entry = (kind, owner_id, token, stage or "", detail)
+            timeline.append(conn, key, self._clock(), entry)
+            return True
+
+        return await self._write("note", work)
 
     async def get(self, key: str) -> JobState | None:
         return await self._run("get", lambda conn: self._load(conn, key, self._clock()))

@@ -6,7 +6,8 @@ last :data:`~ai_lease.lease.base.TIMELINE_CAP` entries per key are kept, and the
 one's ``seq`` says how many were dropped. The entries say what the Redis scripts say
 (lease/redis_scripts.py): the same kinds, the same details, one line of at most 200
 characters each. The functions here are pure: a record before, the record after (None: not
-written) and the answer give the note.
+written) and the answer give the note. A :data:`~ai_lease.lease.base.NOTE_KINDS` entry (a
+ladder step, from ``SQLiteStore.note``) keeps up to ``NOTE_LIMIT`` characters of detail.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import sqlite3
 from ai_lease.errors import FencingRejected
 from ai_lease.job import JobState
 from ai_lease.lease.base import (
+    NOTE_KINDS,
+    NOTE_LIMIT,
     TIMELINE_CAP,
     Acquired,
     Fence,
@@ -33,9 +36,9 @@ _DETAIL = 200
 _LINE_BREAKS = re.compile(r"[\t\r\n]")
 
 
-def _flat(text: str | None) -> str:
+def _flat(text: str | None, limit: int = _DETAIL) -> str:
     """A field of an entry: one line, no tabs, bounded (as the scripts write it)."""
-    return _LINE_BREAKS.sub(" ", (text or "")[:_DETAIL])
+    return _LINE_BREAKS.sub(" ", (text or "")[:limit])
 
 
 def _first_line(text: str | None) -> str:
@@ -47,13 +50,14 @@ def append(conn: sqlite3.Connection, key: str, now: float, note: Note | None) ->
     if note is None:
         return
     kind, owner, token, stage, detail = note
+    limit = NOTE_LIMIT if kind in NOTE_KINDS else _DETAIL  # a ladder step says more
     (last,) = conn.execute(
         "SELECT max(seq) FROM ai_lease_timeline WHERE key = ?", (key,)
     ).fetchone()
     seq = (last or 0) + 1
     conn.execute(
         "INSERT INTO ai_lease_timeline VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (key, seq, now, kind, _flat(owner), token, _flat(stage), _flat(detail)),
+        (key, seq, now, kind, _flat(owner), token, _flat(stage), _flat(detail, limit)),
     )
     if seq > TIMELINE_CAP:
         conn.execute(

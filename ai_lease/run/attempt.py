@@ -166,9 +166,7 @@ class Attempt:
         return committed
 
     def _keeper(self, progress: Progress) -> LeaseKeeper:
-        # A pipeline may name its own keeper class (process isolation's snapshots its child).
-        keeper_class: type[LeaseKeeper] = getattr(self.runner.pipeline, "keeper_class", LeaseKeeper)
-        return keeper_class(
+        return LeaseKeeper(
             self.runner.store,
             self.fence,
             progress,

@@ -13,13 +13,18 @@ its lease was lost, the worker is shutting down — the parent takes the child's
 first (every thread's stack, by signal: it works while the child's loop or a C call is
 stuck), then climbs the termination ladder: SIGTERM, ``terminate_grace`` seconds, SIGKILL;
 it audits that the child is gone, starts a fresh child in its place, and the attempt ends
-by the usual release/expire policy. A child that exits at once is not waited for.
+by the usual release/expire policy. A child that exits at once is not waited for. Each
+signal and the reaping are events and, on a store with ``note`` (both built-in ones),
+entries in the job's timeline (ai_lease/run/ladder_notes.py).
 
-The rule for what crosses: the pipeline's stage functions and the provider *factory* must
-be picklable (module-level functions, ``functools.partial`` of them); a provider object
-cannot cross processes. A stage after ``parse`` (``persist``) and the persist hook run in
-the parent, seeing ``ctx.output("parse")`` only. Stream checkpoints are not stored for an
-isolated job (a takeover calls the model afresh).
+The rule for what crosses: the stage functions before ``persist`` and the provider
+*factory* must be picklable (module-level functions, ``functools.partial`` of them); a
+provider object cannot cross processes. A stage from ``persist`` on and the persist hook
+run in the parent (they need not be picklable), seeing ``ctx.output("parse")`` only.
+A resumable stream's checkpoint (``openai-responses`` in background mode) is sent by the
+child when it moves and stored by the parent's keeper at its renewals, as in-process: a
+takeover resumes the response (the record's checkpoint goes to the new child as
+``resume_from``) instead of calling the model again.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ import contextlib
 import pickle
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.run import ladder
 from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work
 from ai_lease.run.isolation_pool import Child, ChildPool, receive
+from ai_lease.run.ladder_notes import noting
 from ai_lease.run.pipeline import Pipeline, StageContext
 from ai_lease.timeouts import LeaseTimings
 
@@ -43,8 +50,8 @@ if TYPE_CHECKING:
     from ai_lease.run.runner import Runner
 
 __all__ = [
-    "ChildKeeper",
     "ChildPool",
+    "ChildWatch",
     "IsolatedPipeline",
     "check_isolation",
     "isolated",
@@ -86,14 +93,15 @@ async def isolated(
     """A pool of ``size`` warm children, with ``runner``'s pipeline run through it inside
     the block (the runner gets its own pipeline back afterwards)."""
     pipeline, config = runner.pipeline, runner.config
+    cut = split_at_persist(pipeline)
     spec = ChildSpec(
-        pipeline,
+        Pipeline(pipeline.stages[:cut]) if cut else pipeline,  # only these cross: picklable
         provider_factory,
         tuple(str(f) for f in runner.prompts.folders),
         config.stream_timeouts,
         config.stream_limits,
         config.call_retry,
-        split_at_persist(pipeline),
+        cut,
     )
     pool = ChildPool(spec, size)
     try:
@@ -111,31 +119,36 @@ def split_at_persist(pipeline: Pipeline) -> int:
     return names.index("persist") if "persist" in names else len(names)
 
 
-class ChildKeeper(LeaseKeeper):
-    """A keeper whose stall snapshot is the child's (every thread's stack), taken first."""
+@dataclass
+class ChildWatch:
+    """What the parent knows of the child running one job, and the keeper's hooks into it
+    (:attr:`~ai_lease.lease.keeper.LeaseKeeper.on_stall`, ``checkpoint``) meanwhile."""
 
-    child: Child | None = None
+    child: Child
     snapshot: ladder.ChildSnapshot | None = None  # the child's, taken for the stall
     cpu_at_progress: float | None = None  # the child's CPU seconds at its last progress
-    cpu_read_at = float("-inf")  # when (monotonic) it was read
+    cpu_read_at: float = float("-inf")  # when (monotonic) it was read
+    latest_checkpoint: str | None = None  # the last the child sent (the record's JSON)
 
-    async def _report(self, text: str, idle: float, budget: float) -> None:
+    async def on_stall(self, text: str, idle: float) -> str:
+        """The stall's snapshot is the child's (every thread's stack, by signal, and its
+        figures), under the keeper's first line; taken first, kept for the ladder."""
         child = self.child
-        if child is not None:
-            self.snapshot = snap = await ladder.snapshot_child(
-                child.pid,
-                child.dump_path,
-                since_progress_cpu_s=self.cpu_at_progress,
-                since_progress_s=idle,
-            )
-            text = f"{text.splitlines()[0]}\n{snap.render(12_000)}"
-        await super()._report(text, idle, budget)
+        self.snapshot = snap = await ladder.snapshot_child(
+            child.pid,
+            child.dump_path,
+            since_progress_cpu_s=self.cpu_at_progress,
+            since_progress_s=idle,
+        )
+        return f"{text.splitlines()[0]}\n{snap.render(12_000)}"
+
+    def checkpoint(self) -> str | None:
+        """The keeper's checkpoint source: the child's latest, stored at its renewals."""
+        return self.latest_checkpoint
 
 
 class IsolatedPipeline(Pipeline):
     """``pipeline`` with its stages before ``persist`` run in a child of ``pool``."""
-
-    keeper_class = ChildKeeper  # the attempt builds its keeper from this (see attempt.py)
 
     def __init__(self, pipeline: Pipeline, pool: ChildPool, *, terminate_grace: float) -> None:
         super().__init__(pipeline.stages)
@@ -151,21 +164,20 @@ class IsolatedPipeline(Pipeline):
             return await super().run(ctx, timings, emit)
         ctx.emit = emit
         child = await self.pool.take()
-        keeper = ctx.keeper
-        if isinstance(keeper, ChildKeeper):
-            keeper.child = child
+        keeper, watch = ctx.keeper, ChildWatch(child)
+        hooks = keeper.checkpoint, keeper.on_stall
+        keeper.checkpoint, keeper.on_stall = watch.checkpoint, watch.on_stall  # meanwhile
         try:
-            kind, value, clean = await self._remote(child, ctx, timings)
+            kind, value, clean = await self._remote(watch, ctx, timings)
         except BaseException as exc:
-            await _shielded(self._stop(child, ctx, exc))
+            await _shielded(self._stop(watch, ctx, exc))
             raise
         finally:
-            if isinstance(keeper, ChildKeeper):
-                keeper.child = None
+            keeper.checkpoint, keeper.on_stall = hooks
         if clean:
             self.pool.give_back(child)
         else:  # a stage thread still runs in it (a deadline gave up on it): retire it
-            await _shielded(self._stop(child, ctx, None))
+            await _shielded(self._stop(watch, ctx, None))
         if kind == "failed":
             raise value
         if self.tail is None:
@@ -173,10 +185,11 @@ class IsolatedPipeline(Pipeline):
         return await self.tail.run(ctx, timings, emit)
 
     async def _remote(
-        self, child: Child, ctx: StageContext, timings: LeaseTimings
+        self, watch: ChildWatch, ctx: StageContext, timings: LeaseTimings
     ) -> tuple[str, Any, bool]:
-        """Send the job; copy progress and pass events on until the child's answer:
-        ``("done", value, clean)`` or ``("failed", error, clean)``."""
+        """Send the job; copy progress and pass events (and checkpoints) on until the
+        child's answer: ``("done", value, clean)`` or ``("failed", error, clean)``."""
+        child = watch.child
         shared = child.shared
         shared[VERSION], shared[LAST_AT], shared[STAGE] = 0.0, time.monotonic(), -1.0
         work = Work(
@@ -189,12 +202,14 @@ class IsolatedPipeline(Pipeline):
                 message = await receive(child, POLL_S)
             except TimeoutError:
                 message = None
-            seen = self._copy(child, seen, ctx, budgets)
+            seen = self._copy(watch, seen, ctx, budgets)
             if message is None:
                 continue
             if message[0] == "event":
                 if ctx.emit is not None:
                     ctx.emit(message[1])
+            elif message[0] == "checkpoint":
+                watch.latest_checkpoint = message[1]
             elif message[0] == "done":
                 _, value, ran, finish_reason, clean = message
                 ctx.ran.update(ran)
@@ -204,11 +219,11 @@ class IsolatedPipeline(Pipeline):
             else:
                 return "failed", message[1], message[2]
 
-    def _copy(self, child: Child, seen: float, ctx: StageContext, budgets: Any) -> float:
+    def _copy(self, watch: ChildWatch, seen: float, ctx: StageContext, budgets: Any) -> float:
         """The child's latest progress into the attempt's tracker (and, when it moved, the
         child's CPU time, for the snapshot's ``cpu_idle_pct``); returns the version. The
         time is copied at every look: the child may write it just after the version."""
-        shared, tracker = child.shared, ctx.tracker
+        shared, tracker = watch.child.shared, ctx.tracker
         version = shared[VERSION]
         tracker.last_at = max(tracker.last_at, shared[LAST_AT])
         if version != seen:
@@ -216,37 +231,34 @@ class IsolatedPipeline(Pipeline):
             index = int(shared[STAGE])
             if 0 <= index < len(self.stages):
                 tracker.stage, tracker.budget = self.stages[index].name, budgets[index]
-            keeper = ctx.keeper
-            if (
-                isinstance(keeper, ChildKeeper)
-                and tracker.last_at - keeper.cpu_read_at > CPU_EVERY_S
-            ):
-                keeper.cpu_at_progress = ladder.cpu_seconds(child.pid)  # a /proc read: rare
-                keeper.cpu_read_at = tracker.last_at
+            if tracker.last_at - watch.cpu_read_at > CPU_EVERY_S:
+                watch.cpu_at_progress = ladder.cpu_seconds(watch.child.pid)  # /proc: rare
+                watch.cpu_read_at = tracker.last_at
         return float(version)
 
-    async def _stop(self, child: Child, ctx: StageContext, why: BaseException | None) -> None:
-        """The ladder: snapshot (unless the keeper took it), SIGTERM, grace, SIGKILL; reap;
+    async def _stop(self, watch: ChildWatch, ctx: StageContext, why: BaseException | None) -> None:
+        """The ladder: snapshot (unless the stall took it), SIGTERM, grace, SIGKILL; reap;
         audit; a fresh child in its place. ``why`` None: retiring a child left unclean."""
-        keeper, pid = ctx.keeper, child.pid
-        snap = None
-        if why is not None and not (isinstance(keeper, ChildKeeper) and keeper.snapshot):
+        child, pid = watch.child, watch.child.pid
+        snap = watch.snapshot
+        if why is not None and snap is None:
             snap = await ladder.snapshot_child(pid, child.dump_path, timeout=1.0)
-        elif isinstance(keeper, ChildKeeper):
-            snap = keeper.snapshot
-        reason = _why(why, keeper)
+        reason = _why(why, ctx.keeper)
         stacks = f"\n{snap.render(4096)}" if snap is not None and why is not None else ""
         ctx.say("terminating", f"child {pid}: {reason}{stacks}", attrs={"pid": pid})
 
-        def on_step(step: str, facts: dict[str, Any]) -> None:
-            if ctx.emit is not None:
-                fence = ctx.fence
-                ids = {"owner_id": fence.owner_id, "token": fence.token, "stage": None}
-                ctx.emit(ladder.step_event(fence.key, step, facts, **ids))
+        fence = ctx.fence
+        async with noting(ctx.store, fence, ctx.tracker.stage) as note:
 
-        how = await ladder.terminate(
-            pid, grace=self.terminate_grace, on_step=on_step, reap=_reaper(child)
-        )
+            def on_step(step: str, facts: dict[str, Any]) -> None:
+                note(step, facts)  # into the job's stored timeline (a store with note())
+                if ctx.emit is not None:
+                    ids = {"owner_id": fence.owner_id, "token": fence.token, "stage": None}
+                    ctx.emit(ladder.step_event(fence.key, step, facts, **ids))
+
+            how = await ladder.terminate(
+                pid, grace=self.terminate_grace, on_step=on_step, reap=_reaper(child)
+            )
         inodes = snap.socket_inodes if snap is not None else ()
         report = ladder.audit(pid, sockets=inodes, hooks_ran=how == "term" or None)
         ctx.say("audited", f"child {pid}: {how}", attrs=_flat(report))

@@ -4,17 +4,23 @@
 The child imports ai_lease once, builds its provider from a picklable factory, and waits on
 its pipe. For each job it runs the stages before ``persist`` under the job's budgets, writes
 every progress mark into a shared-memory array the parent reads (no message, no store round
-trip per mark), sends the events the stages say over the pipe, and finally the last stage's
-value (bounded in size) or the error that ended it. It never touches the store: the lease,
-the keeper and the fenced commit stay in the parent, which stops the child (the termination
-ladder) when the job stalls, is cancelled or loses its lease.
+trip per mark), sends the events the stages say over the pipe, a resumable stream's
+checkpoint when it moved (twice per renewal interval at most: the parent's keeper stores
+it, so a takeover resumes the response instead of paying for it again), and finally the
+last stage's value (bounded in size) or the error that ended it. It never touches the
+store: the lease, the keeper and the fenced commit stay in the parent, which stops the child
+(the termination ladder) when the job stalls, is cancelled or loses its lease. A child
+dies with its worker (:func:`die_with_parent`, also set in the fork server:
+ai_lease/run/isolation_forkserver.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -29,7 +35,7 @@ from ai_lease.lease.base import Fence, LeaseStore
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.observe.events import Event
 from ai_lease.prompts import PromptLibrary
-from ai_lease.providers.base import Provider
+from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
 from ai_lease.run.classify import describe, retryable
 from ai_lease.run.ladder import install_child_handlers
@@ -41,6 +47,11 @@ __all__ = ["MAX_RESULT_BYTES", "ChildSpec", "ProviderFactory", "Work", "child_ma
 
 MAX_RESULT_BYTES = 8 * 1024 * 1024
 """A child's reply (the parsed result) larger than this is refused (not retryable)."""
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+CHECKPOINT_EVERY_MIN_S = 0.05
+"""The shortest pause between two looks at a stream's checkpoint in a child."""
 
 VERSION, LAST_AT, STAGE = 0, 1, 2
 """Slots of the shared progress array: progress version, last progress time (monotonic,
@@ -150,8 +161,42 @@ class _Channel:
         return len(blob)
 
 
+@dataclass(kw_only=True)
+class _ChildContext(StageContext):
+    """The child's stage context: a resumable stream's checkpoint (``openai-responses`` in
+    background mode) also goes to the parent, whose keeper stores it at its renewals; at
+    most once per ``checkpoint_every`` seconds, and no task of its own."""
+
+    channel: _Channel
+    checkpoint_every: float
+    sent_at: float = float("-inf")
+
+    def note_checkpoint(self, point: Checkpoint) -> None:
+        """Send the checkpoint noted *before* this one, whose batch the guard has
+        collected by now (a provider reports a checkpoint before handing its batch over):
+        its text and its sequence agree. Then note ``point`` as in-process."""
+        now = time.monotonic()
+        if now - self.sent_at >= self.checkpoint_every:
+            blob = self.checkpoint_json()
+            if blob is not None:
+                self.channel.send(("checkpoint", blob))
+                self.sent_at = now
+        super().note_checkpoint(point)
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; a no-op
+    elsewhere): a child must not outlive the worker that owns its job's lease."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
 def child_main(conn: Connection, spec: ChildSpec, shared: Any, dump_path: str) -> None:
     """The child's entry point: handlers first, then serve jobs until the pipe closes."""
+    die_with_parent()  # the fork server (or the worker, with spawn), which dies with it
     install_child_handlers(dump_path, on_terminate=_exit_on_sigterm)
     provider = spec.provider_factory() if spec.provider_factory is not None else None
     prompts = PromptLibrary(spec.prompt_folders)
@@ -215,7 +260,9 @@ async def _run_one(
     """Run ``work``'s stages and send ``("done", value, ran, finish_reason, clean)`` or
     ``("failed", error, clean)``; ``clean`` False: a stage thread is still running."""
     tracker = SharedProgress(shared, [s.name for s in spec.pipeline.stages])
-    ctx = StageContext(
+    ctx = _ChildContext(
+        channel=channel,
+        checkpoint_every=_checkpoint_every(work),
         job=work.job,
         fence=work.fence,
         store=cast(LeaseStore, None),  # stages before persist never touch the store
@@ -249,6 +296,12 @@ async def _run_one(
         return
     with channel.lock:
         channel.conn.send_bytes(blob)
+
+
+def _checkpoint_every(work: Work) -> float:
+    """Seconds between the child's looks at its stream's checkpoint: twice per renewal, so
+    the parent's keeper stores one at most half a renewal old."""
+    return max(CHECKPOINT_EVERY_MIN_S, work.timings.renew_interval / 2)
 
 
 def _portable(exc: Exception) -> Exception:

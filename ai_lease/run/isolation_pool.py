@@ -45,15 +45,21 @@ class ChildPool:
         self.spec, self.size = spec, size
         method = method or ("forkserver" if sys.platform.startswith("linux") else "spawn")
         self.mp = multiprocessing.get_context(method)
-        if method == "forkserver":
-            self.mp.set_forkserver_preload(["ai_lease.run.isolation_child"])
+        if method == "forkserver":  # the server dies with this process (see the module)
+            self.mp.set_forkserver_preload(["ai_lease.run.isolation_forkserver"])
         self._idle: asyncio.Queue[Child] = asyncio.Queue()
         self.children: dict[int, Child] = {}  # pid → child, idle or busy
         self._dumps = tempfile.TemporaryDirectory(prefix="ai-lease-children-")
         self.started = 0  # children started over the pool's life (replacements included)
 
     async def start(self) -> None:
-        """Start every child and wait until each is ready."""
+        """Start every child and wait until each is ready. The fork server is started
+        here, on this thread: the kernel's parent-death signal it asks for follows the
+        thread that started it (a pool thread of ``to_thread`` could end first)."""
+        if self.mp.get_start_method() == "forkserver":
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
         children = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
         for child in children:
             self._idle.put_nowait(child)

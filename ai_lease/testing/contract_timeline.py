@@ -2,6 +2,7 @@
 
 Each lease operation notes what it did in the job's timeline, inside the operation itself
 (one script, one transaction): these tests read the timeline back after each kind of event.
+``note`` appends what happened outside the store (a termination ladder's steps).
 Use it like :class:`~ai_lease.testing.contract.LeaseStoreContract` (a ``store`` fixture).
 """
 
@@ -13,7 +14,15 @@ from typing import Any
 import pytest
 
 from ai_lease.errors import FencingRejected
-from ai_lease.lease.base import TIMELINE_CAP, Acquired, JobAdmin, JobTimeline, TimelineEntry
+from ai_lease.lease.base import (
+    NOTE_LIMIT,
+    TIMELINE_CAP,
+    Acquired,
+    JobAdmin,
+    JobNotes,
+    JobTimeline,
+    TimelineEntry,
+)
 from ai_lease.testing.contract_support import key_for, own, renew
 
 __all__ = ["TimelineContract"]
@@ -27,6 +36,11 @@ async def _entries(store: Any, key: str, **kw: Any) -> list[TimelineEntry]:
 
 def _kinds(entries: list[TimelineEntry]) -> list[str]:
     return [e.kind for e in entries]
+
+
+def _notes(store: Any) -> JobNotes:
+    assert isinstance(store, JobNotes), "the store takes notes into timelines (JobNotes)"
+    return store
 
 
 class TimelineContract:
@@ -149,3 +163,52 @@ class TimelineContract:
         assert await admin.prune(0.01) >= 1
         assert await store.timeline(removed) == ([], 0)
         assert await store.timeline(pruned) == ([], 0)
+
+    async def test_a_note_after_the_lease_was_lost_keeps_the_old_fence(self, store: Any) -> None:
+        """``note`` is not fenced: the old owner's ladder steps land after the takeover, with
+        the old owner's id, token and stage, by the store's clock, numbered in turn."""
+        key = key_for("tl-note")
+        old = await own(store, key, "node-a#1", ttl=0.2)
+        await asyncio.sleep(0.35)
+        won = await store.acquire(key, "node-b#1", ttl=30, max_no_progress=30)
+        assert isinstance(won, Acquired)
+        notes = _notes(store)
+        ids: dict[str, Any] = {"owner_id": "node-a#1", "token": old.token}
+        assert await notes.note(key, "terminated", "term: pid 42", stage="call_ai", **ids)
+        assert await notes.note(key, "reaped", "kill: pid 42, exit -9", **ids)
+        entries = await _entries(store, key)
+        assert _kinds(entries) == ["acquired", "taken_over", "terminated", "reaped"]
+        assert [e.seq for e in entries] == [1, 2, 3, 4]
+        term, reaped = entries[2:]
+        assert (term.owner_id, term.token, term.stage) == ("node-a#1", old.token, "call_ai")
+        assert term.detail == "term: pid 42" and reaped.detail == "kill: pid 42, exit -9"
+        assert reaped.stage == "" and entries[1].at <= term.at <= reaped.at
+        assert (await store.get(key)).token == won.fence.token  # the record is untouched
+
+    async def test_a_note_for_an_unknown_job_or_of_an_unknown_kind(self, store: Any) -> None:
+        """An unknown key writes nothing and answers False; a kind not in NOTE_KINDS is a
+        ValueError, before anything is written."""
+        notes, key = _notes(store), key_for("tl-note-none")
+        assert not await notes.note(key, "terminated", "x", owner_id="A", token=1)
+        assert await store.timeline(key) == ([], 0)
+        assert await store.get(key) is None
+        known = key_for("tl-note-kind")
+        fence = await own(store, known, "A")
+        with pytest.raises(ValueError, match="kind 'committed'"):
+            await notes.note(known, "committed", "x", owner_id="A", token=fence.token)
+        assert _kinds(await _entries(store, known)) == ["acquired"]
+
+    async def test_a_notes_detail_is_clipped_and_flattened(self, store: Any) -> None:
+        """Up to NOTE_LIMIT characters of detail (more than an operation's 200), on one line;
+        notes count against the cap like every entry."""
+        notes, key = _notes(store), key_for("tl-note-long")
+        fence = await own(store, key, "A")
+        ids: dict[str, Any] = {"owner_id": "A", "token": fence.token}
+        assert await notes.note(key, "terminated", "a\tb\nc" + "x" * (2 * NOTE_LIMIT), **ids)
+        (entry,) = (await _entries(store, key))[1:]
+        assert len(entry.detail) == NOTE_LIMIT and entry.detail.startswith("a b c")
+        for _ in range(TIMELINE_CAP - 1):
+            assert await notes.note(key, "reaped", "r", **ids)
+        entries, dropped = await store.timeline(key)
+        assert dropped == 1 and len(entries) == TIMELINE_CAP
+        assert entries[0].kind == "terminated" and entries[-1].seq == TIMELINE_CAP + 1

@@ -25,6 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui import actions, live, views
 from ai_lease.ui.auth import COOKIE, OPEN_PATHS, Guard
 from ai_lease.ui.views import Ui
@@ -152,13 +153,15 @@ def create_app(
     refresh: float = 1.0,
     metrics: Metrics | None = None,
     settings_view: Mapping[str, str] | None = None,
+    phi_threshold: float = DEFAULT_THRESHOLD,
 ) -> Starlette:
     """The dashboard over ``store`` (SQLite or Redis, already open; the caller closes it).
 
     ``token``: required of every request when given. ``refresh``: seconds between live
     updates. ``metrics``: the registry ``/metrics`` serves (a new one, with the store's
     gauges, by default). ``settings_view``: what the header shows, already masked
-    (``{"store": mask_url(url)}``).
+    (``{"store": mask_url(url)}``). ``phi_threshold``: the φ at which a job's owner reads
+    "suspect" (``lease.phi_threshold``).
     """
     if not refresh > 0:
         raise ValueError(f"refresh must be a positive number of seconds (got {refresh!r})")
@@ -167,7 +170,11 @@ def create_app(
 
     metrics = metrics if metrics is not None else Metrics()
     ui = Ui(
-        store=store, guard=Guard(token), refresh=refresh, settings_view=dict(settings_view or {})
+        store=store,
+        guard=Guard(token),
+        refresh=refresh,
+        settings_view=dict(settings_view or {}),
+        phi_threshold=phi_threshold,
     )
 
     @contextlib.asynccontextmanager

@@ -90,7 +90,7 @@ async def job_stream(request: Request) -> Response:
             seen["entries"], seen["dropped"] = await ui.store.timeline(key)
             seen["mark"] = mark
         entries, dropped = seen["entries"], seen["dropped"]
-        context = job_context(job, entries, dropped)
+        context = job_context(job, entries, dropped, ui.phi_threshold)
         state = (_unread(job), len(entries), dropped)
         return state, lambda: ui.templates.render("_job_live.html", **context)
 

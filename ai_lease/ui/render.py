@@ -17,6 +17,7 @@ from markupsafe import Markup
 
 from ai_lease.job import JobState
 from ai_lease.lease.base import TimelineEntry
+from ai_lease.observe.cpu_idle import cpu_idle_of, cpu_idle_text
 from ai_lease.observe.phi import DEFAULT_THRESHOLD, phi_text, renewal_phi
 from ai_lease.redaction import redact
 from ai_lease.ui.present import job_row
@@ -120,8 +121,10 @@ def job_context(
     """What ``_job_live.html`` shows for ``job`` and its timeline (with the φ suspicion of
     a RUNNING job's owner, from the renewals in ``entries``)."""
     phi = renewal_phi(entries, job)
+    idle = cpu_idle_of(job.stall_snapshot)
     return {
         "phi": None if phi is None else phi_text(phi, phi_threshold),
+        "cpu_idle": None if idle is None else cpu_idle_text(idle),
         "job": job,
         "row": job_row(job),
         "record": record_items(job),

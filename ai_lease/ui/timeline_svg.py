@@ -5,9 +5,11 @@ oldest first) into one ``<svg id="timeline">``: one lane per owner in order of f
 appearance, time on the x axis in seconds since the first entry, one mark per entry —
 progress-carrying renewals filled, renewals without progress hollow, refused renewals,
 the stall, the takeover labelled with its new token, the rejected late write as a red cross,
-the commit. Where a lease lapsed (a takeover after the old owner's refused renewal or stall,
-or one whose cause is ``expired``/``stalled``) a dashed ``<line class="lease-expiry">``
-crosses the lanes at the takeover: the entries do not carry the old lease's expiry time.
+the commit, and a termination ladder's steps (``terminated``: SIGTERM or SIGKILL sent to the
+owner's child process; ``reaped``: the child collected). Where a lease lapsed (a takeover
+after the old owner's refused renewal or stall, or one whose cause is
+``expired``/``stalled``) a dashed ``<line class="lease-expiry">`` crosses the lanes at the
+takeover: the entries do not carry the old lease's expiry time.
 
 A takeover writes its stall, release, takeover, commit and rejected write within a
 millisecond: marks closer than a few pixels are nudged apart (in time order, inside the
@@ -67,9 +69,21 @@ _GLYPHS = {
     ),
     "failed": _PATH.replace("{d}", "m-5 -5h10v10h-10z").replace("{paint}", 'fill="#c62828"'),
     "cancelled": _PATH.replace("{d}", "m-5 -5h10v10h-10z").replace("{paint}", 'fill="#777"'),
+    "terminated": _PATH.replace("{d}", "m1 -8l-5 9h4l-1 7l5 -9h-4z").replace(
+        "{paint}", 'fill="#b71c1c"'
+    ),
+    "reaped": _PATH.replace("{d}", "m-5 -5h10v10h-10z").replace(
+        "{paint}", 'fill="none" stroke="#b71c1c" stroke-width="2"'
+    ),
     "other": '<circle cx="{x}" cy="{y}" r="3" fill="#777"/>',
 }
-_LABELS = {"stalled": "stall", "fenced_write_rejected": "rejected write", "committed": "commit"}
+_LABELS = {
+    "stalled": "stall",
+    "fenced_write_rejected": "rejected write",
+    "committed": "commit",
+    "reaped": "reaped",
+}
+_SIGNALS = {"term": "SIGTERM", "kill": "SIGKILL"}  # a ladder step's detail starts with one
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +281,8 @@ def _glyph(entry: TimelineEntry, kind: str) -> tuple[str, str]:
 def _mark_label(entry: TimelineEntry, kind: str) -> str:
     if kind in ("acquired", "taken_over"):
         return f"token {entry.token}"
+    if kind == "terminated":  # the ladder's signal: "term: …" or "kill: …"
+        return _SIGNALS.get(entry.detail.partition(":")[0], "signal")
     return _LABELS.get(kind, "")
 
 

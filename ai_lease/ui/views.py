@@ -17,6 +17,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from ai_lease.job import JobState
 from ai_lease.lease.base import JobQueue, JobTimeline, TimelineEntry
+from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui.auth import COOKIE, Guard, Session
 from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, read_page
 from ai_lease.ui.present import ago, job_row, job_url
@@ -36,6 +37,7 @@ class Ui:
     refresh: float
     settings_view: Mapping[str, str] = field(default_factory=dict)
     templates: Templates = field(default_factory=Templates)
+    phi_threshold: float = DEFAULT_THRESHOLD  # lease.phi_threshold: when φ says "suspect"
 
 
 def ui_of(request: Request) -> Ui:
@@ -163,7 +165,7 @@ async def job(request: Request) -> Response:
         url=job_url(key),
         stream=job_url(key) + "/stream",
         target="job-live",
-        **job_context(found, entries, dropped),
+        **job_context(found, entries, dropped, ui_of(request).phi_threshold),
     )
 
 

@@ -3,6 +3,7 @@
     python -m tests.harness.node --store URL --key K --node NAME --history PATH \\
         --behaviour ok|slow|hang-async|hang-thread|pause-before-commit \\
         [--ttl 2 --renew 0.5 --mnp 1 --policy expire|release|alert --go-file PATH]
+        [--isolation task|process]
 
 Every :class:`~ai_lease.observe.events.Event` the runner emits is appended to the history file as
 one JSON line (flushed at once, so a SIGKILL loses at most the line being written), plus
@@ -29,6 +30,13 @@ Behaviours:
   exactly between the last local check and the store write; the test resumes it (SIGCONT)
   after a takeover and the write goes out with the old fence.
 
+With ``--isolation process`` the job's stages up to ``parse`` run in a warm child process
+(a pool of one, :func:`~ai_lease.run.isolation.isolated`) whose pid goes into the history
+(``children``); the lease, the keeper, ``persist`` and the zombie's late write stay in the
+node. A stalled or cancelled attempt stops its child by the termination ladder, so
+``hang-thread``'s thread never wakes to write: the node writes with the old fence instead,
+as ``hang-async`` does.
+
 With ``--go-file`` the node starts (imports, opens the store) and then waits for that file
 to exist before competing, so a test can start followers early yet let the owner win.
 
@@ -40,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -66,6 +75,7 @@ from ai_lease.job import Job
 from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta
 from ai_lease.run.config import RunConfig, RunHooks
+from ai_lease.run.isolation import isolated
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step
@@ -77,6 +87,7 @@ BEHAVIOURS = ("ok", "slow", "hang-async", "hang-thread", "pause-before-commit")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _POLL_S = 0.05
 GO_WAIT_S = 60.0
+TERMINATE_GRACE_S = 0.5  # the child's SIGTERM window under --isolation process
 
 
 # -- inside the node process -------------------------------------------------------------------
@@ -139,6 +150,7 @@ class Options:
     policy: str = "expire"
     slow_for: float | None = None
     go_file: Path | None = None
+    isolation: str = "task"
 
     def timings(self) -> LeaseTimings:
         budgets = dict(LeaseTimings().stage_budgets)
@@ -180,7 +192,7 @@ class Node:
         self.late_done = asyncio.Event()
         self.pending: list[asyncio.Task[Any]] = []
         self.loop = asyncio.get_running_loop()
-        provider = RecordingProvider(ScriptedProvider(options.script()), history)
+        provider = recording(options.script(), options.history, options.node)
         self.runner = Runner(
             store,
             provider=provider,
@@ -189,10 +201,15 @@ class Node:
             hooks=RunHooks(on_event=self.on_event),
         )
 
+    @property
+    def isolated(self) -> bool:
+        return self.options.isolation == "process"
+
     def pipeline(self) -> Pipeline:
         pipeline = Pipeline.default()
         if self.options.behaviour == "hang-thread":
-            pipeline = pipeline.replace("call_ai", Stage("call_ai", self.call_ai_blocking))
+            blocking = call_ai_blocking if self.isolated else self.call_ai_blocking
+            pipeline = pipeline.replace("call_ai", Stage("call_ai", blocking))
         if self.options.behaviour == "pause-before-commit":
             pipeline = pipeline.replace("persist", Stage("persist", self.persist_paused))
         return pipeline
@@ -259,6 +276,22 @@ class Node:
 
     async def run(self) -> tuple[Any, str | None]:
         """Run the job; return (result, error). A stalled zombie acts out its late write."""
+        if not self.isolated:
+            await self.wait_for_go()
+            return await self.run_job()
+        factory = functools.partial(
+            recording, self.options.script(), self.options.history, self.options.node
+        )
+        async with isolated(self.runner, 1, factory, TERMINATE_GRACE_S) as pool:
+            self.history.write({"kind": "children", "pids": sorted(pool.children)})
+            await self.wait_for_go()  # the pool is warm before the node competes
+            return await self.run_job()
+
+    async def wait_for_go(self) -> None:
+        await wait_for_go(self.options.go_file)
+        self.history.write({"kind": "go"})
+
+    async def run_job(self) -> tuple[Any, str | None]:
         job = Job(self.options.key, input=f"timeline for {self.options.key}")
         running = asyncio.create_task(self.runner.run(job))
         stalled = asyncio.create_task(self.stalled.wait())
@@ -282,12 +315,27 @@ class Node:
         self.history.write({"kind": "stopped_competing"})
         assert self.stall_fence is not None
         await self.wait_for_takeover(self.stall_fence)
-        if self.options.behaviour == "hang-thread":
+        if self.options.behaviour == "hang-thread" and not self.isolated:
             self.wake.set()  # the thread writes, then returns
             await asyncio.wait_for(self.late_done.wait(), 30)
         else:
             with contextlib.suppress(FencingRejected):
                 await self.late_commit(self.stall_fence, self.options.answer)
+
+
+def recording(script: list[Step], history: Path, node: str) -> RecordingProvider:
+    """The node's provider; module level, so a child process can build its own
+    (``--isolation process``: its ``chunk`` lines go to the same history file)."""
+    return RecordingProvider(ScriptedProvider(script), History(history, node))
+
+
+def call_ai_blocking(ctx: StageContext) -> Completion:
+    """``hang-thread``'s call_ai in a child process: stuck in ``time.sleep`` in the
+    child's stage thread until the termination ladder ends the child (bounded)."""
+    cap = time.monotonic() + 60
+    while time.monotonic() < cap:
+        time.sleep(_POLL_S)
+    return Completion("too late", "stop")
 
 
 async def wait_for_go(path: Path | None) -> None:
@@ -307,8 +355,6 @@ async def amain(options: Options) -> int:
     result: Any = None
     error: str | None = None
     try:
-        await wait_for_go(options.go_file)
-        history.write({"kind": "go"})
         result, error = await Node(options, store, history).run()
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -321,7 +367,7 @@ async def amain(options: Options) -> int:
 
 
 def _describe(options: Options) -> dict[str, Any]:
-    keys = ("behaviour", "ttl", "renew", "mnp", "policy")
+    keys = ("behaviour", "ttl", "renew", "mnp", "policy", "isolation")
     return {key: getattr(options, key) for key in keys}
 
 
@@ -338,6 +384,7 @@ def parse_args(argv: Sequence[str]) -> Options:
     parser.add_argument("--policy", choices=[p.value for p in StallPolicy], default="expire")
     parser.add_argument("--slow-for", type=float, default=None)
     parser.add_argument("--go-file", type=Path, default=None)
+    parser.add_argument("--isolation", choices=["task", "process"], default="task")
     return Options(**vars(parser.parse_args(argv)))
 
 
@@ -438,6 +485,7 @@ class Cluster:
     renew: float = 0.5
     mnp: float = 1.0
     policy: str = "expire"
+    isolation: str = "task"
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
 
     @property
@@ -453,7 +501,7 @@ class Cluster:
             *("--store", self.store_url, "--key", self.key, "--node", name),
             *("--history", str(history), "--behaviour", behaviour),
             *("--ttl", str(self.ttl), "--renew", str(self.renew), "--mnp", str(self.mnp)),
-            *("--policy", self.policy),
+            *("--policy", self.policy, "--isolation", self.isolation),
             *(("--go-file", str(self.go_file)) if wait_for_go else ()),
             *extra,
         ]
