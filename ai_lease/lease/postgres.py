@@ -41,9 +41,6 @@ from ai_lease.lease.rules import clip
 
 __all__ = ["PostgresStore"]
 
-NOTE_KINDS: tuple[str, ...] = getattr(base, "NOTE_KINDS", ("terminated", "reaped"))
-NOTE_LIMIT: int = getattr(base, "NOTE_LIMIT", 2000)
-
 _ACQUIRE = (
     "SELECT a.o_kind, a.o_at, a.o_taken, a.o_cause, (a.o_job).*"
     " FROM {schema}.ail_acquire(%s, %s, %s, %s, %s, %s, %s, %s) a"
@@ -228,9 +225,8 @@ class PostgresStore(PostgresListing):
     ) -> bool:
         """Append one entry to the job's timeline (the termination ladder's steps): not
         fenced, written only for an existing job (False for an unknown key)."""
-        if kind not in NOTE_KINDS:
-            raise ValueError(f"note: kind {kind!r} is not one of {', '.join(NOTE_KINDS)}")
-        args = (key, kind, detail[:NOTE_LIMIT], owner_id, token, stage, NOTE_LIMIT)
+        detail = base.check_note(kind, detail)
+        args = (key, kind, detail, owner_id, token, stage, base.NOTE_LIMIT)
         row = await self._fetchone("note", _NOTE, args)
         return bool(row and row[0])
 
