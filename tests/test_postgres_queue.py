@@ -32,7 +32,7 @@ def namespace(pg_server: PostgresServer) -> Iterator[str]:
 
 
 async def _open(url: str, namespace: str) -> PostgresListing:
-    store = PostgresListing.from_url(url, namespace=namespace, op_timeout=5.0)
+    store = PostgresListing(url, namespace=namespace, op_timeout=5.0)
     await store.due_recoveries(1)  # connected and migrated: the race is the claim alone
     return store
 
