@@ -235,3 +235,24 @@ async def test_durations_added_at_once_by_many_tasks_add_up(queue: PostgresListi
     await asyncio.gather(*(add(n) for n in range(20)))
     loaded = await queue.load_durations()
     assert all(loaded[s] == {1: 20, 7: 40} for s in series)
+
+
+async def test_queue_counts_for_the_gauges(
+    pg_server: PostgresServer, namespace: str, queue: PostgresListing
+) -> None:
+    """One statement counts jobs per status, due and later entries, live and lapsed leases."""
+    for key in ("a", "b", "c", "d"):
+        await queue.submit(key, "{}", "fp")
+    await queue.reschedule("b", 1e12)
+    _lapse(pg_server, namespace, ["c"])
+    pg_server.execute(
+        f"UPDATE \"{namespace}\".ail_jobs SET status = 'RUNNING', lease_expires_at = 1e12"
+        " WHERE key = 'd'"
+    )
+    assert await queue.queue_counts() == {
+        "jobs": {"PENDING": 2, "RUNNING": 2},
+        "queue_due": 3,
+        "queue_scheduled": 1,
+        "leases_live": 1,
+        "leases_lapsed": 1,
+    }
