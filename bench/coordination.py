@@ -5,7 +5,9 @@
     .venv/bin/python bench/coordination.py --breakdown # also: per command, per job; CPU by area
 
 Run from the repository root in the dev environment (``pip install -e '.[dev]'``; needs the
-``redis-server`` binary). It starts its own ``redis-server`` (tests/harness).
+``redis-server`` binary and PostgreSQL's server binaries). It starts its own ``redis-server``
+and its own PostgreSQL cluster (tests/harness; bench/_pg_stats.py), and SQLite files in a
+temporary directory.
 
 Variants, each looping over fresh keys with ``--concurrency`` tasks on one event loop:
 
@@ -14,6 +16,10 @@ Variants, each looping over fresh keys with ``--concurrency`` tasks on one event
   persist = the fenced commit). The Runner's defaults (history, tracing), as the CLI and
   the worker run it. What a caller actually pays.
 * ``store``     ``RedisStore`` acquire + commit alone (the lease part of ``pipeline``).
+* ``pg-pipeline`` / ``pg-store``  the same two on ``PostgresStore`` (fsync on unless
+  ``--pg-fsync off``); round trips are the top-level statements clients sent
+  (``pg_stat_statements``), server µs their ``total_exec_time``.
+* ``sq-pipeline`` / ``sq-store``  the same two on ``SQLiteStore`` (embedded: no round trips).
 * ``pair``      what a careful user hand-rolls on redis-py + hiredis (bench/_pair.py): an acquire
   script (SET NX PX + INCR fencing token) and a compare-and-set commit script, 2 round trips
   per job, same server, same client settings (decoded replies, 2 s socket timeouts, redis-py
@@ -42,6 +48,7 @@ import collections
 import cProfile
 import pstats
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -54,13 +61,17 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harness
 
 import _pair
+import _pg_stats
 from _pair import RESULT, Pair, client_for
 from _redis_stats import Calls, snapshot
 
-from ai_lease import Acquired, Job, Pipeline, Runner
+from ai_lease import Acquired, Job, LeaseStore, Pipeline, Runner
 from ai_lease.lease import redis_scripts as lua
+from ai_lease.lease.postgres import PostgresStore
 from ai_lease.lease.redis import RedisStore
+from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.testing.scripted import ScriptedProvider
+from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import RedisServer
 
 TARGET, CPU_TARGET = 0.9, 1.3
@@ -110,7 +121,7 @@ def pipeline_job(runner: Runner, named: bool) -> JobFn:
     return job
 
 
-def store_job(store: RedisStore) -> JobFn:
+def store_job(store: LeaseStore) -> JobFn:
     async def job(key: str, w: int) -> None:
         got = await store.acquire(key, f"node-{w}", ttl=30.0, max_no_progress=5.0)
         if not isinstance(got, Acquired):
@@ -147,35 +158,48 @@ async def drive(job: JobFn, st: Stats, tag: str, seconds: float, workers: int) -
     st.jobs += sum(counts)
 
 
-async def run(args: argparse.Namespace, url: str) -> dict[str, Stats]:
+async def run(
+    args: argparse.Namespace, url: str, pg: PostgresServer, tmp: Path
+) -> dict[str, Stats]:
     run_id = uuid.uuid4().hex[:8]
     admin, pair_client = client_for(url), client_for(url)
     store = RedisStore.from_url(url, namespace=f"bench-{run_id}", op_timeout=2.0)
-    runner = Runner(store, provider=ScriptedProvider(["ok"]), pipeline=Pipeline.default())
-    variants = {
-        "pipeline": pipeline_job(runner, args.named_prompt),
-        "store": store_job(store),
-        "pair": pair_job(Pair(pair_client)),
-    }
+    pg_store = PostgresStore.from_url(pg.url, namespace=f"bench_{run_id}", op_timeout=2.0)
+    sq_store = SQLiteStore(tmp / "bench.db", op_timeout=2.0)
+    stores: dict[str, LeaseStore] = {"": store, "pg-": pg_store, "sq-": sq_store}
+    variants: dict[str, JobFn] = {}
+    for prefix, each in stores.items():
+        runner = Runner(each, provider=ScriptedProvider(["ok"]), pipeline=Pipeline.default())
+        variants[f"{prefix}pipeline"] = pipeline_job(runner, args.named_prompt)
+        variants[f"{prefix}store"] = store_job(each)
+    variants["pair"] = pair_job(Pair(pair_client))
     results = {name: Stats() for name in variants}
+
+    async def counts(name: str) -> Calls:
+        if name.startswith("sq-"):
+            return Calls()
+        return _pg_stats.snapshot(pg) if name.startswith("pg-") else await snapshot(admin)
+
     try:
         for name, job in variants.items():  # warm up: connections, script cache, imports
             await drive(job, Stats(), f"warm:{run_id}:{name}", args.warmup, args.concurrency)
         for r in range(args.rounds):
             for name, job in variants.items():
-                st, before = results[name], await snapshot(admin)
+                st, before = results[name], await counts(name)
                 await drive(
                     job, st, f"{run_id}:{r}:{name}", args.seconds / args.rounds, args.concurrency
                 )
-                st.server.add(before, await snapshot(admin))
+                st.server.add(before, await counts(name))
         if args.profile:
             await profile(variants["pipeline"], run_id, args)
         if args.scripts:
             await script_costs(admin, run_id, args.script_jobs)
         if args.breakdown:
-            await breakdown(variants, admin, run_id, args.breakdown_jobs)
+            on_redis = {k: variants[k] for k in ("pipeline", "store", "pair")}
+            await breakdown(on_redis, admin, run_id, args.breakdown_jobs)
     finally:
-        await store.aclose()
+        for each in stores.values():
+            await each.aclose()
         await pair_client.aclose()
         await admin.aclose()
     return results
@@ -282,10 +306,10 @@ def _area(fn: tuple[str, int, str]) -> str:
 
 def report(res: dict[str, Stats]) -> None:
     heads = f"{'jobs/s':>7} {'CPU/job µs':>11} {'srv µs/job':>10} {'RT/job':>7} {'p50 µs':>8}"
-    print(f"\n{'variant':<9} {heads} {'p99 µs':>8}")
+    print(f"\n{'variant':<11} {heads} {'p99 µs':>8}")
     for name, st in res.items():
         print(
-            f"{name:<9} {st.rate:7.0f} {st.cpu / st.jobs * 1e6:11.0f} {st.server_us:10.1f} "
+            f"{name:<11} {st.rate:7.0f} {st.cpu / st.jobs * 1e6:11.0f} {st.server_us:10.1f} "
             f"{st.round_trips:7.2f} {st.pct(0.5):8.0f} {st.pct(0.99):8.0f}   "
             f"{dict(sorted(st.commands.items()))}"
         )
@@ -307,6 +331,14 @@ def report(res: dict[str, Stats]) -> None:
         "round_trips_pipeline_per_job": pipe.round_trips,
         "round_trips_pair_per_job": pair.round_trips,
     }
+    for prefix in ("pg", "sq"):
+        for part in ("pipeline", "store"):
+            st = res[f"{prefix}-{part}"]
+            out[f"{prefix}_{part}_jobs_per_s"] = st.rate
+            out[f"{prefix}_{part}_cpu_us_per_job"] = st.cpu / st.jobs * 1e6
+    for part in ("pipeline", "store"):
+        out[f"pg_{part}_server_us_per_job"] = res[f"pg-{part}"].server_us
+        out[f"round_trips_pg_{part}_per_job"] = res[f"pg-{part}"].round_trips
     print()
     for k, v in out.items():
         print(f"RESULT {k} {v:.3f}" if k.startswith(("ratio", "round")) else f"RESULT {k} {v:.0f}")
@@ -331,15 +363,20 @@ def main() -> int:
     p.add_argument("--script-jobs", type=int, default=3000, help="jobs per batch for it")
     p.add_argument("--breakdown", action="store_true", help="per command; client CPU by area")
     p.add_argument("--breakdown-jobs", type=int, default=2000, help="jobs per variant for it")
+    p.add_argument("--pg-fsync", choices=["on", "off"], default="on", help="the cluster's fsync")
     args = p.parse_args()
     prompt = "named" if args.named_prompt else "inline"
     print(
         f"coordination: {args.seconds:g} s x {args.concurrency} concurrent per variant, "
         f"{args.rounds} rounds, {prompt} prompt; Python {sys.version.split()[0]}, "
-        f"redis-py {redis.__version__}"
+        f"redis-py {redis.__version__}; PostgreSQL fsync {args.pg_fsync}"
     )
-    with RedisServer() as server:
-        report(asyncio.run(run(args, server.url)))
+    pg = _pg_stats.cluster(fsync=args.pg_fsync == "on")
+    try:
+        with RedisServer() as server, tempfile.TemporaryDirectory(prefix="ai_lease-") as tmp:
+            report(asyncio.run(run(args, server.url, pg, Path(tmp))))
+    finally:
+        pg.close()
     return 0
 
 

@@ -1,12 +1,14 @@
 """Jobs per second and CPU per job through real `ai-lease worker` processes, in one run.
 
-    .venv/bin/python bench/workers.py                        # SQLite and Redis, asyncio and uvloop
+    .venv/bin/python bench/workers.py             # SQLite, Redis, PostgreSQL; asyncio, uvloop
     .venv/bin/python bench/workers.py --jobs 300 --rounds 5 --workers 1,2 --loops asyncio
     .venv/bin/python bench/workers.py --isolation task,process --loops asyncio --workers 1
 
 Run from the repository root in the dev environment (``pip install -e '.[dev]'``; needs the
-``redis-server`` binary). It starts its own ``redis-server`` (tests/harness) and writes its
-SQLite files to a temporary directory, so nothing already running is touched.
+``redis-server`` binary and PostgreSQL's server binaries). It starts its own ``redis-server``
+and its own PostgreSQL cluster (tests/harness; fsync on unless ``--pg-fsync off``,
+bench/_pg_stats.py) and writes its SQLite files to a temporary directory, so nothing
+already running is touched.
 
 Each worker is the ``ai-lease worker`` command as a user starts it (the console script,
 its settings file, the default lease timings, history and tracing on, its log lines on
@@ -26,7 +28,9 @@ combination runs once per round, interleaved, so a slow patch of the machine hit
 the table shows medians of jobs/s, of the workers' CPU per job (all worker processes
 together) and of redis-server's CPU per job. On Redis it also counts, from ``INFO
 commandstats``, the commands the workers sent per job (the bench's own reads of the records
-left out): what one queued job costs in round trips, sweeps and heartbeats included.
+left out): what one queued job costs in round trips, sweeps and heartbeats included; on
+PostgreSQL the same from ``pg_stat_statements`` (top-level statements: one round trip each),
+and the server's CPU is the postmaster's and its backends'.
 
 ``--isolation task,process`` adds a column: ``process`` runs each job's stages in the
 worker's warm child processes (``ai-lease worker --isolation process``); worker CPU then
@@ -53,16 +57,18 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harness
 
+import _pg_stats
 from _pair import client_for
 from _redis_stats import Calls, snapshot
 
 from ai_lease import LeaseStore, Status, open_store
 from ai_lease.job import Job
 from ai_lease.run.runner import Runner
+from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import RedisServer
 from tests.harness.sse_server import Request, Response, SSEServer, chat_chunks, sse
 
-STORES = ("sqlite", "redis")
+STORES = ("sqlite", "redis", "postgres")
 ISOLATIONS = ("task", "process")
 LOOPS = ("asyncio", "uvloop")
 DONE_TIMEOUT_S = 300.0
@@ -160,8 +166,8 @@ class Sample:
 
     jobs_per_s: float
     worker_cpu_ms: float  # CPU of all worker processes, per job
-    server_cpu_ms: float  # CPU of redis-server, per job (0 on SQLite)
-    sent: dict[str, float]  # commands the workers sent to Redis, per job ({} on SQLite)
+    server_cpu_ms: float  # CPU of redis-server / PostgreSQL, per job (0 on SQLite)
+    sent: dict[str, float]  # commands / statements the workers sent, per job ({} on SQLite)
 
 
 @dataclass
@@ -178,18 +184,35 @@ class Variant:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, redis_server: RedisServer, tmp: Path) -> None:
-        self.args, self.redis_server, self.tmp = args, redis_server, tmp
+    def __init__(
+        self, args: argparse.Namespace, redis_server: RedisServer, pg: PostgresServer, tmp: Path
+    ) -> None:
+        self.args, self.redis_server, self.pg, self.tmp = args, redis_server, pg, tmp
         self.model: SSEServer | None = None
+
+    def fresh_url(self, store: str, directory: Path) -> str:
+        """A store with no job yet: Redis emptied, PostgreSQL's schemas dropped, a new file."""
+        if store == "redis":
+            self.redis_server.flushall()
+            return self.redis_server.url
+        if store == "postgres":
+            self.pg.terminate_backends()
+            self.pg.reset_all()
+            return self.pg.url
+        return f"sqlite:///{directory / 'bench.db'}"
+
+    def server_pid(self, store: str) -> int | None:
+        return {"redis": self.redis_server.pid, "postgres": self.pg.pid}.get(store)
+
+    async def counts(self, store: str, admin: Any) -> Calls:
+        if store == "postgres":
+            return _pg_stats.snapshot(self.pg)
+        return await snapshot(admin) if admin is not None else Calls()
 
     async def measure(self, variant: Variant, directory: Path) -> Sample:
         """``variant.workers`` workers, ``--jobs`` jobs, from resume to the last commit."""
-        args, server = self.args, self.redis_server
-        if variant.store == "redis":
-            server.flushall()
-            url = server.url
-        else:
-            url = f"sqlite:///{directory / 'bench.db'}"
+        args = self.args
+        url = self.fresh_url(variant.store, directory)
         base_url = self.model.base_url if self.model else ""
         config = settings_file(directory, url, args, base_url)
         store = open_store(url, op_timeout=2.0)
@@ -206,16 +229,16 @@ class Bench:
             await submit(store, keys)
             pids = with_descendants([proc.pid for proc in procs])
             admin = client_for(url) if variant.store == "redis" else None
-            before = await snapshot(admin) if admin is not None else Calls()
+            before = await self.counts(variant.store, admin)
             cpu0 = cpu_seconds(pids)
-            server0 = cpu_seconds([server.pid]) if variant.store == "redis" else 0.0
+            server0 = self.server_cpu(variant.store)
             started = time.time()
             for proc in procs:
                 proc.send_signal(signal.SIGCONT)
             ended, reads = await wait_done(store, keys, procs)
             cpu = cpu_seconds(pids) - cpu0
-            server_cpu = cpu_seconds([server.pid]) - server0 if variant.store == "redis" else 0.0
-            sent = await self.sent(admin, before, reads) if admin is not None else {}
+            server_cpu = self.server_cpu(variant.store) - server0
+            sent = await self.sent(variant.store, admin, before, reads)
         finally:
             await self.stop(procs, directory)
             await store.aclose()
@@ -223,14 +246,24 @@ class Bench:
         per_job = {name: count / n for name, count in sent.items()}
         return Sample(n / (ended - started), 1000 * cpu / n, 1000 * server_cpu / n, per_job)
 
-    @staticmethod
-    async def sent(admin: Any, before: Calls, reads: int) -> dict[str, int]:
-        """The commands sent since ``before``, less the bench's ``reads`` (one EVALSHA each)."""
+    def server_cpu(self, store: str) -> float:
+        if store == "postgres":
+            return _pg_stats.server_cpu_s(self.pg)
+        pid = self.server_pid(store)
+        return cpu_seconds([pid]) if pid is not None else 0.0
+
+    async def sent(self, store: str, admin: Any, before: Calls, reads: int) -> dict[str, int]:
+        """The commands sent since ``before``, less the bench's ``reads`` (one EVALSHA each
+        on Redis, one SELECT on PostgreSQL)."""
+        if store == "sqlite":
+            return {}
         calls = Calls()
-        calls.add(before, await snapshot(admin))
-        await admin.aclose()
+        calls.add(before, await self.counts(store, admin))
+        if admin is not None:
+            await admin.aclose()
         sent = calls.sent()
-        sent["evalsha"] = sent.get("evalsha", 0) - reads
+        read = "select" if store == "postgres" else "evalsha"
+        sent[read] = sent.get(read, 0) - reads
         return {name: count for name, count in sent.items() if count}
 
     async def start_worker(
@@ -295,14 +328,14 @@ class Bench:
                         continue
                     samples.append(sample)
                     print(
-                        f"  round {r + 1}: {variant.store:<6} {variant.loop:<7} "
+                        f"  round {r + 1}: {variant.store:<8} {variant.loop:<7} "
                         f"{variant.isolation:<7} "
                         f"{variant.workers} worker(s) {sample.jobs_per_s:6.0f} jobs/s  "
                         f"worker CPU {sample.worker_cpu_ms:.2f} ms/job"
                         + (
-                            f"  redis CPU {sample.server_cpu_ms:.2f} ms/job, sent per job "
+                            f"  server CPU {sample.server_cpu_ms:.2f} ms/job, sent per job "
                             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(sample.sent.items()))
-                            if variant.store == "redis"
+                            if variant.store != "sqlite"
                             else ""
                         ),
                         flush=True,
@@ -316,18 +349,18 @@ def med(samples: list[Sample], field: str) -> float:
 
 def report(variants: list[Variant], results: dict[str, list[Sample] | str]) -> None:
     print(
-        f"\n{'store':<7} {'loop':<8} {'isolation':<9} {'workers':>7} {'jobs/s':>7} "
-        f"{'worker CPU':>11} {'redis CPU':>10}   jobs/s per round"
+        f"\n{'store':<8} {'loop':<8} {'isolation':<9} {'workers':>7} {'jobs/s':>7} "
+        f"{'worker CPU':>11} {'server CPU':>10}   jobs/s per round"
     )
     for v in variants:
         samples = results[v.name]
         if isinstance(samples, str):
-            print(f"{v.store:<7} {v.loop:<8} {v.isolation:<9} {v.workers:>7}   {samples}")
+            print(f"{v.store:<8} {v.loop:<8} {v.isolation:<9} {v.workers:>7}   {samples}")
             continue
-        redis_cpu = f"{med(samples, 'server_cpu_ms'):>7.2f} ms" if v.store == "redis" else "-"
+        redis_cpu = f"{med(samples, 'server_cpu_ms'):>7.2f} ms" if v.store != "sqlite" else "-"
         each = " / ".join(f"{s.jobs_per_s:.0f}" for s in samples)
         print(
-            f"{v.store:<7} {v.loop:<8} {v.isolation:<9} {v.workers:>7} "
+            f"{v.store:<8} {v.loop:<8} {v.isolation:<9} {v.workers:>7} "
             f"{med(samples, 'jobs_per_s'):>7.0f} "
             f"{med(samples, 'worker_cpu_ms'):>8.2f} ms {redis_cpu:>10}   {each}"
         )
@@ -339,10 +372,11 @@ def report(variants: list[Variant], results: dict[str, list[Sample] | str]) -> N
             continue
         print(f"RESULT {v.name}_jobs_per_s {med(samples, 'jobs_per_s'):.0f}")
         print(f"RESULT {v.name}_worker_cpu_ms_per_job {med(samples, 'worker_cpu_ms'):.3f}")
-        if v.store == "redis":
-            print(f"RESULT {v.name}_redis_cpu_ms_per_job {med(samples, 'server_cpu_ms'):.3f}")
+        if v.store != "sqlite":
+            server, sent = ("redis", "commands") if v.store == "redis" else ("pg", "statements")
+            print(f"RESULT {v.name}_{server}_cpu_ms_per_job {med(samples, 'server_cpu_ms'):.3f}")
             total = statistics.median(sum(s.sent.values()) for s in samples)
-            print(f"RESULT {v.name}_redis_commands_per_job {total:.3f}")
+            print(f"RESULT {v.name}_{server}_{sent}_per_job {total:.3f}")
     isolation_overhead(variants, results)
     for v in variants:  # uvloop against asyncio, same store and worker count
         if v.loop != "uvloop" or v.isolation != "task":
@@ -380,7 +414,10 @@ def main() -> int:
         default=[1, 2],
         help="worker process counts, comma-separated",
     )
-    p.add_argument("--stores", default=",".join(STORES), help="comma-separated: sqlite,redis")
+    p.add_argument(
+        "--stores", default=",".join(STORES), help="comma-separated: sqlite,redis,postgres"
+    )
+    p.add_argument("--pg-fsync", choices=["on", "off"], default="on", help="the cluster's fsync")
     p.add_argument("--loops", default=",".join(LOOPS), help="comma-separated: asyncio,uvloop")
     p.add_argument(
         "--isolation", default="task", help="comma-separated: task,process (worker --isolation)"
@@ -411,14 +448,18 @@ def main() -> int:
         f"(concurrency {args.concurrency} each, sweep {args.sweep:g}s, model {args.model}, "
         f"http {args.http}), "
         f"loops {loops}, {args.rounds} rounds; Python {sys.version.split()[0]}, "
-        f"redis-py {redis.__version__}"
+        f"redis-py {redis.__version__}; PostgreSQL fsync {args.pg_fsync}"
     )
-    with RedisServer() as server, tempfile.TemporaryDirectory(prefix="ai_lease-bench-") as tmp:
-        try:
-            results = asyncio.run(Bench(args, server, Path(tmp)).run(variants))
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            print("interrupted: worker processes and redis-server stopped", file=sys.stderr)
-            return 1
+    pg = _pg_stats.cluster(fsync=args.pg_fsync == "on")
+    try:
+        with RedisServer() as server, tempfile.TemporaryDirectory(prefix="ai_lease-bench-") as tmp:
+            try:
+                results = asyncio.run(Bench(args, server, pg, Path(tmp)).run(variants))
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                print("interrupted: worker processes and the servers stopped", file=sys.stderr)
+                return 1
+    finally:
+        pg.close()
     report(variants, results)
     return 0
 

@@ -76,6 +76,16 @@ def redis_client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url)
 
 
+def pg_execute(url: str, query: str, params: tuple[object, ...] = ()) -> None:
+    """One statement in the store's schema (PostgreSQL: the tables are typed, so what is
+    corrupt there is a value no ai_lease writes)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"SET search_path = {NS}")
+        conn.execute(query.encode(), params)
+
+
 def plant_corrupt_job(url: str) -> None:
     """A job record that is no ai_lease record (garbage on SQLite, a string key on Redis)."""
     if url.startswith("sqlite"):
@@ -84,6 +94,12 @@ def plant_corrupt_job(url: str) -> None:
                 "INSERT INTO ai_lease_jobs (key, status, lease_expires_at, record)"
                 " VALUES ('bad-job', 'DONE', NULL, 'garbage')"
             )
+    elif url.startswith("postgres"):
+        pg_execute(
+            url,
+            "INSERT INTO ail_jobs (key, status, created_at, updated_at)"
+            " VALUES ('bad-job', 'garbage', 1, 1)",
+        )
     else:
         redis_client(url).set(f"{NS}:{{bad-job}}:job", "garbage")
 
@@ -99,6 +115,8 @@ def plant_corrupt_result(url: str, key: str) -> None:
             conn.execute(
                 "UPDATE ai_lease_jobs SET record = ? WHERE key = ?", (orjson.dumps(record), key)
             )
+    elif url.startswith("postgres"):
+        pg_execute(url, "UPDATE ail_jobs SET result = '{not json' WHERE key = %s", (key,))
     else:
         redis_client(url).hset(f"{NS}:{{{key}}}:job", "result", "{not json")
 
@@ -115,6 +133,9 @@ def plant_corrupt_worker(url: str) -> None:
             conn.execute(
                 "INSERT INTO ai_lease_workers VALUES ('typed-worker', 1e18, ?)", (bad_type,)
             )
+    elif url.startswith("postgres"):
+        pg_execute(url, "INSERT INTO ail_workers VALUES ('bad-worker', 1e18, 'garbage')")
+        pg_execute(url, "INSERT INTO ail_workers VALUES ('typed-worker', 1e18, %s)", (bad_type,))
     else:
         client = redis_client(url)
         client.zadd(f"{NS}:workers", {"bad-worker": 1e12, "typed-worker": 1e12})
@@ -129,6 +150,8 @@ def plant_corrupt_histogram(url: str) -> None:
             conn.execute(
                 "INSERT INTO ai_lease_durations VALUES ('default', 'stage', 'parse', 'x', 'y')"
             )
+    elif url.startswith("postgres"):  # a bucket and a count add_durations never writes
+        pg_execute(url, "INSERT INTO ail_durations VALUES ('default', 'stage', 'parse', -1, -5)")
     else:
         client = redis_client(url)
         client.sadd(f"{NS}:hists", "not-a-series")

@@ -103,6 +103,16 @@ def plant_corrupt(store_url: str, key: str) -> None:
             )
             conn.execute("INSERT INTO ai_lease_queue VALUES (?, 0)", (key,))
         conn.close()
+    elif store_url.startswith("postgres"):  # typed columns: a status no ai_lease writes
+        import psycopg
+
+        with psycopg.connect(store_url, autocommit=True) as pg:
+            pg.execute(
+                "INSERT INTO ai_lease.ail_jobs (key, status, created_at, updated_at)"
+                " VALUES (%s, 'garbage', 1, 1)",
+                (key,),
+            )
+            pg.execute("INSERT INTO ai_lease.ail_queue VALUES (%s, 0)", (key,))
     else:
         client = redis.Redis.from_url(store_url)
         client.hset(f"ai_lease:{{{key}}}:job", mapping={"foo": "bar"})

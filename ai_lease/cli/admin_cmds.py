@@ -43,6 +43,32 @@ def cancel(obj: Context, key: str, reason: str) -> None:
     click.echo(f"cancelled {key}")
 
 
+@click.command(short_help="Install the PostgreSQL store's schema (tables and functions).")
+@click.pass_obj
+def migrate(obj: Context) -> None:
+    """Install or upgrade the PostgreSQL store's schema: its tables, its fencing-token
+    sequence and its lease functions, in the PostgreSQL schema named after store.namespace,
+    in one transaction (all of it or, on any error, nothing). The store does this by itself
+    on first use when its user may create the schema; run `ai-lease migrate` once as a user
+    who may (CREATE on the database) when the workers' user may not. Running it again is
+    safe: it says the schema is up to date. SQLite and Redis need no migration.
+
+    Exit 0 applied or up to date, 2 refused (no right to create the schema, a table of
+    ours that ai_lease did not make, a bad URL or credentials), 4 store unreachable."""
+    from ai_lease.lease.postgres_schema import VERSION
+
+    url = obj.settings.store.url
+    if not url.startswith(("postgresql://", "postgres://")):
+        click.echo(f"{obj.where}: this store needs no migration (only PostgreSQL does)")
+        return
+    namespace = obj.settings.store.namespace
+    applied = obj.run(lambda store: store.migrate())  # type: ignore[attr-defined]
+    if applied:
+        click.echo(f"applied migration {VERSION} to schema {namespace!r} in {obj.where}")
+    else:
+        click.echo(f"schema {namespace!r} in {obj.where} is up to date (migration {VERSION})")
+
+
 @click.command(short_help="List the provider names and the wire format each speaks.")
 def providers() -> None:
     """List the providers that can be named (built-in and installed plug-ins), each with
@@ -173,4 +199,4 @@ def tune(
     end_with_corrupt(corrupt, "skipped, named above")
 
 
-COMMANDS = (cancel, providers, show_config, tune)
+COMMANDS = (cancel, migrate, providers, show_config, tune)

@@ -85,7 +85,7 @@ class _Group(click.Group):
     "store_url",
     metavar="URL",
     help="Store URL: sqlite:///path.db (default), redis://host:6379/0, rediss://, unix://, "
-    "redis+cluster://.",
+    "redis+cluster://, postgresql://user@host:5432/db.",
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.version_option(package_name="ai_lease")

@@ -26,7 +26,6 @@ from typing import Any
 
 import psycopg
 import psycopg.errors as pg_errors
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -35,6 +34,7 @@ from ai_lease.errors import ConfigError, CorruptRecord, OutcomeUnknown, StoreUna
 from ai_lease.job import JobState
 from ai_lease.lease import postgres_schema as schema_
 from ai_lease.lease.postgres_schema import JOB_COLUMNS
+from ai_lease.lease.redis_wire import Tasks, within  # the bounded wait both stores share
 from ai_lease.lease.urls import mask_url
 from ai_lease.resource import AsyncResource
 
@@ -73,11 +73,13 @@ class PostgresConn(AsyncResource):
             raise ConfigError("store.namespace: must not be empty for a PostgreSQL store")
         self.where = where or mask_url(conninfo)
         self.namespace = namespace
-        self.schema = sql.Identifier(namespace).as_string(None)
+        self.schema = '"' + namespace.replace('"', '""') + '"'  # sql.Identifier's quoting
         self._op_timeout, self._poll = op_timeout, poll_interval
         self._conninfo = _with_bounds(conninfo, op_timeout)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._ready_lock = asyncio.Lock()
+        self._slots = asyncio.Semaphore(POOL_SIZE[1])  # calls in flight: one per connection
+        self._tasks = Tasks()  # calls still running after their caller's deadline
         self._queries: dict[str, bytes] = {}
         self._closed = False
 
@@ -186,10 +188,23 @@ class PostgresConn(AsyncResource):
         self, op: str, query: str, params: Sequence[Any] = ()
     ) -> list[tuple[Any, ...]]:
         """Run one statement (one round trip) and return its rows; bounded by op_timeout,
-        sent again once on another connection if its own went stale."""
-        text, loop = self._query(query), asyncio.get_running_loop()
-        deadline = loop.time() + self._op_timeout
+        sent again once on another connection if its own went stale.
+
+        Calls beyond the pool's size queue here first, unbounded (as SQLite's queue for its
+        thread is): the deadline bounds the store, not this process's own backlog."""
         pool = await self._ready(op)
+        async with self._slots:
+            return await self._send(op, pool, self._query(query), params)
+
+    async def _send(
+        self,
+        op: str,
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
+        text: bytes,
+        params: Sequence[Any],
+    ) -> list[tuple[Any, ...]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._op_timeout
         sends = 0
 
         async def send() -> list[tuple[Any, ...]]:
@@ -207,29 +222,40 @@ class PostgresConn(AsyncResource):
                     raise
 
         past = lambda: loop.time() >= deadline  # noqa: E731
+        call = retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past)
         try:
-            async with asyncio.timeout_at(deadline):
-                return await retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past)
+            # The deadline ends the wait, not the call: cancelling a psycopg call makes it
+            # send the server a cancel request and wait for that (seconds, against a frozen
+            # server). The call runs on in the background and gives its connection back
+            # when its answer (or its error) comes; aclose() ends what is still running.
+            return await within(self._tasks.start(call), max(0.0, deadline - loop.time()))
         except TimeoutError:
-            raise self._unavailable(op, f"no answer within {self._op_timeout:g}s") from None
+            detail = f"no answer within {self._op_timeout:g}s"
+            raise self._unavailable(op, detail, key=_key_of(params)) from None
         except PoolTimeout:
             detail = f"no connection within {self._op_timeout:g}s"
             raise self._unavailable(op, detail, maybe_applied=sends > 1) from None
         except _Stale as exc:
-            raise self._unavailable(op, f"connection lost: {_one_line(str(exc))}") from exc
-        except (pg_errors.UndefinedTable, pg_errors.UndefinedFunction) as exc:
+            detail = f"connection lost: {_one_line(str(exc))}"
+            raise self._unavailable(op, detail, key=_key_of(params)) from exc
+        except psycopg.Error as exc:
+            raise self._translate(op, exc) from exc
+
+    def _translate(self, op: str, exc: psycopg.Error) -> Exception:
+        """The typed error for a statement the server refused (it was rolled back)."""
+        if isinstance(exc, pg_errors.UndefinedTable | pg_errors.UndefinedFunction):
             self._forget_pool()  # the schema went away (dropped): the next call re-creates it
-            raise self._unavailable(op, _one_line(str(exc)), maybe_applied=False) from exc
-        except pg_errors.InsufficientPrivilege as exc:
-            raise ConfigError(f"store.url {self.where!r}: {_one_line(str(exc))}") from None
-        except pg_errors.RaiseException as exc:
-            text_ = exc.diag.message_primary or ""
-            if text_.startswith("AILEASE_CORRUPT "):
-                key, _, detail = text_.removeprefix("AILEASE_CORRUPT ").partition(" ")
-                raise CorruptRecord(key, detail[:120]) from None
-            raise self._unavailable(op, _one_line(str(exc)), maybe_applied=False) from exc
-        except psycopg.Error as exc:  # the server refused the statement: rolled back
-            raise self._unavailable(op, _one_line(str(exc)), maybe_applied=False) from exc
+        if isinstance(exc, pg_errors.QueryCanceled | pg_errors.LockNotAvailable):
+            detail = f"no answer within {self._op_timeout:g}s ({_primary(exc)})"
+            return self._unavailable(op, detail, maybe_applied=False)
+        if isinstance(exc, pg_errors.InsufficientPrivilege):
+            return ConfigError(f"store.url {self.where!r}: {_primary(exc)}")
+        if isinstance(exc, pg_errors.RaiseException) and (
+            exc.diag.message_primary == "AILEASE_CORRUPT"  # ail_ours(): not a job record
+        ):
+            detail = exc.diag.message_detail or "not a job record"
+            return CorruptRecord(exc.diag.message_hint or "", detail[:120])
+        return self._unavailable(op, _primary(exc), maybe_applied=False)
 
     async def _fetchone(
         self, op: str, query: str, params: Sequence[Any] = ()
@@ -237,9 +263,11 @@ class PostgresConn(AsyncResource):
         rows = await self._fetch(op, query, params)
         return rows[0] if rows else None
 
-    def _unavailable(self, op: str, detail: str, *, maybe_applied: bool = True) -> StoreUnavailable:
+    def _unavailable(
+        self, op: str, detail: str, *, maybe_applied: bool = True, key: str = ""
+    ) -> StoreUnavailable:
         if maybe_applied and op == "submit":  # the caller must be told it may be stored
-            return OutcomeUnknown(self.where, op, detail, key="")
+            return OutcomeUnknown(self.where, op, detail, key=key)
         return StoreUnavailable(self.where, op, detail, maybe_applied=maybe_applied)
 
     def _forget_pool(self) -> None:
@@ -260,6 +288,7 @@ class PostgresConn(AsyncResource):
 
     async def aclose(self) -> None:
         self._closed = True
+        await self._tasks.aclose()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -278,13 +307,23 @@ def check_url(url: str) -> None:
     port = str(params.get("port") or "")
     if port and not all(part.isdigit() for part in port.split(",")):
         raise ConfigError(f"store.url {where!r}: the port {port!r} is not a number")
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in _SSLMODES:
+        raise ConfigError(
+            f"store.url {where!r}: sslmode {sslmode!r} is not one of {', '.join(_SSLMODES)}"
+        )
+
+
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
 def _with_bounds(conninfo: str, op_timeout: float) -> str:
     """The conninfo with the server-side bounds added to its ``options`` (kept from the URL
     too), and an application name unless it names one."""
     params = conninfo_to_dict(conninfo)
-    ms = max(1, round(op_timeout * 1000))
+    # A little under op_timeout: the server ends a stalled statement first (a clean "rolled
+    # back" answer, the connection kept); the client's deadline backs it up.
+    ms = max(1, round(op_timeout * 900))
     bounds = (
         f"-c statement_timeout={ms} -c lock_timeout={ms} "
         f"-c idle_in_transaction_session_timeout={max(ms * 5, 10_000)}"
@@ -296,6 +335,16 @@ def _with_bounds(conninfo: str, op_timeout: float) -> str:
     if "connect_timeout" not in params:
         extra["connect_timeout"] = max(2, round(op_timeout * 2))
     return make_conninfo(conninfo, **extra)
+
+
+def _key_of(params: Sequence[Any]) -> str:
+    """The job key a call names (its first argument, by convention), for OutcomeUnknown."""
+    return params[0] if params and isinstance(params[0], str) else ""
+
+
+def _primary(exc: psycopg.Error) -> str:
+    """The server's message for a refused statement (without its PL/pgSQL context)."""
+    return _one_line(exc.diag.message_primary or str(exc))
 
 
 def _one_line(text: str) -> str:

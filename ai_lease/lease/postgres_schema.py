@@ -76,6 +76,10 @@ CREATE TABLE ail_timeline_heads (key text PRIMARY KEY, next_seq int NOT NULL,
 CREATE TABLE ail_workers (worker_id text PRIMARY KEY, expires_at double precision NOT NULL,
   info text NOT NULL);
 
+-- The store's clock: the database's, in epoch seconds (read once per operation).
+CREATE FUNCTION ail_now() RETURNS double precision LANGUAGE sql VOLATILE
+AS $$ SELECT extract(epoch FROM clock_timestamp())::double precision $$;
+
 -- Wake the job's followers (LISTEN on the namespace's channel, the key as the payload).
 CREATE FUNCTION ail_notify(p_key text) RETURNS void LANGUAGE sql
 SET search_path FROM CURRENT AS $$ SELECT pg_notify({channel}, p_key) $$;
@@ -103,8 +107,12 @@ def _lock_id(schema: str) -> int:
 
 async def installed(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:
     """The migration version ``schema`` holds (None: no version table there)."""
+    # A query of pg_class, not to_regclass(): a name looked up through the backend's catalog
+    # cache before another process's migration committed would stay "missing" after it.
     cur = await conn.execute(
-        "SELECT to_regclass(quote_ident(%s) || '.ail_migrations') IS NOT NULL", (schema,)
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+        " ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = 'ail_migrations')",
+        (schema,),
     )
     row = await cur.fetchone()
     if row is None or not row[0]:
@@ -121,8 +129,10 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str, where: str) -
     Raises :class:`ConfigError` for a schema that is not ours, or a newer one, or a user
     without the right to create it."""
     async with conn.transaction():
+        # DDL, and waiting for another process's migration: not bounded like a lease op.
+        await conn.execute("SET LOCAL statement_timeout = '60s'")
+        await conn.execute("SET LOCAL lock_timeout = '60s'")
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_id(schema),))
-        await conn.execute("SET LOCAL statement_timeout = '60s'")  # DDL: not a lease op
         version = await installed(conn, schema)
         if version is not None and version >= VERSION:
             if version > VERSION:

@@ -13,7 +13,10 @@ from ai_lease.lease.base import LeaseStore
 
 __all__ = ["SCHEMES", "mask_url", "open_store"]
 
-SCHEMES = ("sqlite", "redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+SCHEMES = (
+    *("sqlite", "redis", "rediss", "unix", "redis+cluster", "rediss+cluster"),
+    *("postgresql", "postgres"),
+)
 
 
 def mask_url(url: str) -> str:
@@ -62,7 +65,9 @@ def open_store(
 ) -> LeaseStore:
     """Open the store a URL names: ``sqlite:///…`` (embedded), ``redis://``, ``rediss://``,
     ``unix://`` (Redis), ``redis+cluster://`` / ``rediss+cluster://`` (Redis Cluster, any
-    node as the seed). Opening does no I/O; the first operation connects."""
+    node as the seed), ``postgresql://`` / ``postgres://`` (PostgreSQL: libpq's URL, so
+    ``?sslmode=`` and its environment variables apply; needs ``ai_lease[postgres]``).
+    Opening does no I/O; the first operation connects."""
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme == "sqlite":
         from ai_lease.lease.sqlite import SQLiteStore
@@ -73,7 +78,24 @@ def open_store(
 
         check_redis_db(url)
         return RedisStore.from_url(url, namespace=namespace, op_timeout=op_timeout)
+    if scheme in ("postgresql", "postgres"):
+        return _postgres(url, namespace, op_timeout, poll_interval)
     raise ConfigError(
         f"store.url {mask_url(url)!r}: unknown scheme {scheme or '(none)'!r}; "
         f"use one of {', '.join(s + '://' for s in SCHEMES)}"
     )
+
+
+def _postgres(url: str, namespace: str, op_timeout: float, poll_interval: float) -> LeaseStore:
+    """The PostgreSQL store (the optional extra: a clear error when psycopg is missing)."""
+    try:
+        from ai_lease.lease.postgres import PostgresStore
+    except ImportError as exc:
+        raise ConfigError(
+            f"store.url {mask_url(url)!r}: the PostgreSQL store needs psycopg ({exc.name} is "
+            "not installed): pip install 'ai_lease[postgres]'"
+        ) from None
+    store: LeaseStore = PostgresStore.from_url(
+        url, namespace=namespace, op_timeout=op_timeout, poll_interval=poll_interval
+    )
+    return store

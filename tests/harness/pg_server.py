@@ -351,7 +351,7 @@ class PostgresServer:
             (self.data_dir / "pg_hba.conf").write_text(_HBA)
         else:
             self._run(
-                "pg_basebackup", "-D", str(self.data_dir), "-R", "-X", "stream",
+                "pg_basebackup", "-D", str(self.data_dir), "-R", "-X", "stream", "-c", "fast",
                 "-h", HOST, "-p", str(self.primary.port), "-U", SUPERUSER, "--no-sync",
             )  # fmt: skip
         with open(self.data_dir / "postgresql.conf", "a") as conf:

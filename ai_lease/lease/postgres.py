@@ -1,0 +1,268 @@
+"""The PostgreSQL store: leases, fencing and the queue on a database teams already run.
+
+Every lease operation is one round trip: one ``SELECT`` of a plpgsql function
+(lease/postgres_sql.py) that locks the job's row, judges by the database's clock, writes
+the record and its timeline entry and, when a lease or a job ends, NOTIFYs its followers —
+one transaction. A committed result is as durable as the database makes it: with a
+synchronous standby, a failover does not lose an acknowledged commit. Fencing tokens come
+from a sequence (WAL-logged), so they keep increasing across restarts and promotions.
+Followers wait on LISTEN/NOTIFY through one listening connection per store
+(lease/postgres_notify.py). The connection layer is lease/postgres_conn.py, the schema and
+its migration lease/postgres_schema.py.
+
+>>> store = PostgresStore.from_url("postgresql://app@db:5432/jobs")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ai_lease.errors import FencingRejected, JobConflict
+from ai_lease.job import JobState, RunFacts
+from ai_lease.lease import base
+from ai_lease.lease.base import (
+    TIMELINE_CAP,
+    Acquired,
+    AcquireOutcome,
+    Fence,
+    Finished,
+    Following,
+    Renewal,
+    TimelineEntry,
+    check_checkpoint,
+)
+from ai_lease.lease.postgres_conn import check_url
+from ai_lease.lease.postgres_listing import PostgresListing
+from ai_lease.lease.postgres_notify import Listener
+from ai_lease.lease.postgres_schema import channel_name
+from ai_lease.lease.refusal import Refusal
+from ai_lease.lease.rules import clip
+
+__all__ = ["PostgresStore"]
+
+NOTE_KINDS: tuple[str, ...] = getattr(base, "NOTE_KINDS", ("terminated", "reaped"))
+NOTE_LIMIT: int = getattr(base, "NOTE_LIMIT", 2000)
+
+_ACQUIRE = (
+    "SELECT a.o_kind, a.o_at, a.o_taken, a.o_cause, (a.o_job).*"
+    " FROM {schema}.ail_acquire(%s, %s, %s, %s, %s, %s, %s, %s) a"
+)
+_RENEW = "SELECT * FROM {schema}.ail_renew(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_RELEASE = "SELECT {schema}.ail_release(%s, %s, %s, %s, %s, %s)"
+_FINISH = (
+    "SELECT f.o_kind, f.o_at, f.o_code, f.o_token, f.o_owner, (f.o_job).* FROM"
+    " {schema}.ail_finish(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) f"
+)
+_STALL = "SELECT {schema}.ail_report_stall(%s, %s, %s, %s, %s)"
+_CANCEL = "SELECT c.o_at, (c.o_job).* FROM {schema}.ail_cancel(%s, %s) c"
+_GET = (
+    "SELECT extract(epoch FROM clock_timestamp())::double precision, j.*"
+    " FROM {schema}.ail_jobs j WHERE j.key = %s"
+)
+_VERSION = "SELECT status, token, updated_at FROM {schema}.ail_jobs WHERE key = %s"
+_TIMELINE = (
+    "SELECT (SELECT min(seq) - 1 FROM {schema}.ail_timeline WHERE key = %s),"
+    " t.seq, t.at, t.kind, t.owner_id, t.token, t.stage, t.detail"
+    " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT * FROM {schema}.ail_timeline x"
+    " WHERE x.key = %s AND x.seq > %s ORDER BY x.seq LIMIT %s) t ON true ORDER BY t.seq"
+)
+_NOTE = "SELECT {schema}.ail_note_job(%s, %s, %s, %s, %s, %s, %s)"
+
+
+class PostgresStore(PostgresListing):
+    """A :class:`~ai_lease.lease.base.LeaseStore` on PostgreSQL (psycopg 3, async).
+
+    Everything lives in the PostgreSQL schema named after ``namespace``; ``from_url`` opens
+    one without I/O, and the first call applies the migration unless it is there.
+    """
+
+    def __init__(self, conninfo: str, **kw: Any) -> None:
+        super().__init__(conninfo, **kw)
+        self._listener = Listener(
+            channel_name(self.namespace),
+            lambda: self._connect("wait"),
+            self._version,
+            poll_interval=self._poll,
+            ready_timeout=self._op_timeout,
+        )
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        namespace: str = "ai_lease",
+        op_timeout: float = 2.0,
+        poll_interval: float = 0.05,
+    ) -> PostgresStore:
+        check_url(url)
+        return cls(url, namespace=namespace, op_timeout=op_timeout, poll_interval=poll_interval)
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        key: str,
+        owner_id: str,
+        *,
+        ttl: float,
+        max_no_progress: float,
+        stall_policy: str = "expire",
+        fingerprint: str | None = None,
+        max_attempts: int | None = None,
+        renew_interval: float | None = None,
+    ) -> AcquireOutcome:
+        args = (key, owner_id, ttl, max_no_progress, stall_policy, fingerprint or "")
+        row = await self._fetchone("acquire", _ACQUIRE, (*args, max_attempts, renew_interval))
+        if row is None:  # a function that returns one row always does
+            raise JobConflict(key)
+        kind, now, taken, cause = row[:4]
+        if kind == "conflict":
+            raise JobConflict(key)
+        job = self._job(row[4:], now)
+        if kind == "acquired":
+            return Acquired(Fence(key, owner_id, job.token), bool(taken), job, cause)
+        return Following(job) if kind == "following" else Finished(job)
+
+    async def renew(
+        self,
+        fence: Fence,
+        *,
+        ttl: float,
+        stage: str | None,
+        progress_version: int,
+        max_no_progress: float,
+        grace: float,
+        checkpoint: str | None = None,
+    ) -> Renewal:
+        check_checkpoint(fence, checkpoint)
+        args = (fence.key, fence.owner_id, fence.token, ttl, stage, progress_version)
+        row = await self._fetchone("renew", _RENEW, (*args, max_no_progress, grace, checkpoint))
+        assert row is not None  # one row, always
+        code, remaining, token, owner, stalled = row
+        if code == "ok":
+            return Renewal(True, None, float(remaining), stalled=bool(stalled))
+        current = None if token is None else Fence(fence.key, owner or "", int(token))
+        return Renewal(False, Refusal(code), float(remaining), current=current)
+
+    async def release(
+        self,
+        fence: Fence,
+        *,
+        error: str | None = None,
+        snapshot: str | None = None,
+        interrupted: bool = False,
+    ) -> bool:
+        args = (fence.key, fence.owner_id, fence.token, clip(error), clip(snapshot), interrupted)
+        row = await self._fetchone("release", _RELEASE, args)
+        return bool(row and row[0])
+
+    async def _finish(
+        self,
+        op: str,
+        fence: Fence,
+        status: str,
+        value: str,
+        reason: str | None = None,
+        facts: RunFacts | None = None,
+    ) -> JobState:
+        args = (fence.key, fence.owner_id, fence.token, status, value, reason or "")
+        row = await self._fetchone(op, _FINISH, (*args, *_facts_args(facts)))
+        assert row is not None  # one row, always
+        kind, now, code, token, owner = row[:5]
+        if kind == "rejected":
+            current = None if owner is None else Fence(fence.key, owner, int(token))
+            raise FencingRejected(fence.key, fence, current, Refusal(code))
+        job = self._job(row[5:], now)
+        if kind == "written" and status == "DONE":  # a fresh write's reply is lean
+            return _with_result(job, value)
+        return job
+
+    async def commit(
+        self,
+        fence: Fence,
+        result: str,
+        *,
+        finish_reason: str | None = None,
+        facts: RunFacts | None = None,
+    ) -> JobState:
+        return await self._finish("commit", fence, "DONE", result, finish_reason, facts)
+
+    async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
+        return await self._finish("fail", fence, "FAILED", clip(reason) or "", facts=facts)
+
+    async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
+        args = (fence.key, fence.owner_id, fence.token, stage, clip(snapshot) or "")
+        row = await self._fetchone("report_stall", _STALL, args)
+        return bool(row and row[0])
+
+    async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
+        row = await self._fetchone("cancel", _CANCEL, (key, clip(reason) or ""))
+        return None if row is None else self._job(row[1:], row[0])
+
+    async def get(self, key: str) -> JobState | None:
+        row = await self._fetchone("get", _GET, (key,))
+        return None if row is None else self._job(row[1:], row[0])
+
+    async def timeline(
+        self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
+    ) -> tuple[list[TimelineEntry], int]:
+        """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.base.JobTimeline`):
+        one statement, and how many entries the cap dropped."""
+        bounded = max(0, min(limit, TIMELINE_CAP))
+        rows = await self._fetch("timeline", _TIMELINE, (key, key, after_seq, bounded))
+        dropped = int(rows[0][0] or 0) if rows else 0
+        entries = [TimelineEntry(*row[1:]) for row in rows if row[1] is not None]
+        return entries, dropped
+
+    async def note(
+        self,
+        key: str,
+        kind: str,
+        detail: str,
+        *,
+        owner_id: str,
+        token: int,
+        stage: str | None = None,
+    ) -> bool:
+        """Append one entry to the job's timeline (the termination ladder's steps): not
+        fenced, written only for an existing job (False for an unknown key)."""
+        if kind not in NOTE_KINDS:
+            raise ValueError(f"note kind {kind!r} is not one of {', '.join(NOTE_KINDS)}")
+        args = (key, kind, detail[:NOTE_LIMIT], owner_id, token, stage, NOTE_LIMIT)
+        row = await self._fetchone("note", _NOTE, args)
+        return bool(row and row[0])
+
+    async def wait(self, key: str, timeout: float) -> None:
+        """Return on the job's next event (commit, fail, release, cancel) or after
+        ``timeout``: LISTEN/NOTIFY on the store's one listening connection, polling when
+        that is unavailable."""
+        await self._listener.wait(key, timeout)
+
+    async def _version(self, key: str) -> Any:
+        return await self._fetchone("wait", _VERSION, (key,))
+
+    async def aclose(self) -> None:
+        await self._listener.aclose()
+        await super().aclose()
+
+
+def _facts_args(facts: RunFacts | None) -> tuple[Any, ...]:
+    """ail_finish's arguments for what ran (None: not known, the record keeps what it had)."""
+    if facts is None:
+        return (None,) * 8
+    return (
+        facts.provider or None,
+        facts.model or None,
+        facts.prompt_tokens,
+        facts.completion_tokens,
+        facts.reasoning_tokens,
+        facts.first_token_s,
+        facts.first_visible_s,
+        facts.durations_json(),
+    )
+
+
+def _with_result(job: JobState, result: str) -> JobState:
+    return replace(job, result=result)
