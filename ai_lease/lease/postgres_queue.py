@@ -90,13 +90,14 @@ class PostgresQueue(PostgresConn):
         return [key for key, _ in rows]
 
     def _live_claims(self) -> dict[str, tuple[float, float]]:
-        """This store's claims (key -> the ``due_at`` it set, when) whose hold may not have
-        ended yet: the server compares the exact ``due_at``, so one kept too long is
-        harmless, and a key rescheduled since no longer matches."""
+        """This store's claims (key -> the ``due_at`` it set, and when it heard so) whose
+        hold may not have ended: one heard longer than :data:`CLAIM_HOLD` ago ended on the
+        server too (the server set it before). A key rescheduled since no longer matches
+        its ``due_at``, so an entry kept too long costs a lookup, never a wrong answer."""
         if self._claims is None:
             self._claims = {}
-        cutoff = time.monotonic() - CLAIM_HOLD - 1.0
-        if any(at < cutoff for _, at in self._claims.values()):
+        cutoff = time.monotonic() - CLAIM_HOLD
+        if any(heard < cutoff for _, heard in self._claims.values()):
             self._claims = {k: v for k, v in self._claims.items() if v[1] >= cutoff}
         return self._claims
 
