@@ -190,18 +190,24 @@ async def test_a_lapsed_lease_comes_first_and_is_claimed(
 # -- the admin calls' edges ---------------------------------------------------------------------
 
 
-async def test_remove_leaves_a_record_that_is_not_ours(
+async def test_a_record_that_is_not_ours_is_left_as_it_is(
     pg_server: PostgresServer, namespace: str, queue: PostgresListing
 ) -> None:
-    """A record of an unknown status raises CorruptRecord on remove, and stays; prune passes
-    it over."""
+    """A record of an unknown status raises CorruptRecord on submit, retry and remove, and
+    none of them changes it or its queue entry; prune passes it over."""
     await queue.submit("foreign", "{}", "fp")
-    pg_server.execute(f"UPDATE \"{namespace}\".ail_jobs SET status = 'BOGUS' WHERE key = 'foreign'")
+    table = f'"{namespace}".ail_jobs'
+    pg_server.execute(f"UPDATE {table} SET status = 'BOGUS', spec = NULL WHERE key = 'foreign'")
+    pg_server.execute(f'DELETE FROM "{namespace}".ail_queue')
+    with pytest.raises(CorruptRecord):
+        await queue.submit("foreign", "{}", "fp")
+    with pytest.raises(CorruptRecord):
+        await queue.retry("foreign")
     with pytest.raises(CorruptRecord):
         await queue.remove("foreign", force=True)
     assert await queue.prune(0.0) == 0
-    rows = pg_server.execute(f'SELECT status FROM "{namespace}".ail_jobs')
-    assert rows == [("BOGUS",)]
+    assert pg_server.execute(f"SELECT status, spec FROM {table}") == [("BOGUS", None)]
+    assert pg_server.execute(f'SELECT count(*) FROM "{namespace}".ail_queue') == [(0,)]
 
 
 async def test_prune_goes_batch_by_batch(

@@ -33,9 +33,12 @@ CREATE FUNCTION ail_submit(p_key text, p_spec text, p_fp text,
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
   o_now := extract(epoch FROM clock_timestamp());
-  INSERT INTO ail_jobs (key, status, spec, fingerprint, created_at, updated_at)
-    VALUES (p_key, 'PENDING', p_spec, p_fp, o_now, o_now) ON CONFLICT (key) DO NOTHING;
-  SELECT * INTO o_job FROM ail_jobs WHERE key = p_key FOR UPDATE;
+  LOOP  -- again only if a remove came between the two statements
+    INSERT INTO ail_jobs (key, status, spec, fingerprint, created_at, updated_at)
+      VALUES (p_key, 'PENDING', p_spec, p_fp, o_now, o_now) ON CONFLICT (key) DO NOTHING;
+    SELECT * INTO o_job FROM ail_jobs WHERE key = p_key FOR UPDATE;
+    EXIT WHEN FOUND;
+  END LOOP;
   IF o_job.status NOT IN ('PENDING', 'RUNNING', 'DONE', 'FAILED', 'CANCELLED') THEN
     o_outcome := 'corrupt';  -- not a record of ours: left as it is
     RETURN;
