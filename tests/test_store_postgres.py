@@ -260,3 +260,19 @@ def test_the_functions_answer_with_the_refusal_codes_of_their_kind() -> None:
 
     assert codes(postgres_sql._RENEW) == {r.value for r in RENEWAL_REFUSALS}
     assert codes(postgres_sql._FINISH) == {r.value for r in WRITE_REFUSALS}
+
+
+async def test_a_note_is_appended_to_an_existing_job_only(store: PostgresStore) -> None:
+    """note(): not fenced (an old owner's process), the store's clock, the detail clipped to
+    2000 characters; an unknown key writes nothing; an unknown kind is refused before I/O."""
+    won = await store.acquire("noted", "A", ttl=30, max_no_progress=30)
+    assert isinstance(won, Acquired)
+    assert await store.note("noted", "terminated", "x" * 3000, owner_id="old", token=1)
+    entries, _ = await store.timeline("noted")
+    last = entries[-1]
+    assert (last.kind, last.owner_id, last.token, last.seq) == ("terminated", "old", 1, 2)
+    assert last.detail == "x" * 2000 and last.at >= entries[0].at
+    assert not await store.note("no-such-job", "reaped", "gone", owner_id="A", token=1)
+    assert await store.timeline("no-such-job") == ([], 0)
+    with pytest.raises(ValueError, match="kind 'committed'"):
+        await store.note("noted", "committed", "forged", owner_id="A", token=1)
