@@ -45,7 +45,8 @@ JOB_COLUMNS: tuple[str, ...] = (
 DDL = """
 CREATE SEQUENCE ail_tokens;
 CREATE TABLE ail_jobs (
-  key text PRIMARY KEY, status text NOT NULL, owner_id text, token bigint NOT NULL DEFAULT 0,
+  key text COLLATE "C" PRIMARY KEY, status text NOT NULL, owner_id text,
+  token bigint NOT NULL DEFAULT 0,
   stage text, progress_version bigint NOT NULL DEFAULT 0, heartbeat_at double precision,
   last_progress_at double precision, lease_expires_at double precision,
   max_no_progress double precision, stall_policy text NOT NULL DEFAULT 'expire',
@@ -62,16 +63,17 @@ CREATE TABLE ail_jobs (
 CREATE INDEX ail_jobs_by_expiry ON ail_jobs (status, lease_expires_at);
 CREATE INDEX ail_jobs_by_created ON ail_jobs (created_at DESC, key DESC);
 CREATE INDEX ail_jobs_by_status_created ON ail_jobs (status, created_at DESC, key DESC);
-CREATE TABLE ail_queue (key text PRIMARY KEY, due_at double precision NOT NULL);
+CREATE TABLE ail_queue (key text COLLATE "C" PRIMARY KEY, due_at double precision NOT NULL);
 CREATE INDEX ail_queue_by_due ON ail_queue (due_at);
-CREATE TABLE ail_recovery (key text PRIMARY KEY, due_at double precision NOT NULL);
+CREATE TABLE ail_recovery (key text COLLATE "C" PRIMARY KEY, due_at double precision NOT NULL);
 CREATE INDEX ail_recovery_by_due ON ail_recovery (due_at);
 CREATE TABLE ail_durations (pipeline text, kind text, stage text, bucket int,
   count bigint NOT NULL, PRIMARY KEY (pipeline, kind, stage, bucket));
-CREATE TABLE ail_timeline (key text, seq int, at double precision NOT NULL, kind text NOT NULL,
-  owner_id text NOT NULL, token bigint NOT NULL, stage text NOT NULL, detail text NOT NULL,
+CREATE TABLE ail_timeline (key text COLLATE "C", seq int, at double precision NOT NULL,
+  kind text NOT NULL, owner_id text NOT NULL, token bigint NOT NULL,
+  stage text NOT NULL, detail text NOT NULL,
   PRIMARY KEY (key, seq));
-CREATE TABLE ail_timeline_heads (key text PRIMARY KEY, next_seq int NOT NULL,
+CREATE TABLE ail_timeline_heads (key text COLLATE "C" PRIMARY KEY, next_seq int NOT NULL,
   dropped int NOT NULL);
 CREATE TABLE ail_workers (worker_id text PRIMARY KEY, expires_at double precision NOT NULL,
   info text NOT NULL);
