@@ -413,3 +413,11 @@ def test_status_and_workers_print_the_data_loss(tmp_path: Path) -> None:
     for out in (status, workers):
         assert "lost its data" in out.stderr and "appendonly yes" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
+
+
+async def test_more_calls_at_once_than_a_pool_holds_all_answer(rstore: RedisStore) -> None:
+    """400 calls at once (redis-py 8's pool holds 100 by default and fails the 101st at
+    once): every one answers; the extra ones wait their turn, not an error."""
+    await rstore.submit("crowded", "{}", "fp")
+    jobs = await asyncio.gather(*(rstore.get("crowded") for _ in range(400)))
+    assert all(job is not None and job.key == "crowded" for job in jobs)

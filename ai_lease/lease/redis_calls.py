@@ -77,6 +77,13 @@ except ImportError:  # redis-py before 7
     _POOL_OPTIONS = {}
 
 
+IN_FLIGHT = 128
+"""Calls a store has on the wire at once; more wait their turn before their deadline starts.
+The pool itself is unbounded (as redis-py's was before 8, whose default of 100 fails the
+101st concurrent call at once): a call that gave up at its deadline still holds its
+connection while it reads the late reply, so the pool may need a few more than this."""
+
+
 def _never_sent(exc: BaseException) -> bool:
     """True when the error proves the command never reached the server."""
     text = str(exc)
@@ -99,6 +106,7 @@ def connect(url: str, op_timeout: float) -> Any:
         socket_connect_timeout=op_timeout,
         retry=Retry(NoBackoff(), 0),
         health_check_interval=0,
+        max_connections=2**31,
         **_NO_SETINFO,
     )
     if url.startswith(("redis+cluster://", "rediss+cluster://")):
@@ -123,6 +131,7 @@ class RedisCalls:
     ) -> None:
         self._client, self._ns, self._op_timeout, self.where = client, namespace, op_timeout, where
         self._prepared, self._prepare_lock = False, asyncio.Lock()
+        self._slots = asyncio.Semaphore(IN_FLIGHT)
         self._cluster = hasattr(client, "get_nodes")
         self._scripts = {
             name: client.register_script(getattr(module, name)) for name, module in _SCRIPTS.items()
@@ -270,8 +279,17 @@ class RedisCalls:
     async def _bounded(
         self, op: str, key: str, run: Callable[[], Awaitable[Any]], *, resend: bool = True
     ) -> Any:
+        """One call bounded by op_timeout. Calls beyond :data:`IN_FLIGHT` wait their turn
+        first, unbounded (as the PostgreSQL store's do): the deadline bounds the store, not
+        this process's own backlog."""
         if not self._prepared:
             await self._prepare()
+        async with self._slots:
+            return await self._bounded_now(op, key, run, resend=resend)
+
+    async def _bounded_now(
+        self, op: str, key: str, run: Callable[[], Awaitable[Any]], *, resend: bool
+    ) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._op_timeout
 
