@@ -1,4 +1,4 @@
-"""Print each runtime dependency of pyproject.toml pinned at its declared floor (``>=X`` -> ``==X``).
+"""Print each runtime dependency of pyproject.toml pinned at its floor (``>=X`` -> ``==X``).
 
     python3 .ci/floors.py [PYPROJECT] [--extra NAME ...]
 
@@ -6,6 +6,10 @@ With ``--extra``, the dependencies of those optional extras too (``--extra ui``:
 ``pip install 'ai_lease[ui]'`` adds). Used by .ci/run to install the oldest versions the
 project claims to support, so a floor that does not work fails CI instead of a user's first
 transient error.
+
+psycopg's ``[binary]`` extra (a wheel with libpq built in) is left out at the floor: those
+wheels are published for fewer releases than psycopg itself, and the floor runs psycopg's
+pure-Python build on the system's libpq (the PostgreSQL server package brings it).
 """
 
 import argparse
@@ -26,4 +30,5 @@ for requirement in requirements:
     match = re.match(r"^([A-Za-z0-9_.\-\[\]]+)\s*[^>]*>=\s*([^,;\s]+)", requirement)
     if match is None:
         sys.exit(f"dependency without a >= floor: {requirement!r}")
-    print(f"{match.group(1)}=={match.group(2)}")
+    name = match.group(1).replace("psycopg[binary]", "psycopg")
+    print(f"{name}=={match.group(2)}")

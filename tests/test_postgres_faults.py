@@ -35,14 +35,6 @@ SLACK = 1.0  # generous: two CPUs shared with other test runs
 TTL = PROFILE["ttl"]
 KEY = "pg-job"
 
-BUG_CANCEL_OUTLIVES_DEADLINE = (
-    "ai_lease/lease/postgres_conn.py PostgresConn._fetch: at the op_timeout deadline the "
-    "cancelled psycopg call sends a cancel request to the server and waits for it (psycopg's "
-    "_try_cancel, up to 5 s) and the pool then resets the connection: against a frozen "
-    "server a get with op_timeout 1 s returns StoreUnavailable after ~11 s (psycopg 3.3); at "
-    "the floor (psycopg 3.2.1) the cancel blocks the event loop's thread until the server "
-    "answers again, i.e. forever"
-)
 THAW_AFTER_S = OP + 2 * SLACK + 8  # the pause's end when the store does not come back by itself
 
 
@@ -194,15 +186,14 @@ async def test_a_statement_stalled_by_a_lock_is_bounded_by_op_timeout(
     assert record is not None and record.status is Status.RUNNING and record.result is None
 
 
-@pytest.mark.xfail(reason=BUG_CANCEL_OUTLIVES_DEADLINE, strict=True, raises=AssertionError)
 async def test_a_frozen_server_is_bounded_by_op_timeout(
     pg: PostgresServer, store: PostgresStore
 ) -> None:
     """The server SIGSTOPped: a read on a pooled connection gets no answer and returns
     StoreUnavailable within about op_timeout; after SIGCONT the store works again."""
     fence = await _own(store, KEY, "A")
-    # Another process ends the pause: a store call that blocks this interpreter must not
-    # hang the run (BUG_CANCEL_OUTLIVES_DEADLINE at psycopg's floor holds the GIL).
+    # Another process ends the pause: a store call that blocked this interpreter (psycopg
+    # 3.2's cancel request to a frozen server holds the GIL) must fail the test, not hang it.
     pg.pause(for_s=THAW_AFTER_S)
     try:
         started = time.monotonic()

@@ -6,6 +6,7 @@ operation; one listening connection per store; a resend after a killed connectio
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,8 +19,9 @@ from click.testing import CliRunner
 from ai_lease import ConfigError, StoreUnavailable
 from ai_lease.cli.app import main
 from ai_lease.job import Status
-from ai_lease.lease import Acquired, open_store
+from ai_lease.lease import Acquired, open_store, postgres_sql
 from ai_lease.lease.postgres import PostgresStore
+from ai_lease.lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS, Refusal
 from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import free_port
 
@@ -247,3 +249,30 @@ async def test_a_killed_connection_is_resent_and_the_retry_is_idempotent(
         '"r"',
         done.finished_at,
     )
+
+
+def test_the_functions_answer_with_the_refusal_codes_of_their_kind() -> None:
+    """ail_renew can answer every renewal refusal, ail_finish every write refusal (codes of
+    the one enum, as the Lua scripts and the rules do)."""
+
+    def codes(text: str) -> set[str]:
+        return set(re.findall(r"'([a-z_]+)'", text)) & {r.value for r in Refusal}
+
+    assert codes(postgres_sql._RENEW) == {r.value for r in RENEWAL_REFUSALS}
+    assert codes(postgres_sql._FINISH) == {r.value for r in WRITE_REFUSALS}
+
+
+async def test_a_note_is_appended_to_an_existing_job_only(store: PostgresStore) -> None:
+    """note(): not fenced (an old owner's process), the store's clock, the detail clipped to
+    2000 characters; an unknown key writes nothing; an unknown kind is refused before I/O."""
+    won = await store.acquire("noted", "A", ttl=30, max_no_progress=30)
+    assert isinstance(won, Acquired)
+    assert await store.note("noted", "terminated", "x" * 3000, owner_id="old", token=1)
+    entries, _ = await store.timeline("noted")
+    last = entries[-1]
+    assert (last.kind, last.owner_id, last.token, last.seq) == ("terminated", "old", 1, 2)
+    assert last.detail == "x" * 2000 and last.at >= entries[0].at
+    assert not await store.note("no-such-job", "reaped", "gone", owner_id="A", token=1)
+    assert await store.timeline("no-such-job") == ([], 0)
+    with pytest.raises(ValueError, match="kind 'committed'"):
+        await store.note("noted", "committed", "forged", owner_id="A", token=1)

@@ -229,7 +229,7 @@ class PostgresStore(PostgresListing):
         """Append one entry to the job's timeline (the termination ladder's steps): not
         fenced, written only for an existing job (False for an unknown key)."""
         if kind not in NOTE_KINDS:
-            raise ValueError(f"note kind {kind!r} is not one of {', '.join(NOTE_KINDS)}")
+            raise ValueError(f"note: kind {kind!r} is not one of {', '.join(NOTE_KINDS)}")
         args = (key, kind, detail[:NOTE_LIMIT], owner_id, token, stage, NOTE_LIMIT)
         row = await self._fetchone("note", _NOTE, args)
         return bool(row and row[0])

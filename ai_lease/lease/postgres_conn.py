@@ -26,7 +26,6 @@ from typing import Any
 
 import psycopg
 import psycopg.errors as pg_errors
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -35,6 +34,7 @@ from ai_lease.errors import ConfigError, CorruptRecord, OutcomeUnknown, StoreUna
 from ai_lease.job import JobState
 from ai_lease.lease import postgres_schema as schema_
 from ai_lease.lease.postgres_schema import JOB_COLUMNS
+from ai_lease.lease.redis_wire import Tasks, within  # the bounded wait both stores share
 from ai_lease.lease.urls import mask_url
 from ai_lease.resource import AsyncResource
 
@@ -73,11 +73,13 @@ class PostgresConn(AsyncResource):
             raise ConfigError("store.namespace: must not be empty for a PostgreSQL store")
         self.where = where or mask_url(conninfo)
         self.namespace = namespace
-        self.schema = sql.Identifier(namespace).as_string(None)
+        self.schema = '"' + namespace.replace('"', '""') + '"'  # sql.Identifier's quoting
         self._op_timeout, self._poll = op_timeout, poll_interval
         self._conninfo = _with_bounds(conninfo, op_timeout)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._ready_lock = asyncio.Lock()
+        self._slots = asyncio.Semaphore(POOL_SIZE[1])  # calls in flight: one per connection
+        self._tasks = Tasks()  # calls still running after their caller's deadline
         self._queries: dict[str, bytes] = {}
         self._closed = False
 
@@ -186,10 +188,23 @@ class PostgresConn(AsyncResource):
         self, op: str, query: str, params: Sequence[Any] = ()
     ) -> list[tuple[Any, ...]]:
         """Run one statement (one round trip) and return its rows; bounded by op_timeout,
-        sent again once on another connection if its own went stale."""
-        text, loop = self._query(query), asyncio.get_running_loop()
-        deadline = loop.time() + self._op_timeout
+        sent again once on another connection if its own went stale.
+
+        Calls beyond the pool's size queue here first, unbounded (as SQLite's queue for its
+        thread is): the deadline bounds the store, not this process's own backlog."""
         pool = await self._ready(op)
+        async with self._slots:
+            return await self._send(op, pool, self._query(query), params)
+
+    async def _send(
+        self,
+        op: str,
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
+        text: bytes,
+        params: Sequence[Any],
+    ) -> list[tuple[Any, ...]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._op_timeout
         sends = 0
 
         async def send() -> list[tuple[Any, ...]]:
@@ -207,9 +222,13 @@ class PostgresConn(AsyncResource):
                     raise
 
         past = lambda: loop.time() >= deadline  # noqa: E731
+        call = retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past)
         try:
-            async with asyncio.timeout_at(deadline):
-                return await retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past)
+            # The deadline ends the wait, not the call: cancelling a psycopg call makes it
+            # send the server a cancel request and wait for that (seconds, against a frozen
+            # server). The call runs on in the background and gives its connection back
+            # when its answer (or its error) comes; aclose() ends what is still running.
+            return await within(self._tasks.start(call), max(0.0, deadline - loop.time()))
         except TimeoutError:
             detail = f"no answer within {self._op_timeout:g}s"
             raise self._unavailable(op, detail, key=_key_of(params)) from None
@@ -269,6 +288,7 @@ class PostgresConn(AsyncResource):
 
     async def aclose(self) -> None:
         self._closed = True
+        await self._tasks.aclose()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
