@@ -32,7 +32,7 @@ def namespace(pg_server: PostgresServer) -> Iterator[str]:
 
 
 async def _open(url: str, namespace: str) -> PostgresListing:
-    store = PostgresListing.from_url(url, namespace=namespace, op_timeout=5.0)
+    store = PostgresListing(url, namespace=namespace, op_timeout=5.0)
     await store.due_recoveries(1)  # connected and migrated: the race is the claim alone
     return store
 
@@ -190,18 +190,24 @@ async def test_a_lapsed_lease_comes_first_and_is_claimed(
 # -- the admin calls' edges ---------------------------------------------------------------------
 
 
-async def test_remove_leaves_a_record_that_is_not_ours(
+async def test_a_record_that_is_not_ours_is_left_as_it_is(
     pg_server: PostgresServer, namespace: str, queue: PostgresListing
 ) -> None:
-    """A record of an unknown status raises CorruptRecord on remove, and stays; prune passes
-    it over."""
+    """A record of an unknown status raises CorruptRecord on submit, retry and remove, and
+    none of them changes it or its queue entry; prune passes it over."""
     await queue.submit("foreign", "{}", "fp")
-    pg_server.execute(f"UPDATE \"{namespace}\".ail_jobs SET status = 'BOGUS' WHERE key = 'foreign'")
+    table = f'"{namespace}".ail_jobs'
+    pg_server.execute(f"UPDATE {table} SET status = 'BOGUS', spec = NULL WHERE key = 'foreign'")
+    pg_server.execute(f'DELETE FROM "{namespace}".ail_queue')
+    with pytest.raises(CorruptRecord):
+        await queue.submit("foreign", "{}", "fp")
+    with pytest.raises(CorruptRecord):
+        await queue.retry("foreign")
     with pytest.raises(CorruptRecord):
         await queue.remove("foreign", force=True)
     assert await queue.prune(0.0) == 0
-    rows = pg_server.execute(f'SELECT status FROM "{namespace}".ail_jobs')
-    assert rows == [("BOGUS",)]
+    assert pg_server.execute(f"SELECT status, spec FROM {table}") == [("BOGUS", None)]
+    assert pg_server.execute(f'SELECT count(*) FROM "{namespace}".ail_queue') == [(0,)]
 
 
 async def test_prune_goes_batch_by_batch(
@@ -235,3 +241,24 @@ async def test_durations_added_at_once_by_many_tasks_add_up(queue: PostgresListi
     await asyncio.gather(*(add(n) for n in range(20)))
     loaded = await queue.load_durations()
     assert all(loaded[s] == {1: 20, 7: 40} for s in series)
+
+
+async def test_queue_counts_for_the_gauges(
+    pg_server: PostgresServer, namespace: str, queue: PostgresListing
+) -> None:
+    """One statement counts jobs per status, due and later entries, live and lapsed leases."""
+    for key in ("a", "b", "c", "d"):
+        await queue.submit(key, "{}", "fp")
+    await queue.reschedule("b", 1e12)
+    _lapse(pg_server, namespace, ["c"])
+    pg_server.execute(
+        f"UPDATE \"{namespace}\".ail_jobs SET status = 'RUNNING', lease_expires_at = 1e12"
+        " WHERE key = 'd'"
+    )
+    assert await queue.queue_counts() == {
+        "jobs": {"PENDING": 2, "RUNNING": 2},
+        "queue_due": 3,
+        "queue_scheduled": 1,
+        "leases_live": 1,
+        "leases_lapsed": 1,
+    }

@@ -19,6 +19,7 @@ import redis
 
 from ai_lease.lease import LeaseStore, open_store
 from ai_lease.lease.base import Acquired, JobQueue, WorkerInfo
+from ai_lease.lease.postgres import PostgresStore
 from ai_lease.lease.redis_queue import RedisQueue
 from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.observe.metrics import MAX_LABEL_VALUES, Metrics, MetricsServer, serve_metrics
@@ -69,7 +70,7 @@ async def known_state(store: Any) -> None:
 async def test_gauges_read_the_store(
     store: LeaseStore, served: tuple[Metrics, StoreCollector, MetricsServer]
 ) -> None:
-    """Queue depth, leases and workers on both stores; jobs by status on SQLite only."""
+    """Queue depth, leases and workers on every store; jobs by status on SQLite and PostgreSQL."""
     _, _, server = served
     await known_state(store)
     got = await scrape(server)
@@ -81,7 +82,7 @@ async def test_gauges_read_the_store(
     assert total(got, "worker_running_jobs", worker="w1") == 2
     assert total(got, "worker_concurrency", worker="w1") == 4
     assert 0 <= total(got, "store_read_seconds") < 2
-    if isinstance(store, SQLiteStore):
+    if isinstance(store, SQLiteStore | PostgresStore):
         by_status = {labels["status"]: v for labels, v in got["jobs"]}
         assert by_status == {"PENDING": 2, "RUNNING": 1, "DONE": 0, "FAILED": 0, "CANCELLED": 1}
     else:

@@ -35,6 +35,18 @@ a key it did not take is soon due for the others again."""
 PRUNE_BATCH = 500
 """Jobs one prune call deletes at most (one statement each, bounded by ``op_timeout``)."""
 
+_COUNTS = (
+    "WITH t AS (SELECT extract(epoch FROM clock_timestamp())::double precision AS now)"
+    " SELECT (SELECT json_object_agg(status, n)::text FROM (SELECT status, count(*) AS n"
+    " FROM {schema}.ail_jobs GROUP BY status) s),"
+    " (SELECT count(*) FROM {schema}.ail_queue, t WHERE due_at <= t.now),"
+    " (SELECT count(*) FROM {schema}.ail_queue, t WHERE due_at > t.now),"
+    " (SELECT count(*) FROM {schema}.ail_jobs, t"
+    " WHERE status = 'RUNNING' AND lease_expires_at > t.now),"
+    " (SELECT count(*) FROM {schema}.ail_jobs, t"
+    " WHERE status IN ('RUNNING', 'PENDING') AND lease_expires_at <= t.now)"
+)
+
 JOB = ", ".join(f"(o_job).{name}" for name in JOB_COLUMNS)
 """The columns of a function's ``o_job`` result, in :data:`JOB_COLUMNS` order."""
 
@@ -63,6 +75,8 @@ class PostgresQueue(PostgresConn):
         entries; each claimed for :data:`CLAIM_HOLD` seconds. This store's own claims it
         still sees as due until their hold ends (so a worker never loses sight of a key it
         passed over), others' it does not."""
+        if limit <= 0:
+            return []
         mine = self._live_claims()
         rows = await self._fetch(
             "due",
@@ -76,13 +90,14 @@ class PostgresQueue(PostgresConn):
         return [key for key, _ in rows]
 
     def _live_claims(self) -> dict[str, tuple[float, float]]:
-        """This store's claims (key -> the ``due_at`` it set, when) whose hold may not have
-        ended yet: the server compares the exact ``due_at``, so one kept too long is
-        harmless, and a key rescheduled since no longer matches."""
+        """This store's claims (key -> the ``due_at`` it set, and when it heard so) whose
+        hold may not have ended: one heard longer than :data:`CLAIM_HOLD` ago ended on the
+        server too (the server set it before). A key rescheduled since no longer matches
+        its ``due_at``, so an entry kept too long costs a lookup, never a wrong answer."""
         if self._claims is None:
             self._claims = {}
-        cutoff = time.monotonic() - CLAIM_HOLD - 1.0
-        if any(at < cutoff for _, at in self._claims.values()):
+        cutoff = time.monotonic() - CLAIM_HOLD
+        if any(heard < cutoff for _, heard in self._claims.values()):
             self._claims = {k: v for k, v in self._claims.items() if v[1] >= cutoff}
         return self._claims
 
@@ -105,6 +120,16 @@ class PostgresQueue(PostgresConn):
             (limit,),
         )
         return [key for (key,) in rows]
+
+    async def queue_counts(self) -> dict[str, Any]:
+        """What the store-wide gauges read (ai_lease/observe/store_metrics.py), in one
+        statement off the indexes: ``jobs`` (per status), ``queue_due``,
+        ``queue_scheduled`` (a claimed entry counts as scheduled for its hold),
+        ``leases_live`` and ``leases_lapsed`` (lapsed or handed back, not taken again)."""
+        row = await self._fetchone("metrics", _COUNTS) or (None, 0, 0, 0, 0)
+        jobs = orjson.loads(row[0]) if row[0] else {}
+        names = ("queue_due", "queue_scheduled", "leases_live", "leases_lapsed")
+        return {"jobs": jobs, **{name: int(n) for name, n in zip(names, row[1:], strict=True)}}
 
     # -- workers ---------------------------------------------------------------------------
 

@@ -6,6 +6,12 @@ judges time by the server's clock (``clock_timestamp()``), is one transaction, a
 to run twice (the connection layer may send a call again on a fresh connection); a function
 that returns a job returns it as ``o_job`` (a row of ``ail_jobs``), read at ``o_now``.
 
+The schedule and the heartbeats are hints (a worker corrects them; the lease judges), so
+``ail_due``, ``ail_reschedule``, ``ail_recover_at`` and ``ail_worker_beat`` commit without
+waiting for the WAL flush (``synchronous_commit = off`` for their own transaction only): a
+crash may forget the last few of them, which costs a look, never a job. Everything else
+(submit, retry, remove, prune, the histograms) commits as the database is configured.
+
 The claim (``ail_due``) is one statement: ``FOR UPDATE SKIP LOCKED`` over the queue (lapsed
 RUNNING leases with a queue entry first, the earliest lapse first, then the due entries),
 pushing each claimed entry's ``due_at`` to ``now + hold``, so two callers in the same instant
@@ -27,9 +33,12 @@ CREATE FUNCTION ail_submit(p_key text, p_spec text, p_fp text,
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
   o_now := extract(epoch FROM clock_timestamp());
-  INSERT INTO ail_jobs (key, status, spec, fingerprint, created_at, updated_at)
-    VALUES (p_key, 'PENDING', p_spec, p_fp, o_now, o_now) ON CONFLICT (key) DO NOTHING;
-  SELECT * INTO o_job FROM ail_jobs WHERE key = p_key FOR UPDATE;
+  LOOP  -- again only if a remove came between the two statements
+    INSERT INTO ail_jobs (key, status, spec, fingerprint, created_at, updated_at)
+      VALUES (p_key, 'PENDING', p_spec, p_fp, o_now, o_now) ON CONFLICT (key) DO NOTHING;
+    SELECT * INTO o_job FROM ail_jobs WHERE key = p_key FOR UPDATE;
+    EXIT WHEN FOUND;
+  END LOOP;
   IF o_job.status NOT IN ('PENDING', 'RUNNING', 'DONE', 'FAILED', 'CANCELLED') THEN
     o_outcome := 'corrupt';  -- not a record of ours: left as it is
     RETURN;
@@ -66,6 +75,7 @@ LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
   v_now double precision := extract(epoch FROM clock_timestamp());
 BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);  -- a hint: no WAL flush waited for
   RETURN QUERY
   WITH mine AS (
     SELECT m.key, m.at FROM unnest(p_mine, p_mine_at) AS m(key, at)
@@ -108,6 +118,7 @@ _SCHEDULE = r"""
 CREATE FUNCTION ail_reschedule(p_key text, p_at double precision) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
   DELETE FROM ail_recovery WHERE key = p_key;
   IF p_at IS NULL THEN
     DELETE FROM ail_queue WHERE key = p_key;
@@ -122,6 +133,7 @@ END $$;
 CREATE FUNCTION ail_recover_at(p_key text, p_at double precision) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
   INSERT INTO ail_queue VALUES (p_key, p_at)
     ON CONFLICT (key) DO UPDATE SET due_at = excluded.due_at;
   INSERT INTO ail_recovery VALUES (p_key, p_at)
@@ -137,6 +149,7 @@ LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
   v_now double precision := extract(epoch FROM clock_timestamp());
 BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
   DELETE FROM ail_workers WHERE expires_at < v_now - 3600;
   INSERT INTO ail_workers VALUES (p_id, v_now + p_ttl,
       (p_info::jsonb || jsonb_build_object('last_seen', v_now))::text)

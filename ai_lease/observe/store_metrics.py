@@ -17,6 +17,8 @@ What each store answers, from the indexes it keeps (never a scan of the job reco
   reading every job hash (``SCAN`` over 100,000 records per scrape), so it is not exported.
   The queue and the lease index are sorted sets: one script of four ``ZCOUNT`` calls, one
   round trip. On Redis Cluster the lease index is not kept, so ``leases_*`` are left out too.
+* PostgreSQL: all of SQLite's, in one statement (``PostgresQueue.queue_counts``: counts on
+  the status, queue and expiry indexes).
 * Any other :class:`~ai_lease.lease.base.JobQueue`: the workers.
 
 Every worker reports the same store-wide values: aggregate them with ``max``, not ``sum``.
@@ -51,7 +53,7 @@ log = logging.getLogger("ai_lease.metrics")
 
 STATUSES = tuple(s.value for s in Status)
 STORE_GAUGES = {
-    "jobs": "Jobs in the store by status (SQLite only: Redis keeps no count by status).",
+    "jobs": "Jobs in the store by status (SQLite, PostgreSQL: Redis keeps no count by status).",
     "queue_due": "Queued jobs due now (their look-again time has come).",
     "queue_scheduled": "Queued jobs due later (retries, and recovery looks at running jobs).",
     "leases_live": "Jobs an owner holds on a live lease.",
@@ -85,6 +87,8 @@ async def read_store(store: object) -> StoreReading:
         counts = await _read_sqlite(store)
     elif _is_redis(store):
         counts = await _read_redis(store)
+    elif _is_postgres(store):
+        counts = await _read_postgres(store)
     workers: tuple[WorkerInfo, ...] = ()
     if isinstance(store, JobQueue):
         workers = tuple(await store.list_workers(on_corrupt=_skip))
@@ -108,7 +112,28 @@ def _is_redis(store: object) -> bool:
     return isinstance(store, RedisQueue)
 
 
-# The two stores are read through their own bounded calls (``_run``: the store's SQLite
+def _is_postgres(store: object) -> bool:
+    try:
+        from ai_lease.lease.postgres_queue import PostgresQueue
+    except ImportError:  # psycopg is an optional extra
+        return False
+    return isinstance(store, PostgresQueue)
+
+
+async def _read_postgres(store: Any) -> StoreReading:
+    counts = await store.queue_counts()
+    jobs = dict.fromkeys(STATUSES, 0)
+    jobs.update((s, int(n)) for s, n in counts["jobs"].items() if s in jobs)
+    return StoreReading(
+        jobs,
+        counts["queue_due"],
+        counts["queue_scheduled"],
+        counts["leases_live"],
+        counts["leases_lapsed"],
+    )
+
+
+# The stores are read through their own bounded calls (``_run``: the store's SQLite
 # thread; ``_cmd``: one command under op_timeout). tests/test_store_metrics.py holds both to
 # real stores, so a change of schema or key shows there.
 
