@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 
 from ai_lease.errors import StoreError
+from ai_lease.lease.postgres_schema import notify_payload
 
 __all__ = ["Listener"]
 
@@ -59,7 +60,8 @@ class Listener:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         woken: asyncio.Future[None] = loop.create_future()
-        self._waiters.setdefault(key, set()).add(woken)
+        heard_as = notify_payload(key)
+        self._waiters.setdefault(heard_as, set()).add(woken)
         try:
             if await self._listening(min(timeout, self._ready_timeout)):
                 with contextlib.suppress(TimeoutError):
@@ -68,11 +70,11 @@ class Listener:
                 return
             await self._poll_until(key, deadline, woken)
         finally:
-            waiting = self._waiters.get(key)
+            waiting = self._waiters.get(heard_as)
             if waiting is not None:
                 waiting.discard(woken)
                 if not waiting:
-                    del self._waiters[key]
+                    del self._waiters[heard_as]
 
     async def _listening(self, timeout: float) -> bool:
         """Whether the listener is up (started if need be, waited for up to ``timeout``)."""
