@@ -10,11 +10,12 @@ import time
 import traceback
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
-from ai_lease import ConfigError, JobSpecError
+from ai_lease import ConfigError, JobSpecError, StoreUnavailable
 from ai_lease.job import Status
 from ai_lease.lease import Acquired, open_store
 from ai_lease.lease.postgres import PostgresStore
@@ -146,3 +147,67 @@ def test_a_url_that_does_not_parse_never_echoes_its_password(url: str) -> None:
 def _payload(key: str) -> str:
     make = getattr(postgres_schema, "notify_payload", lambda key: key)  # absent: the key
     return str(make(key))
+
+
+# -- what is never sent twice ---------------------------------------------------------------
+
+
+@pytest.fixture
+def cut_after(
+    pg_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[bytes]]:
+    """The first statement naming a marker put in the returned list runs to its commit;
+    then its backend is terminated from another session and the connection, read once
+    more, breaks: an OperationalError on a broken connection after the write landed (a
+    reply lost on the way back)."""
+    markers: list[bytes] = []
+    execute = psycopg.AsyncConnection.execute
+
+    async def cut(self: psycopg.AsyncConnection[Any], query: Any, *args: Any, **kw: Any) -> Any:
+        cursor = await execute(self, query, *args, **kw)
+        hit = [m for m in markers if isinstance(query, bytes) and m in query]
+        if hit:
+            markers.remove(hit[0])
+            pg_server.execute("SELECT pg_terminate_backend(%s)", (self.info.backend_pid,))
+            await execute(self, "SELECT 1")  # raises: the server closed the connection
+        return cursor
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", cut)
+    yield markers
+
+
+async def test_durations_are_not_counted_twice_when_the_reply_is_lost(
+    store: PostgresStore, cut_after: list[bytes]
+) -> None:
+    """add_durations committed, its connection broke before the answer: StoreUnavailable
+    (the caller keeps its counts), never a resend that would count them twice."""
+    counts = {("p", "stage", "s1"): {3: 5}}
+    await store.get("warm-up")
+    cut_after.append(b"ail_add_durations")
+    with pytest.raises(StoreUnavailable, match="add_durations"):
+        await store.add_durations(counts)
+    assert not cut_after  # the cut happened
+    assert await store.load_durations() == {("p", "stage", "s1"): {3: 5}}
+
+
+async def test_a_note_is_not_appended_twice_when_the_reply_is_lost(
+    store: PostgresStore, cut_after: list[bytes]
+) -> None:
+    won = await store.acquire("noted", "A", ttl=30, max_no_progress=30)
+    assert isinstance(won, Acquired)
+    cut_after.append(b"ail_note_job")
+    with pytest.raises(StoreUnavailable, match="note"):
+        await store.note("noted", "terminated", "sent SIGTERM", owner_id="A", token=1)
+    entries, _ = await store.timeline("noted")
+    assert [e.kind for e in entries] == ["acquired", "terminated"]
+
+
+async def test_a_commit_is_resent_when_the_reply_is_lost(
+    store: PostgresStore, cut_after: list[bytes]
+) -> None:
+    """The same cut under a commit: resent on a fresh connection, the stored record back."""
+    won = await store.acquire("resent", "A", ttl=30, max_no_progress=30)
+    assert isinstance(won, Acquired)
+    cut_after.append(b"ail_finish")
+    job = await store.commit(won.fence, '"r"')
+    assert not cut_after and (job.status, job.result) == (Status.DONE, '"r"')

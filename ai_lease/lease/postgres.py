@@ -228,7 +228,7 @@ class PostgresStore(PostgresListing):
         fenced, written only for an existing job (False for an unknown key)."""
         detail = base.check_note(kind, detail)
         args = (job_key(key), kind, detail, owner_id, token, stage, base.NOTE_LIMIT)
-        row = await self._fetchone("note", _NOTE, args)
+        row = await self._fetchone("note", _NOTE, args, resend=False)  # twice: two entries
         return bool(row and row[0])
 
     async def wait(self, key: str, timeout: float) -> None:

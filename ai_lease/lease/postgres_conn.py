@@ -6,9 +6,10 @@ bounds (``statement_timeout``, ``lock_timeout``, ``idle_in_transaction_session_t
 are set once per connection in its startup ``options``, never by a statement per call, and
 the client bounds the whole call by ``op_timeout`` as well (a black-holed link). A call whose
 connection went stale (a restarted server, ``pg_terminate_backend``) is sent once more on
-another connection within the same deadline: every function is safe to run twice (a
-repeated acquire by the same owner returns its token; a repeated commit of the same fence
-answers with the stored record). psycopg errors become :class:`StoreUnavailable` or, for
+another connection within the same deadline when it is safe to run twice (a repeated
+acquire by the same owner returns its token; a repeated commit of the same fence answers
+with the stored record); the two that are not (adding to the duration counts, appending a
+note) are sent once, and a broken connection is a :class:`StoreUnavailable`. psycopg errors become :class:`StoreUnavailable` or, for
 what no retry fixes (a bad URL, bad credentials, no right to create the schema, a foreign
 table of our name), :class:`ConfigError` — both naming the URL with its password masked.
 
@@ -191,16 +192,18 @@ class PostgresConn(AsyncResource):
         return text
 
     async def _fetch(
-        self, op: str, query: str, params: Sequence[Any] = ()
+        self, op: str, query: str, params: Sequence[Any] = (), *, resend: bool = True
     ) -> list[tuple[Any, ...]]:
         """Run one statement (one round trip) and return its rows; bounded by op_timeout,
-        sent again once on another connection if its own went stale.
+        sent again once on another connection if its own went stale — unless ``resend``
+        is False: a statement that is not safe to run twice (adding to the duration
+        counts, appending a note) may have committed before its connection broke.
 
         Calls beyond the pool's size queue here first, unbounded (as SQLite's queue for its
         thread is): the deadline bounds the store, not this process's own backlog."""
         pool = await self._ready(op)
         async with self._slots:
-            return await self._send(op, pool, self._query(query), params)
+            return await self._send(op, pool, self._query(query), params, resend)
 
     async def _send(
         self,
@@ -208,6 +211,7 @@ class PostgresConn(AsyncResource):
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
         text: bytes,
         params: Sequence[Any],
+        resend: bool,
     ) -> list[tuple[Any, ...]]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._op_timeout
@@ -228,7 +232,7 @@ class PostgresConn(AsyncResource):
                     raise
 
         past = lambda: loop.time() >= deadline  # noqa: E731
-        call = retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past)
+        call = retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past) if resend else send()
         try:
             # The deadline ends the wait, not the call: cancelling a psycopg call makes it
             # send the server a cancel request and wait for that (seconds, against a frozen
@@ -264,9 +268,9 @@ class PostgresConn(AsyncResource):
         return self._unavailable(op, _primary(exc), maybe_applied=False)
 
     async def _fetchone(
-        self, op: str, query: str, params: Sequence[Any] = ()
+        self, op: str, query: str, params: Sequence[Any] = (), *, resend: bool = True
     ) -> tuple[Any, ...] | None:
-        rows = await self._fetch(op, query, params)
+        rows = await self._fetch(op, query, params, resend=resend)
         return rows[0] if rows else None
 
     def _unavailable(

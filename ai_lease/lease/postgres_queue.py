@@ -177,6 +177,7 @@ class PostgresQueue(PostgresConn):
             "add_durations",
             "SELECT {schema}.ail_add_durations(%s, %s, %s, %s::int[], %s::bigint[])",
             columns,
+            resend=False,  # adds to the counts: sent twice, they would count twice
         )
 
     async def load_durations(

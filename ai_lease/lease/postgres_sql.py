@@ -14,8 +14,12 @@ standby, and never go down for a record.
 
 A refusal is returned as its code (a :class:`~ai_lease.lease.refusal.Refusal` value). A row
 whose status is none of ours raises ``AILEASE_CORRUPT`` (the key as the hint), changing
-nothing. Every function is safe to run twice: a repeated acquire by the same owner returns
-its token, a repeated commit of the same fence answers with the stored record.
+nothing. The connection layer resends a call whose connection broke under it, so these
+are safe to run twice: a repeated acquire by the same owner returns its token, a repeated
+renew renews again, a repeated commit or fail of the same fence answers with the stored
+record, a repeated cancel returns the cancelled job (a repeated release answers False, the
+lease being released already). ``ail_note_job`` is not (a second run appends the entry
+again): it is never resent.
 
 The job-returning functions hand back an ``ail_jobs`` row, which the caller expands in the
 same statement (``SELECT a.o_kind, …, (a.o_job).* FROM ail_acquire(…) a``); a lease's
