@@ -211,3 +211,36 @@ async def test_a_commit_is_resent_when_the_reply_is_lost(
     cut_after.append(b"ail_finish")
     job = await store.commit(won.fence, '"r"')
     assert not cut_after and (job.status, job.result) == (Status.DONE, '"r"')
+
+
+# -- namespaces -------------------------------------------------------------------------------
+
+
+async def test_a_namespace_with_a_percent_sign_works(pg_server: PostgresServer) -> None:
+    """``ns%s``: psycopg reads the statement's text for placeholders; the name is not one."""
+    namespace = f"ns%s_{uuid.uuid4().hex[:6]}"
+    store = PostgresStore.from_url(pg_server.url, namespace=namespace, op_timeout=2.0)
+    try:
+        await store.submit("job", "{}", "fp")
+        assert await store.due(5) == ["job"]
+        won = await store.acquire("job", "A", ttl=30, max_no_progress=30, fingerprint="fp")
+        assert isinstance(won, Acquired)
+        await store.wait("warm-up", 0.2)
+        follower = asyncio.create_task(store.wait("job", 20))
+        await asyncio.sleep(0.2)
+        await store.commit(won.fence, '"r"')
+        await asyncio.wait_for(follower, 10)
+        job = await store.get("job")
+        assert job is not None and job.status is Status.DONE
+        assert [j.key for j in await store.list_jobs()] == ["job"]
+    finally:
+        await store.aclose()
+        pg_server.reset(namespace)
+
+
+def test_a_namespace_longer_than_a_postgresql_name_is_refused() -> None:
+    """64 bytes would be cut to 63 by PostgreSQL (two namespaces, one schema): refused."""
+    PostgresStore.from_url("postgresql://u@h/db", namespace="n" * 63)
+    for namespace in ("n" * 64, "\u00e9" * 32):
+        with pytest.raises(ConfigError, match=r"store\.namespace .*63 bytes"):
+            PostgresStore.from_url("postgresql://u@h/db", namespace=namespace)

@@ -50,6 +50,9 @@ __all__ = ["PostgresConn", "job_key"]
 POOL_SIZE = (2, 20)
 """The pool's least and most connections per store object."""
 
+NAME_LIMIT = 63
+"""The most bytes of a PostgreSQL name (NAMEDATALEN - 1): a longer namespace is refused."""
+
 # libpq's refusals that no retry fixes: credentials, names, options.
 _CONFIG_PROBLEMS = re.compile(
     r"(?i)password authentication failed|authentication failed|role \S+ does not exist|"
@@ -78,6 +81,11 @@ class PostgresConn(AsyncResource):
     ) -> None:
         if not namespace:
             raise ConfigError("store.namespace: must not be empty for a PostgreSQL store")
+        if len(namespace.encode()) > NAME_LIMIT:  # PostgreSQL would cut it, silently
+            raise ConfigError(
+                f"store.namespace {namespace[:80]!r}: {len(namespace.encode())} bytes is longer "
+                f"than a PostgreSQL schema name may be ({NAME_LIMIT} bytes): use a shorter one"
+            )
         self.where = where or mask_url(conninfo)
         self.namespace = namespace
         self.schema = '"' + namespace.replace('"', '""') + '"'  # sql.Identifier's quoting
@@ -185,10 +193,13 @@ class PostgresConn(AsyncResource):
     # -- calls ----------------------------------------------------------------------------------
 
     def _query(self, query: str) -> bytes:
-        """``query`` with ``{schema}`` replaced by the quoted schema name (kept per text)."""
+        """``query`` with ``{schema}`` replaced by the quoted schema name (kept per text);
+        a ``%`` in the name doubled, as psycopg reads the text for its ``%s`` placeholders
+        (every call passes parameters, if only ``()``, so the text is always read so)."""
         text = self._queries.get(query)
         if text is None:
-            text = self._queries[query] = query.replace("{schema}", self.schema).encode()
+            schema = self.schema.replace("%", "%%")
+            text = self._queries[query] = query.replace("{schema}", schema).encode()
         return text
 
     async def _fetch(
