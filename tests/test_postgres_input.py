@@ -244,3 +244,20 @@ def test_a_namespace_longer_than_a_postgresql_name_is_refused() -> None:
     for namespace in ("n" * 64, "\u00e9" * 32):
         with pytest.raises(ConfigError, match=r"store\.namespace .*63 bytes"):
             PostgresStore.from_url("postgresql://u@h/db", namespace=namespace)
+
+
+# -- input PostgreSQL refuses -----------------------------------------------------------------
+
+
+async def test_a_nul_in_text_is_bad_input_and_changes_nothing(store: PostgresStore) -> None:
+    """PostgreSQL's text holds no NUL: a ValueError naming the op (not a StoreUnavailable
+    the caller would retry forever); the record stays as it was."""
+    won = await store.acquire("nul", "A", ttl=30, max_no_progress=30)
+    assert isinstance(won, Acquired)
+    with pytest.raises(ValueError, match="commit: the store refused the input"):
+        await store.commit(won.fence, '"a\x00b"')
+    with pytest.raises(ValueError, match="submit"):
+        await store.submit("nul-spec", '{"x": "a\x00b"}', "fp")
+    job = await store.get("nul")
+    assert job is not None and (job.status, job.token) == (Status.RUNNING, won.fence.token)
+    assert await store.get("nul-spec") is None

@@ -62,6 +62,12 @@ _CONFIG_PROBLEMS = re.compile(
 )
 
 
+_BAD_INPUT = (psycopg.DataError, pg_errors.ProgramLimitExceeded, pg_errors.InvalidParameterValue)
+"""What the server (or psycopg, for a NUL in text) refuses of the values themselves:
+SQLSTATE class 22 (data exceptions, InvalidParameterValue among them) and class 54 (a
+program limit exceeded). Bad input, not an unavailable store."""
+
+
 class _Stale(Exception):
     """A call's connection broke under it (the cause is psycopg's error): send again."""
 
@@ -276,6 +282,11 @@ class PostgresConn(AsyncResource):
         ):
             detail = exc.diag.message_detail or "not a job record"
             return CorruptRecord(exc.diag.message_hint or "", detail[:120])
+        if isinstance(exc, _BAD_INPUT):  # the same input fails the same way: no retry
+            return ValueError(
+                f"{op}: the store refused the input ({_primary(exc)[:200]}); nothing was "
+                "written"
+            )
         return self._unavailable(op, _primary(exc), maybe_applied=False)
 
     async def _fetchone(
