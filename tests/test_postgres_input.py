@@ -261,3 +261,31 @@ async def test_a_nul_in_text_is_bad_input_and_changes_nothing(store: PostgresSto
     job = await store.get("nul")
     assert job is not None and (job.status, job.token) == (Status.RUNNING, won.fence.token)
     assert await store.get("nul-spec") is None
+
+
+# -- closing --------------------------------------------------------------------------------
+
+
+def _ours(pg: PostgresServer) -> int:
+    rows = pg.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ai_lease'"
+    )
+    return int(rows[0][0])
+
+
+async def test_aclose_closes_a_pool_dropped_with_its_schema(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """The schema dropped under a warm store: the next call drops its pool; aclose() then
+    leaves no connection of the store open."""
+    baseline = _ours(pg_server)
+    store = PostgresStore.from_url(pg_server.url, namespace=namespace, op_timeout=2.0)
+    try:
+        await store.get("warm-up")
+        await store.get("warm-up")
+        pg_server.reset(namespace)
+        with pytest.raises(StoreUnavailable):
+            await store.get("gone")
+    finally:
+        await store.aclose()
+    assert _ours(pg_server) == baseline

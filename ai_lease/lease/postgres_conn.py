@@ -101,6 +101,7 @@ class PostgresConn(AsyncResource):
         self._ready_lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(POOL_SIZE[1])  # calls in flight: one per connection
         self._tasks = Tasks()  # calls still running after their caller's deadline
+        self._closing: set[asyncio.Task[None]] = set()  # pools forgotten, still closing
         self._queries: dict[str, bytes] = {}
         self._closed = False
 
@@ -303,9 +304,11 @@ class PostgresConn(AsyncResource):
         return StoreUnavailable(self.where, op, detail, maybe_applied=maybe_applied)
 
     def _forget_pool(self) -> None:
+        """Drop the pool (the schema went away); it closes in the background, and
+        :meth:`aclose` waits for that (no connection left open behind a closed store)."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            asyncio.get_running_loop().create_task(pool.close())
+            self._closing.add(self._tasks.start(pool.close()))
 
     # -- records --------------------------------------------------------------------------------
 
@@ -320,6 +323,8 @@ class PostgresConn(AsyncResource):
 
     async def aclose(self) -> None:
         self._closed = True
+        closing, self._closing = self._closing, set()
+        await asyncio.gather(*closing, return_exceptions=True)  # ran to the end, not cancelled
         await self._tasks.aclose()
         pool, self._pool = self._pool, None
         if pool is not None:
