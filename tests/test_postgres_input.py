@@ -289,3 +289,52 @@ async def test_aclose_closes_a_pool_dropped_with_its_schema(
     finally:
         await store.aclose()
     assert _ours(pg_server) == baseline
+
+
+# -- the listener -----------------------------------------------------------------------------
+
+
+def _listeners(pg: PostgresServer) -> int:
+    rows = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%%'")
+    return int(rows[0][0])
+
+
+async def test_a_killed_listener_comes_back_and_wakes_a_follower_promptly(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """pg_terminate_backend on the LISTEN connection: the listener reconnects by itself,
+    and a commit after that wakes a follower (reading and waiting, as follow.py does) in
+    well under its poll_interval of 30 s."""
+    store = PostgresStore.from_url(
+        pg_server.url, namespace=namespace, op_timeout=2.0, poll_interval=30.0
+    )
+    try:
+        won = await store.acquire("job", "A", ttl=60, max_no_progress=60)
+        assert isinstance(won, Acquired)
+
+        async def follow() -> None:
+            while (job := await store.get("job")) is not None and job.status is Status.RUNNING:
+                await store.wait("job", 30)
+
+        follower = asyncio.create_task(follow())
+        await _until(lambda: _listeners(pg_server) == 1)
+        pg_server.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%%'"
+        )
+        await _until(lambda: _listeners(pg_server) == 0)
+        await _until(lambda: _listeners(pg_server) == 1)  # back, by itself
+        await asyncio.sleep(0.3)  # the follower is waiting on it again
+        assert not follower.done()
+        started = time.monotonic()
+        await store.commit(won.fence, '"r"')
+        await asyncio.wait_for(follower, 25)
+        assert time.monotonic() - started < 5
+    finally:
+        await store.aclose()
+
+
+async def _until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)

@@ -382,6 +382,8 @@ def _with_bounds(conninfo: str, op_timeout: float, where: str) -> str:
         extra["application_name"] = "ai_lease"
     if "connect_timeout" not in params:
         extra["connect_timeout"] = max(2, round(op_timeout * 2))
+    if "keepalives" not in params:  # a vanished peer noticed in ~25 s, not the kernel's hours
+        extra.update(keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3)
     return make_conninfo(conninfo, **extra)
 
 
