@@ -338,3 +338,27 @@ async def _until(condition: Any, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.05)
+
+
+async def test_a_frozen_server_under_a_quiet_listener_is_noticed(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """No NOTIFY comes and no TCP reset either (SIGSTOP): the listener's periodic check
+    times out, and its waiters are woken to read (and poll) rather than sleep 30 s."""
+    store = PostgresStore.from_url(
+        pg_server.url, namespace=namespace, op_timeout=1.0, poll_interval=30.0
+    )
+    store._listener._check_every = 0.5  # the default is 10 s
+    try:
+        await store.wait("warm-up", 2)
+        waiting = asyncio.create_task(store.wait("job", 30))
+        await asyncio.sleep(0.2)
+        pg_server.pause(for_s=12)
+        try:
+            started = time.monotonic()
+            await asyncio.wait_for(waiting, 8)
+            assert time.monotonic() - started < 5  # check (0.5 s) + its bound (1 s) + slack
+        finally:
+            pg_server.resume()
+    finally:
+        await store.aclose()
