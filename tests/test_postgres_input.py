@@ -362,3 +362,42 @@ async def test_a_frozen_server_under_a_quiet_listener_is_noticed(
             pg_server.resume()
     finally:
         await store.aclose()
+
+
+# -- races ------------------------------------------------------------------------------------
+
+
+async def test_an_acquire_survives_a_remove_between_its_insert_and_its_lock(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """The record is made by another session while acquire's insert runs (a trigger slows
+    the store's inserts) and removed while acquire waits for its lock: acquire tries again
+    and makes the job (it used to read a NULL record as corrupt)."""
+    store = PostgresStore.from_url(pg_server.url, namespace=namespace, op_timeout=6.0)
+    ns = f'"{namespace}"'
+    try:
+        await store.get("warm-up")  # migrated
+        pg_server.execute(
+            f"CREATE FUNCTION {ns}.slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " IF current_setting('application_name') = 'ai_lease' THEN"
+            " PERFORM pg_sleep(0.6); END IF; RETURN NEW; END $$"
+        )
+        pg_server.execute(
+            f"CREATE TRIGGER slow BEFORE INSERT ON {ns}.ail_jobs"
+            f" FOR EACH ROW EXECUTE FUNCTION {ns}.slow()"
+        )
+        acquiring = asyncio.create_task(store.acquire("race", "A", ttl=30, max_no_progress=30))
+        await asyncio.sleep(0.2)  # acquire found nothing and sleeps in its insert
+        pg_server.execute(
+            f"INSERT INTO {ns}.ail_jobs (key, status, created_at, updated_at)"
+            " VALUES ('race', 'PENDING', 0, 0)"
+        )
+        with psycopg.connect(pg_server.url) as locker:  # holds the row acquire will lock
+            locker.execute(f"SELECT 1 FROM {ns}.ail_jobs WHERE key = 'race' FOR UPDATE")
+            await asyncio.sleep(0.8)  # acquire's insert gave way and waits for the lock
+            assert not acquiring.done()
+            locker.execute(f"DELETE FROM {ns}.ail_jobs WHERE key = 'race'")
+        won = await asyncio.wait_for(acquiring, 10)
+        assert isinstance(won, Acquired) and won.job.status is Status.RUNNING
+    finally:
+        await store.aclose()

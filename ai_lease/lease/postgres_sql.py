@@ -104,27 +104,29 @@ DECLARE
   v_now double precision := ail_now();
   r ail_jobs; n ail_jobs; v_new boolean := false; v_cause text; v_token bigint;
 BEGIN
-  SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key FOR UPDATE;
-  IF NOT FOUND AND coalesce(p_max_attempts, 1) > 0 THEN  -- a new job, granted in one write
-    v_token := nextval('ail_tokens');
-    INSERT INTO ail_jobs AS j (key, status, owner_id, token, heartbeat_at, last_progress_at,
-      lease_expires_at, max_no_progress, stall_policy, renew_interval, attempts, started_at,
-      fingerprint, created_at, updated_at)
-    VALUES (p_key, 'RUNNING', p_owner, v_token, v_now, v_now, v_now + p_ttl, p_mnp, p_policy,
-      p_renew_interval, 1, v_now, nullif(p_fp, ''), v_now, v_now)
-    ON CONFLICT (key) DO NOTHING RETURNING * INTO n;
-    IF n.key IS NOT NULL THEN
-      PERFORM ail_note(p_key, v_now, 'acquired', p_owner, v_token, '', 'attempt 1');
-      RETURN QUERY SELECT 'acquired'::text, v_now, false, NULL::text, ail_lean(n, true);
-      RETURN;
-    END IF;  -- a racing acquirer made it first: judged below like any record
+  -- Again only if the record went (a forced remove) between a lost insert and the lock.
+  LOOP
     SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key FOR UPDATE;
-  ELSIF NOT FOUND THEN  -- a new job with no attempts allowed: given up at once
-    INSERT INTO ail_jobs (key, status, created_at, updated_at)
-    VALUES (p_key, 'PENDING', v_now, v_now) ON CONFLICT (key) DO NOTHING;
-    v_new := FOUND;
-    SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key FOR UPDATE;
-  END IF;
+    EXIT WHEN FOUND;
+    IF coalesce(p_max_attempts, 1) > 0 THEN  -- a new job, granted in one write
+      v_token := nextval('ail_tokens');
+      INSERT INTO ail_jobs AS j (key, status, owner_id, token, heartbeat_at, last_progress_at,
+        lease_expires_at, max_no_progress, stall_policy, renew_interval, attempts, started_at,
+        fingerprint, created_at, updated_at)
+      VALUES (p_key, 'RUNNING', p_owner, v_token, v_now, v_now, v_now + p_ttl, p_mnp,
+        p_policy, p_renew_interval, 1, v_now, nullif(p_fp, ''), v_now, v_now)
+      ON CONFLICT (key) DO NOTHING RETURNING * INTO n;
+      IF n.key IS NOT NULL THEN
+        PERFORM ail_note(p_key, v_now, 'acquired', p_owner, v_token, '', 'attempt 1');
+        RETURN QUERY SELECT 'acquired'::text, v_now, false, NULL::text, ail_lean(n, true);
+        RETURN;
+      END IF;  -- a racing acquirer made it first: judged below like any record
+    ELSE  -- a new job with no attempts allowed: given up at once
+      INSERT INTO ail_jobs (key, status, created_at, updated_at)
+      VALUES (p_key, 'PENDING', v_now, v_now) ON CONFLICT (key) DO NOTHING;
+      v_new := FOUND;
+    END IF;
+  END LOOP;
   PERFORM ail_ours(p_key, r.status);
   IF NOT v_new THEN
     IF p_fp <> '' AND coalesce(r.fingerprint, '') <> '' AND r.fingerprint <> p_fp THEN
