@@ -17,9 +17,8 @@ import pytest
 
 from ai_lease import ConfigError, JobSpecError, StoreUnavailable
 from ai_lease.job import Status
-from ai_lease.lease import Acquired, open_store
+from ai_lease.lease import Acquired, open_store, postgres_schema
 from ai_lease.lease.postgres import PostgresStore
-from ai_lease.lease import postgres_schema
 from ai_lease.lease.postgres_schema import channel_name
 from tests.harness.pg_server import PostgresServer
 
@@ -153,9 +152,7 @@ def _payload(key: str) -> str:
 
 
 @pytest.fixture
-def cut_after(
-    pg_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[list[bytes]]:
+def cut_after(pg_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
     """The first statement naming a marker put in the returned list runs to its commit;
     then its backend is terminated from another session and the connection, read once
     more, breaks: an OperationalError on a broken connection after the write landed (a
@@ -267,9 +264,7 @@ async def test_a_nul_in_text_is_bad_input_and_changes_nothing(store: PostgresSto
 
 
 def _ours(pg: PostgresServer) -> int:
-    rows = pg.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ai_lease'"
-    )
+    rows = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ai_lease'")
     return int(rows[0][0])
 
 

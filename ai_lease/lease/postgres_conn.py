@@ -9,9 +9,11 @@ connection went stale (a restarted server, ``pg_terminate_backend``) is sent onc
 another connection within the same deadline when it is safe to run twice (a repeated
 acquire by the same owner returns its token; a repeated commit of the same fence answers
 with the stored record); the two that are not (adding to the duration counts, appending a
-note) are sent once, and a broken connection is a :class:`StoreUnavailable`. psycopg errors become :class:`StoreUnavailable` or, for
-what no retry fixes (a bad URL, bad credentials, no right to create the schema, a foreign
-table of our name), :class:`ConfigError` — both naming the URL with its password masked.
+note) are sent once, and a broken connection is a :class:`StoreUnavailable`. psycopg errors
+become :class:`StoreUnavailable` or, for what no retry fixes (a bad URL, bad credentials, no
+right to create the schema, a foreign table of our name), :class:`ConfigError` — both
+naming the URL with its password masked — or, for values the server refuses (a NUL in
+text), :class:`ValueError`.
 
 The first call of a store object connects once on its own, so that a refusal reads as
 libpq's own message, and applies the migration unless the schema is at its version
@@ -285,8 +287,7 @@ class PostgresConn(AsyncResource):
             return CorruptRecord(exc.diag.message_hint or "", detail[:120])
         if isinstance(exc, _BAD_INPUT):  # the same input fails the same way: no retry
             return ValueError(
-                f"{op}: the store refused the input ({_primary(exc)[:200]}); nothing was "
-                "written"
+                f"{op}: the store refused the input ({_primary(exc)[:200]}); nothing was written"
             )
         return self._unavailable(op, _primary(exc), maybe_applied=False)
 
@@ -357,8 +358,7 @@ def _parsed(conninfo: str, where: str) -> dict[str, Any]:
     except psycopg.ProgrammingError:
         pass
     raise ConfigError(
-        f"store.url {where!r}: the URL does not parse: check its percent-encoding and "
-        "its options"
+        f"store.url {where!r}: the URL does not parse: check its percent-encoding and its options"
     )
 
 

@@ -109,7 +109,9 @@ class PostgresQueue(PostgresConn):
         )
 
     async def recover_at(self, key: str, at: float) -> None:
-        await self._fetch("recover_at", "SELECT {schema}.ail_recover_at(%s, %s)", (job_key(key), float(at)))
+        await self._fetch(
+            "recover_at", "SELECT {schema}.ail_recover_at(%s, %s)", (job_key(key), float(at))
+        )
 
     async def due_recoveries(self, limit: int) -> list[str]:
         rows = await self._fetch(
