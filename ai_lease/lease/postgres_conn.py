@@ -299,6 +299,8 @@ class PostgresConn(AsyncResource):
     def _forget_pool(self) -> None:
         """Drop the pool (the schema went away); it closes in the background, and
         :meth:`aclose` waits for that (no connection left open behind a closed store)."""
+        if self._closed:  # aclose() closes whatever pool is left
+            return
         pool, self._pool = self._pool, None
         if pool is not None:
             self._closing.add(self._tasks.start(pool.close()))
