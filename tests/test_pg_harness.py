@@ -94,6 +94,15 @@ def test_pause_freezes_and_resume_thaws(up: PostgresServer) -> None:
     assert up.execute("SELECT 1") == [(1,)]
 
 
+def test_a_timed_pause_ends_by_itself(up: PostgresServer) -> None:
+    """pause(for_s=…) thaws without resume(): another process sends the SIGCONT."""
+    up.pause(for_s=0.5)
+    started = time.monotonic()
+    assert up.execute("SELECT 1") == [(1,)]
+    assert time.monotonic() - started >= 0.3
+    up.resume()
+
+
 def test_terminate_backends_cuts_other_connections(up: PostgresServer) -> None:
     """pg_terminate_backend hits the other session; its next statement fails."""
     with psycopg.connect(up.url, connect_timeout=5, autocommit=True) as victim:

@@ -35,6 +35,8 @@ SLACK = 1.0  # generous: two CPUs shared with other test runs
 TTL = PROFILE["ttl"]
 KEY = "pg-job"
 
+THAW_AFTER_S = OP + 2 * SLACK + 8  # the pause's end when the store does not come back by itself
+
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PostgresServer]:
@@ -190,11 +192,13 @@ async def test_a_frozen_server_is_bounded_by_op_timeout(
     """The server SIGSTOPped: a read on a pooled connection gets no answer and returns
     StoreUnavailable within about op_timeout; after SIGCONT the store works again."""
     fence = await _own(store, KEY, "A")
-    pg.pause()
+    # Another process ends the pause: a store call that blocked this interpreter (psycopg
+    # 3.2's cancel request to a frozen server holds the GIL) must fail the test, not hang it.
+    pg.pause(for_s=THAW_AFTER_S)
     try:
         started = time.monotonic()
         with pytest.raises(StoreUnavailable):
-            await asyncio.wait_for(store.get(KEY), 30)
+            await asyncio.wait_for(store.get(KEY), THAW_AFTER_S + 10)
         elapsed = time.monotonic() - started
         assert elapsed < OP + SLACK, f"get took {elapsed:.2f}s with op_timeout {OP}"
     finally:

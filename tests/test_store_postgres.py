@@ -215,6 +215,7 @@ async def test_many_followers_share_one_listening_connection(
         won = await store.acquire(key, "owner", ttl=30, max_no_progress=30)
         assert isinstance(won, Acquired)
         fences.append(won.fence)
+    await store.wait("warm-up", 2)  # the listener's first connect wakes every waiter once
     waits = [asyncio.create_task(store.wait(key, 10)) for key in keys]
     await asyncio.sleep(0.3)
     listening = pg_server.execute(

@@ -32,7 +32,7 @@ from ai_lease.lease.base import (
     TimelineEntry,
     check_checkpoint,
 )
-from ai_lease.lease.postgres_conn import check_url
+from ai_lease.lease.postgres_conn import check_url, job_key
 from ai_lease.lease.postgres_listing import PostgresListing
 from ai_lease.lease.postgres_notify import Listener
 from ai_lease.lease.postgres_schema import channel_name
@@ -110,7 +110,7 @@ class PostgresStore(PostgresListing):
         max_attempts: int | None = None,
         renew_interval: float | None = None,
     ) -> AcquireOutcome:
-        args = (key, owner_id, ttl, max_no_progress, stall_policy, fingerprint or "")
+        args = (job_key(key), owner_id, ttl, max_no_progress, stall_policy, fingerprint or "")
         row = await self._fetchone("acquire", _ACQUIRE, (*args, max_attempts, renew_interval))
         if row is None:  # a function that returns one row always does
             raise JobConflict(key)
@@ -134,7 +134,7 @@ class PostgresStore(PostgresListing):
         checkpoint: str | None = None,
     ) -> Renewal:
         check_checkpoint(fence, checkpoint)
-        args = (fence.key, fence.owner_id, fence.token, ttl, stage, progress_version)
+        args = (job_key(fence.key), fence.owner_id, fence.token, ttl, stage, progress_version)
         row = await self._fetchone("renew", _RENEW, (*args, max_no_progress, grace, checkpoint))
         assert row is not None  # one row, always
         code, remaining, token, owner, stalled = row
@@ -151,7 +151,8 @@ class PostgresStore(PostgresListing):
         snapshot: str | None = None,
         interrupted: bool = False,
     ) -> bool:
-        args = (fence.key, fence.owner_id, fence.token, clip(error), clip(snapshot), interrupted)
+        key = job_key(fence.key)
+        args = (key, fence.owner_id, fence.token, clip(error), clip(snapshot), interrupted)
         row = await self._fetchone("release", _RELEASE, args)
         return bool(row and row[0])
 
@@ -164,7 +165,7 @@ class PostgresStore(PostgresListing):
         reason: str | None = None,
         facts: RunFacts | None = None,
     ) -> JobState:
-        args = (fence.key, fence.owner_id, fence.token, status, value, reason or "")
+        args = (job_key(fence.key), fence.owner_id, fence.token, status, value, reason or "")
         row = await self._fetchone(op, _FINISH, (*args, *_facts_args(facts)))
         assert row is not None  # one row, always
         kind, now, code, token, owner = row[:5]
@@ -190,16 +191,16 @@ class PostgresStore(PostgresListing):
         return await self._finish("fail", fence, "FAILED", clip(reason) or "", facts=facts)
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
-        args = (fence.key, fence.owner_id, fence.token, stage, clip(snapshot) or "")
+        args = (job_key(fence.key), fence.owner_id, fence.token, stage, clip(snapshot) or "")
         row = await self._fetchone("report_stall", _STALL, args)
         return bool(row and row[0])
 
     async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
-        row = await self._fetchone("cancel", _CANCEL, (key, clip(reason) or ""))
+        row = await self._fetchone("cancel", _CANCEL, (job_key(key), clip(reason) or ""))
         return None if row is None else self._job(row[1:], row[0])
 
     async def get(self, key: str) -> JobState | None:
-        row = await self._fetchone("get", _GET, (key,))
+        row = await self._fetchone("get", _GET, (job_key(key),))
         return None if row is None else self._job(row[1:], row[0])
 
     async def timeline(
@@ -207,7 +208,7 @@ class PostgresStore(PostgresListing):
     ) -> tuple[list[TimelineEntry], int]:
         """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.base.JobTimeline`):
         one statement, and how many entries the cap dropped."""
-        bounded = max(0, min(limit, TIMELINE_CAP))
+        key, bounded = job_key(key), max(0, min(limit, TIMELINE_CAP))
         rows = await self._fetch("timeline", _TIMELINE, (key, key, after_seq, bounded))
         dropped = int(rows[0][0] or 0) if rows else 0
         entries = [TimelineEntry(*row[1:]) for row in rows if row[1] is not None]
@@ -226,15 +227,15 @@ class PostgresStore(PostgresListing):
         """Append one entry to the job's timeline (the termination ladder's steps): not
         fenced, written only for an existing job (False for an unknown key)."""
         detail = base.check_note(kind, detail)
-        args = (key, kind, detail, owner_id, token, stage, base.NOTE_LIMIT)
-        row = await self._fetchone("note", _NOTE, args)
+        args = (job_key(key), kind, detail, owner_id, token, stage, base.NOTE_LIMIT)
+        row = await self._fetchone("note", _NOTE, args, resend=False)  # twice: two entries
         return bool(row and row[0])
 
     async def wait(self, key: str, timeout: float) -> None:
         """Return on the job's next event (commit, fail, release, cancel) or after
         ``timeout``: LISTEN/NOTIFY on the store's one listening connection, polling when
         that is unavailable."""
-        await self._listener.wait(key, timeout)
+        await self._listener.wait(job_key(key), timeout)
 
     async def _version(self, key: str) -> Any:
         return await self._fetchone("wait", _VERSION, (key,))

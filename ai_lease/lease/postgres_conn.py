@@ -6,11 +6,14 @@ bounds (``statement_timeout``, ``lock_timeout``, ``idle_in_transaction_session_t
 are set once per connection in its startup ``options``, never by a statement per call, and
 the client bounds the whole call by ``op_timeout`` as well (a black-holed link). A call whose
 connection went stale (a restarted server, ``pg_terminate_backend``) is sent once more on
-another connection within the same deadline: every function is safe to run twice (a
-repeated acquire by the same owner returns its token; a repeated commit of the same fence
-answers with the stored record). psycopg errors become :class:`StoreUnavailable` or, for
-what no retry fixes (a bad URL, bad credentials, no right to create the schema, a foreign
-table of our name), :class:`ConfigError` — both naming the URL with its password masked.
+another connection within the same deadline when it is safe to run twice (a repeated
+acquire by the same owner returns its token; a repeated commit of the same fence answers
+with the stored record); the two that are not (adding to the duration counts, appending a
+note) are sent once, and a broken connection is a :class:`StoreUnavailable`. psycopg errors
+become :class:`StoreUnavailable` or, for what no retry fixes (a bad URL, bad credentials, no
+right to create the schema, a foreign table of our name), :class:`ConfigError` — both
+naming the URL with its password masked — or, for values the server refuses (a NUL in
+text), :class:`ValueError`.
 
 The first call of a store object connects once on its own, so that a refusal reads as
 libpq's own message, and applies the migration unless the schema is at its version
@@ -26,19 +29,24 @@ from typing import Any
 
 import psycopg
 import psycopg.errors as pg_errors
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ai_lease import retry
-from ai_lease.errors import ConfigError, CorruptRecord, OutcomeUnknown, StoreUnavailable
+from ai_lease.errors import (
+    ConfigError,
+    CorruptRecord,
+    OutcomeUnknown,
+    StoreUnavailable,
+)
 from ai_lease.job import JobState
 from ai_lease.lease import postgres_schema as schema_
+from ai_lease.lease.postgres_checks import check_namespace, check_url, job_key, with_bounds
 from ai_lease.lease.postgres_schema import JOB_COLUMNS
 from ai_lease.lease.redis_wire import Tasks, within  # the bounded wait both stores share
 from ai_lease.lease.urls import mask_url
 from ai_lease.resource import AsyncResource
 
-__all__ = ["PostgresConn"]
+__all__ = ["PostgresConn", "check_url", "job_key"]
 
 POOL_SIZE = (2, 20)
 """The pool's least and most connections per store object."""
@@ -50,6 +58,12 @@ _CONFIG_PROBLEMS = re.compile(
     r"invalid (?:integer )?value|invalid connection option|invalid sslmode|"
     r"permission denied for database|is not permitted to log in"
 )
+
+
+_BAD_INPUT = (psycopg.DataError, pg_errors.ProgramLimitExceeded, pg_errors.InvalidParameterValue)
+"""What the server (or psycopg, for a NUL in text) refuses of the values themselves:
+SQLSTATE class 22 (data exceptions, InvalidParameterValue among them) and class 54 (a
+program limit exceeded). Bad input, not an unavailable store."""
 
 
 class _Stale(Exception):
@@ -71,15 +85,17 @@ class PostgresConn(AsyncResource):
     ) -> None:
         if not namespace:
             raise ConfigError("store.namespace: must not be empty for a PostgreSQL store")
+        check_namespace(namespace)
         self.where = where or mask_url(conninfo)
         self.namespace = namespace
         self.schema = '"' + namespace.replace('"', '""') + '"'  # sql.Identifier's quoting
         self._op_timeout, self._poll = op_timeout, poll_interval
-        self._conninfo = _with_bounds(conninfo, op_timeout)
+        self._conninfo = with_bounds(conninfo, op_timeout, self.where)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._ready_lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(POOL_SIZE[1])  # calls in flight: one per connection
         self._tasks = Tasks()  # calls still running after their caller's deadline
+        self._closing: set[asyncio.Task[None]] = set()  # pools forgotten, still closing
         self._queries: dict[str, bytes] = {}
         self._closed = False
 
@@ -178,23 +194,28 @@ class PostgresConn(AsyncResource):
     # -- calls ----------------------------------------------------------------------------------
 
     def _query(self, query: str) -> bytes:
-        """``query`` with ``{schema}`` replaced by the quoted schema name (kept per text)."""
+        """``query`` with ``{schema}`` replaced by the quoted schema name (kept per text);
+        a ``%`` in the name doubled, as psycopg reads the text for its ``%s`` placeholders
+        (every call passes parameters, if only ``()``, so the text is always read so)."""
         text = self._queries.get(query)
         if text is None:
-            text = self._queries[query] = query.replace("{schema}", self.schema).encode()
+            schema = self.schema.replace("%", "%%")
+            text = self._queries[query] = query.replace("{schema}", schema).encode()
         return text
 
     async def _fetch(
-        self, op: str, query: str, params: Sequence[Any] = ()
+        self, op: str, query: str, params: Sequence[Any] = (), *, resend: bool = True
     ) -> list[tuple[Any, ...]]:
         """Run one statement (one round trip) and return its rows; bounded by op_timeout,
-        sent again once on another connection if its own went stale.
+        sent again once on another connection if its own went stale — unless ``resend``
+        is False: a statement that is not safe to run twice (adding to the duration
+        counts, appending a note) may have committed before its connection broke.
 
         Calls beyond the pool's size queue here first, unbounded (as SQLite's queue for its
         thread is): the deadline bounds the store, not this process's own backlog."""
         pool = await self._ready(op)
         async with self._slots:
-            return await self._send(op, pool, self._query(query), params)
+            return await self._send(op, pool, self._query(query), params, resend)
 
     async def _send(
         self,
@@ -202,6 +223,7 @@ class PostgresConn(AsyncResource):
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
         text: bytes,
         params: Sequence[Any],
+        resend: bool,
     ) -> list[tuple[Any, ...]]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._op_timeout
@@ -222,7 +244,7 @@ class PostgresConn(AsyncResource):
                     raise
 
         past = lambda: loop.time() >= deadline  # noqa: E731
-        call = retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past)
+        call = retry.resend(send, retry.STALE_CONNECTION, _Stale, until=past) if resend else send()
         try:
             # The deadline ends the wait, not the call: cancelling a psycopg call makes it
             # send the server a cancel request and wait for that (seconds, against a frozen
@@ -255,12 +277,16 @@ class PostgresConn(AsyncResource):
         ):
             detail = exc.diag.message_detail or "not a job record"
             return CorruptRecord(exc.diag.message_hint or "", detail[:120])
+        if isinstance(exc, _BAD_INPUT):  # the same input fails the same way: no retry
+            return ValueError(
+                f"{op}: the store refused the input ({_primary(exc)[:200]}); nothing was written"
+            )
         return self._unavailable(op, _primary(exc), maybe_applied=False)
 
     async def _fetchone(
-        self, op: str, query: str, params: Sequence[Any] = ()
+        self, op: str, query: str, params: Sequence[Any] = (), *, resend: bool = True
     ) -> tuple[Any, ...] | None:
-        rows = await self._fetch(op, query, params)
+        rows = await self._fetch(op, query, params, resend=resend)
         return rows[0] if rows else None
 
     def _unavailable(
@@ -271,9 +297,13 @@ class PostgresConn(AsyncResource):
         return StoreUnavailable(self.where, op, detail, maybe_applied=maybe_applied)
 
     def _forget_pool(self) -> None:
+        """Drop the pool (the schema went away); it closes in the background, and
+        :meth:`aclose` waits for that (no connection left open behind a closed store)."""
+        if self._closed:  # aclose() closes whatever pool is left
+            return
         pool, self._pool = self._pool, None
         if pool is not None:
-            asyncio.get_running_loop().create_task(pool.close())
+            self._closing.add(self._tasks.start(pool.close()))
 
     # -- records --------------------------------------------------------------------------------
 
@@ -288,6 +318,8 @@ class PostgresConn(AsyncResource):
 
     async def aclose(self) -> None:
         self._closed = True
+        closing, self._closing = self._closing, set()
+        await asyncio.gather(*closing, return_exceptions=True)  # ran to the end, not cancelled
         await self._tasks.aclose()
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -295,46 +327,6 @@ class PostgresConn(AsyncResource):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.where!r}, namespace={self.namespace!r})"
-
-
-def check_url(url: str) -> None:
-    """Raise :class:`ConfigError` for a URL libpq would refuse (before any I/O)."""
-    where = mask_url(url)
-    try:
-        params = conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"store.url {where!r}: {_one_line(str(exc))}") from None
-    port = str(params.get("port") or "")
-    if port and not all(part.isdigit() for part in port.split(",")):
-        raise ConfigError(f"store.url {where!r}: the port {port!r} is not a number")
-    sslmode = params.get("sslmode")
-    if sslmode is not None and sslmode not in _SSLMODES:
-        raise ConfigError(
-            f"store.url {where!r}: sslmode {sslmode!r} is not one of {', '.join(_SSLMODES)}"
-        )
-
-
-_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
-
-
-def _with_bounds(conninfo: str, op_timeout: float) -> str:
-    """The conninfo with the server-side bounds added to its ``options`` (kept from the URL
-    too), and an application name unless it names one."""
-    params = conninfo_to_dict(conninfo)
-    # A little under op_timeout: the server ends a stalled statement first (a clean "rolled
-    # back" answer, the connection kept); the client's deadline backs it up.
-    ms = max(1, round(op_timeout * 900))
-    bounds = (
-        f"-c statement_timeout={ms} -c lock_timeout={ms} "
-        f"-c idle_in_transaction_session_timeout={max(ms * 5, 10_000)}"
-    )
-    options = " ".join(part for part in (str(params.get("options") or ""), bounds) if part)
-    extra: dict[str, Any] = {"options": options}
-    if "application_name" not in params:
-        extra["application_name"] = "ai_lease"
-    if "connect_timeout" not in params:
-        extra["connect_timeout"] = max(2, round(op_timeout * 2))
-    return make_conninfo(conninfo, **extra)
 
 
 def _key_of(params: Sequence[Any]) -> str:

@@ -21,7 +21,7 @@ import orjson
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
 from ai_lease.job import JobState
 from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo
-from ai_lease.lease.postgres_conn import PostgresConn
+from ai_lease.lease.postgres_conn import PostgresConn, job_key
 from ai_lease.lease.postgres_schema import JOB_COLUMNS
 from ai_lease.observe.history import checked_histogram
 
@@ -61,7 +61,7 @@ class PostgresQueue(PostgresConn):
         row = await self._fetchone(
             "submit",
             f"SELECT o_outcome, o_now, {JOB} FROM {{schema}}.ail_submit(%s, %s, %s)",
-            (key, spec, fingerprint),
+            (job_key(key), spec, fingerprint),
         )
         if row is None or row[0] == "conflict":
             raise JobConflict(key)
@@ -105,11 +105,13 @@ class PostgresQueue(PostgresConn):
         await self._fetch(
             "reschedule",
             "SELECT {schema}.ail_reschedule(%s, %s)",
-            (key, None if at is None else float(at)),
+            (job_key(key), None if at is None else float(at)),
         )
 
     async def recover_at(self, key: str, at: float) -> None:
-        await self._fetch("recover_at", "SELECT {schema}.ail_recover_at(%s, %s)", (key, float(at)))
+        await self._fetch(
+            "recover_at", "SELECT {schema}.ail_recover_at(%s, %s)", (job_key(key), float(at))
+        )
 
     async def due_recoveries(self, limit: int) -> list[str]:
         rows = await self._fetch(
@@ -177,6 +179,7 @@ class PostgresQueue(PostgresConn):
             "add_durations",
             "SELECT {schema}.ail_add_durations(%s, %s, %s, %s::int[], %s::bigint[])",
             columns,
+            resend=False,  # adds to the counts: sent twice, they would count twice
         )
 
     async def load_durations(
@@ -203,7 +206,7 @@ class PostgresQueue(PostgresConn):
 
     async def retry(self, key: str) -> JobState | None:
         row = await self._fetchone(
-            "retry", f"SELECT o_now, {JOB} FROM {{schema}}.ail_retry(%s)", (key,)
+            "retry", f"SELECT o_now, {JOB} FROM {{schema}}.ail_retry(%s)", (job_key(key),)
         )
         if row is None or row[1] is None:
             return None
@@ -215,7 +218,7 @@ class PostgresQueue(PostgresConn):
         row = await self._fetchone(
             "remove",
             f"SELECT o_outcome, o_now, {JOB} FROM {{schema}}.ail_remove(%s, %s)",
-            (key, force),
+            (job_key(key), force),
         )
         if row is None or row[0] == "gone":
             return Removal(False, None)

@@ -2,9 +2,19 @@
 
 The migration (lease/postgres_schema.py) installs :data:`FUNCTIONS` in the store's schema
 with ``SET search_path FROM CURRENT``, so tables are named unqualified here. Each function
-judges time by the server's clock (``clock_timestamp()``), is one transaction, and is safe
-to run twice (the connection layer may send a call again on a fresh connection); a function
+judges time by the server's clock (``clock_timestamp()``) and is one transaction; a function
 that returns a job returns it as ``o_job`` (a row of ``ail_jobs``), read at ``o_now``.
+
+The connection layer sends a call once more on a fresh connection when its own broke under
+it (the first may have committed), so it matters which are safe to run twice. Safe, the
+same state either way: ``ail_submit`` (an existing job of the same fingerprint is
+returned), ``ail_reschedule`` and ``ail_recover_at`` (they set a time), ``ail_worker_beat``
+(an upsert), ``ail_due`` (a claim is a hint; claimed again, it is held a little longer).
+Safe for the state, though the second answer may differ from the lost first one:
+``ail_retry`` (the job is PENDING already), ``ail_remove`` (the second finds it gone),
+``ail_prune`` (the second deletes the next batch; the count of the first is lost). Not
+safe, so never resent (``resend=False``): ``ail_add_durations`` adds to counts, which a
+second run would count twice.
 
 The schedule and the heartbeats are hints (a worker corrects them; the lease judges), so
 ``ail_due``, ``ail_reschedule``, ``ail_recover_at`` and ``ail_worker_beat`` commit without

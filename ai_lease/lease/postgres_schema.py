@@ -25,7 +25,16 @@ from psycopg import sql
 from ai_lease.errors import ConfigError
 from ai_lease.lease import postgres_queue_sql, postgres_sql
 
-__all__ = ["DDL", "JOB_COLUMNS", "PARTS", "VERSION", "channel_name", "migrate"]
+__all__ = [
+    "DDL",
+    "JOB_COLUMNS",
+    "PARTS",
+    "PAYLOAD_LIMIT",
+    "VERSION",
+    "channel_name",
+    "migrate",
+    "notify_payload",
+]
 
 VERSION = 1
 """The migration this code installs and expects."""
@@ -82,10 +91,18 @@ CREATE TABLE ail_workers (worker_id text PRIMARY KEY, expires_at double precisio
 CREATE FUNCTION ail_now() RETURNS double precision LANGUAGE sql VOLATILE
 AS $$ SELECT extract(epoch FROM clock_timestamp())::double precision $$;
 
--- Wake the job's followers (LISTEN on the namespace's channel, the key as the payload).
+-- Wake the job's followers (LISTEN on the namespace's channel): the key as the payload, or
+-- its digest for a key over %PAYLOAD_LIMIT% bytes (NOTIFY refuses 8000), see notify_payload().
 CREATE FUNCTION ail_notify(p_key text) RETURNS void LANGUAGE sql
-SET search_path FROM CURRENT AS $$ SELECT pg_notify({channel}, p_key) $$;
+SET search_path FROM CURRENT AS $$ SELECT pg_notify({channel},
+  CASE WHEN octet_length(p_key) <= %PAYLOAD_LIMIT% THEN p_key
+  ELSE 'sha256:' || encode(sha256(convert_to(p_key, 'UTF8')), 'hex') END) $$;
 """
+
+PAYLOAD_LIMIT = 1000
+"""A NOTIFY payload is the job's key up to this many bytes (UTF-8), else its digest."""
+
+DDL = DDL.replace("%PAYLOAD_LIMIT%", str(PAYLOAD_LIMIT))
 
 PARTS = [DDL, postgres_sql.FUNCTIONS, postgres_queue_sql.FUNCTIONS]
 """The migration's SQL, run in this order in one transaction."""
@@ -98,6 +115,16 @@ def channel_name(schema: str) -> str:
     if len(name.encode()) <= 63:
         return name
     return "ail_" + hashlib.sha256(schema.encode()).hexdigest()[:40]
+
+
+def notify_payload(key: str) -> str:
+    """What ``ail_notify`` sends for ``key`` (the listener files its waiters under it): the
+    key itself, or ``sha256:<hex>`` of a key over :data:`PAYLOAD_LIMIT` bytes. A key that
+    happens to look like another's digest only wakes that follower early: it reads again."""
+    data = key.encode()
+    if len(data) <= PAYLOAD_LIMIT:
+        return key
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _lock_id(schema: str) -> int:

@@ -14,8 +14,12 @@ standby, and never go down for a record.
 
 A refusal is returned as its code (a :class:`~ai_lease.lease.refusal.Refusal` value). A row
 whose status is none of ours raises ``AILEASE_CORRUPT`` (the key as the hint), changing
-nothing. Every function is safe to run twice: a repeated acquire by the same owner returns
-its token, a repeated commit of the same fence answers with the stored record.
+nothing. The connection layer resends a call whose connection broke under it, so these
+are safe to run twice: a repeated acquire by the same owner returns its token, a repeated
+renew renews again, a repeated commit or fail of the same fence answers with the stored
+record, a repeated cancel returns the cancelled job (a repeated release answers False, the
+lease being released already). ``ail_note_job`` is not (a second run appends the entry
+again): it is never resent.
 
 The job-returning functions hand back an ``ail_jobs`` row, which the caller expands in the
 same statement (``SELECT a.o_kind, …, (a.o_job).* FROM ail_acquire(…) a``); a lease's
@@ -100,27 +104,29 @@ DECLARE
   v_now double precision := ail_now();
   r ail_jobs; n ail_jobs; v_new boolean := false; v_cause text; v_token bigint;
 BEGIN
-  SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key FOR UPDATE;
-  IF NOT FOUND AND coalesce(p_max_attempts, 1) > 0 THEN  -- a new job, granted in one write
-    v_token := nextval('ail_tokens');
-    INSERT INTO ail_jobs AS j (key, status, owner_id, token, heartbeat_at, last_progress_at,
-      lease_expires_at, max_no_progress, stall_policy, renew_interval, attempts, started_at,
-      fingerprint, created_at, updated_at)
-    VALUES (p_key, 'RUNNING', p_owner, v_token, v_now, v_now, v_now + p_ttl, p_mnp, p_policy,
-      p_renew_interval, 1, v_now, nullif(p_fp, ''), v_now, v_now)
-    ON CONFLICT (key) DO NOTHING RETURNING * INTO n;
-    IF n.key IS NOT NULL THEN
-      PERFORM ail_note(p_key, v_now, 'acquired', p_owner, v_token, '', 'attempt 1');
-      RETURN QUERY SELECT 'acquired'::text, v_now, false, NULL::text, ail_lean(n, true);
-      RETURN;
-    END IF;  -- a racing acquirer made it first: judged below like any record
+  -- Again only if the record went (a forced remove) between a lost insert and the lock.
+  LOOP
     SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key FOR UPDATE;
-  ELSIF NOT FOUND THEN  -- a new job with no attempts allowed: given up at once
-    INSERT INTO ail_jobs (key, status, created_at, updated_at)
-    VALUES (p_key, 'PENDING', v_now, v_now) ON CONFLICT (key) DO NOTHING;
-    v_new := FOUND;
-    SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key FOR UPDATE;
-  END IF;
+    EXIT WHEN FOUND;
+    IF coalesce(p_max_attempts, 1) > 0 THEN  -- a new job, granted in one write
+      v_token := nextval('ail_tokens');
+      INSERT INTO ail_jobs AS j (key, status, owner_id, token, heartbeat_at, last_progress_at,
+        lease_expires_at, max_no_progress, stall_policy, renew_interval, attempts, started_at,
+        fingerprint, created_at, updated_at)
+      VALUES (p_key, 'RUNNING', p_owner, v_token, v_now, v_now, v_now + p_ttl, p_mnp,
+        p_policy, p_renew_interval, 1, v_now, nullif(p_fp, ''), v_now, v_now)
+      ON CONFLICT (key) DO NOTHING RETURNING * INTO n;
+      IF n.key IS NOT NULL THEN
+        PERFORM ail_note(p_key, v_now, 'acquired', p_owner, v_token, '', 'attempt 1');
+        RETURN QUERY SELECT 'acquired'::text, v_now, false, NULL::text, ail_lean(n, true);
+        RETURN;
+      END IF;  -- a racing acquirer made it first: judged below like any record
+    ELSE  -- a new job with no attempts allowed: given up at once
+      INSERT INTO ail_jobs (key, status, created_at, updated_at)
+      VALUES (p_key, 'PENDING', v_now, v_now) ON CONFLICT (key) DO NOTHING;
+      v_new := FOUND;
+    END IF;
+  END LOOP;
   PERFORM ail_ours(p_key, r.status);
   IF NOT v_new THEN
     IF p_fp <> '' AND coalesce(r.fingerprint, '') <> '' AND r.fingerprint <> p_fp THEN

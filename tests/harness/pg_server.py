@@ -146,6 +146,7 @@ class PostgresServer:
         self._tmpdir: Path | None = None
         self._pid: int | None = None
         self._paused: list[int] = []
+        self._thaw: subprocess.Popen[bytes] | None = None
 
     def __repr__(self) -> str:
         state = "paused" if self._paused else ("running" if self.running else "stopped")
@@ -235,19 +236,30 @@ class PostgresServer:
         self._pid = None
         self._paused = []
 
-    def pause(self) -> None:
-        """SIGSTOP the postmaster and its backends: connects hang, no query is answered."""
+    def pause(self, for_s: float | None = None) -> None:
+        """SIGSTOP the postmaster and its backends: connects hang, no query is answered.
+
+        With ``for_s`` a child process sends the SIGCONT after that long, so the pause
+        ends even when this process is stuck (a call blocking the interpreter)."""
         if not self.running:
             raise RuntimeError(f"cannot pause {self!r}")
         # The postmaster first, so it forks no new backend while we collect its children.
         _signal_all([self.pid], signal.SIGSTOP)
         self._paused = [self.pid, *_proc_children(self.pid)]
         _signal_all(self._paused[1:], signal.SIGSTOP)
+        if for_s is not None:
+            script = 'sleep "$0"; kill -CONT "$@"'
+            pids = [str(pid) for pid in self._paused]
+            self._thaw = subprocess.Popen(["sh", "-c", script, str(for_s), *pids])
 
     def resume(self) -> None:
         """SIGCONT whatever ``pause()`` stopped; a no-op when nothing is paused."""
         _signal_all(self._paused, signal.SIGCONT)
         self._paused = []
+        if self._thaw is not None:
+            self._thaw.kill()
+            self._thaw.wait()
+            self._thaw = None
 
     def restart(self, mode: str = "fast") -> None:
         """Stop (``mode`` as in ``stop``, or ``"kill"`` for SIGKILL) and start again."""
