@@ -22,6 +22,8 @@ SCHEMES = (
 def mask_url(url: str) -> str:
     """``url`` with any password replaced by ``***`` (safe for logs and errors)."""
     scheme, sep, rest = url.partition("://")
+    if not sep:  # a libpq keyword string: host=h password=x (quoted values may hold spaces)
+        return _PASSWORD_KEYWORD.sub(r"\1***", url)
     # The last "@" ends the user info: a password may itself hold "@", "/" or "?".
     userinfo, at, host = rest.rpartition("@")
     if at and ":" in userinfo:
@@ -30,6 +32,7 @@ def mask_url(url: str) -> str:
 
 
 _PASSWORD_PARAM = re.compile(r"(?i)([?&]password=)[^&#]*")
+_PASSWORD_KEYWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 
 
 def sqlite_path(url: str) -> str:
