@@ -49,13 +49,12 @@ def workdir(tmp_path: Path) -> Path:
     [
         ((), {"AI_LEASE_PROVIDER__MODEL": "gpt-4o-mini"}),
         (("--model", "gpt-4o-mini"), {}),
-        ((), {"AI_LEASE_PROVIDER__TEMPERATURE": "0.2", "AI_LEASE_PROVIDER__MAX_TOKENS": "50"}),
     ],
 )
 def test_the_offline_provider_runs_with_a_model_configured(
     workdir: Path, flags: tuple[str, ...], env: dict[str, str]
 ) -> None:
-    """`submit` on local-extractive with a model, temperature or max_tokens: exit 0, a summary."""
+    """`submit` on local-extractive with a model set (settings or --model): exit 0, a summary."""
     url = f"sqlite:///{workdir / 'jobs.db'}"
     out = _cli(workdir, "--store", url, "submit", "job.toml", "--quiet", *flags, **env)
     assert out.returncode == 0, out.stderr
