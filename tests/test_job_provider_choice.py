@@ -342,3 +342,66 @@ async def test_a_runner_given_a_provider_object_serves_only_its_own_name(tmp_pat
         assert scripted.closed  # built for a job's choice: closed with the runner's providers
     finally:
         await store.aclose()
+
+
+async def test_connect_takes_a_provider_resolver(tmp_path: Path) -> None:
+    """connect(provider_resolver=…): a job naming another provider runs on the resolved
+    one, which the client closes as it closes."""
+    from ai_lease import connect
+    from ai_lease.job import Job
+    from ai_lease.testing.scripted import ScriptedProvider
+
+    scripted = ScriptedProvider(["resolved"])
+    async with connect(
+        f"sqlite:///{tmp_path / 'jobs.db'}", provider_resolver=lambda choice: lambda: scripted
+    ) as client:
+        record = await client.run(Job("k", input="x.", provider={"name": "gemini"}))
+    assert record.output == "resolved" and scripted.closed
+
+
+async def test_a_submit_left_to_workers_keeps_its_provider(workdir: Path) -> None:
+    """Ctrl-C on a foreground submit leaves the job to workers with its [provider]: a
+    worker configured for another provider and model finishes it on the one it named."""
+    from tests.harness.sse_server import Hang
+
+    def asked(request: Request) -> Response:
+        if len(asked_server.requests) == 1:  # the foreground call: hangs until interrupted
+            return sse(Hang())
+        return sse(*chat_chunks(["answered by ", "the asked model"]))
+
+    url = f"sqlite:///{workdir / 'jobs.db'}"
+    async with AsyncExitStack() as stack:
+        asked_server = await stack.enter_async_context(SSEServer(responder=asked))
+        wrong = await stack.enter_async_context(
+            SSEServer(responder=_always(lambda: sse(*chat_chunks(["WRONG"]))))
+        )
+        config = workdir / "settings.toml"
+        config.write_text(
+            f'[provider]\nname = "openai-compatible"\nbase_url = "{wrong.base_url}"\n'
+            'model = "worker-model"\n'
+        )
+        table = (
+            '[provider]\nname = "openai-compatible"\nmodel = "asked-model"\n'
+            f'base_url = "{asked_server.base_url}"\n'
+        )
+        job = _job_file(workdir, "left", table)
+        submit = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "ai_lease", "--store", url, "submit", str(job)],
+            cwd=workdir,
+            env=_env(config),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 60
+        while not asked_server.requests:
+            assert time.monotonic() < deadline and submit.returncode is None, "never called"
+            await asyncio.sleep(0.05)
+        submit.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(submit.communicate(), 60)
+        assert submit.returncode == 130 and "left to workers" in err.decode(), err.decode()
+        async with _worker(workdir, config, url):
+            record = (await _ended(url, ["left"]))["left"]
+    assert record.status is Status.DONE, record.last_error
+    assert record.output == "answered by the asked model" and record.model == "asked-model"
+    assert not wrong.requests
+    assert [r.json["model"] for r in asked_server.requests] == ["asked-model"] * 2
