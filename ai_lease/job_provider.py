@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from ai_lease.errors import JobSpecError
 
@@ -120,11 +121,29 @@ def _problem(choice: ProviderChoice) -> str | None:
             not isinstance(value, str) or not 0 < len(value) <= limit or not _PRINTABLE.match(value)
         ):
             return f"{name}: must be 1 to {limit} printable characters (got {value!r:.70})"
-    if choice.base_url is not None and not choice.base_url.startswith(("http://", "https://")):
-        return f"base_url: must be an http:// or https:// URL (got {choice.base_url!r:.70})"
+    if choice.base_url is not None and (problem := _url_problem(choice.base_url)):
+        return f"base_url: {problem}"
     if choice.background is not None and not isinstance(choice.background, bool):
         return f"background: must be true or false (got {choice.background!r:.40})"
     return _headers_problem(choice.headers)
+
+
+def _url_problem(url: str) -> str | None:
+    """An http(s) URL with a host, and no user, password or query: a job's spec is stored
+    in plain text, so nothing in it may be a secret."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        return "is not a valid URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host"
+    if parts.username is not None or parts.password is not None or parts.query:
+        return (
+            "must carry no user, password or query (a job's spec is stored in plain text); "
+            "give the key in the settings ([providers.<name>] api_key)"
+        )
+    return None
 
 
 def _headers_problem(headers: Any) -> str | None:

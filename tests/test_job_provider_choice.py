@@ -295,6 +295,8 @@ def test_the_choice_travels_in_the_spec_and_old_jobs_keep_their_fingerprint() ->
         ({"name": "bad name!"}, "name"),
         ({"model": "x" * 300}, "model"),
         ({"base_url": "ftp://h/"}, "base_url"),
+        ({"base_url": "https://user:secret@h/v1"}, "no user, password"),
+        ({"base_url": "https://h/v1?key=secret"}, "no user, password or query"),
         ({"headers": {"X-A": "line\nbreak"}}, "headers.X-A"),
         ({"headers": {f"X-{i}": "v" for i in range(40)}}, "headers"),
         ({"headers": {"x-api-key": "secret"}}, "credential"),
