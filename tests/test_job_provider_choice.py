@@ -407,3 +407,28 @@ async def test_a_submit_left_to_workers_keeps_its_provider(workdir: Path) -> Non
     assert record.output == "answered by the asked model" and record.model == "asked-model"
     assert not wrong.requests
     assert [r.json["model"] for r in asked_server.requests] == ["asked-model"] * 2
+
+
+def test_a_job_files_provider_table_with_headers_becomes_the_stored_choice(tmp_path: Path) -> None:
+    """[provider] name/model/base_url/background/headers -> Job.provider (the stored spec);
+    a header that is not a string is refused naming the file and the field."""
+    from ai_lease.cli.jobfile import load_job_file
+    from ai_lease.errors import JobSpecError
+    from ai_lease.job import Job
+
+    table = (
+        '[provider]\nname = "openai-responses"\nmodel = "m"\nbackground = true\n'
+        'base_url = "http://127.0.0.1:9/v1"\nheaders = { "X-Team" = "research" }\n'
+    )
+    job = load_job_file(_job_file(tmp_path, "t", table), {"input": "text"}).job
+    spec = Job.from_spec(job.to_spec()).provider
+    assert spec is not None and spec.options() == {
+        "name": "openai-responses",
+        "model": "m",
+        "base_url": "http://127.0.0.1:9/v1",
+        "background": True,
+        "headers": {"X-Team": "research"},
+    }
+    bad = _job_file(tmp_path, "b", '[provider]\nname = "openai"\nheaders = { "X-N" = 1 }\n')
+    with pytest.raises(JobSpecError, match=r"b\.toml.*provider\.headers"):
+        load_job_file(bad)
