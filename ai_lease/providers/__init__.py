@@ -12,7 +12,9 @@ declaring a factory under the entry-point group ``ai_lease.providers``::
 Options handed to a factory (only those set): ``model``, ``base_url``, ``api_key``
 (a ``SecretStr``), ``connect_timeout``, ``read_timeout``; the CLI gives the two built-in
 OpenAI adapters also ``temperature``, ``max_tokens`` (defaults for requests that set none)
-and ``max_event_bytes``. A Python caller can always pass a provider object directly instead.
+and ``max_event_bytes``. An option a factory has no parameter for (and no ``**options``)
+is refused with a :class:`ConfigError` naming it (exit 2 in the CLI), not a TypeError. A
+Python caller can always pass a provider object directly instead.
 """
 
 from __future__ import annotations
