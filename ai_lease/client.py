@@ -37,6 +37,7 @@ from ai_lease.resource import AsyncResource
 from ai_lease.retry import JOB_ATTEMPTS, MODEL_CALL
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import PersistHook, Pipeline
+from ai_lease.run.provider_pick import ProviderResolver
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
 from ai_lease.timeouts import LeaseTimings, RetryPolicy, StallPolicy, StreamLimits, StreamTimeouts
@@ -178,13 +179,15 @@ class Client(AsyncResource):
         return SyncClient.connect(store, **options)
 
     async def aclose(self) -> None:
-        """Save recorded durations, then close what :func:`connect` opened (provider, store),
-        each even if another failed; objects the caller passed in are left open."""
+        """Save recorded durations, then close what :func:`connect` opened (provider, store,
+        providers built by ``provider_resolver``), each even if another failed; objects the
+        caller passed in are left open."""
         if self._closed:
             return
         self._closed = True
         try:
             await self.runner.flush_history()
+            await self.runner.aclose_providers()  # built for jobs' own provider choices
         finally:
             await _close_all(self._closes)
 
@@ -221,9 +224,13 @@ def connect(
     namespace: str = "ai_lease",
     node_id: str | None = None,
     on_event: EventSink | None = None,
+    provider_resolver: ProviderResolver | None = None,
 ) -> Client:
     """The client for ``store`` (a URL or a store object) and ``provider`` (a name, built
     with ``provider_options``, or a provider object). Use it as ``async with``.
+
+    A job naming another provider than ``provider``'s name needs ``provider_resolver``
+    (a job's choice -> its provider's factory; :mod:`ai_lease.run.provider_pick`).
 
     >>> async with connect("redis://127.0.0.1:6379/0", provider="openai-compatible",
     ...                    provider_options={"base_url": "http://127.0.0.1:8080/v1"},
@@ -249,7 +256,13 @@ def connect(
     )
     hooks = RunHooks(on_event=on_event, persist_hook=persist_hook)
     runner = Runner(
-        store, provider=provider, pipeline=pipeline, prompts=prompts, config=config, hooks=hooks
+        store,
+        provider=provider,
+        pipeline=pipeline,
+        prompts=prompts,
+        config=config,
+        hooks=hooks,
+        provider_resolver=provider_resolver,
     )
     return Client(store, runner, closes=tuple(opened))
 

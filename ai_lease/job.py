@@ -18,6 +18,7 @@ import orjson
 
 from ai_lease.errors import CorruptRecord, JobSpecError
 from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS
+from ai_lease.job_provider import ProviderChoice
 from ai_lease.job_shapes import check_shapes
 
 __all__ = ["Health", "Job", "JobState", "RunFacts", "Status", "fingerprint", "validate_key"]
@@ -25,7 +26,7 @@ __all__ = ["Health", "Job", "JobState", "RunFacts", "Status", "fingerprint", "va
 _KEY = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
 # Fields added after jobs were first stored: in the payload (and so the fingerprint) only
 # when set, so a job that sets none of them keeps the fingerprint it always had.
-_WHEN_SET = ("tools", "tool_choice", "response_format", "images")
+_WHEN_SET = ("tools", "tool_choice", "response_format", "images", "provider")
 
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range; other servers accept the same or less
@@ -75,7 +76,9 @@ class Job:
 
     ``tools``, ``tool_choice`` and ``response_format`` go to the model as OpenAI's chat
     fields; ``images`` (http(s) or data: URLs) become image parts of the user message.
-    They are checked and bounded by :mod:`ai_lease.job_shapes`.
+    They are checked and bounded by :mod:`ai_lease.job_shapes`. ``provider`` (a
+    :class:`~ai_lease.job_provider.ProviderChoice`, or a mapping of its fields) names the
+    provider that must answer it, wherever it runs (never a key).
 
     >>> Job("report-42", input="Long text to summarise…", prompt="summarize").key
     'report-42'
@@ -97,9 +100,14 @@ class Job:
     tool_choice: str | Mapping[str, Any] | None = None
     response_format: Mapping[str, Any] | None = None
     images: Sequence[str] | None = None
+    provider: ProviderChoice | None = None
 
     def __post_init__(self) -> None:
         validate_key(self.key)
+        try:  # a mapping (a job file's table, a stored spec's object) becomes the value
+            object.__setattr__(self, "provider", ProviderChoice.of(self.provider))
+        except JobSpecError as exc:
+            raise JobSpecError(f"job {self.key!r}: {exc}") from None
         if problem := sampling_problem(self.temperature, self.max_tokens):
             raise JobSpecError(f"job {self.key!r}: {problem}")
         if self.output not in ("text", "json"):
@@ -116,9 +124,11 @@ class Job:
 
     def payload(self) -> dict[str, Any]:
         """Everything but the key: what the fingerprint covers (tools, tool choice,
-        response format and images only when set)."""
+        response format, images and the provider choice only when set)."""
         out = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "key"}
         out["variables"] = dict(self.variables)
+        if self.provider is not None:
+            out["provider"] = self.provider.options()
         for name in _WHEN_SET:
             if out[name] is None:
                 del out[name]

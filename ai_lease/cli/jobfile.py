@@ -11,6 +11,13 @@
     name = "openai-compatible"
     model = "qwen2.5:7b"
     base_url = "http://127.0.0.1:11434/v1"
+    headers = { "X-Team" = "research" } # extra HTTP headers (never a key)
+
+The ``[provider]`` table (``name``, ``model``, ``base_url``, ``background``, ``headers``;
+``temperature`` and ``max_tokens`` move to the job itself) is stored with the job as its
+:class:`~ai_lease.job_provider.ProviderChoice`: a worker that runs it (``submit --detach``,
+or a ``submit`` interrupted and left to workers) runs it on that provider, with the key its
+own settings hold for it, or fails it at once saying why. A key never goes in a job file.
 
 A job may also give ``tools`` (OpenAI function tools), ``tool_choice``, ``response_format``
 (``json_object`` or ``json_schema``) and ``images`` (http(s) or ``data:`` URLs, sent as image
@@ -38,7 +45,15 @@ from ai_lease.job import Job
 
 __all__ = ["JobFile", "load_job_file"]
 
-_PROVIDER_KEYS = {"name", "model", "base_url", "temperature", "max_tokens", "background"}
+_PROVIDER_KEYS = {
+    "name",
+    "model",
+    "base_url",
+    "temperature",
+    "max_tokens",
+    "background",
+    "headers",
+}
 _MAX_FILE_BYTES = 32 * 2**20
 _MAX_DEPTH = 32
 _INT_RANGE = range(-(2**63), 2**63)
@@ -134,6 +149,24 @@ def _check_types(where: str, data: Mapping[str, Any]) -> None:
             raise JobSpecError(f"{where}: field {name!r} must be {names}, got {value!r:.60}")
 
 
+def _check_provider(where: str, provider: Mapping[str, Any]) -> None:
+    """``[provider]`` values of the right types: strings, a boolean ``background`` and a
+    ``headers`` table of strings (:class:`~ai_lease.job_provider.ProviderChoice` bounds them)."""
+    for name, value in provider.items():
+        if name not in ("background", "headers") and not isinstance(value, str):
+            raise JobSpecError(f"{where}: provider.{name} must be a string, got {value!r:.60}")
+    if not isinstance(provider.get("background", False), bool):
+        raise JobSpecError(f"{where}: provider.background must be true or false")
+    headers = provider.get("headers", {})
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise JobSpecError(
+            f'{where}: provider.headers must be a table of name = "value" strings, '
+            f"got {headers!r:.60}"
+        )
+
+
 def build_job_file(
     data: Mapping[str, Any], where: str, overrides: Mapping[str, Any] | None = None
 ) -> JobFile:
@@ -146,7 +179,7 @@ def build_job_file(
         f"provider.{k}" for k in sorted(set(provider) - _PROVIDER_KEYS)
     ]
     if unknown:
-        known = ", ".join(sorted(_JOB_FIELDS))
+        known = ", ".join(sorted(set(_JOB_FIELDS) - {"provider"}))
         raise JobSpecError(
             f"{where}: unknown field {unknown[0]!r} (job fields: {known}, [provider])"
         )
@@ -166,14 +199,12 @@ def build_job_file(
                     f"{where}: {name!r} is given both at the top level and in [provider]; keep one"
                 )
             data[name] = provider.pop(name)
-    for name, value in provider.items():
-        if name != "background" and not isinstance(value, str):
-            raise JobSpecError(f"{where}: provider.{name} must be a string, got {value!r:.60}")
-    if not isinstance(provider.get("background", False), bool):
-        raise JobSpecError(f"{where}: provider.background must be true or false")
+    _check_provider(where, provider)
     if "key" not in data:
         raise JobSpecError(f"{where}: the job has no 'key' (give one in the file or with --key)")
     _check_types(where, data)
+    if provider:  # the choice travels in the job's spec: a worker runs it on that provider
+        data["provider"] = provider
     try:
         job = Job(**data)
     except InputError as exc:

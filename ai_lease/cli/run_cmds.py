@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ai_lease.observe.events import Event, EventSink
     from ai_lease.prompts import PromptLibrary
     from ai_lease.providers import Provider
+    from ai_lease.run.provider_pick import ProviderResolver
     from ai_lease.run.runner import Runner
     from ai_lease.settings import Settings
 
@@ -44,6 +45,7 @@ def _runner(
     provider: Provider | None = None,
     on_event: EventSink | None = None,
     max_input_bytes: int | None = None,
+    provider_resolver: ProviderResolver | None = None,
 ) -> Runner:
     """Every Runner the CLI builds. Without a provider it only records jobs for workers
     (``submit --detach``); with one it runs them under the settings' budgets."""
@@ -58,7 +60,14 @@ def _runner(
     if provider is None:
         return Runner(store, prompts=prompts, config=config)
     hooks = RunHooks(on_event=on_event)
-    return Runner(store, provider=provider, prompts=prompts, config=config, hooks=hooks)
+    return Runner(
+        store,
+        provider=provider,
+        prompts=prompts,
+        config=config,
+        hooks=hooks,
+        provider_resolver=provider_resolver,
+    )
 
 
 @click.command(short_help="Run a job file here (or --detach it for workers).")
@@ -120,22 +129,21 @@ def submit(
     Exit 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream first-token,
     idle or total; stage or job deadline), 4 store unavailable or corrupt.
     """
+    from ai_lease.cli.job_providers import choice_overrides
     from ai_lease.cli.jobfile import load_job_file
 
-    spec = load_job_file(
+    spec = load_job_file(  # the flags join the job's [provider] choice, stored with it
         job_file,
         {
             "key": key,
             "input": input_text,
             "input_file": str(input_file) if input_file else None,
             "model": model,
+            "provider": provider,
+            "provider_model": model,
         },
     )
-    overrides = {
-        **spec.provider,
-        **({"name": provider} if provider else {}),
-        **({"model": model} if model else {}),
-    }
+    overrides = choice_overrides(obj.settings, spec.job.provider)
     prompts = obj.prompts([*([prompts_dir] if prompts_dir else []), job_file.parent / "prompts"])
     how = _HowToRun(force=force, cancel_on_interrupt=cancel_on_interrupt)
     if detach:
@@ -349,7 +357,11 @@ def worker(
     Start any number of workers on any number of machines against the same store. The
     first SIGTERM/SIGINT drains (running jobs get --grace seconds, then hand over); a
     second stops at once. Jobs submitted with `ai-lease submit --detach` are picked up.
+    A job whose file named a provider ([provider] name, model, base_url, headers) runs on
+    it, with this worker's key for it; one it cannot run (unknown provider, no key, a host
+    its key may not go to) ends FAILED at once with the reason (`ai-lease status KEY`).
     """
+    from ai_lease.cli.job_providers import SettingsProviders
     from ai_lease.cli.provider_options import provider_options
     from ai_lease.observe.logs import JobLogger, configure_logging, fan_out
     from ai_lease.run.isolation_child import ProviderFactory
@@ -370,7 +382,15 @@ def worker(
             name, options = provider_options(settings, overrides)
             factory = ProviderFactory(name, **options)
         on_event = fan_out(metrics, json_log or log_job_event)
-        runner = _runner(store, settings, obj.prompts(), provider=model_provider, on_event=on_event)
+        runner = _runner(
+            store,
+            settings,
+            obj.prompts(),
+            provider=model_provider,
+            on_event=on_event,
+            # a job naming a provider runs on it, from these settings, or fails saying why
+            provider_resolver=SettingsProviders(settings, provider),
+        )
         node = Worker(
             store,
             runner,

@@ -12,11 +12,14 @@ declaring a factory under the entry-point group ``ai_lease.providers``::
 Options handed to a factory (only those set): ``model``, ``base_url``, ``api_key``
 (a ``SecretStr``), ``connect_timeout``, ``read_timeout``; the CLI gives the two built-in
 OpenAI adapters also ``temperature``, ``max_tokens`` (defaults for requests that set none)
-and ``max_event_bytes``. A Python caller can always pass a provider object directly instead.
+and ``max_event_bytes``. An option a factory has no parameter for (and no ``**options``)
+is refused with a :class:`ConfigError` naming it (exit 2 in the CLI), not a TypeError. A
+Python caller can always pass a provider object directly instead.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
@@ -60,10 +63,13 @@ class Builtin:
     key_env: tuple[str, ...] = ()
     host_env: tuple[str, ...] = ()
 
-    def __call__(self, **options: Any) -> Provider:
+    def load(self) -> Callable[..., Any]:
+        """The adapter's class (imported now)."""
         module, _, attr = self.target.partition(":")
-        cls = getattr(import_module(module), attr)
-        return cast(Provider, cls(**options))
+        return cast(Callable[..., Any], getattr(import_module(module), attr))
+
+    def __call__(self, **options: Any) -> Provider:
+        return cast(Provider, self.load()(**options))
 
 
 BUILTINS: dict[str, Builtin] = {
@@ -138,4 +144,23 @@ def create_provider(name: str, **options: Any) -> Provider:
                 f"(known: {', '.join(available_providers())})"
             )
         factory = plugin.load()
+    _check_options(name, factory.load() if isinstance(factory, Builtin) else factory, given)
     return factory(**given)
+
+
+def _check_options(name: str, factory: Callable[..., Any], given: dict[str, Any]) -> None:
+    """Refuse options ``factory`` takes no parameter for, naming them (a
+    :class:`ConfigError`, exit 2 in the CLI), instead of a TypeError from inside it."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: let the factory decide
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return
+    takes = {p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    if unknown := sorted(set(given) - takes):
+        raise ConfigError(
+            f"provider {name!r} does not take the option(s) {', '.join(unknown)} "
+            f"(it takes: {', '.join(sorted(takes)) or 'none'}); remove them from the settings "
+            "or the job file's [provider] table"
+        )

@@ -4,6 +4,12 @@ It answers with an extractive summary of the prompt's input — the highest-scor
 by word frequency, in their original order — streamed word by word with a steady pace, so
 the whole pipeline (lease, progress per chunk, stream timeouts) runs for real on a machine
 with no network and no API key.
+
+It takes the settings every provider takes and ignores what has no meaning offline:
+``model`` (it is no model; the record names the job's own ``model`` if the job gives one),
+``temperature``, ``max_tokens``, ``headers``, ``connect_timeout`` and ``read_timeout``. A
+``base_url`` is refused (:class:`~ai_lease.errors.ConfigError`): it calls no server, so a
+base URL means another provider was meant.
 """
 
 from __future__ import annotations
@@ -11,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
+from ai_lease.errors import ConfigError
+from ai_lease.lease.urls import mask_url
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Usage
 from ai_lease.resource import AsyncResource
 
@@ -72,8 +80,29 @@ class LocalExtractiveProvider(AsyncResource):
 
     name = "local-extractive"
 
-    def __init__(self, *, sentences: int = 3, pace_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        *,
+        sentences: int = 3,
+        pace_s: float = 0.02,
+        model: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
+        base_url: str | None = None,
+    ) -> None:
+        """``model``, ``temperature``, ``max_tokens``, ``headers`` and the timeouts are
+        accepted and ignored (see the module's docstring); a ``base_url`` is refused."""
+        if base_url is not None:
+            raise ConfigError(
+                f"provider.base_url: {self.name!r} is offline and calls no server (got "
+                f"{mask_url(base_url)!r}); set provider.name to the provider that serves "
+                "that URL, or drop the base URL"
+            )
         self.sentences, self.pace_s = sentences, pace_s
+        self.ignored_model = model  # not `model`: the record must not name a model that never ran
 
     def _answer(self, request: ChatRequest) -> tuple[str, int]:
         content = request.messages[-1]["content"] if request.messages else ""

@@ -186,7 +186,7 @@ class Attempt:
             store=runner.store,
             tracker=progress,
             keeper=keeper,
-            provider=runner.provider,
+            provider=runner.provider_for(self.job),
             prompts=runner.prompts,
             stream_timeouts=config.stream_timeouts,
             stream_limits=config.stream_limits,

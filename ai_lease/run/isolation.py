@@ -25,6 +25,12 @@ A resumable stream's checkpoint (``openai-responses`` in background mode) is sen
 child when it moves and stored by the parent's keeper at its renewals, as in-process: a
 takeover resumes the response (the record's checkpoint goes to the new child as
 ``resume_from``) instead of calling the model again.
+
+A job whose spec names a provider runs in the child on that provider: the parent resolves
+the job's choice to a picklable factory (``Runner(provider_resolver=…)``,
+:mod:`ai_lease.run.provider_pick`) and sends it with the job; the child builds it once per
+distinct choice and closes it when it exits. Jobs naming none run on the child's default,
+built from ``provider_factory``.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from ai_lease.run.pipeline import Pipeline, StageContext
 from ai_lease.timeouts import LeaseTimings
 
 if TYPE_CHECKING:
+    from ai_lease.job_provider import ProviderChoice
     from ai_lease.providers.base import Provider
     from ai_lease.run.runner import Runner
 
@@ -106,7 +113,9 @@ async def isolated(
     pool = ChildPool(spec, size)
     try:
         await pool.start()
-        runner.pipeline = IsolatedPipeline(pipeline, pool, terminate_grace=terminate_grace)
+        runner.pipeline = IsolatedPipeline(
+            pipeline, pool, terminate_grace=terminate_grace, factory_for=runner.providers.factory
+        )
         yield pool
     finally:
         runner.pipeline = pipeline
@@ -150,9 +159,18 @@ class ChildWatch:
 class IsolatedPipeline(Pipeline):
     """``pipeline`` with its stages before ``persist`` run in a child of ``pool``."""
 
-    def __init__(self, pipeline: Pipeline, pool: ChildPool, *, terminate_grace: float) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        pool: ChildPool,
+        *,
+        terminate_grace: float,
+        factory_for: Callable[[str, ProviderChoice | None], Callable[[], Provider] | None]
+        | None = None,
+    ) -> None:
         super().__init__(pipeline.stages)
         self.pool, self.terminate_grace = pool, terminate_grace
+        self.factory_for = factory_for  # a job's provider choice -> the child's factory
         self.cut = split_at_persist(pipeline)
         tail = pipeline.stages[self.cut :]
         self.tail = Pipeline(tail) if tail else None
@@ -192,8 +210,16 @@ class IsolatedPipeline(Pipeline):
         child = watch.child
         shared = child.shared
         shared[VERSION], shared[LAST_AT], shared[STAGE] = 0.0, time.monotonic(), -1.0
+        job = ctx.job
+        factory = self.factory_for(job.key, job.provider) if self.factory_for else None
         work = Work(
-            ctx.job, ctx.fence, ctx.prepared, ctx.resume_from, timings, ctx.emit is not None
+            job,
+            ctx.fence,
+            ctx.prepared,
+            ctx.resume_from,
+            timings,
+            ctx.emit is not None,
+            provider_factory=factory,
         )
         child.conn.send_bytes(pickle.dumps(work, protocol=pickle.HIGHEST_PROTOCOL))
         budgets, seen = self.budgets(timings), 0.0

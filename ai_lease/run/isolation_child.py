@@ -17,6 +17,7 @@ ai_lease/run/isolation_forkserver.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import pickle
@@ -100,6 +101,8 @@ class Work:
     resume_from: str | None
     timings: LeaseTimings
     listening: bool
+    # The job's own provider (its spec names one): built once per distinct choice here.
+    provider_factory: Callable[[], Provider] | None = None
 
 
 class SharedProgress(Progress):
@@ -200,7 +203,30 @@ def child_main(conn: Connection, spec: ChildSpec, shared: Any, dump_path: str) -
     install_child_handlers(dump_path, on_terminate=_exit_on_sigterm)
     provider = spec.provider_factory() if spec.provider_factory is not None else None
     prompts = PromptLibrary(spec.prompt_folders)
-    asyncio.run(_serve(_Channel(conn), spec, shared, provider, prompts))
+    asyncio.run(_serve(_Channel(conn), spec, shared, _Providers(provider), prompts))
+
+
+class _Providers:
+    """The child's providers: its default, and one per job choice it was sent (by the
+    choice), all closed when the child stops serving."""
+
+    def __init__(self, default: Provider | None) -> None:
+        self.default = default
+        self.chosen: dict[Any, Provider] = {}
+
+    def get(self, work: Work) -> Provider | None:
+        if work.provider_factory is None:
+            return self.default
+        choice = work.job.provider
+        if (known := self.chosen.get(choice)) is None:
+            known = self.chosen[choice] = work.provider_factory()
+        return known
+
+    async def aclose(self) -> None:
+        for provider in (self.default, *self.chosen.values()):
+            if provider is not None:
+                with contextlib.suppress(Exception):
+                    await provider.aclose()
 
 
 def _exit_on_sigterm() -> None:
@@ -212,7 +238,7 @@ def _exit_on_sigterm() -> None:
 
 
 async def _serve(
-    channel: _Channel, spec: ChildSpec, shared: Any, provider: Provider | None, prompts: Any
+    channel: _Channel, spec: ChildSpec, shared: Any, providers: _Providers, prompts: Any
 ) -> None:
     loop = asyncio.get_running_loop()
     stages = Pipeline(spec.pipeline.stages[: spec.cut])
@@ -222,10 +248,14 @@ async def _serve(
             work = await _next_work(loop, channel.conn)
             if work is None:
                 return
+            try:
+                provider = providers.get(work)
+            except Exception as exc:  # the job's provider cannot be built: its failure
+                channel.send(("failed", _portable(exc), True))
+                continue
             await _run_one(channel, spec, stages, shared, provider, prompts, work)
     finally:
-        if provider is not None:
-            await provider.aclose()
+        await providers.aclose()
 
 
 async def _next_work(loop: asyncio.AbstractEventLoop, conn: Connection) -> Work | None:

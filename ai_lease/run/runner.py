@@ -48,6 +48,7 @@ from ai_lease.run.attempt import Attempt
 from ai_lease.run.budgets import BudgetLearner
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline
+from ai_lease.run.provider_pick import ProviderPicker, ProviderResolver
 from ai_lease.timeouts import StallPolicy
 
 __all__ = ["Runner"]
@@ -88,6 +89,12 @@ class Runner:
     (:class:`RunHooks`) what it calls back. ``config.node_id`` names this node in records
     and logs (default ``host:pid``); each attempt owns the job under
     ``<node_id>#<n>.<random>``, so two attempts never share a fence.
+
+    A job whose spec names a provider (``Job.provider``) runs on the provider that
+    ``provider_resolver`` builds for that choice; without a resolver, ``provider`` serves
+    only jobs that name none or its own ``name``, and any other fails at once saying why
+    (:mod:`ai_lease.run.provider_pick`). Providers built from the resolver are closed by
+    :meth:`aclose_providers` (a :class:`~ai_lease.run.worker.Worker` does it as it stops).
     """
 
     def __init__(
@@ -99,9 +106,11 @@ class Runner:
         prompts: PromptLibrary | None = None,
         config: RunConfig | None = None,
         hooks: RunHooks | None = None,
+        provider_resolver: ProviderResolver | None = None,
     ) -> None:
         config, hooks = config or RunConfig(), hooks or RunHooks()
         self.store, self.provider, self.config, self.hooks = store, provider, config, hooks
+        self.providers = ProviderPicker(provider_resolver)
         self.pipeline = pipeline or Pipeline.default()
         self.prompts = prompts or PromptLibrary()
         self.timings = config.timings  # adaptive mode replaces it with learned budgets
@@ -191,6 +200,15 @@ class Runner:
             raise ConfigError(f"{self.store!r} keeps no job queue: workers cannot see jobs")
         return await self.store.submit(job.key, job.to_spec(), job.fingerprint())
 
+    def provider_for(self, job: Job) -> Provider | None:
+        """The provider that runs ``job`` here: the one its spec names, else this runner's
+        own; raises :class:`~ai_lease.errors.JobSpecError` when this runner cannot give it."""
+        return self.providers.pick(job.key, job.provider, self.provider)
+
+    async def aclose_providers(self) -> None:
+        """Close the providers built for jobs' choices (not ``provider``: yours to close)."""
+        await self.providers.aclose()
+
     def new_owner_id(self) -> str:
         """A fresh owner id for one attempt on this node (see :func:`new_owner_id`)."""
         return new_owner_id(self.node_id)
@@ -213,6 +231,7 @@ class Runner:
     async def _run(self, job: Job, *, follow: bool) -> JobState | None:
         job = await self._read_input(job)
         prepared = await self.pipeline.preflight(job, self.prompts)
+        self.provider_for(job)  # a provider this node cannot give fails the job before it runs
         learned = await self.budgets.refresh(
             lambda exc: self.emit("store_corrupt", job.key, detail=str(exc))
         )

@@ -23,6 +23,12 @@ commit, and stops a stuck child by the termination ladder (snapshot, SIGTERM,
 ``terminate_grace``, SIGKILL). The provider then comes from ``provider_factory`` (picklable:
 a provider object cannot cross processes). The default, ``"task"``, runs jobs as tasks of
 the worker's own event loop.
+
+A job whose spec names a provider (``[provider]`` in its job file) runs on that provider,
+as the runner's ``provider_resolver`` builds it (``ai-lease worker`` resolves it from its
+own settings: keys, base URLs, allowed hosts), in both isolations; a job asking for one
+this worker cannot give (unknown, no key for it, a host its key may not go to) ends FAILED
+at once, not retried, with the reason (:mod:`ai_lease.run.provider_pick`).
 """
 
 from __future__ import annotations
@@ -221,14 +227,17 @@ class Worker:
             + (f"on ({adaptive})" if adaptive else "off")
             + f", event loop {loop}",
         )
-        async with self._isolated():
-            async with asyncio.TaskGroup() as tg:
-                beat = tg.create_task(self._beat())
-                while not self._stopping.is_set():
-                    await self._take(tg)
-                    await self._pause()
-                await self._drain()
-                beat.cancel()
+        try:
+            async with self._isolated():
+                async with asyncio.TaskGroup() as tg:
+                    beat = tg.create_task(self._beat())
+                    while not self._stopping.is_set():
+                        await self._take(tg)
+                        await self._pause()
+                    await self._drain()
+                    beat.cancel()
+        finally:
+            await self.runner.aclose_providers()  # those built for jobs' own choices
         await self.runner.flush_history()
         with contextlib.suppress(AiLeaseError):
             await self.queue.worker_gone(self.worker_id)

@@ -1,0 +1,115 @@
+"""Which provider runs a job: the one its spec names
+(:class:`~ai_lease.job_provider.ProviderChoice`), or the runner's own.
+
+A runner is given at most one provider object (``Runner(provider=…)``) and, optionally, a
+``provider_resolver``: a callable that turns a job's choice into a zero-argument factory of
+the provider that serves it (picklable, so that under process isolation a child can build
+it), or raises an :class:`~ai_lease.errors.InputError` saying why it cannot (unknown
+provider, no key for it, a host its key may not go to). The rules:
+
+- a job that names no provider runs on the runner's provider, as it always did;
+- with a resolver, a job that names one runs on the provider built from the resolver's
+  factory, one per distinct choice, cached for the runner's life and closed by
+  :meth:`ProviderPicker.aclose` (a worker closes them when it stops);
+- without a resolver, the runner's provider object serves a job that names its ``name``
+  (and, if the object has a ``model``, the same model or none); any other job fails at
+  once with a :class:`~ai_lease.errors.JobSpecError` saying which provider it asked for
+  and why this runner cannot give it. Nothing answers a job in another provider's place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TypeAlias
+
+from ai_lease.errors import InputError, JobSpecError
+from ai_lease.job_provider import ProviderChoice
+from ai_lease.providers.base import Provider
+
+__all__ = ["ProviderPicker", "ProviderResolver"]
+
+ProviderFactory: TypeAlias = Callable[[], Provider]
+ProviderResolver: TypeAlias = Callable[[ProviderChoice], ProviderFactory]
+"""A job's choice -> a (picklable) factory of its provider; raises InputError when it cannot."""
+
+
+class ProviderPicker:
+    """Providers for jobs' choices: resolved, built once per distinct choice, closed at the end."""
+
+    def __init__(self, resolver: ProviderResolver | None = None) -> None:
+        self.resolver = resolver
+        self.factories: dict[ProviderChoice, ProviderFactory] = {}
+        self.built: dict[ProviderChoice, Provider] = {}
+
+    def pick(
+        self, key: str, choice: ProviderChoice | None, default: Provider | None
+    ) -> Provider | None:
+        """The provider that runs job ``key`` (``default``: the runner's own); raise
+        :class:`JobSpecError` if none here can."""
+        if choice is None:
+            return default
+        if (built := self.built.get(choice)) is not None:
+            return built
+        if self.resolver is None:
+            _check_serves(key, choice, default)
+            return default
+        factory = self._resolve(key, choice, self.resolver)
+        try:
+            provider = factory()
+        except InputError as exc:
+            raise _unavailable(key, choice, str(exc)) from None
+        self.built[choice] = provider
+        return provider
+
+    def factory(self, key: str, choice: ProviderChoice | None) -> ProviderFactory | None:
+        """The factory a child process builds job ``key``'s provider with (None: the
+        child's default, which serves jobs naming none, and all jobs without a resolver)."""
+        if choice is None or self.resolver is None:
+            return None
+        return self._resolve(key, choice, self.resolver)
+
+    def _resolve(
+        self, key: str, choice: ProviderChoice, resolver: ProviderResolver
+    ) -> ProviderFactory:
+        if (known := self.factories.get(choice)) is not None:
+            return known
+        try:
+            made = resolver(choice)
+        except InputError as exc:
+            raise _unavailable(key, choice, str(exc)) from None
+        self.factories[choice] = made
+        return made
+
+    async def aclose(self) -> None:
+        """Close every provider built here (not the runner's own: its owner closes it)."""
+        built, self.built = list(self.built.values()), {}
+        self.factories = {}
+        for provider in built:
+            with contextlib.suppress(Exception):
+                await provider.aclose()
+
+
+def _check_serves(key: str, choice: ProviderChoice, default: Provider | None) -> None:
+    """Raise unless ``default`` is the provider ``choice`` asks for."""
+    if default is None:
+        raise _unavailable(key, choice, "this runner has no provider")
+    if choice.name is not None and choice.name != default.name:
+        raise _unavailable(
+            key,
+            choice,
+            f"this runner was given a {default.name!r} provider object and no provider "
+            "resolver (pass Runner(provider_resolver=…), or run the job where that "
+            "provider is configured)",
+        )
+    model = getattr(default, "model", None)
+    if choice.model is not None and isinstance(model, str) and model != choice.model:
+        raise _unavailable(
+            key, choice, f"this runner's {default.name!r} provider runs model {model!r}"
+        )
+
+
+def _unavailable(key: str, choice: ProviderChoice, why: str) -> JobSpecError:
+    return JobSpecError(
+        f"job {key!r} asks for provider {choice.describe()}, which cannot run here: {why}"
+    )
