@@ -75,11 +75,7 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
         raise InputError(f"no job {key!r} in {obj.where}")
     lease = obj.settings.lease
     if as_json:
-        out = job.to_dict()
-        out["phi"] = phi
-        out["cpu_idle_pct"] = cpu_idle_of(job.stall_snapshot)
-        out["suspect"] = is_suspect(phi, job.health(lease.renew_interval), lease.phi_threshold)
-        click.echo(to_json(out))
+        click.echo(to_json(job_json(job, lease.renew_interval, phi, lease.phi_threshold)))
         return
     for label, value in describe(job, lease.renew_interval, phi, lease.phi_threshold):
         click.echo(f"{label:<11} {value}")
@@ -150,7 +146,7 @@ def list_jobs(
     jobs = obj.run(
         lambda store: store.list_jobs(status=wanted, limit=reads, on_corrupt=corrupt.append)
     )
-    grace = obj.settings.lease.renew_interval
+    grace, threshold = obj.settings.lease.renew_interval, obj.settings.lease.phi_threshold
     if health:
         jobs = [j for j in jobs if (h := j.health(grace)) is not None and h.value == health]
     if since is not None:
@@ -159,7 +155,10 @@ def list_jobs(
     if not as_json:
         click.echo(_LS_ROW.format("KEY", "STATUS", "HEALTH", "STAGE", "AGE", "DURATION", "IDLE"))
     for job in jobs:
-        click.echo(orjson.dumps(job_json(job, grace)).decode() if as_json else _ls_row(job, grace))
+        if as_json:
+            click.echo(orjson.dumps(job_json(job, grace, threshold=threshold)).decode())
+        else:
+            click.echo(_ls_row(job, grace))
     for bad in corrupt:
         if as_json:
             click.echo(orjson.dumps({"key": bad.key, "corrupt": bad.detail}).decode())
@@ -195,12 +194,20 @@ def duration(job: JobState) -> float | None:
     return max(0.0, finished - started)
 
 
-def job_json(job: JobState, grace: float) -> dict[str, Any]:
-    """A record as one JSON object: its health, and its result decoded (a JSON result is
-    JSON here, not a string holding JSON; one that is not JSON stays a string)."""
+def job_json(
+    job: JobState, grace: float, phi: float | None = None, threshold: float = DEFAULT_THRESHOLD
+) -> dict[str, Any]:
+    """A record as one JSON object, the same for ``status --json``, ``status --watch --json``
+    and ``ls --json``: its health, φ of its owner's renewals (None when not read, as by
+    ``ls``), whether that makes it suspect, the CPU idle share of a stall snapshot, and its
+    result decoded (a JSON result is JSON here, not a string holding JSON; one that is not
+    JSON stays a string, flagged ``result_corrupt``)."""
     out = job.to_dict()
     state = job.health(grace)
     out["health"] = state.value if state else None
+    out["phi"] = phi
+    out["suspect"] = is_suspect(phi, state, threshold)
+    out["cpu_idle_pct"] = cpu_idle_of(job.stall_snapshot)
     if job.result is not None:
         try:
             out["result"] = job.output

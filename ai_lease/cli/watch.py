@@ -86,7 +86,13 @@ class _Shown:
         if self._last is not None and not self.as_json:
             click.echo("")
         self._last = moved
-        click.echo(orjson.dumps(job.to_dict()).decode() if self.as_json else rows)
+        if self.as_json:
+            from ai_lease.cli.inspect_cmds import job_json
+
+            out = job_json(job, self.grace, phi, self.threshold)
+            click.echo(orjson.dumps(out).decode())
+        else:
+            click.echo(rows)
 
 
 def _moves(job: JobState, grace: float) -> tuple[Any, ...]:

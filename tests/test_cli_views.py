@@ -1,0 +1,83 @@
+"""What the looking commands print is honest: `status --json` and `ls --json` are one object
+per job, `config` parses and round-trips, a look never creates a store, figures read from
+a record say how old they are, and `status --watch` ends with the documented exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import pytest
+from click.testing import CliRunner, Result
+
+from ai_lease import Acquired, open_store
+from ai_lease.cli.app import main
+from ai_lease.lease import LeaseStore
+from ai_lease.lease.fence import Fence
+
+T = TypeVar("T")
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+def on_store(url: str, work: Callable[[LeaseStore], Awaitable[T]]) -> T:
+    async def run() -> T:
+        store = open_store(url)
+        try:
+            return await work(store)
+        finally:
+            await store.aclose()
+
+    return asyncio.run(run())
+
+
+def acquire(url: str, key: str, owner: str = "node-a") -> Fence:
+    async def work(store: LeaseStore) -> Fence:
+        won = await store.acquire(key, owner, ttl=30, max_no_progress=5)
+        assert isinstance(won, Acquired)
+        return won.fence
+
+    return on_store(url, work)
+
+
+def done(url: str, key: str, result: Any) -> None:
+    fence = acquire(url, key)
+    on_store(url, lambda store: store.commit(fence, orjson.dumps(result).decode()))
+
+
+@pytest.fixture
+def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith("AI_LEASE_")]:
+        monkeypatch.delenv(name)
+    return f"sqlite:///{tmp_path / 'jobs.db'}"
+
+
+# -- 1. status --json and ls --json: one object per job -----------------------------------------
+
+
+def test_status_json_and_ls_json_are_the_same_object(url: str) -> None:
+    """status --json carries health and the result decoded once, with exactly the keys
+    ls --json gives the same job (one function builds both)."""
+    done(url, "done-job", {"answer": 42})
+    acquire(url, "running-job")
+    listed = cli("--store", url, "ls", "--json")
+    assert listed.exit_code == 0, listed.output
+    by_key = {row["key"]: row for row in map(orjson.loads, listed.stdout.splitlines())}
+    for key in ("done-job", "running-job"):
+        shown = cli("--store", url, "status", key, "--json")
+        assert shown.exit_code == 0, shown.output
+        one = orjson.loads(shown.stdout)
+        assert set(one) == set(by_key[key]), set(one) ^ set(by_key[key])
+        assert one["health"] == by_key[key]["health"]
+    assert by_key["done-job"]["result"] == {"answer": 42}
+    status_done = orjson.loads(cli("--store", url, "status", "done-job", "--json").stdout)
+    assert status_done["result"] == {"answer": 42}  # decoded once, not a string of JSON
+    status_running = orjson.loads(cli("--store", url, "status", "running-job", "--json").stdout)
+    assert status_running["health"] == "healthy"
