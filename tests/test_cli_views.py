@@ -81,3 +81,44 @@ def test_status_json_and_ls_json_are_the_same_object(url: str) -> None:
     assert status_done["result"] == {"answer": 42}  # decoded once, not a string of JSON
     status_running = orjson.loads(cli("--store", url, "status", "running-job", "--json").stdout)
     assert status_running["health"] == "healthy"
+
+
+# -- 2. config: it parses, and what it prints is accepted back -----------------------------------
+
+
+@pytest.mark.parametrize("store", ["sqlite:///.ai-lease/ai-lease.db", "sqlite:///{tmp}/abs.db"])
+def test_config_store_url_round_trips_through_store(url: str, tmp_path: Path, store: str) -> None:
+    """The store URL `config` prints (the default relative one, and an absolute
+    sqlite:////path) names the same store when fed back with --store."""
+    store = store.format(tmp=tmp_path)
+    done(store, "job-1", "ok")
+    shown = cli("config", env={"AI_LEASE_STORE__URL": store})
+    assert shown.exit_code == 0, shown.output
+    printed = orjson.loads(shown.stdout)["store"]["url"]
+    assert printed == store
+    listed = cli("--store", printed, "ls", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [orjson.loads(line)["key"] for line in listed.stdout.splitlines()] == ["job-1"]
+
+
+def test_config_with_masked_secrets_is_valid_json(url: str) -> None:
+    """With an API key, a ?password= in a base URL and a Redis password set, the output
+    is valid JSON: every masked secret is a JSON string holding ***, none leaks, and an
+    unset secret is still null (not a bare ***)."""
+    secret = "hunter2-CANARY"
+    env = {
+        "AI_LEASE_PROVIDER__BASE_URL": f"http://llm.internal/v1?password={secret}&region=eu",
+        "AI_LEASE_STORE__URL": f"redis://:{secret}@cache:6379/0",
+    }
+    unset = cli("config", env=env)
+    assert unset.exit_code == 0, unset.output
+    assert orjson.loads(unset.stdout)["provider"]["api_key"] is None
+    env["AI_LEASE_PROVIDER__API_KEY"] = "sk-" + secret
+    shown = cli("config", env=env)
+    assert shown.exit_code == 0, shown.output
+    assert secret not in shown.stdout
+    settings = orjson.loads(shown.stdout)
+    provider = settings["provider"]
+    assert provider["base_url"] == "http://llm.internal/v1?password=***&region=eu"
+    assert isinstance(provider["api_key"], str) and "***" in provider["api_key"]
+    assert settings["store"]["url"] == "redis://:***@cache:6379/0"
