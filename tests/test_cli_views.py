@@ -122,3 +122,43 @@ def test_config_with_masked_secrets_is_valid_json(url: str) -> None:
     assert provider["base_url"] == "http://llm.internal/v1?password=***&region=eu"
     assert isinstance(provider["api_key"], str) and "***" in provider["api_key"]
     assert settings["store"]["url"] == "redis://:***@cache:6379/0"
+
+
+# -- 3. a look never creates a store -------------------------------------------------------------
+
+LOOKS = [
+    ("status", "foo"),
+    ("status", "foo", "--json"),
+    ("status", "foo", "--watch"),
+    ("ls",),
+    ("result", "foo"),
+    ("events", "foo"),
+    ("workers",),
+    ("tune",),
+    ("cancel", "foo"),
+    ("retry", "foo"),
+    ("rm", "foo"),
+    ("prune", "--older-than", "1d"),
+]
+
+
+@pytest.mark.parametrize("look", LOOKS, ids=" ".join)
+def test_a_look_in_a_fresh_directory_creates_no_store(url: str, tmp_path: Path, look: Any) -> None:
+    """In a fresh directory a command that only looks (or acts on a key that cannot exist)
+    creates nothing: neither the default ./.ai-lease/ai-lease.db nor a --store file; it
+    says there is no store and that submit creates one, exit 4."""
+    default = cli(*look)
+    assert default.exit_code == 4, default.output
+    assert "no store at" in default.stderr and "`ai-lease submit` creates it" in default.stderr
+    assert str(tmp_path / ".ai-lease" / "ai-lease.db") in default.stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+    named = cli("--store", url, *look)
+    assert named.exit_code == 4 and "no store at" in named.stderr, named.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_look_at_an_existing_store_still_works(url: str) -> None:
+    """Once submit (here: a store operation) has made the store, the same looks answer."""
+    done(url, "job-1", "ok")
+    assert cli("--store", url, "ls").exit_code == 0
+    assert cli("--store", url, "status", "nope").exit_code == 2  # no job: bad input, as before

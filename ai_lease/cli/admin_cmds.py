@@ -34,7 +34,7 @@ def cancel(obj: Context, key: str, reason: str) -> None:
     ended DONE or FAILED (nothing changed). `ai-lease submit --force` runs it again."""
     from ai_lease.job import Status
 
-    job = obj.run(lambda store: store.cancel(key, reason))
+    job = obj.run(lambda store: store.cancel(key, reason), create=False)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     if job.status is not Status.CANCELLED:
@@ -193,7 +193,9 @@ def tune(
             raise InputError(f"{obj.where} keeps no duration history")
         return await store.load_durations(on_corrupt=corrupt.append)
 
-    suggestions = suggest(obj.run(fetch), factor=factor, floor=floor, min_samples=min_samples)
+    suggestions = suggest(
+        obj.run(fetch, create=False), factor=factor, floor=floor, min_samples=min_samples
+    )
     click.echo(render_table(suggestions, obj.settings))
     if write_to is not None:
         if write_to.exists() and not force:

@@ -70,7 +70,7 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
         await warn_data_lost(store)
         return found
 
-    job, phi = obj.run(fetch)
+    job, phi = obj.run(fetch, create=False)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     lease = obj.settings.lease
@@ -144,7 +144,8 @@ def list_jobs(
     # A filter applied here needs the whole (bounded) listing: the newest N may match none.
     reads = LS_MAX if (health or since) else limit
     jobs = obj.run(
-        lambda store: store.list_jobs(status=wanted, limit=reads, on_corrupt=corrupt.append)
+        lambda store: store.list_jobs(status=wanted, limit=reads, on_corrupt=corrupt.append),
+        create=False,
     )
     grace, threshold = obj.settings.lease.renew_interval, obj.settings.lease.phi_threshold
     if health:
@@ -258,7 +259,7 @@ def workers(obj: Context, as_json: bool) -> None:
         await warn_data_lost(store)
         return found
 
-    found = obj.run(fetch)
+    found = obj.run(fetch, create=False)
     now = time.time()
     if not found and not corrupt:
         click.echo(f"ai-lease: no live workers in {obj.where}", err=True)
@@ -348,7 +349,7 @@ def _newer_rows(job: JobState) -> list[tuple[str, str]]:
 
 
 def _get(obj: Context, key: str) -> JobState:
-    job = obj.run(lambda store: store.get(key))
+    job = obj.run(lambda store: store.get(key), create=False)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     return job

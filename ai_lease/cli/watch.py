@@ -47,7 +47,7 @@ def watch_job(
             await asyncio.sleep(interval)
 
     with show:
-        obj.run(watch)
+        obj.run(watch, create=False)
 
 
 class _Shown:
