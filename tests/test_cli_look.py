@@ -124,6 +124,7 @@ def test_status_watch_ctrl_c_exits_130_quietly(store_url: str, tmp_path: Path) -
 
 
 def test_status_watch_of_an_unknown_job_is_bad_input(store_url: str, tmp_path: Path) -> None:
+    acquire(store_url, "other-job")  # the store exists: a look at a missing one is exit 4
     out = run_cli("--store", store_url, "status", "nope", "--watch", cwd=tmp_path)
     assert out.returncode == 2 and "'nope'" in out.stderr
 

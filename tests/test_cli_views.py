@@ -162,3 +162,49 @@ def test_a_look_at_an_existing_store_still_works(url: str) -> None:
     done(url, "job-1", "ok")
     assert cli("--store", url, "ls").exit_code == 0
     assert cli("--store", url, "status", "nope").exit_code == 2  # no job: bad input, as before
+
+
+# -- 6. ls says how many it did not show; status --watch ends with the job's exit code -----------
+
+
+def test_ls_says_how_many_of_how_many(url: str) -> None:
+    """ls showing fewer jobs than match says "N of M" on stderr (stdout stays rows), with
+    a status filter and with a health filter; nothing when all are shown."""
+    for key in ("a", "b", "c"):
+        acquire(url, key)
+    done(url, "d", "ok")
+    cut = cli("--store", url, "ls", "--limit", "2")
+    assert cut.exit_code == 0, cut.output
+    assert len(cut.stdout.splitlines()) == 3  # header + 2 rows
+    assert "2 of 4 jobs shown" in cut.stderr
+    running = cli("--store", url, "ls", "--status", "RUNNING", "--limit", "1", "--json")
+    assert len(running.stdout.splitlines()) == 1 and "1 of 3 jobs shown" in running.stderr
+    healthy = cli("--store", url, "ls", "--health", "healthy", "--limit", "2")
+    assert "2 of 3 jobs shown" in healthy.stderr
+    whole = cli("--store", url, "ls")
+    assert whole.stderr == "" and len(whole.stdout.splitlines()) == 5
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"),
+    [
+        ("StreamIdleTimeout: no content for 30s", 3),
+        ("ProviderError: HTTP 400 bad request", 1),
+        (None, 1),  # cancelled
+        ("", 0),  # done
+    ],
+)
+def test_status_watch_exits_with_the_jobs_exit_code(
+    url: str, ending: str | None, code: int
+) -> None:
+    """status --watch of a job that ended FAILED exits 1 (3 when a timeout failed it), of
+    a CANCELLED one 1, of a DONE one 0: the codes `result` and the README document."""
+    fence = acquire(url, "job-1")
+    if ending:
+        on_store(url, lambda store: store.fail(fence, ending))
+    elif ending is None:
+        on_store(url, lambda store: store.cancel("job-1", "stop"))
+    else:
+        on_store(url, lambda store: store.commit(fence, '"ok"'))
+    watched = cli("--store", url, "status", "job-1", "--watch", "--interval", "0.1")
+    assert watched.exit_code == code, watched.output

@@ -55,14 +55,16 @@ LS_MAX = 10_000
 def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) -> None:
     """Show job KEY: its record and the seed's four-state health
     (healthy / node lost / zombie / dead). With --watch, look again every --interval
-    seconds until the job has ended (exit 0 then; Ctrl-C exits 130)."""
+    seconds until the job has ended: exit 0 DONE, 1 FAILED or CANCELLED, 3 FAILED by a
+    timeout (Ctrl-C exits 130)."""
     if watch:
         from ai_lease.cli.watch import watch_job
 
         try:
-            watch_job(obj, key, interval=interval, as_json=as_json, describe=describe)
+            ended = watch_job(obj, key, interval=interval, as_json=as_json, describe=describe)
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
+        _raise_unless_done(ended)
         return
 
     async def fetch(store: LeaseStore) -> tuple[JobState | None, float | None]:
@@ -79,6 +81,17 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
         return
     for label, value in describe(job, lease.renew_interval, phi, lease.phi_threshold):
         click.echo(f"{label:<11} {value}")
+
+
+def _raise_unless_done(job: JobState) -> None:
+    """A watched job that ended FAILED or CANCELLED ends the watch with its exit code (1,
+    or 3 when a timeout failed it), as ``result`` and ``submit`` do."""
+    from ai_lease.job import Status
+
+    if job.status is Status.CANCELLED:
+        raise JobCancelled(job.key, job.last_error)
+    if job.status is Status.FAILED:
+        raise JobFailed(job.key, job.last_error)
 
 
 async def job_and_phi(store: LeaseStore, key: str) -> tuple[JobState | None, float | None]:
@@ -143,16 +156,22 @@ def list_jobs(
     corrupt: list[CorruptRecord] = []
     # A filter applied here needs the whole (bounded) listing: the newest N may match none.
     reads = LS_MAX if (health or since) else limit
-    jobs = obj.run(
-        lambda store: store.list_jobs(status=wanted, limit=reads, on_corrupt=corrupt.append),
-        create=False,
-    )
+
+    async def fetch(store: LeaseStore) -> tuple[list[JobState], int | None]:
+        found = await store.list_jobs(status=wanted, limit=reads, on_corrupt=corrupt.append)
+        if reads > limit or len(found) < limit:  # filtered here (counted below), or all
+            return found, len(found)
+        return found, await _held(store, wanted)
+
+    jobs, held = obj.run(fetch, create=False)
     grace, threshold = obj.settings.lease.renew_interval, obj.settings.lease.phi_threshold
     if health:
         jobs = [j for j in jobs if (h := j.health(grace)) is not None and h.value == health]
     if since is not None:
         jobs = [j for j in jobs if j.read_at - j.created_at <= since]
-    jobs = jobs[:limit]
+    matched, jobs = len(jobs), jobs[:limit]
+    if health or since is not None:  # the filter ran here, over what was read
+        held = matched if reads > matched else None
     if not as_json:
         click.echo(_LS_ROW.format("KEY", "STATUS", "HEALTH", "STAGE", "AGE", "DURATION", "IDLE"))
     for job in jobs:
@@ -165,7 +184,28 @@ def list_jobs(
             click.echo(orjson.dumps({"key": bad.key, "corrupt": bad.detail}).decode())
         else:
             click.echo(f"{bad.key:<32} CORRUPT  {bad.detail}")
+    _say_shown(len(jobs), held, limit)
     end_with_corrupt(corrupt, "marked CORRUPT")
+
+
+async def _held(store: LeaseStore, status: str | None) -> int | None:
+    """How many jobs of ``status`` (None: any) the store holds (None: it cannot count)."""
+    from ai_lease.lease.base import JobListing
+
+    if not isinstance(store, JobListing):
+        return None
+    counts = await store.count_jobs()
+    return counts.get(status, 0) if status else sum(counts.values())
+
+
+def _say_shown(shown: int, held: int | None, limit: int) -> None:
+    """On stderr (stdout stays rows): how many of how many, when ``ls`` shows fewer jobs
+    than match."""
+    if held is not None and held > shown:
+        more = f"--limit N for more (up to {LS_MAX:,})"
+        click.echo(f"ai-lease: {shown} of {held:,} jobs shown (newest first); {more}", err=True)
+    elif held is None and shown >= limit:
+        click.echo(f"ai-lease: the newest {shown} jobs shown; there may be more", err=True)
 
 
 _LS_ROW = "{:<32} {:<9} {:<10} {:<13} {:>8} {:>9} {:>8}"
