@@ -208,3 +208,62 @@ def test_status_watch_exits_with_the_jobs_exit_code(
         on_store(url, lambda store: store.commit(fence, '"ok"'))
     watched = cli("--store", url, "status", "job-1", "--watch", "--interval", "0.1")
     assert watched.exit_code == code, watched.output
+
+
+# -- 5. figures read from a record say how old they are ------------------------------------------
+
+
+def renew_with_progress(url: str, fence: Fence) -> None:
+    async def work(store: LeaseStore) -> None:
+        await store.renew(
+            fence, ttl=30, stage="call_ai", progress_version=1, max_no_progress=90, grace=5
+        )
+
+    on_store(url, work)
+
+
+def test_ls_and_status_show_figures_as_of_the_last_heartbeat(url: str) -> None:
+    """A job that progressed at its last renewal reads idle 0 at that heartbeat, with the
+    heartbeat's age beside it (not a growing IDLE that is only the record's age), and its
+    stage is labelled as reported at that heartbeat."""
+    import time
+
+    renew_with_progress(url, acquire(url, "streaming"))
+    time.sleep(1.2)
+    listed = cli("--store", url, "ls")
+    header, row = listed.stdout.splitlines()
+    assert header.split()[-2:] == ["IDLE", "BEAT"]
+    cells = row.split()
+    assert cells[3] == "call_ai" and cells[-5:-3] == ["0.00", "s"], row  # IDLE at the beat
+    assert cells[-1] == "ago" and float(cells[-3]) >= 1.2, row  # BEAT: the record's age
+    shown = dict(
+        (line[:11].strip(), line[12:])
+        for line in cli("--store", url, "status", "streaming").stdout.splitlines()
+    )
+    assert (
+        shown["stage"].startswith("call_ai (at the last heartbeat, ") and "s ago)" in shown["stage"]
+    )
+    assert shown["progress"].startswith("version 1, idle 0.00 s (at the last heartbeat"), shown
+    js = orjson.loads(cli("--store", url, "status", "streaming", "--json").stdout)
+    assert js["idle_at_heartbeat"] == 0.0 and js["since_heartbeat"] >= 1.2
+
+
+def test_workers_leaves_out_jobs_that_have_ended(url: str) -> None:
+    """A worker's last beat named two jobs; one has ended DONE since: `workers` lists only
+    the one still RUNNING, and counts it alone."""
+    import time
+
+    from ai_lease.lease.base import WorkerInfo
+
+    acquire(url, "still-running")
+    done(url, "ended", "ok")
+    info = WorkerInfo(
+        "w-1", "host-a", 42, 2, 4, time.time(), time.time(), ("still-running", "ended")
+    )
+    on_store(url, lambda store: store.worker_beat(info, 30))  # type: ignore[attr-defined]
+    shown = cli("--store", url, "workers")
+    assert shown.exit_code == 0, shown.output
+    row, jobs = shown.stdout.splitlines()[1:]
+    assert row.split()[3] == "1/4" and jobs == "  running: still-running", shown.stdout
+    [js] = map(orjson.loads, cli("--store", url, "workers", "--json").stdout.splitlines())
+    assert js["jobs"] == ["still-running"] and js["running"] == 1

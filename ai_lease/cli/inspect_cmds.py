@@ -21,18 +21,17 @@ from ai_lease.cli.output import (
     end_with_corrupt,
     parse_since,
     print_result,
-    span,
     to_json,
     warn_data_lost,
 )
+from ai_lease.cli.record_view import LS_HEADER, describe, job_json, ls_row
 from ai_lease.errors import CorruptRecord, InputError, JobCancelled, JobFailed
-from ai_lease.observe.cpu_idle import cpu_idle_of, cpu_idle_text
-from ai_lease.observe.phi import DEFAULT_THRESHOLD, is_suspect, phi_text, renewal_phi
-from ai_lease.redaction import redact
+from ai_lease.observe.phi import renewal_phi
 
 if TYPE_CHECKING:
     from ai_lease.job import JobState
     from ai_lease.lease import LeaseStore
+    from ai_lease.lease.base import WorkerInfo
 
 EXIT_INTERRUPTED = 130
 """Ctrl-C during ``status --watch``: the shell's code for SIGINT, and no traceback."""
@@ -173,12 +172,12 @@ def list_jobs(
     if health or since is not None:  # the filter ran here, over what was read
         held = matched if reads > matched else None
     if not as_json:
-        click.echo(_LS_ROW.format("KEY", "STATUS", "HEALTH", "STAGE", "AGE", "DURATION", "IDLE"))
+        click.echo(LS_HEADER)
     for job in jobs:
         if as_json:
             click.echo(orjson.dumps(job_json(job, grace, threshold=threshold)).decode())
         else:
-            click.echo(_ls_row(job, grace))
+            click.echo(ls_row(job, grace))
     for bad in corrupt:
         if as_json:
             click.echo(orjson.dumps({"key": bad.key, "corrupt": bad.detail}).decode())
@@ -206,55 +205,6 @@ def _say_shown(shown: int, held: int | None, limit: int) -> None:
         click.echo(f"ai-lease: {shown} of {held:,} jobs shown (newest first); {more}", err=True)
     elif held is None and shown >= limit:
         click.echo(f"ai-lease: the newest {shown} jobs shown; there may be more", err=True)
-
-
-_LS_ROW = "{:<32} {:<9} {:<10} {:<13} {:>8} {:>9} {:>8}"
-
-
-def _ls_row(job: JobState, grace: float) -> str:
-    state = job.health(grace)
-    return _LS_ROW.format(
-        job.key,
-        job.status.value,
-        state.value if state else "-",
-        job.stage or "-",
-        span(job.read_at - job.created_at) if job.created_at else "-",
-        span(duration(job)),
-        span(job.since_progress),
-    )
-
-
-def duration(job: JobState) -> float | None:
-    """Seconds from the first acquisition to the end (or to now, while it runs)."""
-    started = job.started_at
-    if started is None:
-        return None
-    if not job.status.terminal:
-        return job.read_at - started
-    finished = getattr(job, "finished_at", None) or job.updated_at
-    return max(0.0, finished - started)
-
-
-def job_json(
-    job: JobState, grace: float, phi: float | None = None, threshold: float = DEFAULT_THRESHOLD
-) -> dict[str, Any]:
-    """A record as one JSON object, the same for ``status --json``, ``status --watch --json``
-    and ``ls --json``: its health, φ of its owner's renewals (None when not read, as by
-    ``ls``), whether that makes it suspect, the CPU idle share of a stall snapshot, and its
-    result decoded (a JSON result is JSON here, not a string holding JSON; one that is not
-    JSON stays a string, flagged ``result_corrupt``)."""
-    out = job.to_dict()
-    state = job.health(grace)
-    out["health"] = state.value if state else None
-    out["phi"] = phi
-    out["suspect"] = is_suspect(phi, state, threshold)
-    out["cpu_idle_pct"] = cpu_idle_of(job.stall_snapshot)
-    if job.result is not None:
-        try:
-            out["result"] = job.output
-        except orjson.JSONDecodeError:
-            out["result_corrupt"] = True
-    return out
 
 
 @click.command(short_help="Print the result of job KEY.")
@@ -285,7 +235,9 @@ _WORKER_ROW = "{:<28} {:<16} {:>7} {:>8} {:>12} {:>12}"
 @click.pass_obj
 def workers(obj: Context, as_json: bool) -> None:
     """List live workers: id, host, pid, jobs running of their concurrency, when each
-    started and last reported, and the keys of the jobs each one runs."""
+    started and last reported, and the keys of the jobs each one runs. A worker reports
+    its jobs at its beats: a job that has ended (or was handed back) since is left out,
+    by its own record, read now."""
     from dataclasses import asdict
 
     from ai_lease.lease.base import JobQueue
@@ -297,7 +249,7 @@ def workers(obj: Context, as_json: bool) -> None:
             raise InputError(f"{obj.where} keeps no job queue")
         found = await store.list_workers(on_corrupt=corrupt.append)
         await warn_data_lost(store)
-        return found
+        return [await _still_running(store, info) for info in found]
 
     found = obj.run(fetch, create=False)
     now = time.time()
@@ -329,63 +281,29 @@ def workers(obj: Context, as_json: bool) -> None:
     end_with_corrupt(corrupt, "marked CORRUPT")
 
 
-def describe(
-    job: JobState,
-    grace: float,
-    phi: float | None = None,
-    threshold: float = DEFAULT_THRESHOLD,
-) -> list[tuple[str, str]]:
-    """The rows ``status`` prints for ``job`` (with ``phi``: its owner's suspicion)."""
-    health = job.health(grace)
-    shown = health.value if health else "-"
-    rows = [
-        ("status", job.status.value),
-        ("health", shown + (", suspect" if is_suspect(phi, health, threshold) else "")),
-        ("owner", f"{job.owner_id or '-'} (token {job.token})"),
-        ("stage", job.stage or "-"),
-        ("progress", f"version {job.progress_version}, last {ago(job.since_progress)}"),
-        ("heartbeat", ago(job.since_heartbeat)),
-        ("lease", f"{span(job.lease_remaining)} left" if job.lease_live else "lapsed or none"),
-        (
-            "attempts",
-            f"{job.attempts} (takeovers {job.takeovers}, missed renewals {job.missed_renewals})",
-        ),
-        ("age", span(job.read_at - job.created_at) if job.created_at else "-"),
-        ("duration", span(duration(job))),
-    ]
-    if phi is not None:
-        rows.insert(2, ("suspicion", phi_text(phi, threshold)))
-    rows += _newer_rows(job)
-    if job.finish_reason == "length":
-        rows.append(("answer", "capped at max_tokens (finish_reason length)"))
-    if job.last_error:
-        rows.append(("last error", redact(job.last_error)))
-    if job.stall_snapshot:
-        idle = cpu_idle_of(job.stall_snapshot)
-        if idle is not None:
-            rows.append(("cpu idle", cpu_idle_text(idle)))
-        rows.append(("stuck at", redact(job.stall_snapshot)))
-    return rows
+async def _still_running(store: LeaseStore, info: WorkerInfo) -> WorkerInfo:
+    """``info`` without the jobs that are no longer RUNNING (their records read now), its
+    running count lowered by as many."""
+    from dataclasses import replace
+
+    from ai_lease.job import Status
+
+    if not info.jobs:
+        return info
+    kept = []
+    for key in info.jobs:  # at most MAX_REPORTED_JOBS per worker
+        job = await _record_or_none(store, key)
+        if job is not None and job.status is Status.RUNNING:
+            kept.append(key)
+    running = max(0, info.running - (len(info.jobs) - len(kept)))
+    return replace(info, jobs=tuple(kept), running=running)
 
 
-def _newer_rows(job: JobState) -> list[tuple[str, str]]:
-    """Rows for the fields newer records carry (model, tokens, takeover cause), if any."""
-    rows = []
-    model = " / ".join(
-        str(v) for v in (getattr(job, "provider", None), getattr(job, "model", None)) if v
-    )
-    if model:
-        rows.append(("model", model))
-    prompt, completion = (
-        getattr(job, "prompt_tokens", None),
-        getattr(job, "completion_tokens", None),
-    )
-    if prompt or completion:
-        rows.append(("tokens", f"{prompt or 0} prompt, {completion or 0} completion"))
-    cause = getattr(job, "takeover_cause", None)
-    if cause:
-        rows.append(("taken over", redact(str(cause))))
-    return rows
+async def _record_or_none(store: LeaseStore, key: str) -> JobState | None:
+    try:
+        return await store.get(key)
+    except CorruptRecord:
+        return None
 
 
 def _get(obj: Context, key: str) -> JobState:

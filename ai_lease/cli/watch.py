@@ -87,7 +87,7 @@ class _Shown:
             click.echo("")
         self._last = moved
         if self.as_json:
-            from ai_lease.cli.inspect_cmds import job_json
+            from ai_lease.cli.record_view import job_json
 
             out = job_json(job, self.grace, phi, self.threshold)
             click.echo(orjson.dumps(out).decode())
