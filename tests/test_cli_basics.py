@@ -53,8 +53,16 @@ def test_status_shows_record_and_health(tmp_path: Path) -> None:
 
 
 def test_unknown_job_is_bad_input(tmp_path: Path) -> None:
-    """An unknown key exits 2 with one line naming it, no traceback."""
-    out = run_cli("--store", f"sqlite:///{tmp_path / 'j.db'}", "status", "nope", cwd=tmp_path)
+    """An unknown key in an existing store exits 2 with one line naming it, no traceback."""
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+
+    async def make() -> None:
+        store = open_store(url)
+        await store.get("other")
+        await store.aclose()
+
+    asyncio.run(make())
+    out = run_cli("--store", url, "status", "nope", cwd=tmp_path)
     assert out.returncode == 2
     assert "'nope'" in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1

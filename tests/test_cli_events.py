@@ -59,6 +59,7 @@ def test_events_prints_the_timeline_and_json(store_url: str, tmp_path: Path) -> 
 
 
 def test_events_of_an_unknown_key_exits_2_naming_it(store_url: str, tmp_path: Path) -> None:
+    _on(store_url, lambda store: store.get("other"))  # the store exists (submit made it)
     out = run_cli("--store", store_url, "events", "no-such-job", cwd=tmp_path)
     assert out.returncode == 2 and "'no-such-job'" in out.stderr, out.stderr
     assert out.stdout == ""

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from ai_lease.cli.app import main
 from tests.harness.sse_server import Hang, Response, Sleep, SSEServer, chat_chunks, drip, sse
+from tests.test_cli_lifecycle import _on
 
 ONE_ATTEMPT = {"AI_LEASE_RETRY__ATTEMPTS": "1"}
 
@@ -138,6 +139,7 @@ def test_tune_write_to_a_directory_is_exit_2(tmp_path: Path) -> None:
 def test_tune_write_where_it_cannot_is_exit_2(tmp_path: Path) -> None:
     """tune --write into a missing folder: one error line naming the path, exit 2."""
     url = f"sqlite:///{tmp_path / 'x.db'}"
+    _on(url, lambda store: store.get("other"))  # the store exists (submit made it)
     target = tmp_path / "missing" / "tuned.toml"
     out = CliRunner().invoke(main, ["--store", url, "tune", "--write", str(target)])
     assert out.exit_code == 2, out.output

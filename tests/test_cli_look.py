@@ -54,7 +54,7 @@ def test_ls_header_age_duration_since_limit_json(store_url: str, tmp_path: Path)
     out = run_cli("--store", store_url, "ls", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     header, *rows = out.stdout.splitlines()
-    assert header.split() == ["KEY", "STATUS", "HEALTH", "STAGE", "AGE", "DURATION", "IDLE"]
+    assert header.split() == ["KEY", "STATUS", "HEALTH", "STAGE", "AGE", "DURATION", "IDLE", "BEAT"]
     assert {row.split()[0] for row in rows} == {"old-job", "done-job", "running-job"}
     [old] = [row for row in rows if row.startswith("old-job")]
     assert float(old.split()[4]) >= 3.5 and old.split()[5] == "s", old  # its age
@@ -124,6 +124,7 @@ def test_status_watch_ctrl_c_exits_130_quietly(store_url: str, tmp_path: Path) -
 
 
 def test_status_watch_of_an_unknown_job_is_bad_input(store_url: str, tmp_path: Path) -> None:
+    acquire(store_url, "other-job")  # the store exists: a look at a missing one is exit 4
     out = run_cli("--store", store_url, "status", "nope", "--watch", cwd=tmp_path)
     assert out.returncode == 2 and "'nope'" in out.stderr
 

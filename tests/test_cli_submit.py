@@ -148,7 +148,17 @@ def test_missing_job_file_is_bad_input(workdir: Path) -> None:
 
 
 def test_result_of_unknown_and_failed_jobs(workdir: Path) -> None:
-    """result: unknown key exits 2; the providers command lists the built-ins."""
+    """result: unknown key exits 2 (no store yet: 4); the providers command lists the
+    built-ins."""
+    assert run_cli("result", "never", cwd=workdir).returncode == 4  # a look creates no store
+    assert not (workdir / ".ai-lease").exists()
+
+    async def make() -> None:
+        store = open_store(f"sqlite:///{workdir}/.ai-lease/ai-lease.db")
+        await store.get("other")
+        await store.aclose()
+
+    asyncio.run(make())
     assert run_cli("result", "never", cwd=workdir).returncode == 2
     listed = run_cli("providers", cwd=workdir)
     assert {"local-extractive", "openai", "openai-compatible"} <= set(listed.stdout.split())

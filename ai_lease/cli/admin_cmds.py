@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import click
 
 from ai_lease.cli.context import Context
 from ai_lease.cli.output import end_with_corrupt, to_json
 from ai_lease.errors import CorruptRecord, InputError
-from ai_lease.redaction import redact
+from ai_lease.redaction import MASK, redact
 
 if TYPE_CHECKING:
     from ai_lease.lease import LeaseStore
@@ -33,7 +34,7 @@ def cancel(obj: Context, key: str, reason: str) -> None:
     ended DONE or FAILED (nothing changed). `ai-lease submit --force` runs it again."""
     from ai_lease.job import Status
 
-    job = obj.run(lambda store: store.cancel(key, reason))
+    job = obj.run(lambda store: store.cancel(key, reason), create=False)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     if job.status is not Status.CANCELLED:
@@ -89,40 +90,48 @@ def providers() -> None:
 )
 @click.pass_obj
 def show_config(obj: Context, defaults: bool) -> None:
-    """Print the effective settings (secrets masked) as JSON."""
+    """Print the effective settings (secrets masked) as JSON: it parses, and every value
+    in it (the store URL included) is one the settings accept back."""
     if defaults:
         click.echo(DEFAULT_CONFIG_TEXT.read_text(encoding="utf-8"), nl=False)
         return
-    click.echo(redact(to_json(_masked_urls(obj.settings.model_dump(mode="json")))))
+    click.echo(to_json(_masked(obj.settings.model_dump(mode="json"))))
 
 
-_SECRET_PARAMS = {"password", "pass", "api_key", "apikey", "key", "token", "access_token", "secret"}
+_SECRET_PARAM = re.compile(
+    r"(?i)([?&](?:password|pass|api_key|apikey|key|token|access_token|secret)=)[^&#]*"
+)
 
 
-def _masked_urls(value: Any) -> Any:
-    """Every URL in a settings dump with its password (user info or a secret-named query
-    parameter) shown as ``***``: ``provider.base_url`` may carry ``user:password@``."""
+_SECRET_NAME = re.compile(r"(?i)api_?key|password|secret|token")  # a SecretStr field, whole
+
+
+def _masked(value: Any) -> Any:
+    """A settings dump with every secret masked value by value, before it becomes JSON (a
+    mask applied to the JSON text broke it: ``"api_key": ***``). A URL keeps its form, its
+    password (user info or a secret-named query parameter) shown as ``***``."""
     if isinstance(value, dict):
-        return {name: _masked_urls(item) for name, item in value.items()}
-    if isinstance(value, str) and "://" in value:
-        return _masked_url(value)
+        return {
+            name: MASK if _SECRET_NAME.fullmatch(name) and isinstance(item, str) else _masked(item)
+            for name, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_masked(item) for item in value]
+    if isinstance(value, str):
+        return redact(_masked_url(value) if "://" in value else value)
     return value
 
 
 def _masked_url(url: str) -> str:
+    """``url`` with its password masked, as written otherwise (``sqlite:///rel.db`` stays
+    that: urlunsplit made it ``sqlite:/rel.db``); an unparseable one shows only its scheme."""
+    from ai_lease.lease import mask_url
+
     try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:  # not parseable as a URL: show nothing after the scheme
+        urlsplit(url).password  # noqa: B018 -- raises ValueError for an unparseable netloc
+    except ValueError:
         return url.partition("://")[0] + "://***"
-    netloc = parts.netloc
-    if password is not None:
-        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
-    query = [
-        (name, "***" if name.lower() in _SECRET_PARAMS else item)
-        for name, item in parse_qsl(parts.query, keep_blank_values=True)
-    ]
-    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
+    return _SECRET_PARAM.sub(r"\1***", mask_url(url))
 
 
 def _in_range(low: float, high: float) -> Callable[[click.Context, click.Parameter, float], float]:
@@ -184,7 +193,9 @@ def tune(
             raise InputError(f"{obj.where} keeps no duration history")
         return await store.load_durations(on_corrupt=corrupt.append)
 
-    suggestions = suggest(obj.run(fetch), factor=factor, floor=floor, min_samples=min_samples)
+    suggestions = suggest(
+        obj.run(fetch, create=False), factor=factor, floor=floor, min_samples=min_samples
+    )
     click.echo(render_table(suggestions, obj.settings))
     if write_to is not None:
         if write_to.exists() and not force:

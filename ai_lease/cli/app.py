@@ -3,8 +3,9 @@
 Exit codes: 0 done, 1 job failed, 2 bad input (config, job file, arguments, a key reused
 with another payload), 3 timed out (any timeout: a stream's first-token, idle or total
 budget, a stage's hard deadline, the job's deadline — also when the job ended FAILED for
-it), 4 store unavailable or corrupt. Errors print one line; ``--debug`` shows the traceback.
-A cancelled job is a failed one (1).
+it), 4 store unavailable, missing (a command that only looks never creates one) or
+corrupt. Errors print one line; ``--debug`` shows the traceback. A cancelled job is a
+failed one (1).
 
 The commands live by what they do: :mod:`~ai_lease.cli.run_cmds` (submit, worker, demo),
 :mod:`~ai_lease.cli.inspect_cmds` (status, ls, result, workers) and
@@ -97,7 +98,8 @@ def main(ctx: click.Context, config: Path | None, store_url: str | None, debug: 
     taken over.
 
     Exit codes: 0 done, 1 failed, 2 bad input, 3 timed out (any timeout: stream
-    first-token, idle or total; stage or job deadline), 4 store unavailable or corrupt.
+    first-token, idle or total; stage or job deadline), 4 store unavailable, missing
+    (status, ls and the other looks never create one: `submit` does) or corrupt.
     """
     ctx.obj = Context(config, store_url, debug)
 

@@ -25,6 +25,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ai_lease.cli.console_text import ended_by, figures, seconds, short_token, tokens_text
 from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider
 from ai_lease.timeouts import LeaseTimings, StreamTimeouts
@@ -43,6 +44,8 @@ REFRESH_PER_SECOND = 8.0
 """How often the live panel is redrawn, events or not."""
 _STAGE_BUDGET = re.compile(r"max_no_progress (\S+?)s\b")
 _ATTEMPT = re.compile(r"attempt (\d+)")
+_BACKOFF = re.compile(r"retrying in ([0-9]+(?:\.[0-9]+)?)s\b")
+_HANDED_BACK = {"released", "retry"}
 
 
 class TeeProvider:
@@ -75,8 +78,9 @@ class TeeProvider:
 class JobView:
     """The state shown for one job, fed by runner events and streamed text.
 
-    ``timings`` / ``stream`` are the budgets the run is under (the CLI passes the
-    settings'); ``clock`` (monotonic seconds) and ``console`` are for tests.
+    ``timings`` / ``stream`` are the budgets the run is under and ``attempts`` the job's
+    most attempts (the CLI passes the settings'); ``clock`` (monotonic seconds) and
+    ``console`` are for tests.
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class JobView:
         out: TextIO | None = None,
         timings: LeaseTimings | None = None,
         stream: StreamTimeouts | None = None,
+        attempts: int | None = None,
         clock: Clock = time.monotonic,
         console: Console | None = None,
         auto_refresh: bool = True,
@@ -95,9 +100,11 @@ class JobView:
         self.out = out or sys.stderr
         self.timings, self.stream = timings or LeaseTimings(), stream or StreamTimeouts()
         self.role, self.owner, self.token, self.stage = "starting", "-", 0, "-"
-        self.chunks, self.attempt, self.started = 0, 0, clock()
-        self.last_progress = self.started
+        self.chunks, self.attempt, self.started = 0, 0, clock()  # chunks: this attempt's
+        self.attempts = attempts
+        self.last_progress = self.stage_started = self.started
         self.stage_budget: float | None = None
+        self.retry_at: float | None = None  # when the backoff between attempts ends
         self.stream_started: float | None = None  # while a streamed call is open
         self.last_text_at: float | None = None  # the open stream's latest content
         self.model: dict[str, float | int | str] = {}  # the last model_call's figures
@@ -115,23 +122,45 @@ class JobView:
     # -- feeding -------------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
-        if event.kind in ("acquired", "takeover"):
+        kind = event.kind
+        if kind == "acquired":
+            self._new_attempt(event)
+        elif kind == "takeover":
             self.role = "owner"
-            if found := _ATTEMPT.match(event.detail):
-                self.attempt = int(found.group(1))
-        elif event.kind == "following":
-            self.role = "follower"
-        elif event.kind == "model_call" and event.attrs:
+        elif kind == "following":
+            self.role, self.retry_at = "follower", None
+        elif kind == "model_call" and event.attrs:
             self.model = dict(event.attrs)
         changed_owner = bool(event.owner_id) and event.owner_id != self.owner
-        if event.owner_id:
+        if event.owner_id and kind not in _HANDED_BACK:
             self.owner, self.token = event.owner_id, event.token or 0
-        if event.stage and event.stage != self.stage and event.kind in ("stage", "following"):
+        if event.stage and event.stage != self.stage and kind in ("stage", "following"):
             self.stage, self.last_progress = event.stage, self.clock()
+            self.stage_started = self.last_progress
             self.stage_budget = self._stage_budget(event)
-        if event.kind not in _QUIET_KINDS or changed_owner:
+        if kind in _HANDED_BACK and self.role in ("owner", "between attempts"):
+            self._handed_back(event)
+        if kind not in _QUIET_KINDS or changed_owner:
             self._log(event)
         self.refresh()
+
+    def _new_attempt(self, event: Event) -> None:
+        """An acquisition: a new attempt, whose chunks and model figures start at zero."""
+        self.role, self.retry_at, self.chunks, self.model = "owner", None, 0, {}
+        if found := _ATTEMPT.match(event.detail):
+            self.attempt = int(found.group(1))
+
+    def _handed_back(self, event: Event) -> None:
+        """The lease was released (or let go) after a failed attempt: no owner, no stage, no
+        stage budget until the next acquisition; a ``retry`` says how long the backoff is."""
+        self.role, self.owner, self.stage, self.stage_budget = "between attempts", "-", "-", None
+        self.token = 0  # no lease held: the next acquisition brings a new token
+        self.stream_closed()
+        self.reset_text()
+        found = _BACKOFF.search(event.detail) if event.kind == "retry" else None
+        if found:
+            self.role = "retrying"
+            self.retry_at = self.clock() + float(found.group(1))
 
     def on_text(self, text: str) -> None:
         self.chunks += 1
@@ -189,31 +218,42 @@ class JobView:
     # -- what applies now ----------------------------------------------------------------------
 
     def budget_now(self) -> tuple[str, float, float] | None:
-        """The budget that applies now: its name, its seconds, and the seconds it has left
-        (negative: overrun). A streamed call's first-token budget until its first content,
-        then its idle budget; otherwise the stage's no-progress budget."""
+        """The tightest budget that applies now: its name, its seconds, and the seconds it
+        has left (negative: overrun). Of the stage's no-progress budget and hard deadline
+        and, while a streamed call is open, its first-token budget (until its first content)
+        or idle budget (from the last), and its total budget: the one with least left."""
         now = self.clock()
-        if self.stream_started is not None:
+
+        def left(name: str, budget: float, since: float) -> tuple[str, float, float]:
+            return name, budget, budget - (now - since)
+
+        found = []
+        if self.stage_budget is not None:
+            deadline = self.timings.budget(self.stage).deadline
+            found.append(left(f"stage {self.stage}", self.stage_budget, self.last_progress))
+            found.append(left(f"deadline {self.stage}", deadline, self.stage_started))
+        opened, stream = self.stream_started, self.stream
+        if opened is not None:
             if self.last_text_at is None:
-                first = self.stream.first_token
-                return "first_token", first, first - (now - self.stream_started)
-            return "idle", self.stream.idle, self.stream.idle - (now - self.last_text_at)
-        if self.stage_budget is None:
-            return None
-        budget = self.stage_budget
-        return f"stage {self.stage}", budget, budget - (now - self.last_progress)
+                found.append(left("first_token", stream.first_token, opened))
+            else:
+                found.append(left("idle", stream.idle, self.last_text_at))
+            found.append(left("total", stream.total, opened))
+        return min(found, key=lambda named: named[2], default=None)
 
     def finish(self, record: JobState) -> None:
         """The job ended with ``record``: draw (or print) its summary line."""
         status = record.status.value
         self._end(status, getattr(record, "attempts", 0) or 0, record)
 
-    def _end(self, label: str, attempts: int, record: JobState | None = None) -> None:
+    def _end(
+        self, label: str, attempts: int, record: JobState | None = None, note: str = ""
+    ) -> None:
         parts = [f"{label} in {seconds(self.clock() - self.started)}"]
         chunks = self.model.get("chunks", self.chunks)
         if chunks:
             parts.append(f"{chunks} chunks")
-        tokens = _tokens(self.model, record)
+        tokens = tokens_text(self.model, record)
         if tokens:
             parts.append(tokens)
         token = self.token or (record.token if record is not None else 0)
@@ -223,6 +263,8 @@ class JobView:
             parts.append(f"attempt {attempts}")
         if self.role == "follower":
             parts.append(f"followed {self.owner}")
+        if note:
+            parts.append(note)
         self.summary = " · ".join(parts)
         if not self.live:
             print(f"ai-lease: {self.summary}", file=self.out, flush=True)
@@ -245,7 +287,9 @@ class JobView:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if self.summary is None and exc is not None:
-            self._end(_ended_by(exc), self.attempt)
+            started = self.attempt > 0 or self.role == "follower"
+            label, note = ended_by(exc, key=self.key, started=started)
+            self._end(label, self.attempt, note=note)
         if self._live is not None:
             self._live.refresh()
             self._live.__exit__(exc_type, exc, tb)
@@ -260,20 +304,24 @@ class JobView:
         facts = Table.grid(padding=(0, 2))
         idle = self.clock() - self.last_progress
         facts.add_row("role", self.role, "owner", self.owner)
-        facts.add_row("stage", self.stage, "token", str(self.token))
+        facts.add_row("stage", self.stage, "token", str(self.token or "-"))
         facts.add_row("chunks", str(self.chunks), "since progress", seconds(idle))
         facts.add_row("elapsed", seconds(self.clock() - self.started), "budget", self._budget())
         events = Text("\n".join(self.lines[-6:]), style="dim", no_wrap=True, overflow="ellipsis")
         if self.summary is not None:  # the answer itself is printed once, after the panel
-            ok = self.summary.startswith("DONE")
-            end = Text(self.summary, style="bold green" if ok else "bold red")
+            style = {"DONE": "bold green", "INTERRUPTED": "bold yellow"}
+            end = Text(self.summary, style=style.get(self.summary.split()[0], "bold red"))
             return Panel(Group(facts, events, end), title=f"job {self.key}", expand=True)
         tail = Text(self.text or "…", style="bold")
         return Panel(Group(facts, events, tail), title=f"job {self.key}", expand=True)
 
     def _budget(self) -> str:
+        if self.summary is not None:
+            return "-"
+        if self.role in ("retrying", "between attempts"):
+            return self._between()
         now = self.budget_now()
-        if now is None or self.summary is not None:
+        if now is None:
             return "-"
         name, budget, left = now
         if math.isinf(budget):
@@ -281,58 +329,9 @@ class JobView:
         state = f"{seconds(left)} left" if left >= 0 else f"over by {seconds(-left)}"
         return f"{name} {budget:g} s · {state}"
 
-
-def seconds(value: float) -> str:
-    """``1.4 s``: what the view shows of a span."""
-    return f"{value:.1f} s"
-
-
-def short_token(token: int) -> str:
-    """A fencing token as the summary line shows it: its first digits (status has it all)."""
-    text = str(token)
-    return text if len(text) <= 6 else f"{text[:4]}…"
-
-
-def figures(event: Event) -> str:
-    """The figures an event carries, as the text after its detail ("" if none)."""
-    value = event.value
-    if event.kind == "model_call" and event.attrs:
-        attrs = event.attrs
-        parts = [f"{attrs.get('chunks', 0)} chunks", _tokens(attrs, None)]
-        if attrs.get("finish_reason"):
-            parts.append(f"finish {attrs['finish_reason']}")
-        return "· " + " · ".join(p for p in parts if p)
-    if value is None:
-        return ""
-    if event.kind in ("first_token", "stage_done", "committed"):
-        return f"after {value:.3f} s" if event.kind == "first_token" else f"in {value:.3f} s"
-    if event.kind == "stream_gap":
-        return f"max gap {value:.3f} s"
-    if event.kind == "stream_timeout":
-        return f"budget {value:g} s"
-    return f"({value:g})"
-
-
-def _tokens(attrs: dict[str, Any] | Any, record: JobState | None) -> str:
-    """``184/66 tokens`` (prompt/completion) from a model call's figures, else the record's."""
-    prompt, completion = attrs.get("prompt_tokens"), attrs.get("completion_tokens")
-    if not prompt and not completion and record is not None:
-        prompt = getattr(record, "prompt_tokens", None)
-        completion = getattr(record, "completion_tokens", None)
-    if not prompt and not completion:
-        return ""
-    return f"{prompt or 0}/{completion or 0} tokens"
-
-
-def _ended_by(exc: BaseException) -> str:
-    """The summary's first word for a run that raised ``exc``."""
-    from ai_lease.cli.exits import EXIT_TIMED_OUT, exit_code
-    from ai_lease.errors import AiLeaseError, JobCancelled
-
-    if isinstance(exc, KeyboardInterrupt):
-        return "INTERRUPTED"
-    if isinstance(exc, JobCancelled):
-        return "CANCELLED"
-    if isinstance(exc, AiLeaseError) and exit_code(exc) == EXIT_TIMED_OUT:
-        return "TIMED OUT"
-    return "FAILED"
+    def _between(self) -> str:
+        """Between attempts: when the next one starts, and which of how many it is."""
+        upcoming = f"attempt {self.attempt + 1}" + (f"/{self.attempts}" if self.attempts else "")
+        if self.retry_at is None:
+            return f"waiting to compete again ({upcoming})"
+        return f"retrying in {seconds(max(0.0, self.retry_at - self.clock()))} ({upcoming})"

@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ai_lease.errors import StoreError
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -59,10 +61,16 @@ class Context:
         self,
         work: Callable[[LeaseStore], Awaitable[T]],
         loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+        *,
+        create: bool = True,
     ) -> T:
         """Run ``work`` against the configured store (on a loop from ``loop_factory``, default
-        asyncio's), closing it afterwards."""
+        asyncio's), closing it afterwards. ``create=False`` (a look: status, ls, events, …):
+        a store that does not exist yet is :class:`NoStore` (exit 4), never made."""
         import asyncio
+
+        if not create:
+            self.require_store()
 
         async def main() -> T:
             store = self.open_store()
@@ -73,6 +81,19 @@ class Context:
 
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(main())
+
+    def require_store(self) -> None:
+        """Raise :class:`NoStore` if the configured store is an SQLite file that does not
+        exist (opening one creates it). A server store (Redis, PostgreSQL) is one place
+        whoever reaches it shares: looking at it creates no file."""
+        from ai_lease.lease.urls import sqlite_path
+
+        url = self.settings.store.url
+        if not url.startswith("sqlite://"):
+            return
+        path = sqlite_path(url)
+        if path != ":memory:" and not Path(path).exists():
+            raise NoStore(Path(path).absolute(), self.where)
 
     def prompts(self, folders: list[Path] | None = None) -> PromptLibrary:
         """The prompt library, bounded by the settings' ``[job]`` limits."""
@@ -92,6 +113,19 @@ class Context:
 
         name, options = provider_options(self.settings, overrides)
         return create_provider(name, **options)
+
+
+class NoStore(StoreError):
+    """A command that only looks found no store where the settings point (exit 4)."""
+
+    def __init__(self, path: Path, where: str) -> None:
+        self.path = path
+        super().__init__(
+            f"no store at {path} ({where}); `ai-lease submit` creates it. To look at an "
+            "existing one, point --store, AI_LEASE_STORE__URL or the config file's [store] "
+            "url at it (the default, sqlite:///.ai-lease/ai-lease.db, is relative to the "
+            "current directory)"
+        )
 
 
 def _register_secrets(settings: Settings) -> None:

@@ -3,8 +3,9 @@
 0 done, 1 job failed (a cancelled job too), 2 bad input (config, job file, arguments, a key
 reused with another payload), 3 timed out (any timeout: a stream's first-token, idle or
 total budget, a stage's hard deadline, the job's deadline — also when the job ended FAILED
-for it), 4 store unavailable or corrupt, 130 interrupted (SIGINT or SIGTERM: a foreground
-job's lease released, the job left to workers or cancelled).
+for it), 4 store unavailable, missing (a command that only looks never creates one) or
+corrupt, 130 interrupted (SIGINT or SIGTERM: a foreground job's lease released, the job
+left to workers or cancelled).
 """
 
 from __future__ import annotations

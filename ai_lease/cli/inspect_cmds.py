@@ -21,18 +21,17 @@ from ai_lease.cli.output import (
     end_with_corrupt,
     parse_since,
     print_result,
-    span,
     to_json,
     warn_data_lost,
 )
+from ai_lease.cli.record_view import LS_HEADER, describe, job_json, ls_row
 from ai_lease.errors import CorruptRecord, InputError, JobCancelled, JobFailed
-from ai_lease.observe.cpu_idle import cpu_idle_of, cpu_idle_text
-from ai_lease.observe.phi import DEFAULT_THRESHOLD, is_suspect, phi_text, renewal_phi
-from ai_lease.redaction import redact
+from ai_lease.observe.phi import renewal_phi
 
 if TYPE_CHECKING:
     from ai_lease.job import JobState
     from ai_lease.lease import LeaseStore
+    from ai_lease.lease.base import WorkerInfo
 
 EXIT_INTERRUPTED = 130
 """Ctrl-C during ``status --watch``: the shell's code for SIGINT, and no traceback."""
@@ -55,14 +54,16 @@ LS_MAX = 10_000
 def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) -> None:
     """Show job KEY: its record and the seed's four-state health
     (healthy / node lost / zombie / dead). With --watch, look again every --interval
-    seconds until the job has ended (exit 0 then; Ctrl-C exits 130)."""
+    seconds until the job has ended: exit 0 DONE, 1 FAILED or CANCELLED, 3 FAILED by a
+    timeout (Ctrl-C exits 130)."""
     if watch:
         from ai_lease.cli.watch import watch_job
 
         try:
-            watch_job(obj, key, interval=interval, as_json=as_json, describe=describe)
+            ended = watch_job(obj, key, interval=interval, as_json=as_json, describe=describe)
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
+        _raise_unless_done(ended)
         return
 
     async def fetch(store: LeaseStore) -> tuple[JobState | None, float | None]:
@@ -70,19 +71,26 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
         await warn_data_lost(store)
         return found
 
-    job, phi = obj.run(fetch)
+    job, phi = obj.run(fetch, create=False)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     lease = obj.settings.lease
     if as_json:
-        out = job.to_dict()
-        out["phi"] = phi
-        out["cpu_idle_pct"] = cpu_idle_of(job.stall_snapshot)
-        out["suspect"] = is_suspect(phi, job.health(lease.renew_interval), lease.phi_threshold)
-        click.echo(to_json(out))
+        click.echo(to_json(job_json(job, lease.renew_interval, phi, lease.phi_threshold)))
         return
     for label, value in describe(job, lease.renew_interval, phi, lease.phi_threshold):
         click.echo(f"{label:<11} {value}")
+
+
+def _raise_unless_done(job: JobState) -> None:
+    """A watched job that ended FAILED or CANCELLED ends the watch with its exit code (1,
+    or 3 when a timeout failed it), as ``result`` and ``submit`` do."""
+    from ai_lease.job import Status
+
+    if job.status is Status.CANCELLED:
+        raise JobCancelled(job.key, job.last_error)
+    if job.status is Status.FAILED:
+        raise JobFailed(job.key, job.last_error)
 
 
 async def job_and_phi(store: LeaseStore, key: str) -> tuple[JobState | None, float | None]:
@@ -147,66 +155,56 @@ def list_jobs(
     corrupt: list[CorruptRecord] = []
     # A filter applied here needs the whole (bounded) listing: the newest N may match none.
     reads = LS_MAX if (health or since) else limit
-    jobs = obj.run(
-        lambda store: store.list_jobs(status=wanted, limit=reads, on_corrupt=corrupt.append)
-    )
-    grace = obj.settings.lease.renew_interval
+
+    async def fetch(store: LeaseStore) -> tuple[list[JobState], int | None]:
+        found = await store.list_jobs(status=wanted, limit=reads, on_corrupt=corrupt.append)
+        if reads > limit or len(found) < limit:  # filtered here (counted below), or all
+            return found, len(found)
+        return found, await _held(store, wanted)
+
+    jobs, held = obj.run(fetch, create=False)
+    grace, threshold = obj.settings.lease.renew_interval, obj.settings.lease.phi_threshold
     if health:
         jobs = [j for j in jobs if (h := j.health(grace)) is not None and h.value == health]
     if since is not None:
         jobs = [j for j in jobs if j.read_at - j.created_at <= since]
-    jobs = jobs[:limit]
+    matched, jobs = len(jobs), jobs[:limit]
+    if health or since is not None:  # the filter ran here, over what was read
+        held = matched if reads > matched else None
     if not as_json:
-        click.echo(_LS_ROW.format("KEY", "STATUS", "HEALTH", "STAGE", "AGE", "DURATION", "IDLE"))
+        click.echo(LS_HEADER)
     for job in jobs:
-        click.echo(orjson.dumps(job_json(job, grace)).decode() if as_json else _ls_row(job, grace))
+        if as_json:
+            click.echo(orjson.dumps(job_json(job, grace, threshold=threshold)).decode())
+        else:
+            click.echo(ls_row(job, grace))
     for bad in corrupt:
         if as_json:
             click.echo(orjson.dumps({"key": bad.key, "corrupt": bad.detail}).decode())
         else:
             click.echo(f"{bad.key:<32} CORRUPT  {bad.detail}")
+    _say_shown(len(jobs), held, limit)
     end_with_corrupt(corrupt, "marked CORRUPT")
 
 
-_LS_ROW = "{:<32} {:<9} {:<10} {:<13} {:>8} {:>9} {:>8}"
+async def _held(store: LeaseStore, status: str | None) -> int | None:
+    """How many jobs of ``status`` (None: any) the store holds (None: it cannot count)."""
+    from ai_lease.lease.base import JobListing
 
-
-def _ls_row(job: JobState, grace: float) -> str:
-    state = job.health(grace)
-    return _LS_ROW.format(
-        job.key,
-        job.status.value,
-        state.value if state else "-",
-        job.stage or "-",
-        span(job.read_at - job.created_at) if job.created_at else "-",
-        span(duration(job)),
-        span(job.since_progress),
-    )
-
-
-def duration(job: JobState) -> float | None:
-    """Seconds from the first acquisition to the end (or to now, while it runs)."""
-    started = job.started_at
-    if started is None:
+    if not isinstance(store, JobListing):
         return None
-    if not job.status.terminal:
-        return job.read_at - started
-    finished = getattr(job, "finished_at", None) or job.updated_at
-    return max(0.0, finished - started)
+    counts = await store.count_jobs()
+    return counts.get(status, 0) if status else sum(counts.values())
 
 
-def job_json(job: JobState, grace: float) -> dict[str, Any]:
-    """A record as one JSON object: its health, and its result decoded (a JSON result is
-    JSON here, not a string holding JSON; one that is not JSON stays a string)."""
-    out = job.to_dict()
-    state = job.health(grace)
-    out["health"] = state.value if state else None
-    if job.result is not None:
-        try:
-            out["result"] = job.output
-        except orjson.JSONDecodeError:
-            out["result_corrupt"] = True
-    return out
+def _say_shown(shown: int, held: int | None, limit: int) -> None:
+    """On stderr (stdout stays rows): how many of how many, when ``ls`` shows fewer jobs
+    than match."""
+    if held is not None and held > shown:
+        more = f"--limit N for more (up to {LS_MAX:,})"
+        click.echo(f"ai-lease: {shown} of {held:,} jobs shown (newest first); {more}", err=True)
+    elif held is None and shown >= limit:
+        click.echo(f"ai-lease: the newest {shown} jobs shown; there may be more", err=True)
 
 
 @click.command(short_help="Print the result of job KEY.")
@@ -237,7 +235,9 @@ _WORKER_ROW = "{:<28} {:<16} {:>7} {:>8} {:>12} {:>12}"
 @click.pass_obj
 def workers(obj: Context, as_json: bool) -> None:
     """List live workers: id, host, pid, jobs running of their concurrency, when each
-    started and last reported, and the keys of the jobs each one runs."""
+    started and last reported, and the keys of the jobs each one runs. A worker reports
+    its jobs at its beats: a job that has ended (or was handed back) since is left out,
+    by its own record, read now."""
     from dataclasses import asdict
 
     from ai_lease.lease.base import JobQueue
@@ -249,9 +249,9 @@ def workers(obj: Context, as_json: bool) -> None:
             raise InputError(f"{obj.where} keeps no job queue")
         found = await store.list_workers(on_corrupt=corrupt.append)
         await warn_data_lost(store)
-        return found
+        return [await _still_running(store, info) for info in found]
 
-    found = obj.run(fetch)
+    found = obj.run(fetch, create=False)
     now = time.time()
     if not found and not corrupt:
         click.echo(f"ai-lease: no live workers in {obj.where}", err=True)
@@ -281,67 +281,33 @@ def workers(obj: Context, as_json: bool) -> None:
     end_with_corrupt(corrupt, "marked CORRUPT")
 
 
-def describe(
-    job: JobState,
-    grace: float,
-    phi: float | None = None,
-    threshold: float = DEFAULT_THRESHOLD,
-) -> list[tuple[str, str]]:
-    """The rows ``status`` prints for ``job`` (with ``phi``: its owner's suspicion)."""
-    health = job.health(grace)
-    shown = health.value if health else "-"
-    rows = [
-        ("status", job.status.value),
-        ("health", shown + (", suspect" if is_suspect(phi, health, threshold) else "")),
-        ("owner", f"{job.owner_id or '-'} (token {job.token})"),
-        ("stage", job.stage or "-"),
-        ("progress", f"version {job.progress_version}, last {ago(job.since_progress)}"),
-        ("heartbeat", ago(job.since_heartbeat)),
-        ("lease", f"{span(job.lease_remaining)} left" if job.lease_live else "lapsed or none"),
-        (
-            "attempts",
-            f"{job.attempts} (takeovers {job.takeovers}, missed renewals {job.missed_renewals})",
-        ),
-        ("age", span(job.read_at - job.created_at) if job.created_at else "-"),
-        ("duration", span(duration(job))),
-    ]
-    if phi is not None:
-        rows.insert(2, ("suspicion", phi_text(phi, threshold)))
-    rows += _newer_rows(job)
-    if job.finish_reason == "length":
-        rows.append(("answer", "capped at max_tokens (finish_reason length)"))
-    if job.last_error:
-        rows.append(("last error", redact(job.last_error)))
-    if job.stall_snapshot:
-        idle = cpu_idle_of(job.stall_snapshot)
-        if idle is not None:
-            rows.append(("cpu idle", cpu_idle_text(idle)))
-        rows.append(("stuck at", redact(job.stall_snapshot)))
-    return rows
+async def _still_running(store: LeaseStore, info: WorkerInfo) -> WorkerInfo:
+    """``info`` without the jobs that are no longer RUNNING (their records read now), its
+    running count lowered by as many."""
+    from dataclasses import replace
+
+    from ai_lease.job import Status
+
+    if not info.jobs:
+        return info
+    kept = []
+    for key in info.jobs:  # at most MAX_REPORTED_JOBS per worker
+        job = await _record_or_none(store, key)
+        if job is not None and job.status is Status.RUNNING:
+            kept.append(key)
+    running = max(0, info.running - (len(info.jobs) - len(kept)))
+    return replace(info, jobs=tuple(kept), running=running)
 
 
-def _newer_rows(job: JobState) -> list[tuple[str, str]]:
-    """Rows for the fields newer records carry (model, tokens, takeover cause), if any."""
-    rows = []
-    model = " / ".join(
-        str(v) for v in (getattr(job, "provider", None), getattr(job, "model", None)) if v
-    )
-    if model:
-        rows.append(("model", model))
-    prompt, completion = (
-        getattr(job, "prompt_tokens", None),
-        getattr(job, "completion_tokens", None),
-    )
-    if prompt or completion:
-        rows.append(("tokens", f"{prompt or 0} prompt, {completion or 0} completion"))
-    cause = getattr(job, "takeover_cause", None)
-    if cause:
-        rows.append(("taken over", redact(str(cause))))
-    return rows
+async def _record_or_none(store: LeaseStore, key: str) -> JobState | None:
+    try:
+        return await store.get(key)
+    except CorruptRecord:
+        return None
 
 
 def _get(obj: Context, key: str) -> JobState:
-    job = obj.run(lambda store: store.get(key))
+    job = obj.run(lambda store: store.get(key), create=False)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     return job

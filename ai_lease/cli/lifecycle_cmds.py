@@ -87,7 +87,7 @@ def retry(obj: Context, key: str) -> None:
             return before, None
         return before, await jobs.retry(key)  # atomic: a job changed meanwhile is kept
 
-    before, job = obj.run(work)
+    before, job = obj.run(work, create=False)
     if before is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     if job is None or job.status is not Status.PENDING:
@@ -121,7 +121,7 @@ def remove(obj: Context, key: str, force: bool) -> None:
 
     from ai_lease.lease.base import Removal
 
-    removal = obj.run(work)
+    removal = obj.run(work, create=False)
     assert isinstance(removal, Removal)
     if removal.job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
@@ -154,7 +154,7 @@ def prune(obj: Context, older_than: float, statuses: tuple[str, ...]) -> None:
     """Remove the DONE, FAILED and CANCELLED jobs (or those of --status) last written more
     than --older-than ago; print how many. RUNNING and PENDING jobs are never removed."""
     wanted = frozenset(s.upper() for s in statuses) or frozenset(TERMINAL)
-    count = obj.run(lambda store: admin(store, obj.where).prune(older_than, wanted))
+    count = obj.run(lambda store: admin(store, obj.where).prune(older_than, wanted), create=False)
     click.echo(f"pruned {count} job{'' if count == 1 else 's'}")
 
 

@@ -207,7 +207,11 @@ def _run_here(
     run_config = settings.run_config()
     live = chatty and sys.stderr.isatty()
     view = JobView(
-        job.key, live=live, timings=run_config.timings, stream=run_config.stream_timeouts
+        job.key,
+        live=live,
+        timings=run_config.timings,
+        stream=run_config.stream_timeouts,
+        attempts=run_config.retry.attempts,
     )
     capped: list[Event] = []
 

@@ -89,7 +89,7 @@ def events(obj: Context, key: str, follow: bool, as_json: bool) -> None:
             await printer.more(lines)
 
     try:
-        obj.run(show)
+        obj.run(show, create=False)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
 

@@ -27,8 +27,8 @@ Describe = Callable[["JobState", float, "float | None", float], list[tuple[str, 
 
 def watch_job(
     obj: Context, key: str, *, interval: float, as_json: bool, describe: Describe
-) -> None:
-    """Show job ``key`` every ``interval`` seconds until it is terminal."""
+) -> JobState:
+    """Show job ``key`` every ``interval`` seconds until it is terminal; its last record."""
     from ai_lease.cli.inspect_cmds import job_and_phi
 
     grace = obj.settings.lease.renew_interval
@@ -36,18 +36,18 @@ def watch_job(
     show = _Shown(describe, grace, as_json=as_json, live=live)
     show.threshold = obj.settings.lease.phi_threshold
 
-    async def watch(store: LeaseStore) -> None:
+    async def watch(store: LeaseStore) -> JobState:
         while True:
             job, phi = await job_and_phi(store, key)
             if job is None:
                 raise InputError(f"no job {key!r} in {obj.where}")
             show.update(job, phi)
             if job.status.terminal:
-                return
+                return job
             await asyncio.sleep(interval)
 
     with show:
-        obj.run(watch)
+        return obj.run(watch, create=False)
 
 
 class _Shown:
@@ -86,7 +86,13 @@ class _Shown:
         if self._last is not None and not self.as_json:
             click.echo("")
         self._last = moved
-        click.echo(orjson.dumps(job.to_dict()).decode() if self.as_json else rows)
+        if self.as_json:
+            from ai_lease.cli.record_view import job_json
+
+            out = job_json(job, self.grace, phi, self.threshold)
+            click.echo(orjson.dumps(out).decode())
+        else:
+            click.echo(rows)
 
 
 def _moves(job: JobState, grace: float) -> tuple[Any, ...]:
