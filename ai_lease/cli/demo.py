@@ -1,4 +1,4 @@
-"""``ai-lease demo``: the first seed's section-6 timeline, for real, in about half a minute.
+"""``ai-lease demo``: the first seed's section-6 timeline, for real, in about 16 seconds.
 
 Three node processes race for one job on the embedded store. The winner's model call
 streams a little and then hangs — its heartbeat task is alive, its business is not. Its
@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -170,8 +171,16 @@ class Timeline:
             f"+{row['at'] - self.t0:5.1f}s  {row['node']:<7} {kind:<13} {token:<13} "
             f"{stage:<15}{idle} {row.get('detail', '')}"
         )
-        self.out.write(line.rstrip()[:240] + "\n")
+        self.out.write(self._fit(line.rstrip()) + "\n")
         self.out.flush()
+
+    def _fit(self, line: str) -> str:
+        """A terminal's line is cut to its width; a file or a pipe gets it whole."""
+        isatty = getattr(self.out, "isatty", None)
+        if isatty is None or not isatty():
+            return line
+        width = shutil.get_terminal_size().columns
+        return line if len(line) <= width else line[: width - 1] + "…"
 
     def _first_follow(self, row: dict[str, Any]) -> bool:
         mark = (row["node"], row.get("owner_id"))

@@ -395,7 +395,7 @@ def worker(
         obj.run(work, loop_factory)
 
 
-@click.command(short_help="Watch a zombie owner lose its job (about 15 s).")
+@click.command(short_help="Watch a zombie owner lose its job (about 16 s).")
 @click.option("--json", "as_json", is_flag=True, help="Emit every node's events as JSON lines.")
 @click.option(
     "--ui",
@@ -421,7 +421,7 @@ def demo(
 ) -> None:
     """Watch a zombie owner lose its job: three nodes race for one job, the owner's model
     call hangs while its heartbeat lives, a follower takes over with a higher token, and the
-    old owner's late write is rejected. About 30 seconds, on a throw-away SQLite store
+    old owner's late write is rejected. About 16 seconds, on a throw-away SQLite store
     (or the --store given). With --ui, the dashboard draws the job's timeline as it happens:
     one lane per node, the lapse, the takeover with its new token, the rejected write."""
     from ai_lease.cli.demo import run
