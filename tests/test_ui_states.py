@@ -222,12 +222,10 @@ async def test_every_page_while_a_job_is_taken_over(store: LeaseStore) -> None:
     assert "owner-a" in jobs_row(pages["/jobs"], "lapsed")
 
 
-async def test_every_page_with_failed_cancelled_and_corrupt_records(
-    store: LeaseStore, store_url: str
-) -> None:
-    """FAILED, CANCELLED and DONE records beside a corrupt record, a corrupt result and
-    corrupt worker entries: every page renders; the corrupt ones are marked with their key
-    (the jobs table row, the workers row), the corrupt job's page says what is wrong."""
+async def seed_ended_and_corrupt(store: LeaseStore, store_url: str) -> list[str]:
+    """DONE (its result then made corrupt), FAILED and CANCELLED jobs, a corrupt job record
+    ``bad-job``, a live ``good-worker`` and corrupt ``bad-worker``/``typed-worker`` entries.
+    Returns the job keys."""
     done = await store.acquire("good-done", "node-a", ttl=30, max_no_progress=5)
     failing = await store.acquire("good-failed", "node-a", ttl=30, max_no_progress=5)
     assert isinstance(done, Acquired) and isinstance(failing, Acquired)
@@ -240,7 +238,16 @@ async def test_every_page_with_failed_cancelled_and_corrupt_records(
     plant_corrupt_job(store_url)
     plant_corrupt_result(store_url, "good-done")
     plant_corrupt_worker(store_url)
-    keys = ["good-done", "good-failed", "good-cancelled", "bad-job"]
+    return ["good-done", "good-failed", "good-cancelled", "bad-job"]
+
+
+async def test_every_page_with_failed_cancelled_and_corrupt_records(
+    store: LeaseStore, store_url: str
+) -> None:
+    """FAILED, CANCELLED and DONE records beside a corrupt record, a corrupt result and
+    corrupt worker entries: every page renders; the corrupt ones are marked with their key
+    (the jobs table row, the workers row), the corrupt job's page says what is wrong."""
+    keys = await seed_ended_and_corrupt(store, store_url)
     async with client_of(store) as client:
         pages = await visit_every_route(client, keys, corrupt=("bad-job",))
     listed = pages["/jobs"]
