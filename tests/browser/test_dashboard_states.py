@@ -20,7 +20,8 @@ from selenium.webdriver.common.by import By
 from ai_lease import open_store
 from ai_lease.job import Job
 from ai_lease.run.runner import Runner
-from tests.browser.support import StartUI, console_errors, wait_for
+from tests.browser.support import StartUI, console_errors, finish, run_takeover, wait_for
+from tests.browser.test_dashboard import assert_not_reloaded, mark_window
 from tests.harness.worker_proc import Workers
 from tests.test_ui_states import seed_ended_and_corrupt
 
@@ -80,6 +81,40 @@ async def test_a_live_worker_streaming_a_job_on_every_page(
         assert page.find_elements(By.CSS_SELECTOR, f'tr.job[data-key="{key}"] .health-healthy')
         page.get(ui.url("/metrics"))
         wait_for(page, lambda d: "owner_takeover_total" in text_of(d, "body"), "the metrics")
+
+
+ROW_CELLS_JS = """
+const tr = document.querySelector('#jobs-body tr.job[data-key="' + arguments[0] + '"]');
+if (!tr) return null;
+const cell = (name) => tr.querySelector('td.' + name).textContent.trim();
+return {status: tr.dataset.status, owner: cell('owner'), token: cell('token'),
+        takeovers: cell('takeovers')};
+"""
+
+
+async def test_a_job_being_taken_over_on_the_jobs_page(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
+) -> None:
+    """A stalled owner's lease lapses and a follower acquires it with a higher token: the
+    jobs page's row turns to the new owner, token and one takeover live, with no reload."""
+    key = "being-taken"
+    ui = start_ui(sqlite_url)
+    cluster = await run_takeover(sqlite_url, key, tmp_path / "takeover")
+    async with cluster:
+        visit(page, ui.url("/jobs"), f'tr.job[data-key="{key}"]', "the owned job's row")
+        before = page.execute_script(ROW_CELLS_JS, key)
+        assert before["takeovers"] == "0" and before["status"] == "RUNNING", before
+        mark_window(page)
+
+        def taken(d: WebDriver) -> dict[str, str] | None:
+            found = d.execute_script(ROW_CELLS_JS, key)
+            return found if found and found["takeovers"] == "1" else None
+
+        after = wait_for(page, taken, "the row to show the takeover, live")
+        assert_not_reloaded(page)
+        assert after["owner"] != before["owner"] and int(after["token"]) > int(before["token"])
+        await finish(cluster)
+    assert not console_errors(page)
 
 
 async def test_ended_and_corrupt_records_on_every_page(
