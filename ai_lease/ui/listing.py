@@ -63,7 +63,8 @@ class Page:
 
 async def read_page(store: Any, filters: Filters, limit: int = PAGE_SIZE) -> Page:
     """One store read: the page of jobs ``filters`` select, newest first."""
-    status, corrupt = filters.status, list[CorruptRecord]()
+    status = filters.status
+    corrupt: list[CorruptRecord] = []
     if filters.health is not None:
         status = Status.RUNNING.value  # only a running job has a health
     if hasattr(store, "list_page"):
