@@ -2,8 +2,10 @@
 
 It binds 127.0.0.1 by default and needs no token there; any other address needs ``--token``
 (or ``AI_LEASE_UI__TOKEN``, or ``[ui] token``): without one it refuses to start, before
-binding, with one line and exit 2. Starlette and uvicorn come with the ``ui`` extra and
-are imported only here, when the command runs.
+binding, with one line and exit 2. A port in use (or an address that is not this
+machine's) is one line and exit 2 too; the address is printed only once the server answers
+there. Starlette and uvicorn come with the ``ui`` extra and are imported only here, when
+the command runs.
 """
 
 from __future__ import annotations
