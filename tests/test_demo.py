@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -35,3 +37,37 @@ def test_demo_shows_takeover_and_rejected_late_write(tmp_path: Path) -> None:
     assert renewals, "the zombie's heartbeat renewed while its call hung"
     exits = {e["node"]: e["detail"] for e in events if e["kind"] == "exit"}
     assert len(exits) == 3 and len(set(exits.values())) == 1
+
+
+def test_demo_piped_takes_what_its_help_says_and_cuts_no_line(tmp_path: Path) -> None:
+    """`ai-lease demo` piped to a file: its lines whole (the late write's full refusal), and
+    it takes the time `demo --help` says (within 40 %; every figure in the help agrees)."""
+    shown = (
+        subprocess.run(
+            [sys.executable, "-m", "ai_lease", "--help"], capture_output=True, text=True, timeout=60
+        ).stdout
+        + subprocess.run(
+            [sys.executable, "-m", "ai_lease", "demo", "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
+    demo_lines = [line for line in shown.splitlines() if "zombie owner lose" in line]
+    claims = {int(n) for n in re.findall(r"[Aa]bout (\d+) (?:s\b|seconds)", shown)}
+    assert len(claims) == 1, (claims, shown)
+    assert demo_lines, shown
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "ai_lease", "demo"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - started
+    assert out.returncode == 0, out.stdout + out.stderr
+    [claimed] = claims
+    assert abs(elapsed - claimed) <= 0.4 * claimed, (elapsed, claimed)
+    [late] = [line for line in out.stdout.splitlines() if " late_write " in line]
+    assert late.endswith("(another owner already committed its result): result not written"), late

@@ -13,14 +13,19 @@ import httpx
 import orjson
 import pytest
 
+from tests.harness.redis_server import free_port
+
 
 @pytest.mark.slow
 async def test_demo_ui_draws_the_takeover_and_stays_up_until_ctrl_c(tmp_path: Path) -> None:
     """The dashboard's job page shows two lanes, the takeover and the rejected late write;
-    after the demo it stays up until Ctrl-C, which ends it with the demo's own exit 0."""
+    after the demo it stays up until Ctrl-C, which ends it with the demo's own exit 0. It
+    serves on the --port given."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AI_LEASE_")}
+    port = free_port()
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "ai_lease", "demo", "--ui", "--no-open", "--json"),
+        *("--port", str(port)),
         cwd=tmp_path,
         env=env,
         stdout=asyncio.subprocess.PIPE,
@@ -36,7 +41,7 @@ async def test_demo_ui_draws_the_takeover_and_stays_up_until_ctrl_c(tmp_path: Pa
                     url = line["url"]
                 if line["kind"] == "dashboard_lingers":
                     break
-        assert url is not None and url.startswith("http://127.0.0.1:")
+        assert url is not None and url.startswith(f"http://127.0.0.1:{port}/jobs/")
         async with httpx.AsyncClient(timeout=10) as client:
             page = (await client.get(url)).text
         svg = page[page.index('<svg id="timeline"') : page.index("</svg>")]

@@ -1,4 +1,4 @@
-"""``ai-lease demo``: the first seed's section-6 timeline, for real, in about half a minute.
+"""``ai-lease demo``: the first seed's section-6 timeline, for real, in about 16 seconds.
 
 Three node processes race for one job on the embedded store. The winner's model call
 streams a little and then hangs — its heartbeat task is alive, its business is not. Its
@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -170,8 +171,16 @@ class Timeline:
             f"+{row['at'] - self.t0:5.1f}s  {row['node']:<7} {kind:<13} {token:<13} "
             f"{stage:<15}{idle} {row.get('detail', '')}"
         )
-        self.out.write(line.rstrip()[:240] + "\n")
+        self.out.write(self._fit(line.rstrip()) + "\n")
         self.out.flush()
+
+    def _fit(self, line: str) -> str:
+        """A terminal's line is cut to its width; a file or a pipe gets it whole."""
+        isatty = getattr(self.out, "isatty", None)
+        if isatty is None or not isatty():
+            return line
+        width = shutil.get_terminal_size().columns
+        return line if len(line) <= width else line[: width - 1] + "…"
 
     def _first_follow(self, row: dict[str, Any]) -> bool:
         mark = (row["node"], row.get("owner_id"))
@@ -196,10 +205,11 @@ async def run_demo(
     ui: bool = False,
     open_browser: bool = True,
     linger: float | None = None,
+    port: int | None = None,
 ) -> int:
     """Run the demo; return 0 when exactly one result was stored and the zombie was fenced.
-    With ``ui``, the job is shown in a dashboard (:mod:`~ai_lease.cli.demo_ui`) that stays up
-    ``linger`` seconds afterwards (None: until Ctrl-C)."""
+    With ``ui``, the job is shown in a dashboard (:mod:`~ai_lease.cli.demo_ui`, on ``port``
+    or a free one) that stays up ``linger`` seconds afterwards (None: until Ctrl-C)."""
     out = out or sys.stdout
     with tempfile.TemporaryDirectory(prefix="ai-lease-demo-") as tmp:
         url = store_url or f"sqlite:///{Path(tmp) / 'demo.db'}"
@@ -215,7 +225,7 @@ async def run_demo(
             return await _race(url, key, out, as_json)
         from ai_lease.cli import demo_ui
 
-        async with demo_ui.dashboard(url) as board:
+        async with demo_ui.dashboard(url, port=port) as board:
             demo_ui.announce(board, key, out, open_browser=open_browser, as_json=as_json)
             code = await _race(url, key, out, as_json)
             await demo_ui.linger(board, key, out, linger, as_json=as_json)
@@ -273,13 +283,20 @@ def run(
     ui: bool = False,
     open_browser: bool = True,
     linger: float | None = None,
+    port: int | None = None,
 ) -> int:
     """``ai-lease demo``'s exit code. Ctrl-C stops the nodes (the demo's ``finally``), says so
-    in one line and gives 130, never a traceback."""
+    in one line and gives 130, never a traceback. With ``ui``, a ``port`` in use is one line
+    and exit 2, before anything starts."""
+    if ui:
+        from ai_lease.cli.demo_ui import check_port
+
+        check_port(port)
+    demo = run_demo(
+        store_url, as_json=as_json, ui=ui, open_browser=open_browser, linger=linger, port=port
+    )
     try:
-        return asyncio.run(
-            run_demo(store_url, as_json=as_json, ui=ui, open_browser=open_browser, linger=linger)
-        )
+        return asyncio.run(demo)
     except KeyboardInterrupt:
         sys.stdout.flush()
         print("ai-lease: interrupted (SIGINT): demo stopped, its nodes too", file=sys.stderr)

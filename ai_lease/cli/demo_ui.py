@@ -14,6 +14,7 @@ import contextlib
 import signal
 import socket
 import sys
+import tempfile
 import time
 import webbrowser
 from collections.abc import AsyncIterator
@@ -23,9 +24,11 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from ai_lease.cli.ui_cmd import MISSING_EXTRA
+from ai_lease.cli.ui_cmd import MISSING_EXTRA, listen_socket
 
-__all__ = ["Dashboard", "dashboard"]
+__all__ = ["Dashboard", "check_port", "dashboard"]
+
+HOST = "127.0.0.1"
 
 _READY_S = 20.0  # how long the dashboard may take to answer /healthz
 
@@ -56,12 +59,17 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
+async def _wait_ready(url: str, proc: asyncio.subprocess.Process, errors: TextIO) -> None:
     deadline = time.monotonic() + _READY_S
     async with httpx.AsyncClient(timeout=1.0) as client:
         while time.monotonic() < deadline:
             if proc.returncode is not None:
-                raise RuntimeError(f"the dashboard exited with {proc.returncode}")
+                errors.seek(0)
+                said = errors.read().strip().splitlines()
+                raise RuntimeError(
+                    f"the dashboard exited with {proc.returncode}"
+                    + (f": {said[-1]}" if said else "")
+                )
             with contextlib.suppress(httpx.HTTPError):
                 if (await client.get(f"{url}/healthz")).status_code == 200:
                     return
@@ -69,30 +77,40 @@ async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
     raise RuntimeError(f"the dashboard did not answer {url}/healthz within {_READY_S:g} s")
 
 
+def check_port(port: int | None) -> None:
+    """Exit 2 with one line when ``port`` on 127.0.0.1 cannot be listened on (None: any)."""
+    if port:
+        listen_socket(HOST, port).close()
+
+
 @contextlib.asynccontextmanager
-async def dashboard(store_url: str, *, refresh: float = 0.5) -> AsyncIterator[Dashboard]:
-    """``ai-lease ui`` over ``store_url`` on a free loopback port, stopped on the way out."""
+async def dashboard(
+    store_url: str, *, refresh: float = 0.5, port: int | None = None
+) -> AsyncIterator[Dashboard]:
+    """``ai-lease ui`` over ``store_url`` on 127.0.0.1 (``port``, or a free one), stopped on
+    the way out."""
     if not ui_available():
         raise RuntimeError(MISSING_EXTRA)
-    port = _free_port()
-    proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "ai_lease", "--store", store_url, "ui"),
-        *("--host", "127.0.0.1", "--port", str(port), "--refresh", str(refresh)),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        await _wait_ready(base_url, proc)
-        yield Dashboard(base_url, proc)
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+    port = port or _free_port()
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "ai_lease", "--store", store_url, "ui"),
+            *("--host", HOST, "--port", str(port), "--refresh", str(refresh)),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=errors,
+        )
+        base_url = f"http://{HOST}:{port}"
+        try:
+            await _wait_ready(base_url, proc, errors)
+            yield Dashboard(base_url, proc)
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 5)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
 
 
 def announce(

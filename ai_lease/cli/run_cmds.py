@@ -419,7 +419,7 @@ def worker(
         obj.run(work, loop_factory)
 
 
-@click.command(short_help="Watch a zombie owner lose its job (about 15 s).")
+@click.command(short_help="Watch a zombie owner lose its job (about 16 s).")
 @click.option("--json", "as_json", is_flag=True, help="Emit every node's events as JSON lines.")
 @click.option(
     "--ui",
@@ -433,11 +433,19 @@ def worker(
     default=None,
     help="With --ui: seconds the dashboard stays up after the demo (default: until Ctrl-C).",
 )
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65_535),
+    default=None,
+    help="With --ui: the dashboard's port on 127.0.0.1 (default: a free one).",
+)
 @click.pass_obj
-def demo(obj: Context, as_json: bool, ui: bool, no_open: bool, linger: float | None) -> None:
+def demo(
+    obj: Context, as_json: bool, ui: bool, no_open: bool, linger: float | None, port: int | None
+) -> None:
     """Watch a zombie owner lose its job: three nodes race for one job, the owner's model
     call hangs while its heartbeat lives, a follower takes over with a higher token, and the
-    old owner's late write is rejected. About 30 seconds, on a throw-away SQLite store
+    old owner's late write is rejected. About 16 seconds, on a throw-away SQLite store
     (or the --store given). With --ui, the dashboard draws the job's timeline as it happens:
     one lane per node, the lapse, the takeover with its new token, the rejected write."""
     from ai_lease.cli.demo import run
@@ -449,7 +457,10 @@ def demo(obj: Context, as_json: bool, ui: bool, no_open: bool, linger: float | N
         if not ui_available():
             click.echo(f"ai-lease: error: {MISSING_EXTRA}", err=True)
             sys.exit(2)
-    sys.exit(run(obj.store_url, as_json=as_json, ui=ui, open_browser=not no_open, linger=linger))
+    code = run(
+        obj.store_url, as_json=as_json, ui=ui, open_browser=not no_open, linger=linger, port=port
+    )
+    sys.exit(code)
 
 
 COMMANDS = (submit, worker, demo)

@@ -2,15 +2,19 @@
 
 It binds 127.0.0.1 by default and needs no token there; any other address needs ``--token``
 (or ``AI_LEASE_UI__TOKEN``, or ``[ui] token``): without one it refuses to start, before
-binding, with one line and exit 2. Starlette and uvicorn come with the ``ui`` extra and
-are imported only here, when the command runs.
+binding, with one line and exit 2. A port in use (or an address that is not this
+machine's) is one line and exit 2 too; the address is printed only once the server answers
+there. Starlette and uvicorn come with the ``ui`` extra and are imported only here, when
+the command runs.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -36,7 +40,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _refuse(line: str) -> None:
+def _refuse(line: str) -> NoReturn:
     click.echo(f"ai-lease: error: {line}", err=True)
     sys.exit(2)
 
@@ -99,6 +103,28 @@ def ui(
     _serve(obj, uvicorn, create_app, host, port, options, open_browser)
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` and listening, or one line and exit 2 (the
+    port in use, the address not this machine's, a host that does not resolve)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )[0]
+    except socket.gaierror as exc:
+        _refuse(f"--host {host}: cannot resolve it ({exc.strerror}): pass an address")
+    sock = socket.socket(family, kind, proto)  # IPPROTO_TCP: asyncio then sets TCP_NODELAY
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            _refuse(f"port {port} on {host} is in use: pick another with --port")
+        _refuse(f"cannot listen on {host} port {port} ({exc.strerror}): pick another --host")
+    return sock
+
+
 def _serve(
     obj: Context,
     uvicorn: Any,
@@ -110,32 +136,39 @@ def _serve(
 ) -> None:
     import asyncio
 
+    sock = listen_socket(host, port)
+    port = int(sock.getsockname()[1])  # --port 0: the one the system chose
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/"
+
     async def main(store: LeaseStore) -> None:
         app = create_app(store, settings_view={"store": obj.where}, **options)
         config = uvicorn.Config(
             app,
-            host=host,
-            port=port,
             log_level="warning",
             timeout_graceful_shutdown=2,
             lifespan="on",
             server_header=False,
         )
         server = uvicorn.Server(config)
-        shown = f"[{host}]" if ":" in host else host
-        click.echo(
-            f"ai-lease ui: http://{shown}:{port}/ (store {obj.where}); Ctrl-C stops", err=True
-        )
-        if open_browser:
-            import webbrowser
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        # uvicorn says it is up with a flag only (no event to wait on).
+        while not server.started and not serving.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        if server.started:  # the address only once it answers
+            click.echo(f"ai-lease ui: {url} (store {obj.where}); Ctrl-C stops", err=True)
+            if open_browser:
+                import webbrowser
 
-            asyncio.get_running_loop().call_later(0.5, webbrowser.open, f"http://{shown}:{port}/")
-        await server.serve()
+                asyncio.get_running_loop().call_later(0.5, webbrowser.open, url)
+        await serving
 
     try:
         obj.run(main)
     except KeyboardInterrupt:
         sys.exit(130)
+    finally:
+        sock.close()
 
 
 COMMANDS = (ui,)

@@ -8,9 +8,10 @@ from each record (``JobState.health()``), so a health filter narrows the page it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ai_lease.errors import CorruptRecord
 from ai_lease.job import Health, JobState, Status
 
 __all__ = ["HEALTHS", "PAGE_SIZE", "STATUSES", "Filters", "Page", "read_page"]
@@ -52,39 +53,49 @@ class Filters:
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """One page of jobs, and the cursor of the next one (None: the last page)."""
+    """One page of jobs, the cursor of the next one (None: the last page), and the stored
+    entries of this page that are no job record (shown marked, never skipped unseen)."""
 
     jobs: list[JobState]
     next_cursor: str | None
+    corrupt: list[CorruptRecord] = field(default_factory=list)
 
 
 async def read_page(store: Any, filters: Filters, limit: int = PAGE_SIZE) -> Page:
     """One store read: the page of jobs ``filters`` select, newest first."""
     status = filters.status
+    corrupt: list[CorruptRecord] = []
     if filters.health is not None:
         status = Status.RUNNING.value  # only a running job has a health
     if hasattr(store, "list_page"):
         try:
             page = await store.list_page(
-                status=status, prefix=filters.prefix, after=filters.after, limit=limit
+                status=status,
+                prefix=filters.prefix,
+                after=filters.after,
+                limit=limit,
+                on_corrupt=corrupt.append,
             )
         except ValueError:  # a cursor no page gave (edited, or another store's): page one
-            page = await store.list_page(status=status, prefix=filters.prefix, limit=limit)
+            page = await store.list_page(
+                status=status, prefix=filters.prefix, limit=limit, on_corrupt=corrupt.append
+            )
         jobs, cursor = list(page.jobs), page.next_cursor
     else:
-        jobs, cursor = await _fallback(store, status, filters, limit)
+        jobs, cursor = await _fallback(store, status, filters, limit, corrupt)
     if filters.health is not None:
-        jobs = [job for job in jobs if _health(job) == filters.health]
-    return Page(jobs, cursor)
+        jobs, corrupt = [job for job in jobs if _health(job) == filters.health], []
+    return Page(jobs, cursor, corrupt)
 
 
 async def _fallback(
-    store: Any, status: str | None, filters: Filters, limit: int
+    store: Any, status: str | None, filters: Filters, limit: int, corrupt: list[CorruptRecord]
 ) -> tuple[list[JobState], str | None]:
     """A page cut from ``list_jobs`` (a store without ``list_page``); the cursor is an offset."""
-    jobs = await store.list_jobs(status=status, limit=FALLBACK_LIMIT, on_corrupt=lambda _: None)
+    jobs = await store.list_jobs(status=status, limit=FALLBACK_LIMIT, on_corrupt=corrupt.append)
     if filters.prefix:
         jobs = [job for job in jobs if job.key.startswith(filters.prefix)]
+        corrupt[:] = [bad for bad in corrupt if bad.key.startswith(filters.prefix)]
     jobs.sort(key=lambda job: (job.created_at, job.key), reverse=True)
     after = filters.after or ""
     start = int(after) if after.isdigit() else 0

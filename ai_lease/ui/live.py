@@ -15,15 +15,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+from markupsafe import escape
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ai_lease.errors import AiLeaseError
+from ai_lease.errors import AiLeaseError, CorruptRecord
 from ai_lease.job import JobState
 from ai_lease.lease.base import JobTimeline
 from ai_lease.ui.listing import Filters, read_page
-from ai_lease.ui.present import job_row
+from ai_lease.ui.present import corrupt_row, job_row
 from ai_lease.ui.render import job_context
 from ai_lease.ui.views import Ui, ui_of
 
@@ -69,9 +70,15 @@ async def jobs_stream(request: Request) -> Response:
     ui, filters = ui_of(request), Filters.from_query(request.query_params)
 
     async def rows() -> tuple[object, Callable[[], str]]:
-        jobs = (await read_page(ui.store, filters)).jobs
-        context = {"rows": [job_row(job) for job in jobs], "filtered": bool(filters.query())}
-        return [_unread(job) for job in jobs], lambda: ui.templates.render("_rows.html", **context)
+        listing = await read_page(ui.store, filters)
+        corrupt = [corrupt_row(bad) for bad in listing.corrupt]
+        context = {
+            "rows": [job_row(job) for job in listing.jobs],
+            "corrupt": corrupt,
+            "filtered": bool(filters.query()),
+        }
+        state = ([_unread(job) for job in listing.jobs], corrupt)
+        return state, lambda: ui.templates.render("_rows.html", **context)
 
     return EventSourceResponse(_changes(request, ui, "rows", rows), ping=15)
 
@@ -82,7 +89,11 @@ async def job_stream(request: Request) -> Response:
     seen: dict[str, Any] = {"mark": None, "entries": [], "dropped": 0}
 
     async def live() -> tuple[object, Callable[[], str]]:
-        job = await ui.store.get(key)
+        try:
+            job = await ui.store.get(key)
+        except CorruptRecord as exc:
+            note = f'<p class="note">{escape(str(exc))}</p>'
+            return str(exc), lambda: note
         if job is None:
             return None, lambda: '<p class="note">This job is gone (removed).</p>'
         mark = (job.updated_at, job.status, job.token, job.progress_version)

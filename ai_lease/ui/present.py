@@ -9,9 +9,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from ai_lease.errors import CorruptRecord
 from ai_lease.job import JobState
+from ai_lease.lease.base import WorkerInfo
 
-__all__ = ["JobRow", "ago", "job_row", "job_url", "span"]
+__all__ = [
+    "CorruptRow",
+    "JobLink",
+    "JobRow",
+    "WorkerRow",
+    "ago",
+    "corrupt_row",
+    "job_row",
+    "job_url",
+    "span",
+    "worker_row",
+]
 
 
 def span(seconds: float | None) -> str:
@@ -97,3 +110,52 @@ def _growing(job: JobState) -> dict[str, float | None]:
         "age_s": job.read_at - job.created_at if job.created_at else None,
         "duration_s": job.read_at - job.started_at if running and job.started_at else None,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class JobLink:
+    """A job's key and the path of its page."""
+
+    key: str
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """One row of the workers table, as text (a dataclass, not a dict: in a template
+    ``w.keys`` of a dict is the dict's method, not a field)."""
+
+    worker_id: str
+    host: str
+    pid: int
+    running: int
+    concurrency: int
+    last_seen: str
+    job_links: tuple[JobLink, ...]
+
+
+def worker_row(worker: WorkerInfo, now: float) -> WorkerRow:
+    """The workers table's row for ``worker``; ``now`` on the store's clock."""
+    return WorkerRow(
+        worker_id=worker.worker_id,
+        host=worker.host,
+        pid=worker.pid,
+        running=worker.running,
+        concurrency=worker.concurrency,
+        last_seen=ago(now - worker.last_seen),
+        job_links=tuple(JobLink(key, job_url(key)) for key in worker.jobs),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptRow:
+    """A stored entry that is no ai_lease record: its key, what is wrong, where to look."""
+
+    key: str
+    url: str
+    detail: str
+
+
+def corrupt_row(bad: CorruptRecord) -> CorruptRow:
+    """The row that marks ``bad`` in a table (a job's links to its page; a worker's none)."""
+    return CorruptRow(bad.key, job_url(bad.key) if bad.kind == "job" else "", bad.detail)

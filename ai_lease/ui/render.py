@@ -6,7 +6,7 @@ markup passed through is the timeline's SVG, which escapes its own values.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,18 +23,46 @@ from ai_lease.redaction import redact
 from ai_lease.ui.present import job_row
 from ai_lease.ui.timeline_svg import render_timeline
 
-__all__ = ["MAX_SHOWN_CHARS", "Templates", "job_context", "timeline_markup"]
+__all__ = [
+    "CONTAINER_METHODS",
+    "MAX_SHOWN_CHARS",
+    "FieldsOnly",
+    "Templates",
+    "job_context",
+    "timeline_markup",
+]
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 MAX_SHOWN_CHARS = 200_000
 """A result or snapshot longer than this is cut on the page (the CLI shows it whole)."""
 
 
+_CONTAINERS = (dict, list, tuple, set, frozenset, str, bytes)
+CONTAINER_METHODS = frozenset(
+    name for kind in _CONTAINERS for name in dir(kind) if not name.startswith("_")
+)
+"""Attribute names a dict, list or string answers with a method (``keys``, ``items``,
+``count``, ``index``…): never a field name in a template's context."""
+
+
+class FieldsOnly(jinja2.Environment):
+    """An environment where ``x.name`` on a dict reads its item and on a list or string is
+    an error: a container's method never stands in for a missing field (``w.keys`` of a
+    dict is otherwise the bound method, and iterating it a 500)."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if isinstance(obj, Mapping):
+            return obj[attribute] if attribute in obj else self.undefined(obj=obj, name=attribute)
+        if isinstance(obj, _CONTAINERS) and attribute in CONTAINER_METHODS:
+            return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
 class Templates:
     """The package's templates, autoescaped, rendered to strings."""
 
     def __init__(self) -> None:
-        self.env = jinja2.Environment(
+        self.env = FieldsOnly(
             loader=jinja2.FileSystemLoader(TEMPLATES),
             autoescape=True,
             undefined=jinja2.StrictUndefined,

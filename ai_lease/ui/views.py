@@ -15,12 +15,13 @@ from urllib.parse import parse_qs, urlencode
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from ai_lease.errors import CorruptRecord
 from ai_lease.job import JobState
 from ai_lease.lease.base import JobQueue, JobTimeline, TimelineEntry
 from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui.auth import COOKIE, Guard, Session
 from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, read_page
-from ai_lease.ui.present import ago, job_row, job_url
+from ai_lease.ui.present import corrupt_row, job_row, job_url, worker_row
 from ai_lease.ui.render import Templates, job_context
 
 __all__ = ["FLASHES", "Ui", "form_fields", "page"]
@@ -108,6 +109,12 @@ def not_found(request: Request, message: str) -> Response:
     return page(request, "error.html", 404, title="Not found", message=message, login=False)
 
 
+def corrupt_page(request: Request, bad: CorruptRecord) -> Response:
+    """500 with what is stored wrong, under which key, and that it was left as it is."""
+    message = f"{bad}. The other jobs are served as usual."
+    return page(request, "error.html", 500, title="Corrupt record", message=message, login=False)
+
+
 # -- the pages ---------------------------------------------------------------------------
 
 
@@ -131,6 +138,7 @@ async def jobs(request: Request) -> Response:
         request,
         "jobs.html",
         rows=[job_row(job) for job in listing.jobs],
+        corrupt=[corrupt_row(bad) for bad in listing.corrupt],
         filters=filters,
         filtered=bool(filters.query()),
         statuses=STATUSES,
@@ -155,7 +163,10 @@ async def read_job(store: Any, key: str) -> tuple[JobState | None, list[Timeline
 async def job(request: Request) -> Response:
     """One job: record, stall snapshot, result, timeline, actions; live over its stream."""
     key = request.path_params["key"]
-    found, entries, dropped = await read_job(ui_of(request).store, key)
+    try:
+        found, entries, dropped = await read_job(ui_of(request).store, key)
+    except CorruptRecord as exc:
+        return corrupt_page(request, exc)
     if found is None:
         return not_found(request, f"There is no job {key!r} in this store.")
     return page(
@@ -170,25 +181,19 @@ async def job(request: Request) -> Response:
 
 
 async def workers(request: Request) -> Response:
-    """Live workers: host, pid, jobs running, last seen."""
+    """Live workers: host, pid, jobs running, last seen; a corrupt entry as its own row."""
     store = ui_of(request).store
+    corrupt: list[CorruptRecord] = []
     found = (
-        await store.list_workers(on_corrupt=lambda _: None) if isinstance(store, JobQueue) else []
+        await store.list_workers(on_corrupt=corrupt.append) if isinstance(store, JobQueue) else []
     )
     now = time.time()
-    shown = [
-        {
-            "worker_id": w.worker_id,
-            "host": w.host,
-            "pid": w.pid,
-            "running": w.running,
-            "concurrency": w.concurrency,
-            "last_seen": ago(now - w.last_seen),
-            "keys": [{"key": k, "url": job_url(k)} for k in w.jobs],
-        }
-        for w in found
-    ]
-    return page(request, "workers.html", workers=shown)
+    return page(
+        request,
+        "workers.html",
+        workers=[worker_row(w, now) for w in found],
+        corrupt=[corrupt_row(bad) for bad in corrupt],
+    )
 
 
 async def login_form(request: Request) -> Response:

@@ -29,7 +29,9 @@ def browser() -> Iterator[WebDriver]:
 
 @pytest.fixture
 def page(browser: WebDriver) -> Iterator[WebDriver]:
-    """The session's browser, left on a blank page with no cookies after the test."""
+    """The session's browser, its console log drained (``console_errors`` sees this test's
+    only), left on a blank page with no cookies after the test."""
+    browser.get_log("browser")
     yield browser
     browser.get("about:blank")
     browser.execute_cdp_cmd("Network.clearBrowserCookies", {})

@@ -39,6 +39,7 @@ __all__ = [
     "TTL",
     "WAIT_S",
     "StartUI",
+    "console_errors",
     "finish",
     "missing_browser",
     "run_ok",
@@ -76,6 +77,7 @@ def start_browser(width: int = 1280, height: int = 900) -> WebDriver:
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager, if ever run, must not download
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for console_errors()
     for flag in (*FLAGS, f"--window-size={width},{height}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
@@ -98,6 +100,17 @@ def wait_for(
         raise AssertionError(
             f"timed out after {timeout:g}s waiting for {what} on {driver.current_url}\n{text}"
         ) from None
+
+
+def console_errors(driver: WebDriver) -> list[str]:
+    """The browser console's errors since the last call (a script error, a CSP violation, a
+    failed request), but the favicon no page links to."""
+    entries = driver.get_log("browser")
+    return [
+        str(e["message"])
+        for e in entries
+        if e.get("level") == "SEVERE" and "favicon.ico" not in str(e.get("message"))
+    ]
 
 
 def _page_text(driver: WebDriver) -> str:

@@ -1,0 +1,201 @@
+"""Every dashboard page in Debian's headless Chromium, in the states a running system has.
+
+The dashboard is the real ``python -m ai_lease ui`` child; a live worker is a real worker
+process (``tests/harness/worker_proc.py``) streaming a job; ended and corrupt records are
+made by store operations and planted rows (``tests/test_ui_states.py``). Each page is
+checked by what it shows and by the browser console: no script error, no CSP violation,
+no failed request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
+
+from ai_lease import open_store
+from ai_lease.job import Job
+from ai_lease.run.runner import Runner
+from tests.browser.support import StartUI, console_errors, finish, run_takeover, wait_for
+from tests.browser.test_dashboard import assert_not_reloaded, mark_window
+from tests.harness.worker_proc import Workers
+from tests.test_ui_states import seed_ended_and_corrupt
+
+pytestmark = pytest.mark.slow
+
+PAGE_BOUND_S = 10.0  # a page of 10,000 jobs renders in well under a second here
+
+
+def text_of(page: WebDriver, css: str) -> str:
+    return str(page.find_element(By.CSS_SELECTOR, css).text)
+
+
+def visit(page: WebDriver, url: str, css: str, what: str) -> None:
+    """Load ``url``, wait for ``css`` to be on it, and fail on any console error."""
+    page.get(url)
+    wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, css), what)
+    errors = console_errors(page)
+    assert not errors, (url, errors)
+
+
+async def _reported(store_url: str, worker_id: str, key: str) -> bool:
+    store = open_store(store_url)
+    try:
+        found = await store.list_workers()  # type: ignore[attr-defined]
+    finally:
+        await store.aclose()
+    return any(w.worker_id == worker_id and key in w.jobs for w in found)
+
+
+async def test_a_live_worker_streaming_a_job_on_every_page(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
+) -> None:
+    """A real worker streams a job: the workers page shows it with a link to the job (it
+    was a 500), the link opens the RUNNING job, the jobs page shows it healthy, and
+    /metrics serves text."""
+    key = "browser-live"
+    async with Workers(sqlite_url, tmp_path) as workers:
+        await workers.start_ready("worker-b1", concurrency=2, job_seconds=60)
+        store = open_store(sqlite_url)
+        try:
+            await Runner(store).submit(Job(key, input=key, prompt_text="{{ input }}"))
+        finally:
+            await store.aclose()
+        deadline = time.monotonic() + 20
+        while not await _reported(sqlite_url, "worker-b1", key):
+            assert time.monotonic() < deadline, workers.dump()
+            await asyncio.sleep(0.1)
+        ui = start_ui(sqlite_url)
+        visit(page, ui.url("/workers"), 'tr.worker[data-id="worker-b1"]', "the worker's row")
+        row = 'tr.worker[data-id="worker-b1"]'
+        assert text_of(page, f"{row} td.jobs") == "1/2"
+        page.find_element(By.CSS_SELECTOR, f'{row} td.keys a[href="/jobs/{key}"]').click()
+        wait_for(page, lambda d: text_of(d, "#job-key") == key, "the job's page")
+        assert "RUNNING" in text_of(page, "#record")
+        assert not console_errors(page)
+        visit(page, ui.url("/jobs"), f'tr.job[data-key="{key}"]', "the job's row")
+        assert page.find_elements(By.CSS_SELECTOR, f'tr.job[data-key="{key}"] .health-healthy')
+        page.get(ui.url("/metrics"))
+        wait_for(page, lambda d: "owner_takeover_total" in text_of(d, "body"), "the metrics")
+
+
+ROW_CELLS_JS = """
+const tr = document.querySelector('#jobs-body tr.job[data-key="' + arguments[0] + '"]');
+if (!tr) return null;
+const cell = (name) => tr.querySelector('td.' + name).textContent.trim();
+return {status: tr.dataset.status, owner: cell('owner'), token: cell('token'),
+        takeovers: cell('takeovers')};
+"""
+
+
+async def test_a_job_being_taken_over_on_the_jobs_page(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
+) -> None:
+    """A stalled owner's lease lapses and a follower acquires it with a higher token: the
+    jobs page's row turns to the new owner, token and one takeover live, with no reload."""
+    key = "being-taken"
+    ui = start_ui(sqlite_url)
+    cluster = await run_takeover(sqlite_url, key, tmp_path / "takeover")
+    async with cluster:
+        visit(page, ui.url("/jobs"), f'tr.job[data-key="{key}"]', "the owned job's row")
+        before = page.execute_script(ROW_CELLS_JS, key)
+        assert before["takeovers"] == "0" and before["status"] == "RUNNING", before
+        mark_window(page)
+
+        def taken(d: WebDriver) -> dict[str, str] | None:
+            found = d.execute_script(ROW_CELLS_JS, key)
+            return found if found and found["takeovers"] == "1" else None
+
+        after = wait_for(page, taken, "the row to show the takeover, live")
+        assert_not_reloaded(page)
+        assert after["owner"] != before["owner"] and int(after["token"]) > int(before["token"])
+        await finish(cluster)
+    assert not console_errors(page)
+
+
+async def test_ended_and_corrupt_records_on_every_page(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver
+) -> None:
+    """FAILED, CANCELLED and DONE jobs beside a corrupt record and corrupt worker entries:
+    the jobs page lists them all, the corrupt one marked; its link opens a page saying what
+    is wrong; the FAILED job shows its error; the workers page marks the bad entries."""
+    store = open_store(sqlite_url)
+    try:
+        keys = await seed_ended_and_corrupt(store, sqlite_url)
+    finally:
+        await store.aclose()
+    ui = start_ui(sqlite_url)
+    visit(page, ui.url("/jobs"), 'tr.job[data-key="bad-job"]', "the corrupt row")
+    statuses = {
+        str(tr.get_attribute("data-key")): str(tr.get_attribute("data-status"))
+        for tr in page.find_elements(By.CSS_SELECTOR, "#jobs-body tr.job")
+    }
+    assert statuses == {
+        "good-done": "DONE",
+        "good-failed": "FAILED",
+        "good-cancelled": "CANCELLED",
+        "bad-job": "CORRUPT",
+    }, statuses
+    page.find_element(By.CSS_SELECTOR, 'tr.job[data-key="bad-job"] td.key a').click()
+    wait_for(page, lambda d: text_of(d, "#error") == "Corrupt record", "the corrupt page")
+    assert "bad-job" in text_of(page, "main")
+    console_errors(page)  # the page is a 500, which the console reports: expected here
+    for key in keys[:3]:
+        visit(page, ui.url(f"/jobs/{key}"), "#record", f"{key}'s record")
+    visit(page, ui.url("/jobs/good-failed"), "#record", "the FAILED job")
+    assert "the model said no" in text_of(page, "#record")
+    visit(page, ui.url("/workers"), 'tr.worker[data-id="good-worker"]', "the workers")
+    for bad in ("bad-worker", "typed-worker"):
+        assert "CORRUPT" in text_of(page, f'tr.worker.corrupt[data-id="{bad}"]')
+
+
+def test_an_empty_store_on_every_page(sqlite_url: str, start_ui: StartUI, page: WebDriver) -> None:
+    """An empty store: the jobs and workers pages say there is nothing, /metrics serves
+    text, an unknown job is the not-found page; no console error on the pages that are."""
+    ui = start_ui(sqlite_url)
+    visit(page, ui.url("/"), "#jobs-body tr.empty", "the empty jobs table")
+    assert text_of(page, "#jobs-body") == "No jobs."
+    visit(page, ui.url("/workers"), "#workers tr.empty", "the empty workers table")
+    assert text_of(page, "#workers tbody") == "No live workers."
+    page.get(ui.url("/metrics"))
+    wait_for(page, lambda d: "owner_takeover_total" in text_of(d, "body"), "the metrics")
+    page.get(ui.url("/jobs/nothing-here"))
+    wait_for(page, lambda d: text_of(d, "#error") == "Not found", "the not-found page")
+
+
+async def test_10000_jobs_page_by_page(sqlite_url: str, start_ui: StartUI, page: WebDriver) -> None:
+    """10,000 jobs: the jobs page shows 50 within a generous bound, Older shows the next 50,
+    Newest goes back to the first page."""
+    store = open_store(sqlite_url)
+    try:
+        submit = store.submit  # type: ignore[attr-defined]
+        for start in range(0, 10_000, 500):
+            await asyncio.gather(
+                *(submit(f"many-{i:05d}", "{}", "fp") for i in range(start, start + 500))
+            )
+    finally:
+        await store.aclose()
+    ui = start_ui(sqlite_url)
+    started = time.monotonic()
+    visit(page, ui.url("/jobs"), "#jobs-body tr.job", "the first page")
+    assert time.monotonic() - started < PAGE_BOUND_S
+    first = keys_shown(page)
+    assert len(set(first)) == 50 and "PENDING 10000" in text_of(page, ".counts")
+    page.find_element(By.ID, "next-page").click()
+    wait_for(page, lambda d: "after=" in d.current_url, "the next page")
+    second = keys_shown(page)
+    assert len(set(second)) == 50 and not set(first) & set(second)
+    page.find_element(By.ID, "first-page").click()
+    wait_for(page, lambda d: keys_shown(d) == first, "the first page again")
+    assert not console_errors(page)
+
+
+def keys_shown(page: WebDriver) -> list[str]:
+    found: list[str] = page.execute_script(
+        "return Array.from(document.querySelectorAll('#jobs-body tr.job'), (tr) => tr.dataset.key)"
+    )
+    return found
