@@ -145,7 +145,8 @@ SHELL: dict[str, Shell] = {
     ),
     "export OPENAI_API_KEY=": Shell(
         prelude=JOB_TOML,
-        env={"AI_LEASE_PROVIDER__BASE_URL": "{model_url}"},  # where "OpenAI" answers here
+        # the user's configured OpenAI endpoint (here the test's own server)
+        env={"AI_LEASE_PROVIDER__NAME": "openai", "AI_LEASE_PROVIDER__BASE_URL": "{model_url}"},
         substitute={"sk-…": "sk-test"},
         server="model",
     ),
