@@ -26,7 +26,6 @@ import pytest
 from tests.harness.doc_blocks import (
     ROOT,
     Block,
-    Ran,
     clean_env,
     doc_blocks,
     run_bash,
@@ -212,6 +211,7 @@ def test_every_prelude_belongs_to_a_block() -> None:
         assert sum(key in b.text for b in RUN) == 1, f"{key!r} must name exactly one block"
 
 
+@pytest.mark.slow  # one interpreter per benchmark, with the bench scripts' imports
 @pytest.mark.parametrize(
     "block", [b for b in NOT_RUN if b.path.name == "benchmarks.md"], ids=lambda b: b.where
 )
@@ -249,6 +249,7 @@ def test_python_block_runs_as_written(block: Block, tmp_path: Path) -> None:
     assert ran.returncode == 0, _failure(block, ran.returncode, ran.stdout + ran.stderr, source)
 
 
+@pytest.mark.slow  # real processes: servers, workers, fresh venvs
 @pytest.mark.parametrize("block", [b for b in RUN if b.lang == "sh"], ids=lambda b: b.where)
 async def test_shell_block_runs_as_written(
     block: Block, tmp_path: Path, request: pytest.FixtureRequest
@@ -363,6 +364,3 @@ def test_a_broken_block_names_its_file_and_line() -> None:
     assert re.search(
         r"^docs/\w+\.md:\d+$", next(b for b in BLOCKS if b.path.parent.name == "docs").where
     )
-
-
-_ = Ran  # re-exported type used by the helpers
