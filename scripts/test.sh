@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The README's test command: set up everything the suite needs on a fresh Debian machine, then
+# run it. One line to call, from anywhere:   bash scripts/test.sh [pytest arguments]
+#
+#   1. system packages: redis-server, PostgreSQL's server binaries (initdb, pg_ctl), Chromium
+#      and chromedriver. As root, what is missing is apt-get installed (and an unprivileged
+#      `ailease_pg` user made, since PostgreSQL refuses to run as root); not root and something
+#      missing, the list of what to install is printed and the script exits 1.
+#   2. .venv with the package and its dev tools (`pip install -q -e '.[dev]'`).
+#   3. .venv-servers with the real model servers the conformance suite starts
+#      (tests/realservers/requirements.txt), when that file exists.
+#   4. .venv/bin/python -m pytest "$@".
+# Every step prints the time it took. The tests never skip for a missing server: they fail.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step_started=0
+step() { step_started=$SECONDS; echo "== $1" >&2; }
+took() { echo "== $1: $((SECONDS - step_started)) s" >&2; }
+
+# Debian keeps initdb/pg_ctl under /usr/lib/postgresql/<major>/bin, off PATH; the harness
+# (tests/harness/pg_server.py) looks there too.
+pg_initdb() { command -v initdb 2>/dev/null || ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -n 1; }
+
+missing_packages() {
+    command -v redis-server >/dev/null 2>&1 || echo redis-server
+    [ -n "$(pg_initdb)" ] || echo postgresql
+    [ -x /usr/bin/chromium ] || echo chromium
+    [ -x /usr/bin/chromedriver ] || echo chromium-driver
+    python3 -c 'import ensurepip, venv' 2>/dev/null || echo python3-venv
+}
+
+step "system packages"
+missing="$(missing_packages | tr '\n' ' ')"
+missing="${missing% }"
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "the test suite needs these Debian packages, which are not installed: $missing" >&2
+        echo "install them (as root: apt-get install -y $missing) and run this again" >&2
+        exit 1
+    fi
+    echo "installing: $missing" >&2
+    apt-get update -qq
+    # shellcheck disable=SC2086  # one word per package
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+fi
+if [ "$(id -u)" = 0 ] && ! id -u ailease_pg >/dev/null 2>&1; then
+    useradd --system --no-create-home ailease_pg   # the harness runs PostgreSQL as this user
+fi
+redis-server --version
+"$(pg_initdb)" --version
+/usr/bin/chromium --version 2>/dev/null
+/usr/bin/chromedriver --version
+took "system packages"
+
+step ".venv (the package and its dev tools)"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q -e '.[dev]'
+took ".venv"
+
+if [ -f tests/realservers/requirements.txt ]; then
+    step ".venv-servers (the real model servers, tests/realservers/requirements.txt)"
+    [ -x .venv-servers/bin/python ] || python3 -m venv .venv-servers
+    .venv-servers/bin/pip install -q -r tests/realservers/requirements.txt
+    took ".venv-servers"
+fi
+
+step "pytest $*"
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+took "pytest"
+exit "$status"
