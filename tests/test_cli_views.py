@@ -83,6 +83,18 @@ def test_status_json_and_ls_json_are_the_same_object(url: str) -> None:
     assert status_running["health"] == "healthy"
 
 
+def test_status_json_shows_the_stored_spec_as_an_object(url: str, tmp_path: Path) -> None:
+    """A submitted job's stored spec is a JSON object in status --json and ls --json, not a
+    string holding JSON."""
+    (tmp_path / "job.toml").write_text('key = "spec-job"\ninput = "One. Two. Three."\n')
+    submitted = cli("--store", url, "submit", str(tmp_path / "job.toml"), "--detach")
+    assert submitted.exit_code == 0, submitted.output
+    shown = orjson.loads(cli("--store", url, "status", "spec-job", "--json").stdout)
+    listed = orjson.loads(cli("--store", url, "ls", "--json").stdout.splitlines()[0])
+    assert isinstance(shown["spec"], dict) and shown["spec"]["input"] == "One. Two. Three."
+    assert shown["spec"] == listed["spec"]
+
+
 # -- 2. config: it parses, and what it prints is accepted back -----------------------------------
 
 

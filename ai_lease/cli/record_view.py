@@ -71,7 +71,8 @@ def job_json(
     and ``ls --json``: its health, φ of its owner's renewals (None when not read, as by
     ``ls``), whether that makes it suspect, the CPU idle share of a stall snapshot, and its
     result decoded (a JSON result is JSON here, not a string holding JSON; one that is not
-    JSON stays a string, flagged ``result_corrupt``)."""
+    JSON stays a string, flagged ``result_corrupt``); the stored spec likewise
+    (``spec_corrupt``)."""
     out = job.to_dict()
     state = job.health(grace)
     out["health"] = state.value if state else None
@@ -85,6 +86,11 @@ def job_json(
             out["result"] = job.output
         except orjson.JSONDecodeError:
             out["result_corrupt"] = True
+    if isinstance(job.spec, str):  # the stored job spec is JSON: shown as an object too
+        try:
+            out["spec"] = orjson.loads(job.spec)
+        except orjson.JSONDecodeError:
+            out["spec_corrupt"] = True
     return out
 
 
