@@ -41,6 +41,24 @@ _CREDENTIALS = frozenset(
         "x-goog-api-key",
     }
 )
+# Any other name that looks like it carries a secret is refused too (x-auth-token, X-Secret…).
+_CREDENTIAL_WORDS = re.compile(r"auth|key|token|secret|cookie|session|passw|signature", re.I)
+# Headers the HTTP client frames the request with: a job setting one would break the request.
+_FRAMING = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "content-type",
+        "te",
+        "upgrade",
+        "keep-alive",
+        "trailer",
+        "expect",
+        "proxy-connection",
+    }
+)
 _FIELDS = ("name", "model", "base_url", "background", "headers")
 
 
@@ -86,6 +104,13 @@ class ProviderChoice:
             raise JobSpecError(
                 f"provider.headers: must be a table of name = value strings, got {headers!r:.60}"
             )
+        if len(headers) > MAX_HEADERS:
+            raise JobSpecError(f"provider choice: headers: at most {MAX_HEADERS} pairs")
+        for name, value in headers.items():  # before sorting them: a mixed-type key would raise
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise JobSpecError(
+                    f"provider choice: headers: names and values must be strings ({name!r:.40})"
+                )
         return cls(**data, headers=tuple(sorted(headers.items())))
 
     def options(self) -> dict[str, Any]:
@@ -163,7 +188,9 @@ def _headers_problem(headers: Any) -> str | None:
             return (
                 f"headers.{name}: must be printable ASCII of at most {_MAX_HEADER_VALUE} characters"
             )
-        if name.lower() in _CREDENTIALS:
+        if name.lower() in _FRAMING:
+            return f"headers.{name}: is set by the HTTP client itself, not by a job"
+        if name.lower() in _CREDENTIALS or _CREDENTIAL_WORDS.search(name):
             return (
                 f"headers.{name}: a credential header is not stored with a job (job specs are "
                 "kept in plain text); give the key in the settings ([providers.<name>] api_key)"

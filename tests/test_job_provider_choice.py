@@ -300,6 +300,9 @@ def test_the_choice_travels_in_the_spec_and_old_jobs_keep_their_fingerprint() ->
         ({"headers": {"X-A": "line\nbreak"}}, "headers.X-A"),
         ({"headers": {f"X-{i}": "v" for i in range(40)}}, "headers"),
         ({"headers": {"x-api-key": "secret"}}, "credential"),
+        ({"headers": {"X-Auth-Token": "secret"}}, "credential"),
+        ({"headers": {"Host": "evil.example"}}, "set by the HTTP client"),
+        ({"headers": {1: "a", "b": "c"}}, "must be strings"),
         ({"api_key": "sk-x"}, "unknown field 'api_key'"),
     ],
 )

@@ -28,6 +28,7 @@ from ai_lease.cli.worker_output import (
 
 if TYPE_CHECKING:
     from ai_lease.job import Job, JobState
+    from ai_lease.job_provider import ProviderChoice
     from ai_lease.lease import LeaseStore
     from ai_lease.observe.events import Event, EventSink
     from ai_lease.prompts import PromptLibrary
@@ -46,6 +47,7 @@ def _runner(
     on_event: EventSink | None = None,
     max_input_bytes: int | None = None,
     provider_resolver: ProviderResolver | None = None,
+    provider_serves: ProviderChoice | None = None,
 ) -> Runner:
     """Every Runner the CLI builds. Without a provider it only records jobs for workers
     (``submit --detach``); with one it runs them under the settings' budgets."""
@@ -67,6 +69,7 @@ def _runner(
         config=config,
         hooks=hooks,
         provider_resolver=provider_resolver,
+        provider_serves=provider_serves,
     )
 
 
@@ -225,8 +228,14 @@ def _run_here(
         model_provider = obj.provider(overrides)
         tee = TeeProvider(model_provider, view)
         limit = settings.job.max_input_bytes
-        runner = _runner(
-            store, settings, prompts, provider=tee, on_event=on_event, max_input_bytes=limit
+        runner = _runner(  # the provider was built for this job's own choice
+            store,
+            settings,
+            prompts,
+            provider=tee,
+            on_event=on_event,
+            max_input_bytes=limit,
+            provider_serves=job.provider,
         )
         try:
             return await _run_interruptibly(obj, runner, job, how)

@@ -40,6 +40,7 @@ from ai_lease.run.progress import Progress
 from ai_lease.timeouts import StallPolicy
 
 if TYPE_CHECKING:
+    from ai_lease.providers.base import Provider
     from ai_lease.run.runner import Runner
 
 __all__ = ["Attempt"]
@@ -136,19 +137,20 @@ class Attempt:
         runner, progress = self.runner, Progress()
         started = progress.clock()
         keeper = self._keeper(progress)
-        ctx = self._context(progress, keeper)
-        keeper.checkpoint = ctx.checkpoint_json  # each renewal stores the stream's checkpoint
-        self.ran = ctx.ran
         deadline = asyncio.timeout(max(left, 0.0))
-        try:
-            async with deadline:
-                emit = runner.emit_event if runner.listening else None
-                value = await alongside(runner.pipeline.run(ctx, self.timings, emit), keeper)
-        except TimeoutError:
-            if deadline.expired():
-                raise JobDeadlineExceeded(self.job.key, self.timings.job_deadline) from None
-            raise
-        committed = ctx.committed or await ctx.commit(value)
+        async with runner.using_provider(self.job) as provider:  # never evicted while in use
+            ctx = self._context(progress, keeper, provider)
+            keeper.checkpoint = ctx.checkpoint_json  # each renewal stores the checkpoint
+            self.ran = ctx.ran
+            try:
+                async with deadline:
+                    emit = runner.emit_event if runner.listening else None
+                    value = await alongside(runner.pipeline.run(ctx, self.timings, emit), keeper)
+            except TimeoutError:
+                if deadline.expired():
+                    raise JobDeadlineExceeded(self.job.key, self.timings.job_deadline) from None
+                raise
+            committed = ctx.committed or await ctx.commit(value)
         if runner.listening:
             runner.emit_event(
                 Event(
@@ -178,7 +180,9 @@ class Attempt:
             on_event=self.runner.emit_event,
         )
 
-    def _context(self, progress: Progress, keeper: LeaseKeeper) -> StageContext:
+    def _context(
+        self, progress: Progress, keeper: LeaseKeeper, provider: Provider | None
+    ) -> StageContext:
         runner, config, hooks = self.runner, self.runner.config, self.runner.hooks
         return StageContext(
             job=self.job,
@@ -186,7 +190,7 @@ class Attempt:
             store=runner.store,
             tracker=progress,
             keeper=keeper,
-            provider=runner.provider_for(self.job),
+            provider=provider,
             prompts=runner.prompts,
             stream_timeouts=config.stream_timeouts,
             stream_limits=config.stream_limits,

@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -42,6 +43,7 @@ from ai_lease.run.classify import describe, retryable
 from ai_lease.run.ladder import install_child_handlers
 from ai_lease.run.pipeline import Pipeline, StageContext
 from ai_lease.run.progress import Progress
+from ai_lease.run.provider_pick import MAX_BUILT
 from ai_lease.timeouts import LeaseTimings, StageBudget, StreamLimits, StreamTimeouts
 
 __all__ = ["MAX_RESULT_BYTES", "ChildSpec", "ProviderFactory", "Work", "child_main"]
@@ -212,14 +214,22 @@ class _Providers:
 
     def __init__(self, default: Provider | None) -> None:
         self.default = default
-        self.chosen: dict[Any, Provider] = {}
+        self.chosen: OrderedDict[Any, Provider] = OrderedDict()
 
-    def get(self, work: Work) -> Provider | None:
+    async def get(self, work: Work) -> Provider | None:
+        """The provider for ``work`` (a child runs one job at a time: between jobs the
+        least recently used ones beyond :data:`MAX_BUILT` are closed)."""
         if work.provider_factory is None:
             return self.default
         choice = work.job.provider
-        if (known := self.chosen.get(choice)) is None:
-            known = self.chosen[choice] = work.provider_factory()
+        if (known := self.chosen.get(choice)) is not None:
+            self.chosen.move_to_end(choice)
+            return known
+        while len(self.chosen) >= MAX_BUILT:
+            _, old = self.chosen.popitem(last=False)
+            with contextlib.suppress(Exception):
+                await old.aclose()
+        known = self.chosen[choice] = work.provider_factory()
         return known
 
     async def aclose(self) -> None:
@@ -249,7 +259,7 @@ async def _serve(
             if work is None:
                 return
             try:
-                provider = providers.get(work)
+                provider = await providers.get(work)
             except Exception as exc:  # the job's provider cannot be built: its failure
                 channel.send(("failed", _portable(exc), True))
                 continue

@@ -20,27 +20,41 @@ provider, no key for it, a host its key may not go to). The rules:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Callable
 from typing import TypeAlias
 
 from ai_lease.errors import InputError, JobSpecError
 from ai_lease.job_provider import ProviderChoice
 from ai_lease.providers.base import Provider
 
-__all__ = ["ProviderPicker", "ProviderResolver"]
+__all__ = ["MAX_BUILT", "ProviderPicker", "ProviderResolver"]
 
 ProviderFactory: TypeAlias = Callable[[], Provider]
 ProviderResolver: TypeAlias = Callable[[ProviderChoice], ProviderFactory]
 """A job's choice -> a (picklable) factory of its provider; raises InputError when it cannot."""
 
+MAX_BUILT = 16
+"""Providers built for jobs' choices kept open at once (each may hold a connection pool)."""
+
 
 class ProviderPicker:
-    """Providers for jobs' choices: resolved, built once per distinct choice, closed at the end."""
+    """Providers for jobs' choices: resolved, built once per distinct choice, at most
+    ``max_built`` kept (least recently used first out, never one in use), closed at the end."""
 
-    def __init__(self, resolver: ProviderResolver | None = None) -> None:
+    def __init__(
+        self,
+        resolver: ProviderResolver | None = None,
+        max_built: int = MAX_BUILT,
+        serves: ProviderChoice | None = None,
+    ) -> None:
         self.resolver = resolver
-        self.factories: dict[ProviderChoice, ProviderFactory] = {}
-        self.built: dict[ProviderChoice, Provider] = {}
+        self.serves = serves  # the choice the runner's own provider object was built for
+        self.max_built = max_built
+        self.factories: OrderedDict[ProviderChoice, ProviderFactory] = OrderedDict()
+        self.built: OrderedDict[ProviderChoice, Provider] = OrderedDict()
+        self.in_use: Counter[ProviderChoice] = Counter()
+        self.retired: list[Provider] = []  # evicted, closed at the next await point
 
     def pick(
         self, key: str, choice: ProviderChoice | None, default: Provider | None
@@ -50,9 +64,11 @@ class ProviderPicker:
         if choice is None:
             return default
         if (built := self.built.get(choice)) is not None:
+            self.built.move_to_end(choice)
             return built
         if self.resolver is None:
-            _check_serves(key, choice, default)
+            if choice != self.serves:
+                _check_serves(key, choice, default)
             return default
         factory = self._resolve(key, choice, self.resolver)
         try:
@@ -60,7 +76,25 @@ class ProviderPicker:
         except InputError as exc:
             raise _unavailable(key, choice, str(exc)) from None
         self.built[choice] = provider
+        self._evict()
         return provider
+
+    @contextlib.asynccontextmanager
+    async def using(
+        self, key: str, choice: ProviderChoice | None, default: Provider | None
+    ) -> AsyncIterator[Provider | None]:
+        """:meth:`pick`, held for one attempt: a provider in use is never evicted."""
+        provider = self.pick(key, choice, default)
+        counted = choice is not None and choice in self.built
+        if counted:
+            self.in_use[choice] += 1  # type: ignore[index]
+        try:
+            yield provider
+        finally:
+            if counted:
+                self.in_use[choice] -= 1  # type: ignore[index]
+                self._evict()
+            await self._close_retired()
 
     def factory(self, key: str, choice: ProviderChoice | None) -> ProviderFactory | None:
         """The factory a child process builds job ``key``'s provider with (None: the
@@ -73,39 +107,72 @@ class ProviderPicker:
         self, key: str, choice: ProviderChoice, resolver: ProviderResolver
     ) -> ProviderFactory:
         if (known := self.factories.get(choice)) is not None:
+            self.factories.move_to_end(choice)
             return known
         try:
             made = resolver(choice)
         except InputError as exc:
             raise _unavailable(key, choice, str(exc)) from None
         self.factories[choice] = made
+        while len(self.factories) > self.max_built * 4:  # factories are small; still bounded
+            self.factories.popitem(last=False)
         return made
+
+    def _evict(self) -> None:
+        """Retire the least recently used providers no attempt is using, down to the bound."""
+        idle = [c for c in self.built if not self.in_use[c]]
+        for choice in idle[: max(0, len(self.built) - self.max_built)]:
+            self.retired.append(self.built.pop(choice))
+            del self.in_use[choice]
+
+    async def _close_retired(self) -> None:
+        retired, self.retired = self.retired, []
+        for provider in retired:
+            with contextlib.suppress(Exception):
+                await provider.aclose()
 
     async def aclose(self) -> None:
         """Close every provider built here (not the runner's own: its owner closes it)."""
-        built, self.built = list(self.built.values()), {}
-        self.factories = {}
-        for provider in built:
-            with contextlib.suppress(Exception):
-                await provider.aclose()
+        self.retired.extend(self.built.values())
+        self.built, self.factories = OrderedDict(), OrderedDict()
+        self.in_use.clear()
+        await self._close_retired()
 
 
 def _check_serves(key: str, choice: ProviderChoice, default: Provider | None) -> None:
     """Raise unless ``default`` is the provider ``choice`` asks for."""
     if default is None:
         raise _unavailable(key, choice, "this runner has no provider")
+    no_resolver = (
+        "(pass Runner(provider_resolver=…), or run the job where that provider is configured)"
+    )
     if choice.name is not None and choice.name != default.name:
         raise _unavailable(
             key,
             choice,
             f"this runner was given a {default.name!r} provider object and no provider "
-            "resolver (pass Runner(provider_resolver=…), or run the job where that "
-            "provider is configured)",
+            f"resolver {no_resolver}",
         )
     model = getattr(default, "model", None)
     if choice.model is not None and isinstance(model, str) and model != choice.model:
         raise _unavailable(
             key, choice, f"this runner's {default.name!r} provider runs model {model!r}"
+        )
+    base_url = getattr(default, "base_url", None)
+    if choice.base_url is not None and (
+        not isinstance(base_url, str) or base_url.rstrip("/") != choice.base_url.rstrip("/")
+    ):
+        raise _unavailable(
+            key,
+            choice,
+            f"this runner's {default.name!r} provider object does not call that base URL "
+            f"(or does not say which it calls) {no_resolver}",
+        )
+    if choice.headers or (choice.background and getattr(default, "background", None) is not True):
+        raise _unavailable(
+            key,
+            choice,
+            f"a provider object cannot take a job's headers or background setting {no_resolver}",
         )
 
 

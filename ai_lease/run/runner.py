@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ from ai_lease.errors import (
 )
 from ai_lease.inputs import resolve_input
 from ai_lease.job import Job, JobState, Status
+from ai_lease.job_provider import ProviderChoice
 from ai_lease.lease.base import Acquired, Fence, Finished, Following, JobQueue, LeaseStore
 from ai_lease.lease.fence import UnansweredCommits, default_node_id, new_owner_id
 from ai_lease.lease.follow import acquire_or_follow
@@ -92,9 +94,11 @@ class Runner:
 
     A job whose spec names a provider (``Job.provider``) runs on the provider that
     ``provider_resolver`` builds for that choice; without a resolver, ``provider`` serves
-    only jobs that name none or its own ``name``, and any other fails at once saying why
-    (:mod:`ai_lease.run.provider_pick`). Providers built from the resolver are closed by
-    :meth:`aclose_providers` (a :class:`~ai_lease.run.worker.Worker` does it as it stops).
+    only jobs that name none, or the choice it was built for (``provider_serves``), or one
+    it provably matches (its ``name``, ``model`` and ``base_url``, no headers), and any other
+    fails at once saying why (:mod:`ai_lease.run.provider_pick`). Providers built from the
+    resolver are closed by :meth:`aclose_providers` (a :class:`~ai_lease.run.worker.Worker`
+    does it as it stops).
     """
 
     def __init__(
@@ -107,10 +111,11 @@ class Runner:
         config: RunConfig | None = None,
         hooks: RunHooks | None = None,
         provider_resolver: ProviderResolver | None = None,
+        provider_serves: ProviderChoice | None = None,
     ) -> None:
         config, hooks = config or RunConfig(), hooks or RunHooks()
         self.store, self.provider, self.config, self.hooks = store, provider, config, hooks
-        self.providers = ProviderPicker(provider_resolver)
+        self.providers = ProviderPicker(provider_resolver, serves=provider_serves)
         self.pipeline = pipeline or Pipeline.default()
         self.prompts = prompts or PromptLibrary()
         self.timings = config.timings  # adaptive mode replaces it with learned budgets
@@ -204,6 +209,11 @@ class Runner:
         """The provider that runs ``job`` here: the one its spec names, else this runner's
         own; raises :class:`~ai_lease.errors.JobSpecError` when this runner cannot give it."""
         return self.providers.pick(job.key, job.provider, self.provider)
+
+    def using_provider(self, job: Job) -> contextlib.AbstractAsyncContextManager[Provider | None]:
+        """:meth:`provider_for`, held while one attempt runs (a provider built for a job's
+        choice is not closed to make room for another while it is in use)."""
+        return self.providers.using(job.key, job.provider, self.provider)
 
     async def aclose_providers(self) -> None:
         """Close the providers built for jobs' choices (not ``provider``: yours to close)."""
