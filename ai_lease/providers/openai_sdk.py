@@ -251,7 +251,7 @@ def _sdk_body(
     """``chat.completions.create``'s arguments: the lean adapter's body (tools, tool choice
     and response format included) and the request's tracing headers as ``extra_headers``."""
     body = request_body(request, model, stream=stream, defaults=defaults)
-    if headers := request.headers():
+    if headers := request.headers(client_id=True):
         body["extra_headers"] = headers
     return body
 

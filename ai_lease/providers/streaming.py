@@ -116,6 +116,7 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
     announces_connection = True  # stream_batches() yields [] once it holds a connection
     framer: Callable[[int], Framer] = SSEFramer  # the body's framing, one per stream
     content_type = "text/event-stream"  # what a streamed answer must be
+    sends_client_id = False  # X-Client-Request-Id too: the OpenAI paths document it
 
     def __init__(
         self,
@@ -153,7 +154,11 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
 
     def _post_headers(self, request: ChatRequest) -> dict[str, str]:
         """A JSON request's headers: the adapter's, the request's tracing ones."""
-        return {**self._headers, **request.headers(), "Content-Type": "application/json"}
+        return {**self._request_headers(request), "Content-Type": "application/json"}
+
+    def _request_headers(self, request: ChatRequest) -> dict[str, str]:
+        """The adapter's headers (the key's) and the request's tracing ones."""
+        return {**self._headers, **request.headers(client_id=self.sends_client_id)}
 
     async def post_json(self, url: str, body: bytes, request: ChatRequest) -> bytes:
         """A request not streamed: POST ``body`` and return the JSON answer's bytes; a
