@@ -36,6 +36,7 @@ from ai_lease.job import sampling_problem
 from ai_lease.lease.urls import mask_url
 from ai_lease.providers.base import ChatRequest, Delta
 from ai_lease.providers.chunks import stream_error
+from ai_lease.providers.headers import extra_headers, with_extra
 from ai_lease.providers.http_paths import (
     Read,
     aiohttp_reads,
@@ -97,8 +98,10 @@ class StreamOptions(TypedDict, total=False):
     """How a lean adapter connects (each optional): ``connect_timeout`` (10 s) and
     ``read_timeout`` (600 s: no byte for that long fails the stream), ``client`` (an httpx
     client of the caller's, which means the httpx path), ``http`` (``"auto"``, ``"aiohttp"``,
-    ``"httpx"``), ``max_event_bytes``, ``max_connections`` (100) and ``pool_timeout`` (the
-    connect timeout: how long a stream waits for a free connection)."""
+    ``"httpx"``), ``max_event_bytes``, ``max_connections`` (100), ``pool_timeout`` (the
+    connect timeout: how long a stream waits for a free connection) and ``headers`` (extra
+    request headers over the adapter's own; one set to ``""`` is not sent:
+    :mod:`ai_lease.providers.headers`)."""
 
     connect_timeout: float
     read_timeout: float
@@ -107,6 +110,7 @@ class StreamOptions(TypedDict, total=False):
     max_event_bytes: int
     max_connections: int
     pool_timeout: float | None
+    headers: Mapping[str, str] | None
 
 
 class HTTPStreamProvider(AsyncResource, abc.ABC):
@@ -133,6 +137,7 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
         self.model = model
         self.defaults = sampling_defaults(temperature, max_tokens)
         self._headers: dict[str, str] = {}  # every request's (the key's): set by the adapter
+        self._extra = extra_headers(options.get("headers"))  # the user's, applied last
         connect_timeout = options.get("connect_timeout", 10.0)
         read_timeout = options.get("read_timeout", 600.0)
         client = options.get("client")
@@ -165,9 +170,8 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
         non-2xx answer or one that is not JSON is the provider's error, as a stream's is. The
         stage's hard deadline bounds it from outside."""
         try:
-            response = await self._client.post(
-                url, content=body, headers=self._post_headers(request)
-            )
+            headers = with_extra(self._post_headers(request), self._extra)
+            response = await self._client.post(url, content=body, headers=headers)
             await check_answer(
                 self.name,
                 response.status_code,
@@ -257,7 +261,7 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
         """The streamed body's reads on this provider's HTTP path. Event streams are not
         worth compressing: identity is asked for (a server that compresses anyway is
         decoded by the HTTP library, its output still bounded)."""
-        headers = {**headers, "Accept-Encoding": "identity"}
+        headers = with_extra({**headers, "Accept-Encoding": "identity"}, self._extra)
         if self._http == "aiohttp":
             return aiohttp_reads(
                 self.name,
