@@ -42,7 +42,7 @@ from ai_lease.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from ai_lease.providers.errors import parse_retry_after
+from ai_lease.providers.errors import describe_sent, empty_answer, parse_retry_after
 from ai_lease.providers.headers import extra_headers, with_extra
 from ai_lease.providers.openai_compat import check_base_url, request_body, sampling_defaults
 from ai_lease.providers.sdk_events import WATCH, EventWatch, watching_hook
@@ -109,7 +109,7 @@ class OpenAISDKProvider(AsyncResource):
             retryable = status >= 500 or status in (408, 409, 425, 429)
             retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
             return ProviderError(
-                f"HTTP {status}: {exc.message}",
+                f"HTTP {status}: {_status_message(exc)}",
                 retryable=retryable,
                 provider=self.name,
                 status=status,
@@ -268,6 +268,19 @@ def _sdk_body(
     if headers:
         body["extra_headers"] = headers
     return body
+
+
+def _status_message(exc: openai.APIStatusError) -> str:
+    """The SDK's message, or for an answer with an empty body what the request carried."""
+    try:
+        response = exc.response
+        if response.content.strip():
+            return exc.message
+        request = response.request
+        sent = describe_sent(request.method, request.headers.keys(), request.content)
+    except Exception:  # a body not read: the SDK's message is all there is
+        return exc.message
+    return empty_answer(sent)
 
 
 def _usage(usage: Any) -> Usage:

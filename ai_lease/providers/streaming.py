@@ -36,6 +36,7 @@ from ai_lease.job import sampling_problem
 from ai_lease.lease.urls import mask_url
 from ai_lease.providers.base import ChatRequest, Delta
 from ai_lease.providers.chunks import stream_error
+from ai_lease.providers.errors import describe_sent
 from ai_lease.providers.headers import extra_headers, with_extra
 from ai_lease.providers.http_paths import (
     Read,
@@ -178,6 +179,7 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
                 response.headers,
                 "application/json",
                 response.aread,
+                lambda: describe_sent("POST", headers, body),
             )
         except httpx.HTTPError as exc:
             raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
