@@ -205,7 +205,7 @@ async def _call(
     request = replace(request, request_id=rid, client_request_id=client_id)
     sent.append(rid)
     detail = call_detail(n, rid, client_id, provider.name, _model(request, provider))
-    ctx.say("model_request", detail, attrs={"request_id": rid, "client_request_id": client_id})
+    ctx.say("model_request", rid, attrs={"request_id": rid, "client_request_id": client_id})
     async with noting_call(ctx.store, fence, ctx.tracker.stage, detail):
         if not ctx.job.stream:
             return await provider.complete(request)
@@ -257,8 +257,12 @@ def _parsed_checkpoint(raw: str) -> tuple[str | None, Checkpoint | None]:
 
 def _retrying(ctx: StageContext, exc: BaseException, wait: float) -> None:
     """A call failed and is made again after ``wait`` seconds: said (never progress)."""
-    attrs: dict[str, float | int | str] = {"error": type(exc).__name__, "calls": ctx.calls}
-    ctx.say("call_retry", describe(exc)[:300], value=round(wait, 3), attrs=attrs)
+    attrs: dict[str, float | int | str] = {
+        "error": type(exc).__name__,
+        "calls": ctx.calls,
+        "wait_s": round(wait, 3),
+    }
+    ctx.say("call_retry", f"in {wait:.1f} s after {describe(exc)[:240]}", attrs=attrs)
 
 
 def _first_token(ctx: StageContext, provider: Provider, seconds: float) -> None:
