@@ -210,15 +210,16 @@ async def _three_jobs(tmp_path: Path, provider: Provider, events: list[Event]) -
         return await asyncio.wait_for(asyncio.gather(*jobs), 60)
 
 
+@pytest.mark.parametrize("name", ["openai-compatible", "openai"])
 async def test_max_concurrency_1_keeps_a_one_slot_server_from_interrupting(
-    tmp_path: Path,
+    tmp_path: Path, name: str
 ) -> None:
     """Three jobs on one llama.cpp-like server (a new request interrupts the running stream)
     with max_concurrency 1: no stream is interrupted, each is whole, and the wait for the
     slot (up to 1.6 s) is not charged to the 1.5 s first-token budget."""
     events: list[Event] = []
     async with SSEServer(responder=_slow, interrupt_on_request=True) as server:
-        name, opts = "openai-compatible", {"base_url": server.base_url, "model": "m"}
+        opts = {"base_url": server.base_url, "model": "m"}
         provider = create_provider(name, max_concurrency=1, **opts)
         assert isinstance(provider, LimitedProvider) and provider.name == name
         try:

@@ -62,7 +62,7 @@ class LimitedProvider:
     """A provider whose calls take one of ``limit`` slots first (see the module's docstring).
     Everything else (``name``, ``model``, ``http``, ``aclose()``…) is the wrapped one's."""
 
-    announces_connection = True  # stream_batches() yields [] once a slot is held
+    announces_connection = True  # stream_batches() yields [] once a slot (and connection) is held
 
     def __init__(self, inner: Provider, limit: int, base_url: str | None) -> None:
         self.inner, self.limit, self.name = inner, limit, inner.name
@@ -85,10 +85,13 @@ class LimitedProvider:
                     yield delta
 
     async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
-        """The wrapped provider's batches, once a slot is held (announced with ``[]``)."""
+        """The wrapped provider's batches, once a slot is held. The guard's first-token
+        clock starts at the first ``[]``: the wrapped provider's own "connection held" when
+        it announces one (so a pool's wait is not charged either), else ours, at once."""
         async with _slot(self._key(request)):
-            yield []  # a slot is ours: the guard's first-token clock starts here
             batches = getattr(self.inner, "stream_batches", None)
+            if batches is None or not getattr(self.inner, "announces_connection", False):
+                yield []  # a slot is ours: the clocks start here
             source = batches(request) if batches is not None else _batched(self.inner, request)
             async with contextlib.aclosing(source) as inner:
                 async for batch in inner:
