@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, field_validator
 
 from ai_lease.job import MAX_TEMPERATURE, MAX_TOKENS
 from ai_lease.lease.urls import mask_url
+from ai_lease.providers.headers import SECRET_HEADERS, check_headers, masked_headers
 from ai_lease.providers.keys import check_api_key
+from ai_lease.redaction import register_secret
 
 __all__ = ["EndpointSettings", "ProviderSettings"]
 
@@ -33,8 +36,26 @@ def _masked_url(url: str | None) -> str | None:
     return None if url is None else mask_url(url)
 
 
+def _checked_headers(headers: Any) -> dict[str, str]:
+    """Bounded, valid headers (:func:`~ai_lease.providers.headers.check_headers`), from a
+    TOML table or a JSON object (an environment variable); a credential's value is masked
+    in every text from then on."""
+    if isinstance(headers, str):
+        try:
+            headers = orjson.loads(headers)
+        except orjson.JSONDecodeError:
+            raise ValueError('must be a JSON object such as {"X-Team": "search"}') from None
+    out = check_headers(headers)
+    for name, value in out.items():
+        if name.lower() in SECRET_HEADERS:
+            register_secret(value)
+    return out
+
+
 def _masked_repr_args(self: BaseModel) -> Iterable[tuple[str | None, Any]]:
     for name, value in BaseModel.__repr_args__(self):
+        if name == "headers" and value:
+            value = masked_headers(value)
         yield name, mask_url(value) if name == "base_url" and value else value
 
 
@@ -43,9 +64,13 @@ class EndpointSettings(_Section):
 
     base_url: str | None = None
     api_key: SecretStr | None = None
+    # Extra request headers for this provider (see ProviderSettings.headers).
+    headers: dict[str, str] = Field(default_factory=dict)
 
     _plain_key = field_validator("api_key")(_checked_key)
+    _valid_headers = field_validator("headers", mode="before")(_checked_headers)
     _masked_base_url = field_serializer("base_url")(_masked_url)
+    _masked_headers = field_serializer("headers")(masked_headers)
     __repr_args__ = _masked_repr_args
 
 
@@ -71,6 +96,12 @@ class ProviderSettings(_Section):
     # Hosts ("host" or "host:port") a job file's [provider] base_url may name and still be
     # sent the configured (or ambient OPENAI_API_KEY) key; any other host is refused.
     allowed_hosts: tuple[str, ...] = ()
+    # Extra request headers sent with every request of this provider, over the adapter's
+    # own; a header set to "" is not sent (e.g. "X-Client-Request-Id" = ""). At most 64.
+    headers: dict[str, str] = Field(default_factory=dict)
+    # At most this many model calls at once per (provider, model, base_url) in one process;
+    # None: no limit of ai_lease's own.
+    max_concurrency: Annotated[int, Field(ge=1, le=10000)] | None = None
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod
@@ -81,5 +112,7 @@ class ProviderSettings(_Section):
         return hosts
 
     _plain_key = field_validator("api_key")(_checked_key)
+    _valid_headers = field_validator("headers", mode="before")(_checked_headers)
     _masked_base_url = field_serializer("base_url")(_masked_url)
+    _masked_headers = field_serializer("headers")(masked_headers)
     __repr_args__ = _masked_repr_args

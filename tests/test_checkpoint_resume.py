@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,10 @@ from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Delta, Usage
 from ai_lease.providers.openai_compat import OpenAICompatProvider
+from ai_lease.providers.request_ids import client_request_id
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.progress import Progress
 from ai_lease.run.runner import Runner
-from ai_lease.run.stages import request_id
 from ai_lease.testing.scripted import ScriptedProvider, Stall
 from tests.harness.sse_server import SSEServer, chat_chunks, json_response, sse
 
@@ -60,7 +61,7 @@ class ResumableFake:
         self.request_ids: list[str | None] = []
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
-        self.request_ids.append(request.request_id)
+        self.request_ids.append(request.client_request_id)
         stall_after: int | None = None
         if request.resume is None:
             self.creates += 1
@@ -213,8 +214,10 @@ async def test_a_response_that_cannot_be_resumed_falls_back_to_a_fresh_call(
 # -- X-Request-Id (item 9) ---------------------------------------------------------------------
 
 
-async def test_x_request_id_names_key_token_and_call(store: LeaseStore) -> None:
-    """A real loopback request carries X-Request-Id <key>:<token>:1, and :2 on its retry."""
+async def test_each_request_sends_a_fresh_uuid_and_the_job_correlation(store: LeaseStore) -> None:
+    """A real loopback request carries a UUID4 X-Request-Id, fresh on its retry, and
+    X-Client-Request-Id <key>:<token>:1, then :2 (issue 24: a non-UUID X-Request-Id is
+    refused by llama-cpp-python's server)."""
     async with SSEServer() as server:
         server.enqueue(
             json_response(503, {"error": {"message": "busy"}}),
@@ -234,16 +237,21 @@ async def test_x_request_id_names_key_token_and_call(store: LeaseStore) -> None:
             await provider.aclose()
     assert done.output == "Hello"
     ids = [request.headers.get("x-request-id") for request in server.requests]
-    assert ids == [f"trace-me:{done.token}:1", f"trace-me:{done.token}:2"]
+    assert len(set(ids)) == 2 and all(uuid.UUID(str(i)).version == 4 for i in ids), ids
+    client = [request.headers.get("x-client-request-id") for request in server.requests]
+    assert client == [f"trace-me:{done.token}:1", f"trace-me:{done.token}:2"]
 
 
-def test_request_id_is_header_safe() -> None:
+def test_client_request_id_is_header_safe() -> None:
     """Control characters, non-ASCII, spaces and '%' are percent-encoded; a long key is
     cut and made unique by a digest; the value stays printable ASCII."""
-    assert request_id("plain-key/1", 7, 1) == "plain-key/1:7:1"
-    assert request_id("r\u00e9sum\u00e9 2", 7, 2) == "r%C3%A9sum%C3%A9%202:7:2"
-    assert request_id("a\r\nX-Evil: 1\x00%", 7, 3) == "a%0D%0AX-Evil:%201%00%25:7:3"
-    long_a, long_b = request_id("\u00e9" * 512, 1, 1), request_id("\u00e9" * 511 + "e", 1, 1)
+    assert client_request_id("plain-key/1", 7, 1) == "plain-key/1:7:1"
+    assert client_request_id("r\u00e9sum\u00e9 2", 7, 2) == "r%C3%A9sum%C3%A9%202:7:2"
+    assert client_request_id("a\r\nX-Evil: 1\x00%", 7, 3) == "a%0D%0AX-Evil:%201%00%25:7:3"
+    long_a, long_b = (
+        client_request_id("\u00e9" * 512, 1, 1),
+        client_request_id("\u00e9" * 511 + "e", 1, 1),
+    )
     assert long_a != long_b and len(long_a) < 220 and len(long_b) < 220
     for value in (long_a, long_b):
         head = value.split("~")[0]

@@ -43,7 +43,10 @@ from tests.harness.anthropic_server import (
 from tests.harness.sse_server import Cut, Event, Hang, Sleep, SSEServer, json_response
 
 KEY = "sk-ant-test-0123456789abcdef"
-REQUEST = ChatRequest([{"role": "user", "content": "hi"}], request_id="job-1:7:1")
+RID = "9f1c1a57-2b7e-4f0c-8d7e-3c1b2a4d5e6f"  # a UUID4, as X-Request-Id carries it
+REQUEST = ChatRequest(
+    [{"role": "user", "content": "hi"}], request_id=RID, client_request_id="job-1:7:1"
+)
 TIGHT = StreamTimeouts(first_token=0.4, idle=0.3, total=10.0)
 FAST = RetryPolicy(attempts=3, initial=0.01, max_backoff=0.02)
 
@@ -291,7 +294,12 @@ async def test_request_headers_and_translated_body(
         {"role": "user", "content": "Thanks"},
     ]
     request = ChatRequest(
-        messages, tools=tools, tool_choice="required", request_id="job-1:7:2", stop=["END"]
+        messages,
+        tools=tools,
+        tool_choice="required",
+        request_id=RID,
+        client_request_id="job-1:7:2",
+        stop=["END"],
     )
     server.enqueue(messages_sse(*message_events(["ok"])))
     await guarded(provider, request)
@@ -299,7 +307,8 @@ async def test_request_headers_and_translated_body(
     assert sent.path == "/v1/messages"
     assert sent.headers["x-api-key"] == KEY
     assert sent.headers["anthropic-version"] == "2023-06-01"
-    assert sent.headers["x-request-id"] == "job-1:7:2"
+    assert sent.headers["x-request-id"] == RID
+    assert "x-client-request-id" not in sent.headers
     body = sent.json
     assert body["stream"] is True and body["max_tokens"] == 4096
     assert body["system"] == "Be brief." and body["stop_sequences"] == ["END"]
@@ -431,7 +440,8 @@ async def test_complete_reads_text_usage_and_tool_calls(server: SSEServer) -> No
     assert completion.usage == Usage(12, 7)
     assert completion.tool_calls == (ToolCall("toolu_2", "weather", '{"city":"Oslo"}'),)
     assert "stream" not in server.requests[0].json
-    assert server.requests[0].headers["x-request-id"] == "job-1:7:1"
+    assert server.requests[0].headers["x-request-id"] == RID
+    assert "x-client-request-id" not in server.requests[0].headers
 
 
 async def test_complete_http_error_keeps_the_message_and_hides_the_key(server: SSEServer) -> None:

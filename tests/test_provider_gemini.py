@@ -43,7 +43,10 @@ from tests.harness.gemini_server import (
 from tests.harness.sse_server import Event, Hang, Sleep, SSEServer
 
 KEY = "AIzaSy-test-secret-key"
-REQUEST = ChatRequest([{"role": "user", "content": "hi"}], request_id="job-1:7:1")
+RID = "9f1c1a57-2b7e-4f0c-8d7e-3c1b2a4d5e6f"  # a UUID4, as X-Request-Id carries it
+REQUEST = ChatRequest(
+    [{"role": "user", "content": "hi"}], request_id=RID, client_request_id="job-1:7:1"
+)
 TIGHT = StreamTimeouts(first_token=0.4, idle=0.3, total=10.0)
 EMPTY = gemini_event({"candidates": [{"content": {"parts": [], "role": "model"}, "index": 0}]})
 
@@ -273,7 +276,8 @@ async def test_request_url_headers_and_key(server: SSEServer, provider: GeminiPr
     assert sent.path == "/v1/models/gemini-test:streamGenerateContent?alt=sse"
     assert KEY not in sent.path
     assert sent.headers["x-goog-api-key"] == KEY
-    assert sent.headers["x-request-id"] == "job-1:7:1"
+    assert sent.headers["x-request-id"] == RID
+    assert "x-client-request-id" not in sent.headers
     assert sent.json["contents"] == [{"role": "user", "parts": [{"text": "hi"}]}]
     assert sent.json["generationConfig"] == {"thinkingConfig": {"includeThoughts": True}}
 

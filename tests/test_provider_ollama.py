@@ -51,6 +51,9 @@ PATHS: dict[str, Callable[..., OllamaProvider]] = {
 }
 
 
+RID = "9f1c1a57-2b7e-4f0c-8d7e-3c1b2a4d5e6f"  # a UUID4, as X-Request-Id carries it
+
+
 @pytest.fixture
 async def server() -> AsyncIterator[SSEServer]:
     async with SSEServer() as running:
@@ -108,7 +111,8 @@ async def test_request_body_path_and_headers(provider: OllamaProvider, server: S
         max_tokens=64,
         stop=["\n\n"],
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
-        request_id="job-1:7:2",
+        request_id=RID,
+        client_request_id="job-1:7:2",
     )
     made = OllamaProvider(base_url=ollama_url(server), model="m", think=True, http=provider.http)
     try:
@@ -117,7 +121,8 @@ async def test_request_body_path_and_headers(provider: OllamaProvider, server: S
         await made.aclose()
     [sent] = server.requests
     assert (sent.method, sent.path) == ("POST", "/api/chat")
-    assert sent.headers["x-request-id"] == "job-1:7:2"
+    assert sent.headers["x-request-id"] == RID
+    assert "x-client-request-id" not in sent.headers
     assert "authorization" not in sent.headers
     assert sent.json == {
         "model": "m",

@@ -37,7 +37,10 @@ from tests.harness.responses_server import (
 )
 from tests.harness.sse_server import json_response
 
-REQUEST = ChatRequest([{"role": "user", "content": "hi"}], request_id="job-1:7:1")
+RID = "9f1c1a57-2b7e-4f0c-8d7e-3c1b2a4d5e6f"  # a UUID4, as X-Request-Id carries it
+REQUEST = ChatRequest(
+    [{"role": "user", "content": "hi"}], request_id=RID, client_request_id="job-1:7:1"
+)
 RELAXED = StreamTimeouts(first_token=5.0, idle=5.0, total=10.0)
 TIGHT = StreamTimeouts(first_token=0.4, idle=0.3, total=10.0)
 ANSWER = ["The ", "whole ", "answer, ", "exactly ", "once."]
@@ -128,12 +131,14 @@ async def test_request_body_and_headers(
         tools=[{"type": "function", "function": function}],
         tool_choice={"type": "function", "function": {"name": "weather"}},
         response_format={"type": "json_schema", "json_schema": {"name": "out", "schema": schema}},
-        request_id="job-1:7:1",
+        request_id=RID,
+        client_request_id="job-1:7:1",
     )
     server.script(text_events(["{}"]))
     await guarded(provider, request)
     sent = server.requests[0]
-    assert sent.headers["x-request-id"] == "job-1:7:1"
+    assert sent.headers["x-request-id"] == RID
+    assert sent.headers["x-client-request-id"] == "job-1:7:1"
     assert sent.headers["authorization"] == "Bearer sk-test"
     body = sent.json
     assert body["instructions"] == "Be brief."

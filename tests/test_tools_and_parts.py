@@ -54,12 +54,14 @@ PARTS = [
     {"type": "text", "text": "What is in these?"},
     {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
 ]
+RID = "9f1c1a57-2b7e-4f0c-8d7e-3c1b2a4d5e6f"  # a UUID4, as X-Request-Id carries it
 REQUEST = ChatRequest(
     [{"role": "user", "content": PARTS}],
     tools=[WEATHER],
     tool_choice={"type": "function", "function": {"name": "get_weather"}},
     response_format=SCHEMA_FORMAT,
-    request_id="job-1:3:1",
+    request_id=RID,
+    client_request_id="job-1:3:1",
 )
 NO_RETRY = RetryPolicy(attempts=1)
 
@@ -139,7 +141,8 @@ async def test_stream_request_carries_tools_choice_format_parts_and_request_id(
     assert sent.json["tools"] == [WEATHER]
     assert sent.json["tool_choice"] == REQUEST.tool_choice
     assert sent.json["response_format"] == SCHEMA_FORMAT
-    assert sent.headers["x-request-id"] == "job-1:3:1"
+    assert sent.headers["x-request-id"] == RID
+    assert sent.headers["x-client-request-id"] == "job-1:3:1"
     assert "idempotency-key" not in sent.headers
 
 
@@ -165,7 +168,8 @@ async def test_complete_returns_tool_calls_and_reasoning_tokens(
     assert completion.usage is not None and completion.usage.reasoning_tokens == 12
     sent = server.requests[0]
     assert sent.json["tools"] == [WEATHER] and "stream" not in sent.json
-    assert sent.headers["x-request-id"] == "job-1:3:1"
+    assert sent.headers["x-request-id"] == RID
+    assert sent.headers["x-client-request-id"] == "job-1:3:1"
 
 
 async def test_streamed_usage_counts_reasoning_tokens(

@@ -46,17 +46,22 @@ def provider_options(
     env = os.environ if env is None else env
     name = overrides.get("name", cfg.name)
     key, bound = _key(settings, name, env)
+    configured = bound if key is not None else _base_url(settings, name, env)
     base_url = overrides.get("base_url")
     if base_url is None:
-        base_url = bound if key is not None else _base_url(settings, name, env)
+        base_url = configured
     elif key is not None and base_url != bound:
         from ai_lease.providers.keys import check_key_destination
 
         check_key_destination(base_url, bound, cfg.allowed_hosts)
+    headers = _headers(settings, name, overrides)
+    if headers and base_url is not None and base_url != configured:
+        _check_headers_go(settings, name, env, headers, base_url, configured)
     options: dict[str, Any] = {
         "model": overrides.get("model", cfg.model),
         "base_url": base_url,
         "api_key": key,
+        "headers": headers or None,  # a plug-in factory gets headers= only when set
     }
     if name in SAMPLED:  # the settings' sampling values are defaults: a job's own win
         options["temperature"] = cfg.temperature
@@ -67,6 +72,52 @@ def provider_options(
     if name == "openai-responses":
         options["background"] = overrides.get("background", cfg.background)
     return name, options
+
+
+def _headers(settings: Settings, name: str, overrides: Mapping[str, Any]) -> dict[str, str]:
+    """Provider ``name``'s extra headers: ``[provider] headers`` (when it is the configured
+    provider), then ``[providers.<name>] headers``, then the job file's, later ones winning."""
+    from ai_lease.providers.headers import check_headers, merge_headers
+
+    cfg, own = settings.provider, settings.providers.get(name)
+    layers = [cfg.headers if name == cfg.name else {}, own.headers if own is not None else {}]
+    given = overrides.get("headers")
+    if given is not None:
+        try:
+            layers.append(check_headers(given, "job file [provider] headers: "))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return merge_headers(*layers)
+
+
+def _check_headers_go(
+    settings: Settings,
+    name: str,
+    env: Mapping[str, str],
+    headers: Mapping[str, str],
+    target: str,
+    configured: str | None,
+) -> None:
+    """A job file's base URL on another host than the configured one gets no header that
+    carries a credential (by its name, or a value holding a configured key), unless
+    ``provider.allowed_hosts`` lists that host."""
+    from ai_lease.providers.headers import secret_headers
+    from ai_lease.providers.keys import DEFAULT_BASE_URL, check_header_destination
+
+    secret = secret_headers(headers, _known_keys(settings, env))
+    if secret:
+        trusted = configured or _default_url(name) or DEFAULT_BASE_URL
+        check_header_destination(target, trusted, settings.provider.allowed_hosts, secret)
+
+
+def _known_keys(settings: Settings, env: Mapping[str, str]) -> list[str]:
+    """Every API key the settings and the environment hold (to spot one in a header)."""
+    from ai_lease.providers import BUILTINS
+
+    keys = [settings.provider.api_key, *(p.api_key for p in settings.providers.values())]
+    found = [k.get_secret_value() for k in keys if k is not None]
+    variables = {v for builtin in BUILTINS.values() for v in builtin.key_env}
+    return found + [value for v in sorted(variables) if (value := env.get(v))]
 
 
 def _family(name: str) -> tuple[str, ...] | None:

@@ -387,9 +387,10 @@ class JobAdmin(Protocol):
 TIMELINE_CAP = 200
 """Entries a job's timeline keeps: the oldest go first, and are counted as dropped."""
 
-NOTE_KINDS = ("terminated", "reaped")
+NOTE_KINDS = ("terminated", "reaped", "model_call")
 """What :meth:`JobNotes.note` may append: the termination ladder's steps (a signal sent to
-an owner's child process, the child collected), written by the worker that sent them."""
+an owner's child process, the child collected), written by the worker that sent them; and
+each model call's ids (``model_call``: its ``X-Request-Id`` and client id), by its owner."""
 
 NOTE_LIMIT = 2000
 """Characters of a note's ``detail`` kept (the rest is clipped)."""

@@ -10,7 +10,9 @@ declaring a factory under the entry-point group ``ai_lease.providers``::
     my-model = "my_package:make_provider"      # make_provider(**options) -> Provider
 
 Options handed to a factory (only those set): ``model``, ``base_url``, ``api_key``
-(a ``SecretStr``), ``connect_timeout``, ``read_timeout``; the CLI gives the two built-in
+(a ``SecretStr``), ``connect_timeout``, ``read_timeout``, ``headers`` (extra request
+headers, ``{name: value}``; a value of ``""`` means "do not send this header": see
+:mod:`ai_lease.providers.headers`); the CLI gives the two built-in
 OpenAI adapters also ``temperature``, ``max_tokens`` (defaults for requests that set none)
 and ``max_event_bytes``. A Python caller can always pass a provider object directly instead.
 """

@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from ai_lease.providers.request_ids import CLIENT_ID_HEADER, REQUEST_ID_HEADER, client_id_header
+
 __all__ = [
     "BatchStreaming",
     "ChatRequest",
@@ -66,9 +68,12 @@ class ChatRequest:
     ``tool_choice``: ``"auto"`` / ``"none"`` / ``"required"`` or
     ``{"type": "function", "function": {"name": …}}``; ``response_format``:
     ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name",
-    "schema", "strict"}}``. ``request_id`` (``<job key>:<token>:<call n>``) goes out as the
-    ``X-Request-Id`` header, never the prompt. ``resume`` is a checkpoint of an earlier
-    owner's stream to resume; ``on_checkpoint`` receives a resumable stream's checkpoints.
+    "schema", "strict"}}``. ``request_id`` (a UUID, fresh per call) goes out as the
+    ``X-Request-Id`` header; ``client_request_id`` (the job's correlation,
+    ``<job key>:<token>:<call n>``) as ``X-Client-Request-Id`` on the OpenAI paths
+    (:mod:`ai_lease.providers.request_ids`); never the prompt. ``resume`` is a checkpoint of
+    an earlier owner's stream to resume; ``on_checkpoint`` receives a resumable stream's
+    checkpoints.
     """
 
     messages: Sequence[Mapping[str, Any]]
@@ -83,10 +88,16 @@ class ChatRequest:
     request_id: str | None = None
     resume: Checkpoint | None = None
     on_checkpoint: Callable[[Checkpoint], None] | None = field(default=None, compare=False)
+    client_request_id: str | None = None
 
-    def headers(self) -> dict[str, str]:
-        """The tracing headers every adapter sends: ``X-Request-Id`` when there is one."""
-        return {"X-Request-Id": self.request_id} if self.request_id else {}
+    def headers(self, *, client_id: bool = False) -> dict[str, str]:
+        """The tracing headers: ``X-Request-Id`` when there is one (every adapter sends it),
+        and with ``client_id`` (the OpenAI paths) ``X-Client-Request-Id``, made header-safe
+        (ASCII, at most 512 characters) when a caller's value is not."""
+        out = {REQUEST_ID_HEADER: self.request_id} if self.request_id else {}
+        if client_id and self.client_request_id:
+            out[CLIENT_ID_HEADER] = client_id_header(self.client_request_id)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,9 @@ Retryable: 408, 409, 425, 429 (honouring ``Retry-After``, bounded to
 :data:`MAX_RETRY_AFTER_S`; a value that is neither seconds nor an HTTP date is ignored),
 5xx, connection failures and garbage where JSON was promised. Not retryable: every other
 4xx (400 bad request, 401 bad key, 403, 404 unknown model…), and a content filter. The
-provider's own message is kept.
+provider's own message is kept; an answer with an empty body says instead what was sent
+that a server may refuse (:func:`describe_sent`: the method, the body's size, the header
+names, never a value).
 """
 
 from __future__ import annotations
@@ -12,13 +14,19 @@ from __future__ import annotations
 import email.utils
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import orjson
 
 from ai_lease.errors import ProviderError
 
-__all__ = ["MAX_RETRY_AFTER_S", "parse_retry_after", "status_error"]
+__all__ = [
+    "MAX_RETRY_AFTER_S",
+    "describe_sent",
+    "empty_answer",
+    "parse_retry_after",
+    "status_error",
+]
 
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 MAX_RETRY_AFTER_S = 60.0
@@ -46,12 +54,35 @@ def parse_retry_after(value: str | None) -> float | None:
     return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
 
 
-def _message(body: bytes) -> str:
+def describe_sent(method: str, headers: Iterable[str], body: bytes | None) -> str:
+    """What a request carried, for an error whose answer says nothing: the method, the
+    body's size and the header names (sorted, never a value: one may hold a key).
+
+    >>> describe_sent("POST", ["X-Request-Id", "Authorization"], b"{}")
+    'POST with a 2-byte body and headers Authorization, X-Request-Id'
+    """
+    names = ", ".join(sorted(headers, key=str.lower)) or "none"
+    size = f"a {len(body)}-byte body" if body else "no body"
+    return f"{method} with {size} and headers {names}"
+
+
+def empty_answer(sent: str) -> str:
+    """The message of an error answer with an empty body: what was sent, for a server that
+    refused something without saying what (``sent`` from :func:`describe_sent`)."""
+    return (
+        f"an empty body: the server said nothing of why. The request was {sent}; "
+        "a server may refuse one of those (a header, the body's size)"
+    )
+
+
+def _message(body: bytes, sent: Callable[[], str] | None = None) -> str:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         text = body.decode("utf-8", "replace").strip()
-        return text[:200] or "(empty body)"
+        if text:
+            return text[:200]
+        return "(empty body)" if sent is None else empty_answer(sent())
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict) and error.get("message"):
         return str(error["message"])[:500]
@@ -61,12 +92,16 @@ def _message(body: bytes) -> str:
 
 
 def status_error(
-    provider: str, status: int, body: bytes, headers: Mapping[str, str]
+    provider: str,
+    status: int,
+    body: bytes,
+    headers: Mapping[str, str],
+    sent: Callable[[], str] | None = None,
 ) -> ProviderError:
-    """The error for a non-2xx answer."""
+    """The error for a non-2xx answer; ``sent`` describes the request (for an empty body)."""
     retryable = status >= 500 or status in _RETRYABLE_4XX
     return ProviderError(
-        f"HTTP {status}: {_message(body)}",
+        f"HTTP {status}: {_message(body, sent)}",
         retryable=retryable,
         provider=provider,
         status=status,

@@ -21,9 +21,16 @@ import aiohttp
 import httpx
 
 from ai_lease.errors import ConfigError, ProviderError
-from ai_lease.providers.errors import status_error
+from ai_lease.providers.errors import describe_sent, status_error
 
-__all__ = ["Read", "aiohttp_reads", "check_answer", "http_path", "httpx_reads", "new_session"]
+__all__ = [
+    "Read",
+    "aiohttp_reads",
+    "check_answer",
+    "http_path",
+    "httpx_reads",
+    "new_session",
+]
 
 log = logging.getLogger("ai_lease.providers.openai_compat")  # the adapter's own log, as before
 Read = Callable[[], Awaitable[bytes]]
@@ -36,16 +43,18 @@ async def check_answer(
     headers: Mapping[str, str],
     expect: str,
     read_body: Callable[[], Awaitable[bytes]],
+    sent: Callable[[], str] | None = None,
 ) -> None:
     """Refuse an answer that is not a success of the ``expect``-ed content type; the body
-    (read only then) gives the error its message. A 3xx is refused too: it is a wrong
-    ``base_url``, which no retry mends."""
+    (read only then) gives the error its message, or, empty, ``sent()`` (what the request
+    carried: :func:`~ai_lease.providers.errors.describe_sent`). A 3xx is refused too: it is
+    a wrong ``base_url``, which no retry mends."""
     kind = headers.get("content-type", "")
     if status < 300 and expect in kind:
         return
     content = await read_body()
     if status >= 300:
-        raise status_error(provider, status, content, headers)
+        raise status_error(provider, status, content, headers, sent)
     raise ProviderError(
         f"expected {expect}, got {kind or 'no content type'}: {content[:80]!r}",
         retryable=True,
@@ -87,6 +96,7 @@ async def aiohttp_reads(
             response.headers,
             expect,
             lambda: _head_of(content, _ERROR_BODY),
+            lambda: describe_sent(method, headers, body),
         )
         yield content.readany
 
@@ -104,7 +114,14 @@ async def httpx_reads(
     """The same through httpx (``body`` None: a GET)."""
     method = "GET" if body is None else "POST"
     async with client.stream(method, url, content=body, headers=headers) as response:
-        await check_answer(provider, response.status_code, response.headers, expect, response.aread)
+        await check_answer(
+            provider,
+            response.status_code,
+            response.headers,
+            expect,
+            response.aread,
+            lambda: describe_sent(method, headers, body),
+        )
         # Raw bytes: identity was asked for, so there is nothing to decode; a server that
         # compresses anyway goes through httpx's decoders.
         raw = response.aiter_raw() if _identity(response.headers) else response.aiter_bytes()

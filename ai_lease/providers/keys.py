@@ -21,7 +21,13 @@ from urllib.parse import urlsplit
 from ai_lease.errors import ConfigError
 from ai_lease.lease.urls import mask_url
 
-__all__ = ["DEFAULT_BASE_URL", "MAX_KEY_CHARS", "check_api_key", "check_key_destination"]
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "MAX_KEY_CHARS",
+    "check_api_key",
+    "check_header_destination",
+    "check_key_destination",
+]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_KEY_CHARS = 4096
@@ -65,12 +71,9 @@ def check_key_destination(target: str, bound: str | None, allowed_hosts: Iterabl
     may be sent to ``target``: the same scheme, host and port, or a host (``host`` or
     ``host:port``) in ``allowed_hosts``."""
     bound = bound or DEFAULT_BASE_URL
-    host, host_port = _host(target)
-    if urlsplit(target).scheme == urlsplit(bound).scheme and host_port == _host(bound)[1]:
+    if _may_go(target, bound, allowed_hosts):
         return
-    allowed = {h.strip().lower() for h in allowed_hosts}
-    if host in allowed or host_port in allowed:
-        return
+    host_port = _host(target)[1]
     raise ConfigError(
         f"provider.base_url {mask_url(target)!r} (from the job file) is another host than "
         f"the API key is configured for ({_host(bound)[1]}): the key is not sent there. "
@@ -78,3 +81,29 @@ def check_key_destination(target: str, bound: str | None, allowed_hosts: Iterabl
         f"(e.g. AI_LEASE_PROVIDER__ALLOWED_HOSTS={host_port}); or set provider.base_url in "
         "the configuration instead of the job file"
     )
+
+
+def check_header_destination(
+    target: str, trusted: str, allowed_hosts: Iterable[str], names: Iterable[str]
+) -> None:
+    """Raise :class:`ConfigError` unless headers ``names`` (they carry a credential) may go
+    to ``target``: the host the settings configured, ``trusted``, or one in
+    ``allowed_hosts`` (see :func:`check_key_destination`)."""
+    if _may_go(target, trusted, allowed_hosts):
+        return
+    host_port = _host(target)[1]
+    raise ConfigError(
+        f"provider.headers: {', '.join(sorted(names))} carry a credential, and "
+        f"provider.base_url {mask_url(target)!r} (from the job file) is another host than the "
+        f"one configured ({_host(trusted)[1]}): they are not sent there. To allow it, add "
+        f"{host_port!r} to provider.allowed_hosts; or drop those headers from the job file"
+    )
+
+
+def _may_go(target: str, bound: str, allowed_hosts: Iterable[str]) -> bool:
+    """Whether something bound to ``bound`` may be sent to ``target``."""
+    host, host_port = _host(target)
+    if urlsplit(target).scheme == urlsplit(bound).scheme and host_port == _host(bound)[1]:
+        return True
+    allowed = {h.strip().lower() for h in allowed_hosts}
+    return host in allowed or host_port in allowed

@@ -126,6 +126,7 @@ class OpenAICompatProvider(HTTPStreamProvider):
     """
 
     name = "openai-compatible"
+    sends_client_id = True
     framer: Callable[[int], SSEFramer] = SSEFramer  # the SSE framing, per stream
 
     def __init__(

@@ -45,6 +45,7 @@ from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Delta
 from ai_lease.providers.openai_compat import (
     _api_key,
 )
+from ai_lease.providers.request_ids import new_request_id
 from ai_lease.providers.responses_events import (
     ResponseNotResumable,
     ResponsesParser,
@@ -206,6 +207,7 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
     """
 
     name = "openai-responses"
+    sends_client_id = True
 
     def __init__(
         self,
@@ -247,7 +249,7 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
         if resume is not None:
             rid = quote(resume.response_id, safe="")
             url = f"{self._base}/responses/{rid}?stream=true&starting_after={resume.sequence}"
-            return url, None, {**self._headers, **request.headers()}
+            return url, None, self._request_headers(request)
         body = responses_body(
             request,
             self.model,
@@ -277,10 +279,14 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
                 if handed or not gone:
                     raise
                 why = str(exc)
+            fresh = new_request_id() if request.request_id else None  # one per HTTP request
             log.warning(
-                "response %s not resumed (%s): calling the model again", resume.response_id, why
+                "response %s not resumed (%s): calling the model again (X-Request-Id %s)",
+                resume.response_id,
+                why,
+                fresh,
             )
-            request = replace(request, resume=None)
+            request = replace(request, resume=None, request_id=fresh)
         async with contextlib.aclosing(self._batches(request, None)) as batches:
             async for batch in batches:
                 yield batch

@@ -21,7 +21,7 @@ A stream that ends (``[DONE]`` or the body's end) without a finish reason is
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import openai
@@ -42,7 +42,8 @@ from ai_lease.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from ai_lease.providers.errors import parse_retry_after
+from ai_lease.providers.errors import describe_sent, empty_answer, parse_retry_after
+from ai_lease.providers.headers import extra_headers, with_extra
 from ai_lease.providers.openai_compat import check_base_url, request_body, sampling_defaults
 from ai_lease.providers.sdk_events import WATCH, EventWatch, watching_hook
 from ai_lease.providers.sse import EventTooLarge
@@ -73,9 +74,13 @@ class OpenAISDKProvider(AsyncResource):
         temperature: float | None = None,
         max_tokens: int | None = None,
         max_event_bytes: int = StreamLimits.max_event_bytes,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
+        """``headers``: extra request headers over the SDK's own, one set to ``""`` not sent
+        (:mod:`ai_lease.providers.headers`)."""
         if base_url is not None:
             check_base_url(base_url)
+        self._extra = extra_headers(headers)
         self.defaults = sampling_defaults(temperature, max_tokens)
         key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         if key is None and base_url is None:
@@ -104,7 +109,7 @@ class OpenAISDKProvider(AsyncResource):
             retryable = status >= 500 or status in (408, 409, 425, 429)
             retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
             return ProviderError(
-                f"HTTP {status}: {exc.message}",
+                f"HTTP {status}: {_status_message(exc)}",
                 retryable=retryable,
                 provider=self.name,
                 status=status,
@@ -124,7 +129,7 @@ class OpenAISDKProvider(AsyncResource):
     async def stream_batches(self, request: ChatRequest) -> AsyncGenerator[list[Delta], None]:
         """The deltas of each SDK chunk together (see :class:`~.base.BatchStreaming`): the
         guard reads this directly, with no per-delta generator between it and the SDK."""
-        body = _sdk_body(request, self.model, self.defaults, stream=True)
+        body = _sdk_body(request, self.model, self.defaults, self._extra, stream=True)
         chunks, finished = 0, False
         stream: Any = None
         try:
@@ -214,7 +219,7 @@ class OpenAISDKProvider(AsyncResource):
 
     async def complete(self, request: ChatRequest) -> Completion:
         """One whole answer (not streamed): its text, usage and tool calls, if it made any."""
-        body = _sdk_body(request, self.model, self.defaults, stream=False)
+        body = _sdk_body(request, self.model, self.defaults, self._extra, stream=False)
         try:
             answer: Any = await self._client.chat.completions.create(**body)
         except self._openai.OpenAIError as exc:
@@ -246,14 +251,36 @@ class OpenAISDKProvider(AsyncResource):
 
 
 def _sdk_body(
-    request: ChatRequest, model: str | None, defaults: dict[str, Any], *, stream: bool
+    request: ChatRequest,
+    model: str | None,
+    defaults: dict[str, Any],
+    extra: Mapping[str, str],
+    *,
+    stream: bool,
 ) -> dict[str, Any]:
     """``chat.completions.create``'s arguments: the lean adapter's body (tools, tool choice
-    and response format included) and the request's tracing headers as ``extra_headers``."""
+    and response format included), and as ``extra_headers`` the request's tracing headers
+    with the user's ``extra`` over them (one set to ``""``: ``Omit()``, the SDK drops it,
+    its own default headers included)."""
     body = request_body(request, model, stream=stream, defaults=defaults)
-    if headers := request.headers():
+    headers: dict[str, str | openai.Omit] = {**with_extra(request.headers(client_id=True), extra)}
+    headers.update({name: openai.Omit() for name, value in extra.items() if not value})
+    if headers:
         body["extra_headers"] = headers
     return body
+
+
+def _status_message(exc: openai.APIStatusError) -> str:
+    """The SDK's message, or for an answer with an empty body what the request carried."""
+    try:
+        response = exc.response
+        if response.content.strip():
+            return exc.message
+        request = response.request
+        sent = describe_sent(request.method, request.headers.keys(), request.content)
+    except Exception:  # a body not read: the SDK's message is all there is
+        return exc.message
+    return empty_answer(sent)
 
 
 def _usage(usage: Any) -> Usage:

@@ -36,6 +36,8 @@ from ai_lease.job import sampling_problem
 from ai_lease.lease.urls import mask_url
 from ai_lease.providers.base import ChatRequest, Delta
 from ai_lease.providers.chunks import stream_error
+from ai_lease.providers.errors import describe_sent
+from ai_lease.providers.headers import extra_headers, with_extra
 from ai_lease.providers.http_paths import (
     Read,
     aiohttp_reads,
@@ -97,8 +99,10 @@ class StreamOptions(TypedDict, total=False):
     """How a lean adapter connects (each optional): ``connect_timeout`` (10 s) and
     ``read_timeout`` (600 s: no byte for that long fails the stream), ``client`` (an httpx
     client of the caller's, which means the httpx path), ``http`` (``"auto"``, ``"aiohttp"``,
-    ``"httpx"``), ``max_event_bytes``, ``max_connections`` (100) and ``pool_timeout`` (the
-    connect timeout: how long a stream waits for a free connection)."""
+    ``"httpx"``), ``max_event_bytes``, ``max_connections`` (100), ``pool_timeout`` (the
+    connect timeout: how long a stream waits for a free connection) and ``headers`` (extra
+    request headers over the adapter's own; one set to ``""`` is not sent:
+    :mod:`ai_lease.providers.headers`)."""
 
     connect_timeout: float
     read_timeout: float
@@ -107,6 +111,7 @@ class StreamOptions(TypedDict, total=False):
     max_event_bytes: int
     max_connections: int
     pool_timeout: float | None
+    headers: Mapping[str, str] | None
 
 
 class HTTPStreamProvider(AsyncResource, abc.ABC):
@@ -116,6 +121,7 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
     announces_connection = True  # stream_batches() yields [] once it holds a connection
     framer: Callable[[int], Framer] = SSEFramer  # the body's framing, one per stream
     content_type = "text/event-stream"  # what a streamed answer must be
+    sends_client_id = False  # X-Client-Request-Id too: the OpenAI paths document it
 
     def __init__(
         self,
@@ -132,6 +138,7 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
         self.model = model
         self.defaults = sampling_defaults(temperature, max_tokens)
         self._headers: dict[str, str] = {}  # every request's (the key's): set by the adapter
+        self._extra = extra_headers(options.get("headers"))  # the user's, applied last
         connect_timeout = options.get("connect_timeout", 10.0)
         read_timeout = options.get("read_timeout", 600.0)
         client = options.get("client")
@@ -153,22 +160,26 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
 
     def _post_headers(self, request: ChatRequest) -> dict[str, str]:
         """A JSON request's headers: the adapter's, the request's tracing ones."""
-        return {**self._headers, **request.headers(), "Content-Type": "application/json"}
+        return {**self._request_headers(request), "Content-Type": "application/json"}
+
+    def _request_headers(self, request: ChatRequest) -> dict[str, str]:
+        """The adapter's headers (the key's) and the request's tracing ones."""
+        return {**self._headers, **request.headers(client_id=self.sends_client_id)}
 
     async def post_json(self, url: str, body: bytes, request: ChatRequest) -> bytes:
         """A request not streamed: POST ``body`` and return the JSON answer's bytes; a
         non-2xx answer or one that is not JSON is the provider's error, as a stream's is. The
         stage's hard deadline bounds it from outside."""
         try:
-            response = await self._client.post(
-                url, content=body, headers=self._post_headers(request)
-            )
+            headers = with_extra(self._post_headers(request), self._extra)
+            response = await self._client.post(url, content=body, headers=headers)
             await check_answer(
                 self.name,
                 response.status_code,
                 response.headers,
                 "application/json",
                 response.aread,
+                lambda: describe_sent("POST", headers, body),
             )
         except httpx.HTTPError as exc:
             raise stream_error(self.name, f"{type(exc).__name__}: {exc}", 0) from exc
@@ -252,7 +263,7 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
         """The streamed body's reads on this provider's HTTP path. Event streams are not
         worth compressing: identity is asked for (a server that compresses anyway is
         decoded by the HTTP library, its output still bounded)."""
-        headers = {**headers, "Accept-Encoding": "identity"}
+        headers = with_extra({**headers, "Accept-Encoding": "identity"}, self._extra)
         if self._http == "aiohttp":
             return aiohttp_reads(
                 self.name,

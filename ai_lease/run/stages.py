@@ -11,11 +11,9 @@ plain ``async`` function of a :class:`~ai_lease.run.pipeline.StageContext`: repl
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import quote
 
 import orjson
 
@@ -25,7 +23,9 @@ from ai_lease.job_shapes import image_parts
 from ai_lease.lease.base import CHECKPOINT_LIMIT
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Provider
+from ai_lease.providers.request_ids import client_request_id, new_request_id
 from ai_lease.retry import call_with_retries
+from ai_lease.run.call_notes import call_detail, noting_call
 from ai_lease.run.stream_guard import StreamGuard
 
 if TYPE_CHECKING:
@@ -110,21 +110,23 @@ async def build_prompt(ctx: StageContext) -> ChatRequest:
 async def call_ai(ctx: StageContext) -> Completion:
     """Call the model: streamed under the stream guard (every text, reasoning or
     tool-argument fragment is progress), or in one response under the stage's hard
-    deadline; transient failures are retried within that deadline. Each call carries
-    ``X-Request-Id: <key>:<token>:<n>``. A stream an earlier owner left a checkpoint of
+    deadline; transient failures are retried within that deadline. Each call sends a fresh
+    UUID as ``X-Request-Id`` and ``<key>:<token>:<n>`` as the client id, both noted in the
+    job's timeline (:mod:`~ai_lease.run.call_notes`). A stream an earlier owner left a checkpoint of
     (same provider) is resumed, not requested again; if resuming fails, a fresh call."""
     provider = ctx.provider
     if provider is None:
         raise JobSpecError(f"job {ctx.job.key!r}: no provider to call")
     request: ChatRequest = ctx.output("build_prompt")
     resume = resume_point(ctx.resume_from, provider.name, ctx.job.key) if ctx.job.stream else None
+    sent: list[str] = []  # each call's X-Request-Id
 
     async def once() -> Completion:
         nonlocal resume
         point, resume = resume, None  # only the first call resumes: a retry is a fresh one
         if point is not None:
             try:
-                return await _call(ctx, provider, request, point)
+                return await _call(ctx, provider, request, point, sent)
             except ProviderError as exc:  # the response is gone, failed, or will not resume
                 log.warning(
                     "job %r: resuming %s failed (%s): calling afresh",
@@ -133,11 +135,10 @@ async def call_ai(ctx: StageContext) -> Completion:
                     exc,
                 )
                 ctx.say("resume_failed", str(exc), attrs={"provider": provider.name})
-        return await _call(ctx, provider, request, None)
+        return await _call(ctx, provider, request, None, sent)
 
     completion = await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
-    model = request.model or getattr(provider, "model", None)
-    _report(ctx, provider, completion, model if isinstance(model, str) else None)
+    _report(ctx, provider, completion, _model(request, provider), sent[-1])
     _record(ctx, provider, request, completion)
     ctx.finish_reason = completion.finish_reason
     if completion.finish_reason == "length":  # a whole answer, but capped: say so
@@ -183,19 +184,35 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
 
 
 async def _call(
-    ctx: StageContext, provider: Provider, request: ChatRequest, resume: Checkpoint | None
+    ctx: StageContext,
+    provider: Provider,
+    request: ChatRequest,
+    resume: Checkpoint | None,
+    sent: list[str],
 ) -> Completion:
-    """One model call (the ``n``-th of the attempt), on a live lease only: a side effect."""
+    """One model call (the ``n``-th of the attempt), on a live lease only: a side effect.
+    Its ids (a fresh UUID, the job's correlation) go with it and into the timeline."""
     ctx.ensure_lease()
     ctx.calls += 1
-    fence = ctx.fence
-    request = replace(request, request_id=request_id(fence.key, fence.token, ctx.calls))
-    if not ctx.job.stream:
-        return await provider.complete(request)
-    if resume is not None:
-        ctx.say("resumed", resume.response_id, attrs={"sequence": resume.sequence})
-    request = replace(request, resume=resume, on_checkpoint=ctx.note_checkpoint)
-    return await _streamed(ctx, provider, request)
+    fence, n, rid = ctx.fence, ctx.calls, new_request_id()
+    client_id = client_request_id(fence.key, fence.token, n)
+    request = replace(request, request_id=rid, client_request_id=client_id)
+    sent.append(rid)
+    detail = call_detail(n, rid, client_id, provider.name, _model(request, provider))
+    ctx.say("model_request", detail, attrs={"request_id": rid, "client_request_id": client_id})
+    async with noting_call(ctx.store, fence, ctx.tracker.stage, detail):
+        if not ctx.job.stream:
+            return await provider.complete(request)
+        if resume is not None:
+            ctx.say("resumed", resume.response_id, attrs={"sequence": resume.sequence})
+        request = replace(request, resume=resume, on_checkpoint=ctx.note_checkpoint)
+        return await _streamed(ctx, provider, request)
+
+
+def _model(request: ChatRequest, provider: Provider) -> str | None:
+    """The model a call names: the request's, else the provider's (when it says one)."""
+    model = request.model or getattr(provider, "model", None)
+    return model if isinstance(model, str) else None
 
 
 def resume_point(raw: str | None, provider: str, key: str) -> Checkpoint | None:
@@ -232,28 +249,6 @@ def _parsed_checkpoint(raw: str) -> tuple[str | None, Checkpoint | None]:
     return None, Checkpoint(provider, response_id, sequence, text=text)
 
 
-# Printable ASCII but '%' (the escape) and space (trimmed by HTTP): kept as they are.
-_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
-_REQUEST_KEY_MAX = 200  # characters of the encoded key kept whole in the header
-
-
-def request_id(key: str, token: int, n: int) -> str:
-    """``<key>:<token>:<n>``, header-safe: the key's control, non-ASCII, space and ``%``
-    characters percent-encoded (UTF-8); an encoded key over 200 characters is cut and
-    followed by ``~`` and 16 hex digits of its SHA-256, so the value stays short and unique.
-
-    >>> request_id("report é", 17, 2)
-    'report%20%C3%A9:17:2'
-    """
-    safe = quote(key, safe=_HEADER_SAFE)
-    if len(safe) > _REQUEST_KEY_MAX:
-        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        cut = safe[: _REQUEST_KEY_MAX - 20]
-        cut = cut[: cut.rfind("%")] if "%" in cut[-2:] else cut  # never half an escape
-        safe = f"{cut}~{digest}"
-    return f"{safe}:{token}:{n}"
-
-
 def _first_token(ctx: StageContext, provider: Provider, seconds: float) -> None:
     ctx.ran["first_token_s"] = seconds  # kept in the record
     ctx.say("first_token", provider.name, value=seconds)
@@ -265,8 +260,7 @@ def _record(
     """What ran, for the record the commit writes: provider, model and token usage
     (reasoning tokens, part of the completion's, told apart)."""
     usage = completion.usage
-    model = request.model or getattr(provider, "model", None)
-    ctx.ran.update(provider=provider.name, model=model if isinstance(model, str) else None)
+    ctx.ran.update(provider=provider.name, model=_model(request, provider))
     if usage is not None:
         ctx.ran.update(
             prompt_tokens=usage.prompt_tokens,
@@ -276,7 +270,11 @@ def _record(
 
 
 def _report(
-    ctx: StageContext, provider: Provider, completion: Completion, model: str | None
+    ctx: StageContext,
+    provider: Provider,
+    completion: Completion,
+    model: str | None,
+    request_id: str,
 ) -> None:
     usage = completion.usage
     ctx.say(
@@ -285,6 +283,7 @@ def _report(
         attrs={
             "provider": provider.name,
             "model": model or "",
+            "request_id": request_id,
             "chunks": completion.chunks,
             "prompt_tokens": usage.prompt_tokens if usage else 0,
             "completion_tokens": usage.completion_tokens if usage else 0,

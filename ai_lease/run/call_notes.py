@@ -1,0 +1,96 @@
+"""Each model call's ids in the job's timeline: a ``model_call`` entry per call.
+
+A call sends a fresh UUID as ``X-Request-Id`` and the job's correlation
+(``<key>:<token>:<n>``) as ``X-Client-Request-Id`` (:mod:`ai_lease.providers.request_ids`).
+:func:`noting_call` writes both into the job's stored timeline (the store's
+:meth:`~ai_lease.lease.base.JobNotes.note`), so ``ai-lease events KEY`` finds the id a
+provider logged. The note is written *beside* the call, never before it (no round trip
+delays the first token), and waited for when the call ends, at most :data:`CALL_NOTE_WAIT_S`;
+a store without notes (a third-party one, an isolated job's child) is skipped, and a note
+that fails is logged and dropped: it never fails the call.
+
+>>> call_detail(2, "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "k:7:2", "ollama", "qwen3")
+'call 2 · ollama qwen3 · request_id 1b4e28ba-2fa1-11d2-883f-0016d3cca427 · client_request_id k:7:2'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from ai_lease.lease.base import Fence
+
+__all__ = ["CALL_NOTE_WAIT_S", "call_detail", "noting_call"]
+
+CALL_NOTE_WAIT_S = 2.0
+"""Seconds a call's end waits for its note to be written (then it is given up on)."""
+
+_log = logging.getLogger("ai_lease.runner")
+
+
+def call_detail(n: int, request_id: str, client_id: str, provider: str, model: str | None) -> str:
+    """A ``model_call`` entry's detail: the call's number, provider, model and both ids."""
+    name = f"{provider} {model}" if model else provider
+    return f"call {n} · {name} · request_id {request_id} · client_request_id {client_id}"
+
+
+@contextlib.asynccontextmanager
+async def noting_call(
+    store: object, fence: Fence, stage: str | None, detail: str
+) -> AsyncIterator[None]:
+    """Note ``detail`` as a ``model_call`` entry of ``fence``'s job while the block runs."""
+    note = getattr(store, "note", None)
+    if note is None:
+        yield
+        return
+    task = asyncio.create_task(
+        note(
+            fence.key, "model_call", detail, owner_id=fence.owner_id, token=fence.token, stage=stage
+        )
+    )
+    try:
+        yield
+    except Exception:
+        await _settle(task, fence.key)
+        raise
+    except BaseException:  # cancelled: no await here, the task's unwinding stays as it was
+        _leave(task, fence.key)
+        raise
+    await _settle(task, fence.key)
+
+
+_PENDING: set[asyncio.Task[object]] = set()  # notes left to finish by themselves
+
+
+async def _settle(task: asyncio.Task[object], key: str) -> None:
+    """Wait for the note at most :data:`CALL_NOTE_WAIT_S`; log (never raise) its failure."""
+    if not task.done():
+        await asyncio.wait({task}, timeout=CALL_NOTE_WAIT_S)
+    if not task.done():
+        task.cancel()
+        _log.warning(
+            "job %r: the model call's timeline note took over %g s: dropped", key, CALL_NOTE_WAIT_S
+        )
+        return
+    _told(task, key)
+
+
+def _leave(task: asyncio.Task[object], key: str) -> None:
+    """A cancelled call's note finishes by itself (bounded by the store's op timeout)."""
+    if task.done():
+        _told(task, key)
+        return
+    _PENDING.add(task)
+
+    def finished(done: asyncio.Task[object]) -> None:
+        _PENDING.discard(done)
+        _told(done, key)
+
+    task.add_done_callback(finished)
+
+
+def _told(task: asyncio.Task[object], key: str) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        _log.warning("job %r: the model call's timeline note failed: %s", key, exc)

@@ -1,0 +1,70 @@
+"""An error answer with an empty body (issue 24: llama-cpp-python's 400 to a non-UUID
+X-Request-Id) says what was sent that a server may refuse, never "(empty body)" alone:
+the status, the request's header names (never a value) and its body's size."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+
+from ai_lease.errors import ProviderError
+from ai_lease.providers.base import ChatRequest, Provider
+from ai_lease.providers.ollama import OllamaProvider
+from ai_lease.providers.openai_compat import OpenAICompatProvider
+from ai_lease.providers.openai_sdk import OpenAISDKProvider
+from tests.harness.ollama_server import ollama_url
+from tests.harness.sse_server import SSEServer, raw
+
+KEY = "sk-hush-0123456789"
+REQUEST = ChatRequest(
+    [{"role": "user", "content": "hi"}], request_id="not-a-uuid", client_request_id="k:1:1"
+)
+PATHS: dict[str, Callable[[SSEServer], Provider]] = {
+    "aiohttp": lambda s: OpenAICompatProvider(base_url=s.base_url, api_key=KEY, model="m"),
+    "httpx": lambda s: OpenAICompatProvider(
+        base_url=s.base_url, api_key=KEY, model="m", http="httpx"
+    ),
+    "sdk": lambda s: OpenAISDKProvider(base_url=s.base_url, api_key=KEY, model="m"),
+    "ollama": lambda s: OllamaProvider(base_url=ollama_url(s), api_key=KEY, model="m"),
+}
+EMPTY_400 = raw(400, b"", "text/plain")
+
+
+async def _error(provider: Provider, stream: bool) -> ProviderError:
+    try:
+        with pytest.raises(ProviderError) as caught:
+            if stream:
+                async for _ in provider.stream(REQUEST):
+                    pass
+            else:
+                await provider.complete(REQUEST)
+    finally:
+        await provider.aclose()
+    return caught.value
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "complete"])
+async def test_an_empty_error_body_names_the_headers_and_size_sent(path: str, stream: bool) -> None:
+    """HTTP 400 with no body: the message has the status, 'empty body', the header names
+    sent (X-Request-Id, Authorization) and the body's size; never the key."""
+    async with SSEServer() as server:
+        server.enqueue(EMPTY_400)
+        error = await _error(PATHS[path](server), stream)
+        size = len(server.requests[0].body)
+    text = str(error)
+    assert error.status == 400 and not error.retryable, text
+    assert "HTTP 400: an empty body" in text, text
+    assert re.search(r"(?i)\bx-request-id\b", text) and re.search(r"(?i)\bauthorization\b", text)
+    assert f"a {size}-byte body" in text, text
+    assert KEY not in text and "not-a-uuid" not in text, text
+
+
+async def test_a_body_with_a_message_keeps_the_servers_words() -> None:
+    """An error answer that says something is reported as the server said it."""
+    async with SSEServer() as server:
+        server.enqueue(raw(400, b"bad header", "text/plain"))
+        error = await _error(PATHS["httpx"](server), True)
+    assert str(error).endswith("HTTP 400: bad header"), str(error)
