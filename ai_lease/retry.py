@@ -10,7 +10,10 @@ Two retry loops run in ai_lease, at two scales:
 * :data:`MODEL_CALL` — retries of **one model call** within the ``call_ai`` stage
   (:func:`call_with_retries`): transient failures only, 0.5 s then 1 s apart with jitter,
   honouring ``Retry-After``, and never past the stage's hard deadline. The first call goes
-  straight through; tenacity takes over after a transient error.
+  straight through; tenacity takes over after a transient error. An **interrupted** stream
+  (:class:`StreamInterrupted`: another request took the server's slot) is called again up to
+  :data:`INTERRUPTED_CALLS` times in all, the waits growing (0.5, 1, 2, 4, then 8 s, each
+  times a random 0.5-1.0) so that callers contending for one slot spread out.
 
 Below them, the stores resend one operation (:func:`resend`), never more than their
 ``op_timeout`` allows: :data:`COMMIT_RESEND` resends a fenced commit whose answer was lost
@@ -26,7 +29,9 @@ content arrived is not silently resent (the runner's next *attempt* may run the 
 visibly) — except a :class:`StreamInterrupted` one: the server itself ended that answer
 without a finish reason (llama.cpp's server does so when another request arrives), its
 partial text is dropped, and calling again is what the caller would do. A retry is never
-progress.
+progress. A 5xx whose body says the request itself is invalid (a ``json_schema`` llama.cpp
+cannot compile: :class:`~ai_lease.providers.errors.RequestRefused`) is called once more,
+no more, and fails the job without another attempt.
 
 >>> JOB_ATTEMPTS.backoff(1), JOB_ATTEMPTS.backoff(2), JOB_ATTEMPTS.backoff(3)
 (1.0, 2.0, 4.0)
@@ -60,9 +65,11 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 
 from ai_lease.errors import ConfigError, FirstTokenTimeout, ProviderError, StreamInterrupted
+from ai_lease.providers.errors import RequestRefused
 
 __all__ = [
     "COMMIT_RESEND",
+    "INTERRUPTED_CALLS",
     "JOB_ATTEMPTS",
     "MODEL_CALL",
     "STALE_CONNECTION",
@@ -137,6 +144,10 @@ JOB_ATTEMPTS = RetryPolicy(attempts=3, initial=1.0, multiplier=2.0, max_backoff=
 
 MODEL_CALL = RetryPolicy(attempts=3, initial=0.5, multiplier=2.0, max_backoff=8.0)
 """Retries of one model call within a stage: up to 3 tries, 0.5 s then 1 s apart (jitter)."""
+
+INTERRUPTED_CALLS = 8
+"""Calls in all for a stream the server keeps interrupting (within the stage's deadline):
+more than :data:`MODEL_CALL`'s 3, since an interruption is contention, not a fault."""
 
 COMMIT_RESEND = RetryPolicy(attempts=3, initial=0.1, multiplier=2.0, max_backoff=30.0)
 """Resends of a fenced commit whose answer was lost: 3 sends, 0.1 s then 0.2 s apart."""
@@ -242,12 +253,42 @@ def _locked(exc: BaseException) -> bool:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Worth calling again: retryable and nothing was received yet (or interrupted)."""
+    """Worth calling again: retryable and nothing was received yet (or interrupted). A
+    :class:`~ai_lease.providers.errors.RequestRefused` (a 5xx saying the request is invalid)
+    is too, but :func:`call_with_retries` calls again after it once only."""
     if isinstance(exc, StreamInterrupted):
         return True
+    if isinstance(exc, RequestRefused):
+        return not exc.partial
     if isinstance(exc, ProviderError):
         return exc.retryable and not exc.partial
     return isinstance(exc, FirstTokenTimeout)
+
+
+class _Transient(retry_base):
+    """Tenacity's retry condition for one model call: :func:`is_transient`, and a
+    :class:`~ai_lease.providers.errors.RequestRefused` after the first try only."""
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        if exc is None or not is_transient(exc):
+            return False
+        return not isinstance(exc, RequestRefused) or retry_state.attempt_number < 2
+
+
+class _Exhausted(stop_base):
+    """``policy.attempts`` calls in all; :data:`INTERRUPTED_CALLS` after an interruption."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.attempts = policy.attempts
+        self.interrupted = max(policy.attempts, INTERRUPTED_CALLS)
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        limit = self.interrupted if isinstance(exc, StreamInterrupted) else self.attempts
+        return retry_state.attempt_number >= limit
 
 
 class _PastDeadline(stop_base):
@@ -267,9 +308,11 @@ async def call_with_retries(
     deadline_at: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     on_retry: Callable[[BaseException, float], None] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> T:
     """Await ``call()``, calling it again after transient failures (see module docstring).
-    A retry whose wait would end past ``deadline_at`` (monotonic clock) is not made."""
+    A retry whose wait would end past ``deadline_at`` (on ``clock``) is not made;
+    ``on_retry(error, wait_s)`` is told of each retry before its wait (in ``sleep``)."""
     # The first call goes straight through: tenacity's machinery costs ~50 µs per call,
     # and most calls succeed. It takes over, with the same policy, after a transient error.
     try:
@@ -279,11 +322,11 @@ async def call_with_retries(
             raise
         first = exc
     retrying = AsyncRetrying(
-        retry=retry_if_exception(is_transient),
+        retry=_Transient(),
         wait=_model_wait(policy),
-        stop=stop_after_attempt(policy.attempts) | _PastDeadline(deadline_at, clock),
+        stop=_Exhausted(policy) | _PastDeadline(deadline_at, clock),
         reraise=True,
-        sleep=asyncio.sleep,
+        sleep=sleep,
         before_sleep=_reporting(on_retry),
     )
     return await retrying(_replaying(first, call))

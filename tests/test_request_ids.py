@@ -101,7 +101,8 @@ async def test_a_llama_like_server_answers_every_openai_path(
     tmp_path: Path, path: str, stream: bool
 ) -> None:
     """Each call (the retry too) sends its own UUID4 X-Request-Id and <key>:<token>:<n> in
-    X-Client-Request-Id; a server refusing non-UUID ids answers, and the job is DONE."""
+    X-Client-Request-Id; a server refusing non-UUID ids answers, and the job is DONE; each
+    call's ids are in the timeline and the events (the retry said with its wait)."""
     answer = (
         sse(*chat_chunks(["Hel", "lo"])) if stream else json_response(200, _completion("Hello"))
     )
@@ -127,6 +128,8 @@ async def test_a_llama_like_server_answers_every_openai_path(
     assert call.attrs is not None and call.attrs["request_id"] == sent[-1]
     asked = [e.attrs["request_id"] for e in events if e.kind == "model_request" and e.attrs]
     assert asked == sent
+    [retry] = [e for e in events if e.kind == "call_retry"]  # said, with its wait
+    assert retry.attrs is not None and retry.attrs["calls"] == 1 and "HTTP 503" in retry.detail
 
 
 def test_events_shows_each_calls_request_id(tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ def provider_options(
         "base_url": base_url,
         "api_key": key,
         "headers": headers or None,  # a plug-in factory gets headers= only when set
+        "max_concurrency": cfg.max_concurrency,  # create_provider's own: never a factory's
     }
     if name in SAMPLED:  # the settings' sampling values are defaults: a job's own win
         options["temperature"] = cfg.temperature

@@ -127,8 +127,22 @@ def available_providers() -> list[str]:
 
 
 def create_provider(name: str, **options: Any) -> Provider:
-    """Build provider ``name`` with ``options`` (those left as None are not passed)."""
+    """Build provider ``name`` with ``options`` (those left as None are not passed). A
+    ``max_concurrency`` option is not the factory's: the provider made is wrapped so that at
+    most that many of its calls run at once in this process
+    (:func:`~ai_lease.providers.concurrency.limit_calls`)."""
     given = {k: v for k, v in options.items() if v is not None}
+    limit = given.pop("max_concurrency", None)
+    provider = _made(name, given)
+    if limit is None:
+        return provider
+    from ai_lease.providers.concurrency import limit_calls
+
+    base_url = given.get("base_url") or (BUILTINS[name].base_url if name in BUILTINS else None)
+    return limit_calls(provider, limit, base_url=base_url)
+
+
+def _made(name: str, given: dict[str, Any]) -> Provider:
     key = given.get("api_key")
     register_secret(key.get_secret_value() if isinstance(key, SecretStr) else key)
     factory: Factory | None = BUILTINS.get(name)

@@ -3,7 +3,17 @@
 Retryable: 408, 409, 425, 429 (honouring ``Retry-After``, bounded to
 :data:`MAX_RETRY_AFTER_S`; a value that is neither seconds nor an HTTP date is ignored),
 5xx, connection failures and garbage where JSON was promised. Not retryable: every other
-4xx (400 bad request, 401 bad key, 403, 404 unknown model…), and a content filter. The
+4xx (400 bad request, 401 bad key, 403, 404 unknown model…), and a content filter.
+
+One kind of 5xx is the request's fault, not the server's: llama.cpp's servers answer 500 to
+a ``json_schema`` or grammar they cannot compile, or a ``response_format`` they do not
+support (``{"error": {"code": 500, "message": "...", "type": "server_error"}}``;
+llama-cpp-python's ``internal_server_error``). A 500 or 501 whose JSON error message says so
+(:func:`request_fault`: it names a JSON schema, a grammar, ``response_format`` or
+``tool_choice``, or says "invalid request/argument/schema…", "failed to parse", "not
+supported") is
+:class:`RequestRefused`: called once more within the stage (a server's real hiccup gets
+its second chance), never by another attempt. Any other 5xx is retried as before. The
 provider's own message is kept; an answer with an empty body says instead what was sent
 that a server may refuse (:func:`describe_sent`: the method, the body's size, the header
 names, never a value).
@@ -13,6 +23,7 @@ from __future__ import annotations
 
 import email.utils
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -22,15 +33,49 @@ from ai_lease.errors import ProviderError
 
 __all__ = [
     "MAX_RETRY_AFTER_S",
+    "RequestRefused",
     "describe_sent",
     "empty_answer",
+    "error_message",
     "parse_retry_after",
+    "request_fault",
     "status_error",
 ]
 
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 MAX_RETRY_AFTER_S = 60.0
 """The longest wait a ``Retry-After`` can ask for; the stage deadline may cut it further."""
+
+
+_FAULT_STATUS = frozenset({500, 501})
+_REQUEST_FAULT = re.compile(  # a request llama.cpp (C++ or Python) could not take
+    r"(?i)json[ _-]?schema|grammar|response_format|tool[ _]choice|must be one of"
+    r"|invalid (?:request|argument|parameter|schema|json|value|quantifier)"
+    r"|failed to parse|error parsing|unrecognized schema|unsupported ref|not supported"
+)
+
+
+class RequestRefused(ProviderError):
+    """A 500 or 501 whose body says the request itself is invalid (see the module's
+    docstring): not retryable as an attempt; :func:`~ai_lease.retry.call_with_retries`
+    calls once more, no more."""
+
+    def __init__(self, message: str, *, provider: str, status: int) -> None:
+        super().__init__(message, retryable=False, provider=provider, status=status)
+
+
+def request_fault(status: int, message: str | None) -> bool:
+    """Whether a ``status`` answer whose JSON error ``message`` is the server's own words
+    says the request is at fault (a 500 or 501 only; None: no such message).
+
+    >>> request_fault(500, "failed to parse grammar"), request_fault(503, "invalid schema")
+    (True, False)
+    >>> request_fault(500, "CUDA out of memory")
+    False
+    """
+    if status not in _FAULT_STATUS or not message:
+        return False
+    return _REQUEST_FAULT.search(message) is not None
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -83,12 +128,25 @@ def _message(body: bytes, sent: Callable[[], str] | None = None) -> str:
         if text:
             return text[:200]
         return "(empty body)" if sent is None else empty_answer(sent())
+    return error_message(data) or str(data)[:200]
+
+
+def error_message(data: object) -> str | None:
+    """The ``error.message`` (or ``error`` text) of a JSON error answer, at most 500
+    characters; None when it has neither."""
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict) and error.get("message"):
         return str(error["message"])[:500]
-    if isinstance(error, str):
+    if isinstance(error, str) and error:
         return error[:500]
-    return str(data)[:200]
+    return None
+
+
+def _said(body: bytes) -> str | None:
+    try:
+        return error_message(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        return None
 
 
 def status_error(
@@ -99,9 +157,12 @@ def status_error(
     sent: Callable[[], str] | None = None,
 ) -> ProviderError:
     """The error for a non-2xx answer; ``sent`` describes the request (for an empty body)."""
+    message = f"HTTP {status}: {_message(body, sent)}"
+    if status in _FAULT_STATUS and request_fault(status, _said(body)):
+        return RequestRefused(message, provider=provider, status=status)
     retryable = status >= 500 or status in _RETRYABLE_4XX
     return ProviderError(
-        f"HTTP {status}: {_message(body, sent)}",
+        message,
         retryable=retryable,
         provider=provider,
         status=status,

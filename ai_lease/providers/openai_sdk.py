@@ -42,7 +42,14 @@ from ai_lease.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from ai_lease.providers.errors import describe_sent, empty_answer, parse_retry_after
+from ai_lease.providers.errors import (
+    RequestRefused,
+    describe_sent,
+    empty_answer,
+    error_message,
+    parse_retry_after,
+    request_fault,
+)
 from ai_lease.providers.headers import extra_headers, with_extra
 from ai_lease.providers.openai_compat import check_base_url, request_body, sampling_defaults
 from ai_lease.providers.sdk_events import WATCH, EventWatch, watching_hook
@@ -108,8 +115,11 @@ class OpenAISDKProvider(AsyncResource):
             status = exc.status_code
             retryable = status >= 500 or status in (408, 409, 425, 429)
             retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
+            message = f"HTTP {status}: {_status_message(exc)}"
+            if chunks == 0 and request_fault(status, error_message({"error": exc.body})):
+                return RequestRefused(message, provider=self.name, status=status)
             return ProviderError(
-                f"HTTP {status}: {_status_message(exc)}",
+                message,
                 retryable=retryable,
                 provider=self.name,
                 status=status,

@@ -26,6 +26,7 @@ from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Provide
 from ai_lease.providers.request_ids import client_request_id, new_request_id
 from ai_lease.retry import call_with_retries
 from ai_lease.run.call_notes import call_detail, noting_call
+from ai_lease.run.classify import describe
 from ai_lease.run.stream_guard import StreamGuard
 
 if TYPE_CHECKING:
@@ -137,7 +138,12 @@ async def call_ai(ctx: StageContext) -> Completion:
                 ctx.say("resume_failed", str(exc), attrs={"provider": provider.name})
         return await _call(ctx, provider, request, None, sent)
 
-    completion = await call_with_retries(once, ctx.call_retry, deadline_at=ctx.deadline_at)
+    completion = await call_with_retries(
+        once,
+        ctx.call_retry,
+        deadline_at=ctx.deadline_at,
+        on_retry=lambda exc, wait: _retrying(ctx, exc, wait),
+    )
     _report(ctx, provider, completion, _model(request, provider), sent[-1])
     _record(ctx, provider, request, completion)
     ctx.finish_reason = completion.finish_reason
@@ -199,7 +205,7 @@ async def _call(
     request = replace(request, request_id=rid, client_request_id=client_id)
     sent.append(rid)
     detail = call_detail(n, rid, client_id, provider.name, _model(request, provider))
-    ctx.say("model_request", detail, attrs={"request_id": rid, "client_request_id": client_id})
+    ctx.say("model_request", rid, attrs={"request_id": rid, "client_request_id": client_id})
     async with noting_call(ctx.store, fence, ctx.tracker.stage, detail):
         if not ctx.job.stream:
             return await provider.complete(request)
@@ -247,6 +253,16 @@ def _parsed_checkpoint(raw: str) -> tuple[str | None, Checkpoint | None]:
     if sequence < 0 or not isinstance(text, str):
         return "a negative sequence or a text that is not a string", None
     return None, Checkpoint(provider, response_id, sequence, text=text)
+
+
+def _retrying(ctx: StageContext, exc: BaseException, wait: float) -> None:
+    """A call failed and is made again after ``wait`` seconds: said (never progress)."""
+    attrs: dict[str, float | int | str] = {
+        "error": type(exc).__name__,
+        "calls": ctx.calls,
+        "wait_s": round(wait, 3),
+    }
+    ctx.say("call_retry", f"in {wait:.1f} s after {describe(exc)[:240]}", attrs=attrs)
 
 
 def _first_token(ctx: StageContext, provider: Provider, seconds: float) -> None:
