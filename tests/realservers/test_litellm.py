@@ -19,6 +19,8 @@ from tests.realservers.servers import MODEL, LiteLLMProxy, LlamaServer
 
 pytestmark = [pytest.mark.realserver, pytest.mark.timeout(300)]
 
+REQUESTS = '"POST /v1/chat/completions HTTP/1.1"'  # one access-log line per request
+
 PROMPT = "Tell me about the lighthouse"
 ONCE = RetryPolicy(attempts=1)
 # ai_lease's adapters for the proxy's other wire formats: (name, options, base URL suffix).
@@ -108,7 +110,7 @@ async def test_prompt_beyond_the_context_through_the_proxy(
     with pytest.raises(ai_lease.JobFailed) as failed:
         await run_job(tmp_path / "s.db", f"{litellm.base_url}/v1", openai_path, job)
     assert "context" in str(failed.value).lower(), failed.value
-    calls = llama.text()[mark:].count("POST /v1/chat/completions")
+    calls = llama.text()[mark:].count(REQUESTS)
     assert calls == 1, f"{calls} upstream requests for one prompt beyond the context"
 
 
