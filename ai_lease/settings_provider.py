@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, 
 
 from ai_lease.job import MAX_TEMPERATURE, MAX_TOKENS
 from ai_lease.lease.urls import mask_url
-from ai_lease.providers.headers import SECRET_HEADERS, check_headers, masked_headers
+from ai_lease.providers.headers import check_headers, masked_headers, secret_values
 from ai_lease.providers.keys import check_api_key
 from ai_lease.redaction import register_secret
 
@@ -46,9 +46,8 @@ def _checked_headers(headers: Any) -> dict[str, str]:
         except orjson.JSONDecodeError:
             raise ValueError('must be a JSON object such as {"X-Team": "search"}') from None
     out = check_headers(headers)
-    for name, value in out.items():
-        if name.lower() in SECRET_HEADERS:
-            register_secret(value)
+    for value in secret_values(out):
+        register_secret(value)
     return out
 
 

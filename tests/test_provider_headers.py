@@ -14,6 +14,7 @@ from ai_lease.cli.provider_options import provider_options
 from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.providers import create_provider
 from ai_lease.providers.base import ChatRequest, Provider
+from ai_lease.redaction import redact
 from ai_lease.settings import load_settings
 from tests.harness.sse_server import SSEServer
 from tests.test_cli_submit import run_cli
@@ -83,6 +84,15 @@ def test_headers_merge_settings_then_providers_section_then_job_file() -> None:
     _, other = _options({"name": "gemini"}, **cfg)  # [provider] headers are ollama's only
     assert other["headers"] is None
     assert _options({})[1]["headers"] is None
+    name, offline = _options({}, provider={"headers": {"X-A": "1"}})  # it sends no request
+    assert name == "local-extractive" and offline["headers"] is None
+    create_provider(name, **offline)
+
+
+def test_a_job_files_credential_header_is_masked_from_then_on() -> None:
+    """A job file's Authorization value is registered as a secret: redact() masks it."""
+    _options({"headers": {"Authorization": "Bearer job-secret-987"}})
+    assert "job-secret-987" not in redact("401 for job-secret-987")
 
 
 @pytest.mark.parametrize(

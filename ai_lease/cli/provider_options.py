@@ -61,7 +61,8 @@ def provider_options(
         "model": overrides.get("model", cfg.model),
         "base_url": base_url,
         "api_key": key,
-        "headers": headers or None,  # a plug-in factory gets headers= only when set
+        # a plug-in factory gets headers= only when set; the offline one sends no request
+        "headers": headers if headers and name != "local-extractive" else None,
         "max_concurrency": cfg.max_concurrency,  # create_provider's own: never a factory's
     }
     if name in SAMPLED:  # the settings' sampling values are defaults: a job's own win
@@ -78,7 +79,7 @@ def provider_options(
 def _headers(settings: Settings, name: str, overrides: Mapping[str, Any]) -> dict[str, str]:
     """Provider ``name``'s extra headers: ``[provider] headers`` (when it is the configured
     provider), then ``[providers.<name>] headers``, then the job file's, later ones winning."""
-    from ai_lease.providers.headers import check_headers, merge_headers
+    from ai_lease.providers.headers import check_headers, merge_headers, secret_values
 
     cfg, own = settings.provider, settings.providers.get(name)
     layers = [cfg.headers if name == cfg.name else {}, own.headers if own is not None else {}]
@@ -88,6 +89,10 @@ def _headers(settings: Settings, name: str, overrides: Mapping[str, Any]) -> dic
             layers.append(check_headers(given, "job file [provider] headers: "))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        from ai_lease.redaction import register_secret
+
+        for value in secret_values(layers[-1]):
+            register_secret(value)  # masked in every text from now on, as a key is
     return merge_headers(*layers)
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "masked_headers",
     "merge_headers",
     "secret_headers",
+    "secret_values",
     "with_extra",
 ]
 
@@ -130,6 +131,13 @@ def secret_headers(headers: Mapping[str, str], keys: Iterable[str]) -> list[str]
         for name, value in headers.items()
         if value and (name.lower() in SECRET_HEADERS or any(k in value for k in known))
     ]
+
+
+def secret_values(headers: Mapping[str, str]) -> list[str]:
+    """The values of ``headers`` that are credentials by their name, and each one's token
+    after a scheme (``Bearer <token>``): what to register for redaction."""
+    values = [v for k, v in headers.items() if v and k.lower() in SECRET_HEADERS]
+    return values + [v.split(None, 1)[1] for v in values if len(v.split(None, 1)) == 2]
 
 
 def masked_headers(headers: Mapping[str, str]) -> dict[str, str]:
