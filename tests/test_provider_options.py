@@ -91,3 +91,18 @@ def test_providers_keys_come_from_the_environment() -> None:
     settings = load_settings(env={"AI_LEASE_PROVIDERS__ANTHROPIC__API_KEY": "sk-e"})
     key = settings.providers["anthropic"].api_key
     assert key is not None and key.get_secret_value() == "sk-e"
+
+
+def test_an_ambient_key_goes_to_the_base_url_the_operator_configured() -> None:
+    """OPENAI_API_KEY with provider.base_url set: calls go to that base URL (as the vendor's
+    SDK does with its own base URL setting), never silently to api.openai.com; a job file's
+    other host still gets no key."""
+    env = {"OPENAI_API_KEY": "sk-env"}
+    cfg = {"provider": {"name": "openai", "base_url": "http://gateway:4000/v1"}}
+    _, opts = options({}, env, **cfg)
+    assert opts["base_url"] == "http://gateway:4000/v1" and key_of(opts) == "sk-env"
+    own = {"providers": {"anthropic": {"base_url": "http://gw:8080"}}}
+    _, opts = options({"name": "anthropic"}, {"ANTHROPIC_API_KEY": "sk-ant"}, **own)
+    assert opts["base_url"] == "http://gw:8080" and key_of(opts) == "sk-ant"
+    with pytest.raises(ConfigError, match=r"evil\.example"):
+        options({"base_url": "http://evil.example/v1"}, env, **cfg)

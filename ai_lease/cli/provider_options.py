@@ -9,7 +9,8 @@ nowhere else. For the provider a job names (its ``[provider] name``, else
   ``local-extractive`` is an OpenAI key, as it always was); else
   ``[providers.<name>] api_key``; else the variable its own tools' users keep it in
   (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, ``GEMINI_API_KEY`` then ``GOOGLE_API_KEY``).
-- **base URL**: the job file's; else the configured one when the key came from it; else
+- **base URL**: the job file's; else the configured one when the key came from it (an
+  ambient key goes to the base URL configured for its provider, else the vendor's); else
   ``[providers.<name>] base_url``; else, for Ollama, ``OLLAMA_HOST`` as the ``ollama`` CLI
   reads it; else the adapter's default.
 - a job file's base URL on another host than the key was configured for gets no key unless
@@ -156,7 +157,10 @@ def _key(
         return own.api_key, own.base_url or _default_url(name)
     for variable in _OPENAI_FAMILY if family is None else family:
         if value := env.get(variable):
-            return _ambient(variable, value), _default_url(name)
+            # An ambient key goes where the operator pointed this provider (as the vendor's
+            # own SDK sends it to its configured base URL), else to the vendor's default.
+            mine = cfg.base_url if name == cfg.name else None
+            return _ambient(variable, value), mine or (own and own.base_url) or _default_url(name)
     return None, None
 
 

@@ -1,6 +1,6 @@
 """Model servers nobody here wrote, as child processes on 127.0.0.1: llama-cpp-python's server
 and LiteLLM's proxy in front of it, each from the servers' venv (``.venv-servers``, or the
-Python that ``AI_LEASE_SERVERS_PYTHON`` names), never the test venv: their pins would fight
+Python that ``REAL_SERVERS_PYTHON`` names), never the test venv: their pins would fight
 ours.
 
     python = servers_python()                 # fails (never skips) when the venv is missing
@@ -45,13 +45,13 @@ SETUP_HINT = "run scripts/test.sh, which installs it"
 
 
 def servers_python() -> Path:
-    """The servers' Python: ``$AI_LEASE_SERVERS_PYTHON`` or ``<repo>/.venv-servers``.
+    """The servers' Python: ``$REAL_SERVERS_PYTHON`` or ``<repo>/.venv-servers``.
 
     Raises RuntimeError (the fixtures turn it into a failure, never a skip) when it is
     missing or lacks llama-cpp-python's server."""
-    named = os.environ.get("AI_LEASE_SERVERS_PYTHON")
+    named = os.environ.get("REAL_SERVERS_PYTHON")
     python = Path(named) if named else REPO / ".venv-servers" / "bin" / "python"
-    where = "AI_LEASE_SERVERS_PYTHON" if named else "the servers' venv"
+    where = "REAL_SERVERS_PYTHON" if named else "the servers' venv"
     if not python.is_file():
         raise RuntimeError(
             f"{where}: no Python at {python}; the real-server tests need llama-cpp-python's "
@@ -73,7 +73,7 @@ def servers_python() -> Path:
 
 def cli_env(**settings: str) -> dict[str, str]:
     """The environment of an ``ai-lease`` child: this one without any ``AI_LEASE_*``
-    variable (the CLI refuses unknown ones, ``AI_LEASE_SERVERS_PYTHON`` among them), plus
+    variable (the CLI refuses unknown ones, ``REAL_SERVERS_PYTHON`` among them), plus
     ``settings`` (``AI_LEASE_PROVIDER__NAME=…``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AI_LEASE_")}
     return env | settings
