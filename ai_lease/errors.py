@@ -19,6 +19,7 @@ Grouped by what the caller will do about it::
     ├── ProviderError              the model call failed (``retryable`` says whether to retry)
     │   ├── StreamInterrupted      the stream ended without a finish reason: retried, never a result
     │   ├── EmptyEventStream       a 200 event stream with no events at all (not retried)
+    │   ├── EmptyAnswer            the model's answer has no text and no tool call (not retried)
     │   ├── PoolTimeout            no free connection in time: the process is at its limit
     │   └── StreamLimitExceeded    an event or the answer outgrew its size limit (not retried)
     ├── StoreError                 the lease store could not answer
@@ -48,6 +49,7 @@ __all__ = [
     "AiLeaseError",
     "ConfigError",
     "CorruptRecord",
+    "EmptyAnswer",
     "EmptyEventStream",
     "FencingRejected",
     "FirstTokenTimeout",
@@ -81,6 +83,18 @@ class AiLeaseError(Exception):
     def __str__(self) -> str:
         # Provider errors quote server bodies, which may echo the key: mask it here, once.
         return redact(super().__str__())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Every error crosses a process boundary whole (process isolation pickles it), even
+        # one whose __init__ takes keyword-only arguments: rebuilt from its args and fields.
+        return (_rebuilt, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuilt(cls: type[AiLeaseError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, *args)
+    exc.__dict__.update(state)
+    return exc
 
 
 class LeaseError(AiLeaseError):
@@ -279,6 +293,15 @@ class EmptyEventStream(ProviderError):
             retryable=False,
             provider=provider,
         )
+
+
+class EmptyAnswer(ProviderError):
+    """The call ended but the answer has no text and no tool call: never stored as a
+    result unless the job says ``allow_empty``. Not retried: the same request with the
+    same budget gets the same answer. The message says what happened and what to change."""
+
+    def __init__(self, why: str, *, provider: str = "") -> None:
+        super().__init__(why, retryable=False, provider=provider)
 
 
 class PoolTimeout(ProviderError):

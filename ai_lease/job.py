@@ -101,6 +101,7 @@ class Job:
     response_format: Mapping[str, Any] | None = None
     images: Sequence[str] | None = None
     provider: ProviderChoice | None = None
+    allow_empty: bool = False  # an answer with no text (and no tool call) may be stored
 
     def __post_init__(self) -> None:
         validate_key(self.key)
@@ -124,7 +125,7 @@ class Job:
 
     def payload(self) -> dict[str, Any]:
         """Everything but the key: what the fingerprint covers (tools, tool choice,
-        response format, images and the provider choice only when set)."""
+        response format, images, the provider choice and ``allow_empty`` only when set)."""
         out = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "key"}
         out["variables"] = dict(self.variables)
         if self.provider is not None:
@@ -132,6 +133,8 @@ class Job:
         for name in _WHEN_SET:
             if out[name] is None:
                 del out[name]
+        if not self.allow_empty:
+            del out["allow_empty"]  # in the payload only when set: old fingerprints hold
         return out
 
     def fingerprint(self) -> str:

@@ -132,6 +132,7 @@ def _check_types(where: str, data: Mapping[str, Any]) -> None:
         "model": (str,),
         "output": (str,),
         "stream": (bool,),
+        "allow_empty": (bool,),
         "variables": (dict,),
         "temperature": (int, float),
         "max_tokens": (int,),

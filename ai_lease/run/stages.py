@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
-from ai_lease.errors import JobSpecError, ProviderError, StageTimeout
+from ai_lease.errors import EmptyAnswer, JobSpecError, ProviderError, StageTimeout
 from ai_lease.job import Job
 from ai_lease.job_shapes import image_parts
 from ai_lease.lease.base import CHECKPOINT_LIMIT
@@ -147,9 +147,26 @@ async def call_ai(ctx: StageContext) -> Completion:
     _report(ctx, provider, completion, _model(request, provider), sent[-1])
     _record(ctx, provider, request, completion)
     ctx.finish_reason = completion.finish_reason
+    if not (completion.tool_calls or completion.text.strip() or ctx.job.allow_empty):
+        raise EmptyAnswer(empty_answer_why(completion, request), provider=provider.name)
     if completion.finish_reason == "length":  # a whole answer, but capped: say so
         ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
     return completion
+
+
+def empty_answer_why(completion: Completion, request: ChatRequest) -> str:
+    """What an answer with no text and no tool call means, and what to change."""
+    cap = f"max_tokens={request.max_tokens}" if request.max_tokens else "its max_tokens"
+    usage = completion.usage
+    if completion.finish_reason == "length" and usage is not None and usage.reasoning_tokens:
+        return f"the model spent {cap} on reasoning and wrote no answer; raise max_tokens"
+    if completion.finish_reason == "length":
+        return f"the model wrote no answer before it reached {cap}; raise max_tokens"
+    return (
+        f"the model's answer is empty (finish reason {completion.finish_reason or 'none'!r}): "
+        "nothing stored. A prompt beyond the model's context does this on some servers and "
+        "gateways (shorten the input); set allow_empty = true if an empty answer is a result"
+    )
 
 
 async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest) -> Completion:
