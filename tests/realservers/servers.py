@@ -73,8 +73,8 @@ def servers_python() -> Path:
 
 def cli_env(**settings: str) -> dict[str, str]:
     """The environment of an ``ai-lease`` child: this one without any ``AI_LEASE_*``
-    variable (the CLI refuses unknown ones, ``REAL_SERVERS_PYTHON`` among them), plus
-    ``settings`` (``AI_LEASE_PROVIDER__NAME=…``)."""
+    variable (a developer's own settings must not steer the suite), plus ``settings``
+    (``AI_LEASE_PROVIDER__NAME=…``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AI_LEASE_")}
     return env | settings
 

@@ -36,10 +36,23 @@ def test_a_python_without_the_servers_is_refused(monkeypatch: pytest.MonkeyPatch
         servers_python()
 
 
-def test_cli_children_get_no_foreign_ai_lease_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An `ai-lease` child started by the suite does not inherit REAL_SERVERS_PYTHON
-    (the CLI refuses unknown AI_LEASE_* variables), only the settings it is given."""
+def test_the_servers_variable_is_not_one_the_cli_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """REAL_SERVERS_PYTHON, set for the whole run, reaches `ai-lease` children without
+    making them refuse their settings (the CLI refuses unknown AI_LEASE_* variables);
+    a developer's own AI_LEASE_* settings do not reach them."""
+    import subprocess
+
     monkeypatch.setenv("REAL_SERVERS_PYTHON", "/x/python")
+    monkeypatch.setenv("AI_LEASE_PROVIDER__MODEL", "from-the-developer")
     env = cli_env(AI_LEASE_PROVIDER__NAME="openai-compatible")
-    assert "REAL_SERVERS_PYTHON" not in env
-    assert env["AI_LEASE_PROVIDER__NAME"] == "openai-compatible"
+    assert env["REAL_SERVERS_PYTHON"] == "/x/python"
+    assert "AI_LEASE_PROVIDER__MODEL" not in env
+    shown = subprocess.run(
+        [sys.executable, "-m", "ai_lease", "config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert '"openai-compatible"' in shown.stdout
