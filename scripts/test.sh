@@ -8,7 +8,7 @@
 #      missing, the list of what to install is printed and the script exits 1.
 #   2. .venv with the package and its dev tools (`pip install -q -e '.[dev]'`).
 #   3. .venv-servers with the real model servers the conformance suite starts
-#      (tests/realservers/requirements.txt), when that file exists.
+#      (tests/realservers/requirements.txt: llama-cpp-python's server, LiteLLM's proxy).
 #   4. .venv/bin/python -m pytest "$@".
 # Every step prints the time it took. The tests never skip for a missing server: they fail.
 set -euo pipefail
@@ -58,12 +58,12 @@ step ".venv (the package and its dev tools)"
 .venv/bin/pip install -q -e '.[dev]'
 took ".venv"
 
-if [ -f tests/realservers/requirements.txt ]; then
-    step ".venv-servers (the real model servers, tests/realservers/requirements.txt)"
-    [ -x .venv-servers/bin/python ] || python3 -m venv .venv-servers
-    .venv-servers/bin/pip install -q -r tests/realservers/requirements.txt
-    took ".venv-servers"
-fi
+# llama-cpp-python builds from its sdist the first time (~14 min on 2 cores), then comes from
+# pip's wheel cache (under a minute). A failed build fails this script: the suite needs it.
+step ".venv-servers (the real model servers, tests/realservers/requirements.txt)"
+[ -x .venv-servers/bin/python ] || python3 -m venv .venv-servers
+.venv-servers/bin/pip install -q -r tests/realservers/requirements.txt
+took ".venv-servers"
 
 step "pytest $*"
 status=0
