@@ -3,7 +3,7 @@
 # run it. One line to call, from anywhere:   bash scripts/test.sh [pytest arguments]
 #
 #   1. system packages: redis-server, PostgreSQL's server binaries (initdb, pg_ctl), Chromium
-#      and chromedriver. As root, what is missing is apt-get installed (and an unprivileged
+#      and chromedriver, and g++ and cmake (llama-cpp-python builds from its sdist). As root, what is missing is apt-get installed (and an unprivileged
 #      `ailease_pg` user made, since PostgreSQL refuses to run as root); not root and something
 #      missing, the list of what to install is printed and the script exits 1.
 #   2. .venv with the package and its dev tools (`pip install -q -e '.[dev]'`).
@@ -28,6 +28,9 @@ missing_packages() {
     [ -x /usr/bin/chromium ] || echo chromium
     [ -x /usr/bin/chromedriver ] || echo chromium-driver
     python3 -c 'import ensurepip, venv' 2>/dev/null || echo python3-venv
+    # llama-cpp-python (the real-server suite) builds from its sdist with a C++ compiler and cmake
+    command -v g++ >/dev/null 2>&1 || echo g++
+    command -v cmake >/dev/null 2>&1 || echo cmake
 }
 
 step "system packages"
