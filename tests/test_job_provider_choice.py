@@ -221,7 +221,7 @@ async def test_a_job_whose_provider_cannot_run_here_fails_at_once(workdir: Path)
         )
         cases = {
             "unknown": ('name = "no-such-provider"\n', "no provider named 'no-such-provider'"),
-            "no-key": ('name = "gemini"\nmodel = "g"\n', "needs an API key (set GEMINI_API_KEY"),
+            "no-key": ('name = "gemini"\nmodel = "g"\n', "no API key for Gemini: set GEMINI_API_KEY"),
             "refused-host": (
                 f'name = "anthropic"\nbase_url = "http://localhost:{anthropic.port}"\n',
                 "the key is not sent there",

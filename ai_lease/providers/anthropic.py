@@ -313,7 +313,7 @@ def _api_key(api_key: str | SecretStr | None, base_url: str) -> str | None:
     key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
     if not key and "api.anthropic.com" in base_url:
         raise ConfigError(
-            "provider.api_key: Anthropic needs an API key "
-            "(set ANTHROPIC_API_KEY or AI_LEASE_PROVIDER__API_KEY)"
+            "no API key for Anthropic: set ANTHROPIC_API_KEY, or provider.api_key "
+            "(AI_LEASE_PROVIDER__API_KEY)"
         )
     return key

@@ -258,8 +258,8 @@ class GeminiProvider(HTTPStreamProvider):
         key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         if not key and "googleapis.com" in base_url:
             raise ConfigError(
-                "provider.api_key: Gemini needs an API key (set GEMINI_API_KEY, "
-                "GOOGLE_API_KEY or AI_LEASE_PROVIDER__API_KEY)"
+                "no API key for Gemini: set GEMINI_API_KEY or GOOGLE_API_KEY, or "
+                "provider.api_key (AI_LEASE_PROVIDER__API_KEY)"
             )
         super().__init__(
             base_url=base_url,

@@ -185,7 +185,7 @@ def _api_key(api_key: str | SecretStr | None, base_url: str) -> str | None:
     key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
     if key is None and "api.openai.com" in base_url:
         raise ConfigError(
-            "provider.api_key: OpenAI needs an API key "
-            "(set AI_LEASE_PROVIDER__API_KEY or OPENAI_API_KEY)"
+            "no API key for OpenAI: set OPENAI_API_KEY, or provider.api_key "
+            "(AI_LEASE_PROVIDER__API_KEY)"
         )
     return key

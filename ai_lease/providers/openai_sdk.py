@@ -92,8 +92,8 @@ class OpenAISDKProvider(AsyncResource):
         key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         if key is None and base_url is None:
             raise ConfigError(
-                "provider.api_key: OpenAI needs an API key "
-                "(set AI_LEASE_PROVIDER__API_KEY or OPENAI_API_KEY)"
+                "no API key for OpenAI: set OPENAI_API_KEY, or provider.api_key "
+                "(AI_LEASE_PROVIDER__API_KEY)"
             )
         self.model = model
         self._openai = openai
