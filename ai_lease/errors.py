@@ -26,6 +26,7 @@ Grouped by what the caller will do about it::
     │   ├── StoreUnavailable       unreachable or timed out: the outcome may be unknown
     │   │   └── OutcomeUnknown     a write was sent, its answer lost: check ``status KEY``
     │   ├── StoreDataLost          the store lost its data (Redis restarted without AOF)
+    │   ├── StoreMissing           a store opened only to look does not exist: nothing made
     │   └── CorruptRecord          a stored value (job, worker, histogram) is not ours
     └── InputError                 fix the input and try again; nothing was changed
         ├── ConfigError            a bad setting, naming the field and the rule
@@ -69,6 +70,7 @@ __all__ = [
     "Stalled",
     "StoreDataLost",
     "StoreError",
+    "StoreMissing",
     "StoreUnavailable",
     "StreamIdleTimeout",
     "StreamInterrupted",
@@ -385,6 +387,19 @@ class StoreDataLost(StoreError):
             "recorded before then may be gone; run Redis with appendonly yes "
             "(docs/redis-durability.md)"
         )
+
+
+class StoreMissing(StoreError):
+    """A store opened only to look (``open_store(url, create=False)``) does not exist yet:
+    nothing was created. ``where`` names it (password masked); the message says what creates it.
+
+    >>> str(StoreMissing("sqlite:///x.db", "no store at /x.db; `ai-lease submit` creates it"))
+    'no store at /x.db; `ai-lease submit` creates it'
+    """
+
+    def __init__(self, where: str, message: str) -> None:
+        self.where = where
+        super().__init__(message)
 
 
 class CorruptRecord(StoreError):

@@ -23,7 +23,7 @@ from httpx_sse import aconnect_sse
 
 from ai_lease.errors import AiLeaseError
 from ai_lease.job import Job, Status
-from ai_lease.lease import LeaseStore
+from ai_lease.lease import LeaseStore, open_store
 from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider
@@ -221,10 +221,19 @@ def _free_port() -> int:
         return port
 
 
+async def _make_store(url: str) -> None:
+    store = open_store(url)
+    try:
+        await store.get("any")  # the first operation creates it
+    finally:
+        await store.aclose()
+
+
 def test_the_command_serves_the_store_with_its_url_masked(tmp_path: Path) -> None:
     """`ai-lease ui` serves the jobs of the store it is given; a password in the store URL
     never reaches a page (it is shown as ***)."""
     url, port = f"sqlite:///{tmp_path / 'ui.db'}?password=hunter2", _free_port()
+    asyncio.run(_make_store(url))  # the dashboard only looks: the store must be there
     base = {k: v for k, v in os.environ.items() if not k.startswith("AI_LEASE_")}
     args = [sys.executable, "-m", "ai_lease", "--store", url, "ui", "--port", str(port)]
     with subprocess.Popen(args, env=base, stderr=subprocess.PIPE, text=True) as server:

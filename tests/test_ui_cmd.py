@@ -3,6 +3,7 @@ and exit 2; the address is printed only once the server answers there."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import socket
@@ -14,9 +15,25 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ai_lease import open_store
+
 
 def env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("AI_LEASE_")}
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """An SQLite store that exists (the dashboard only looks: it never creates one)."""
+    url = f"sqlite:///{tmp_path / 'ai-lease.db'}"
+
+    async def make() -> None:
+        store = open_store(url)
+        await store.get("any")  # the first operation creates the file
+        await store.aclose()
+
+    asyncio.run(make())
+    return url
 
 
 @pytest.fixture

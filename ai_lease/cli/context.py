@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ai_lease.errors import StoreError
+from ai_lease.errors import StoreMissing
 
 if TYPE_CHECKING:
     import asyncio
@@ -46,7 +46,8 @@ class Context:
 
         return mask_url(self.settings.store.url)
 
-    def open_store(self) -> LeaseStore:
+    def open_store(self, *, create: bool = True) -> LeaseStore:
+        """The configured store; ``create=False`` for a look (it never makes one)."""
         from ai_lease.lease import open_store
 
         store = self.settings.store
@@ -55,6 +56,7 @@ class Context:
             namespace=store.namespace,
             op_timeout=store.op_timeout,
             poll_interval=min(0.05, store.poll_interval),
+            create=create,
         )
 
     def run(
@@ -65,35 +67,21 @@ class Context:
         create: bool = True,
     ) -> T:
         """Run ``work`` against the configured store (on a loop from ``loop_factory``, default
-        asyncio's), closing it afterwards. ``create=False`` (a look: status, ls, events, …):
-        a store that does not exist yet is :class:`NoStore` (exit 4), never made."""
+        asyncio's), closing it afterwards. ``create=False`` (a look: status, ls, events, ui,
+        …): a store that does not exist yet is :class:`NoStore` (exit 4), never made."""
         import asyncio
 
-        if not create:
-            self.require_store()
-
         async def main() -> T:
-            store = self.open_store()
+            store = self.open_store(create=create)
             try:
                 return await work(store)
+            except StoreMissing as exc:
+                raise NoStore(exc) from None
             finally:
                 await store.aclose()
 
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(main())
-
-    def require_store(self) -> None:
-        """Raise :class:`NoStore` if the configured store is an SQLite file that does not
-        exist (opening one creates it). A server store (Redis, PostgreSQL) is one place
-        whoever reaches it shares: looking at it creates no file."""
-        from ai_lease.lease.urls import sqlite_path
-
-        url = self.settings.store.url
-        if not url.startswith("sqlite://"):
-            return
-        path = sqlite_path(url)
-        if path != ":memory:" and not Path(path).exists():
-            raise NoStore(Path(path).absolute(), self.where)
 
     def prompts(self, folders: list[Path] | None = None) -> PromptLibrary:
         """The prompt library, bounded by the settings' ``[job]`` limits."""
@@ -115,16 +103,16 @@ class Context:
         return create_provider(name, **options)
 
 
-class NoStore(StoreError):
-    """A command that only looks found no store where the settings point (exit 4)."""
+class NoStore(StoreMissing):
+    """A command that only looks found no store where the settings point (exit 4): the
+    store's own words, and how to point the CLI at an existing one."""
 
-    def __init__(self, path: Path, where: str) -> None:
-        self.path = path
+    def __init__(self, missing: StoreMissing) -> None:
         super().__init__(
-            f"no store at {path} ({where}); `ai-lease submit` creates it. To look at an "
-            "existing one, point --store, AI_LEASE_STORE__URL or the config file's [store] "
-            "url at it (the default, sqlite:///.ai-lease/ai-lease.db, is relative to the "
-            "current directory)"
+            missing.where,
+            f"{missing}. To look at an existing one, point --store, AI_LEASE_STORE__URL or "
+            "the config file's [store] url at it (the default, sqlite:///.ai-lease/ai-lease.db, "
+            "is relative to the current directory)",
         )
 
 

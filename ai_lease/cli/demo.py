@@ -225,11 +225,21 @@ async def run_demo(
             return await _race(url, key, out, as_json)
         from ai_lease.cli import demo_ui
 
+        await _create_store(url)  # the dashboard only looks: it needs the store to be there
         async with demo_ui.dashboard(url, port=port) as board:
             demo_ui.announce(board, key, out, open_browser=open_browser, as_json=as_json)
             code = await _race(url, key, out, as_json)
             await demo_ui.linger(board, key, out, linger, as_json=as_json)
         return code
+
+
+async def _create_store(url: str) -> None:
+    """Make the store at ``url`` (its first operation does) if it is not there yet."""
+    store = open_store(url)
+    try:
+        await store.list_jobs(limit=1)
+    finally:
+        await store.aclose()
 
 
 async def _race(url: str, key: str, out: TextIO, as_json: bool) -> int:

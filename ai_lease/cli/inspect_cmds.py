@@ -7,8 +7,7 @@ is shown against this machine's clock.
 from __future__ import annotations
 
 import sys
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 import orjson
@@ -31,7 +30,6 @@ from ai_lease.observe.phi import renewal_phi
 if TYPE_CHECKING:
     from ai_lease.job import JobState
     from ai_lease.lease import LeaseStore
-    from ai_lease.lease.base import WorkerInfo
 
 EXIT_INTERRUPTED = 130
 """Ctrl-C during ``status --watch``: the shell's code for SIGINT, and no traceback."""
@@ -241,18 +239,17 @@ def workers(obj: Context, as_json: bool) -> None:
     from dataclasses import asdict
 
     from ai_lease.lease.base import JobQueue
+    from ai_lease.ui.listing import Workers, read_workers  # shared with the dashboard
 
-    corrupt: list[CorruptRecord] = []
-
-    async def fetch(store: LeaseStore) -> list[Any]:
+    async def fetch(store: LeaseStore) -> Workers:
         if not isinstance(store, JobQueue):
             raise InputError(f"{obj.where} keeps no job queue")
-        found = await store.list_workers(on_corrupt=corrupt.append)
+        listing = await read_workers(store)
         await warn_data_lost(store)
-        return [await _still_running(store, info) for info in found]
+        return listing
 
-    found = obj.run(fetch, create=False)
-    now = time.time()
+    listing = obj.run(fetch, create=False)
+    found, corrupt, now = listing.found, listing.corrupt, listing.read_at
     if not found and not corrupt:
         click.echo(f"ai-lease: no live workers in {obj.where}", err=True)
     if not as_json:
@@ -279,31 +276,6 @@ def workers(obj: Context, as_json: bool) -> None:
         else:
             click.echo(f"{bad.key:<28} CORRUPT  {bad.detail}")
     end_with_corrupt(corrupt, "marked CORRUPT")
-
-
-async def _still_running(store: LeaseStore, info: WorkerInfo) -> WorkerInfo:
-    """``info`` without the jobs that are no longer RUNNING (their records read now), its
-    running count lowered by as many."""
-    from dataclasses import replace
-
-    from ai_lease.job import Status
-
-    if not info.jobs:
-        return info
-    kept = []
-    for key in info.jobs:  # at most MAX_REPORTED_JOBS per worker
-        job = await _record_or_none(store, key)
-        if job is not None and job.status is Status.RUNNING:
-            kept.append(key)
-    running = max(0, info.running - (len(info.jobs) - len(kept)))
-    return replace(info, jobs=tuple(kept), running=running)
-
-
-async def _record_or_none(store: LeaseStore, key: str) -> JobState | None:
-    try:
-        return await store.get(key)
-    except CorruptRecord:
-        return None
 
 
 def _get(obj: Context, key: str) -> JobState:

@@ -4,8 +4,9 @@ It binds 127.0.0.1 by default and needs no token there; any other address needs 
 (or ``AI_LEASE_UI__TOKEN``, or ``[ui] token``): without one it refuses to start, before
 binding, with one line and exit 2. A port in use (or an address that is not this
 machine's) is one line and exit 2 too; the address is printed only once the server answers
-there. Starlette and uvicorn come with the ``ui`` extra and are imported only here, when
-the command runs.
+there. It only looks: with no store where the settings point it says so in one line and
+exits 4 before it listens (it never creates one; `ai-lease submit` does). Starlette and
+uvicorn come with the ``ui`` extra and are imported only here, when the command runs.
 """
 
 from __future__ import annotations
@@ -136,6 +137,9 @@ def _serve(
 ) -> None:
     import asyncio
 
+    # A look: a dashboard over no store has nothing to show (its actions act on existing
+    # jobs), so a store that is not there is one line and exit 4, before it listens.
+    obj.run(lambda store: store.list_jobs(limit=1), create=False)
     sock = listen_socket(host, port)
     port = int(sock.getsockname()[1])  # --port 0: the one the system chose
     shown = f"[{host}]" if ":" in host else host
@@ -164,7 +168,7 @@ def _serve(
         await serving
 
     try:
-        obj.run(main)
+        obj.run(main, create=False)
     except KeyboardInterrupt:
         sys.exit(130)
     finally:

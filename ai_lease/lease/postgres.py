@@ -92,9 +92,16 @@ class PostgresStore(PostgresListing):
         namespace: str = "ai_lease",
         op_timeout: float = 2.0,
         poll_interval: float = 0.05,
+        create: bool = True,
     ) -> PostgresStore:
         check_url(url)
-        return cls(url, namespace=namespace, op_timeout=op_timeout, poll_interval=poll_interval)
+        return cls(
+            url,
+            namespace=namespace,
+            op_timeout=op_timeout,
+            poll_interval=poll_interval,
+            create=create,
+        )
 
     # -- the protocol -------------------------------------------------------------------------
 

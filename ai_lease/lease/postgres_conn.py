@@ -17,7 +17,8 @@ text), :class:`ValueError`.
 
 The first call of a store object connects once on its own, so that a refusal reads as
 libpq's own message, and applies the migration unless the schema is at its version
-(lease/postgres_schema.py).
+(lease/postgres_schema.py) — or, for a store opened with ``create=False`` (a look), changes
+nothing: no schema is :class:`StoreMissing`, one at another version a :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ai_lease.errors import (
     ConfigError,
     CorruptRecord,
     OutcomeUnknown,
+    StoreMissing,
     StoreUnavailable,
 )
 from ai_lease.job import JobState
@@ -82,6 +84,7 @@ class PostgresConn(AsyncResource):
         op_timeout: float = 2.0,
         poll_interval: float = 0.05,
         where: str | None = None,
+        create: bool = True,
     ) -> None:
         if not namespace:
             raise ConfigError("store.namespace: must not be empty for a PostgreSQL store")
@@ -89,7 +92,7 @@ class PostgresConn(AsyncResource):
         self.where = where or mask_url(conninfo)
         self.namespace = namespace
         self.schema = '"' + namespace.replace('"', '""') + '"'  # sql.Identifier's quoting
-        self._op_timeout, self._poll = op_timeout, poll_interval
+        self._op_timeout, self._poll, self._create = op_timeout, poll_interval, create
         self._conninfo = with_bounds(conninfo, op_timeout, self.where)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._ready_lock = asyncio.Lock()
@@ -107,12 +110,20 @@ class PostgresConn(AsyncResource):
         namespace: str = "ai_lease",
         op_timeout: float = 2.0,
         poll_interval: float = 0.05,
+        create: bool = True,
     ) -> PostgresConn:  # a subclass's from_url returns its own type (see PostgresStore)
         """A store on ``postgresql://`` / ``postgres://`` (libpq's URL: ``?sslmode=``, its
         environment variables and service files all apply). Parses the URL (a bad one is a
-        :class:`ConfigError`) but does no I/O: the first call connects."""
+        :class:`ConfigError`) but does no I/O: the first call connects (and, unless
+        ``create`` is False, installs the schema)."""
         check_url(url)
-        return cls(url, namespace=namespace, op_timeout=op_timeout, poll_interval=poll_interval)
+        return cls(
+            url,
+            namespace=namespace,
+            op_timeout=op_timeout,
+            poll_interval=poll_interval,
+            create=create,
+        )
 
     # -- connecting ---------------------------------------------------------------------------
 
@@ -164,6 +175,8 @@ class PostgresConn(AsyncResource):
         conn = await self._connect(op, autocommit=True)
         try:
             version = await schema_.installed(conn, self.namespace)
+            if version != schema_.VERSION and not self._create:
+                raise self._not_installed(version)
             if version != schema_.VERSION:
                 await schema_.migrate(conn, self.namespace, self.where)
         except pg_errors.InsufficientPrivilege as exc:  # e.g. no USAGE on the schema
@@ -179,6 +192,21 @@ class PostgresConn(AsyncResource):
             ) from exc
         finally:
             await conn.close()
+
+    def _not_installed(self, version: int | None) -> StoreMissing | ConfigError:
+        """What a look says of a schema not at :data:`~.postgres_schema.VERSION` (it changes
+        nothing: no schema, or one another ai_lease made)."""
+        if version is None:
+            return StoreMissing(
+                self.where,
+                f"no ai_lease schema in {self.where} (namespace {self.namespace!r}); "
+                "`ai-lease submit`, `ai-lease worker` or `ai-lease migrate` creates it",
+            )
+        return ConfigError(
+            f"store.url {self.where!r}: schema {self.namespace!r} is at migration {version}, "
+            f"this ai_lease knows {schema_.VERSION}: `ai-lease migrate` (or a newer ai_lease) "
+            "first; a look changes nothing"
+        )
 
     async def migrate(self) -> bool:
         """Apply the schema's migration now (``ai-lease migrate``); True when this call

@@ -64,11 +64,14 @@ class RedisStore(RedisListing, AsyncResource):
         *,
         namespace: str = "ai_lease",
         op_timeout: float = 2.0,
+        create: bool = True,
     ) -> RedisStore:
         """Connect to ``redis://``, ``rediss://``, ``unix://`` or, for Redis Cluster,
-        ``redis+cluster://`` / ``rediss+cluster://`` — with redis-py's retries off."""
+        ``redis+cluster://`` / ``rediss+cluster://`` — with redis-py's retries off.
+        ``create=False`` (a look) writes none of the namespace's marker keys."""
         client = connect(url, op_timeout)
-        return cls(client, namespace=namespace, op_timeout=op_timeout, where=mask_url(url))
+        where = mask_url(url)
+        return cls(client, namespace=namespace, op_timeout=op_timeout, where=where, create=create)
 
     # -- the protocol -------------------------------------------------------------------------
 

@@ -128,8 +128,10 @@ class RedisCalls:
         namespace: str = "ai_lease",
         op_timeout: float = 2.0,
         where: str = "redis",
+        create: bool = True,
     ) -> None:
         self._client, self._ns, self._op_timeout, self.where = client, namespace, op_timeout, where
+        self._create = create  # False (a look): the marker keys are read, never written
         self._prepared, self._prepare_lock = False, asyncio.Lock()
         self._slots = asyncio.Semaphore(IN_FLIGHT)
         self._cluster = hasattr(client, "get_nodes")
@@ -183,7 +185,8 @@ class RedisCalls:
     # -- the data-loss marker ------------------------------------------------------------
 
     def _epoch_args(self) -> list[str]:
-        return [self._epoch or "", secrets.token_hex(8)]
+        """The expected epoch and a fresh one to write if there is none ('': a look)."""
+        return [self._epoch or "", secrets.token_hex(8) if self._create else ""]
 
     async def _set_up(self, connection: Any) -> None:
         """A new connection's set-up (redis-py's, then the data-loss marker's check): the
@@ -204,7 +207,7 @@ class RedisCalls:
     def _saw_epoch(self, reply: Any) -> None:
         epoch, note = reply[0], reply[1]
         if self._epoch is None:
-            self._epoch = epoch
+            self._epoch = epoch or None  # '': a look found no marker (and wrote none)
         elif epoch != self._epoch:
             previous, self._epoch = self._epoch, epoch
             self._lost(StoreDataLost(self.where, previous=previous, current=epoch))

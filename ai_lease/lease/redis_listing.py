@@ -120,10 +120,13 @@ class RedisListing(RedisQueue):
             return
         marker = f"{self._created}_ready"
         if not await self._cmd("list_page", "EXISTS", marker):
+            found = False
             async for names in self._job_hashes(_BACKFILL_BATCH):
                 keys = [self._created, self._counts, self._names, *names]
                 await self._eval("list_page", "BACKFILL", keys, [])
-            await self._cmd("list_page", "SET", marker, "1")
+                found = found or bool(names)
+            if found or self._create:  # a look at an empty namespace writes nothing
+                await self._cmd("list_page", "SET", marker, "1")
         self._index_ready = True
 
     # -- Cluster: no index (see the module docstring), a SCAN per call ---------------------

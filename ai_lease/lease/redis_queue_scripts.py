@@ -12,10 +12,13 @@ from ai_lease.lease.redis_scripts import _PRELUDE
 _EPOCH = r"""
 -- The data-loss marker: KEYS[e] holds this store's epoch id, written at first contact. A
 -- caller that saw epoch X and now finds none (or another) knows the data was lost; the
--- first to notice writes a note (KEYS[n], kept 7 days) that later processes read.
+-- first to notice writes a note (KEYS[n], kept 7 days) that later processes read. A look
+-- (fresh = '') writes nothing: no marker is epoch ''.
 local function epoch(ke, kn, expected, fresh, now)
   local e = redis.call('GET', ke)
-  if not e then
+  if fresh == '' then
+    return {e or '', redis.call('GET', kn) or ''}
+  elseif not e then
     e = fresh
     redis.call('SET', ke, e)
     if expected ~= '' then
@@ -28,8 +31,8 @@ local function epoch(ke, kn, expected, fresh, now)
 end
 """
 
-# KEYS: epoch, loss note · ARGV: expected epoch ('' none yet), fresh epoch id
-# returns {epoch, note ('' none)}
+# KEYS: epoch, loss note · ARGV: expected epoch ('' none yet), fresh epoch id ('' a look:
+# nothing written) · returns {epoch ('' none), note ('' none)}
 EPOCH = (
     _PRELUDE
     + _EPOCH

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import orjson
 
-from ai_lease.errors import CorruptRecord, FencingRejected, StoreUnavailable
+from ai_lease.errors import CorruptRecord, FencingRejected, StoreMissing, StoreUnavailable
 from ai_lease.job import JobState
 from ai_lease.lease import sqlite_timeline as timeline
 from ai_lease.lease.base import TIMELINE_CAP, TimelineEntry
@@ -121,6 +121,8 @@ class SQLiteFile:
 
     ``clock`` is the store's clock (seconds since the epoch); tests may inject one.
     ``op_timeout`` bounds how long an operation waits for another process's write lock.
+    ``create=False`` (a look): a file that does not exist is :class:`StoreMissing` at the
+    first operation, never made.
     """
 
     def __init__(
@@ -130,8 +132,9 @@ class SQLiteFile:
         op_timeout: float = 2.0,
         poll_interval: float = 0.05,
         clock: Callable[[], float] = time.time,
+        create: bool = True,
     ) -> None:
-        self.path = str(path)
+        self.path, self._create = str(path), create
         self.where = f"sqlite:///{self.path}"
         self._op_timeout, self._poll, self._clock = op_timeout, poll_interval, clock
         self._conn: sqlite3.Connection | None = None
@@ -143,6 +146,9 @@ class SQLiteFile:
         if self._conn is None and self._not_writable():
             self._conn, self.read_only = self._open_read_only(), True
         if self._conn is None:
+            if not self._create and self.path != ":memory:" and not os.path.exists(self.path):
+                at = f"{Path(self.path).absolute()} ({self.where})"
+                raise StoreMissing(self.where, f"no store at {at}; `ai-lease submit` creates it")
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(

@@ -64,32 +64,44 @@ def check_redis_db(url: str) -> None:
 
 
 def open_store(
-    url: str, *, namespace: str = "ai_lease", op_timeout: float = 2.0, poll_interval: float = 0.05
+    url: str,
+    *,
+    namespace: str = "ai_lease",
+    op_timeout: float = 2.0,
+    poll_interval: float = 0.05,
+    create: bool = True,
 ) -> LeaseStore:
     """Open the store a URL names: ``sqlite:///…`` (embedded), ``redis://``, ``rediss://``,
     ``unix://`` (Redis), ``redis+cluster://`` / ``rediss+cluster://`` (Redis Cluster, any
     node as the seed), ``postgresql://`` / ``postgres://`` (PostgreSQL: libpq's URL, so
     ``?sslmode=`` and its environment variables apply; needs ``ai_lease[postgres]``).
-    Opening does no I/O; the first operation connects."""
+    Opening does no I/O; the first operation connects, and creates the store (the SQLite
+    file, the PostgreSQL schema, Redis' marker keys) if it is not there yet. With
+    ``create=False`` (a look: status, ls, the dashboard) nothing is ever created: an
+    operation on a store that does not exist raises :class:`~ai_lease.errors.StoreMissing`
+    (SQLite, PostgreSQL; on Redis an empty namespace is an empty store)."""
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme == "sqlite":
         from ai_lease.lease.sqlite import SQLiteStore
 
-        return SQLiteStore(sqlite_path(url), op_timeout=op_timeout, poll_interval=poll_interval)
+        path = sqlite_path(url)
+        return SQLiteStore(path, op_timeout=op_timeout, poll_interval=poll_interval, create=create)
     if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         from ai_lease.lease.redis import RedisStore
 
         check_redis_db(url)
-        return RedisStore.from_url(url, namespace=namespace, op_timeout=op_timeout)
+        return RedisStore.from_url(url, namespace=namespace, op_timeout=op_timeout, create=create)
     if scheme in ("postgresql", "postgres"):
-        return _postgres(url, namespace, op_timeout, poll_interval)
+        return _postgres(url, namespace, op_timeout, poll_interval, create)
     raise ConfigError(
         f"store.url {mask_url(url)!r}: unknown scheme {scheme or '(none)'!r}; "
         f"use one of {', '.join(s + '://' for s in SCHEMES)}"
     )
 
 
-def _postgres(url: str, namespace: str, op_timeout: float, poll_interval: float) -> LeaseStore:
+def _postgres(
+    url: str, namespace: str, op_timeout: float, poll_interval: float, create: bool
+) -> LeaseStore:
     """The PostgreSQL store (the optional extra: a clear error when psycopg is missing)."""
     try:
         from ai_lease.lease.postgres import PostgresStore
@@ -99,6 +111,6 @@ def _postgres(url: str, namespace: str, op_timeout: float, poll_interval: float)
             "not installed): pip install 'ai_lease[postgres]'"
         ) from None
     store: LeaseStore = PostgresStore.from_url(
-        url, namespace=namespace, op_timeout=op_timeout, poll_interval=poll_interval
+        url, namespace=namespace, op_timeout=op_timeout, poll_interval=poll_interval, create=create
     )
     return store

@@ -1,4 +1,6 @@
-"""What the dashboard reads from the store: one page of jobs, filtered, newest first.
+"""What the dashboard reads from the store: one page of jobs, filtered, newest first; the
+live workers with the jobs they still run (:func:`read_workers`, which ``ai-lease workers``
+shares).
 
 A store with the listing API (``list_page``: an index it keeps, bounded work per call) is
 asked for exactly one page. A store without it is read through ``list_jobs`` and sorted
@@ -8,13 +10,24 @@ from each record (``JobState.health()``), so a health filter narrows the page it
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import Health, JobState, Status
+from ai_lease.lease.base import JobQueue, WorkerInfo
 
-__all__ = ["HEALTHS", "PAGE_SIZE", "STATUSES", "Filters", "Page", "read_page"]
+__all__ = [
+    "HEALTHS",
+    "PAGE_SIZE",
+    "STATUSES",
+    "Filters",
+    "Page",
+    "Workers",
+    "read_page",
+    "read_workers",
+]
 
 PAGE_SIZE = 50
 FALLBACK_LIMIT = 10_000
@@ -106,3 +119,43 @@ async def _fallback(
 def _health(job: JobState) -> str | None:
     health = job.health()
     return None if health is None else health.value
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """The live workers, each with only the jobs its own records say still run; the entries
+    that are no worker record; and ``read_at``, the clock to judge "last seen" by: the
+    store's (the latest of the records read), or this machine's when no record was read."""
+
+    found: list[WorkerInfo]
+    corrupt: list[CorruptRecord]
+    read_at: float
+
+
+async def read_workers(store: JobQueue) -> Workers:
+    """The live workers of ``store``. A worker reports its jobs at its beats, so a job that
+    ended (or was handed back) since would show as running: each reported job's record is
+    read now (at most MAX_REPORTED_JOBS per worker) and the ones not RUNNING are left out,
+    the worker's running count lowered by as many."""
+    corrupt: list[CorruptRecord] = []
+    listed = await store.list_workers(on_corrupt=corrupt.append)
+    clocks: list[float] = []
+    found = [await _still_running(store, info, clocks) for info in listed]
+    return Workers(found, corrupt, max(clocks, default=time.time()))
+
+
+async def _still_running(store: Any, info: WorkerInfo, clocks: list[float]) -> WorkerInfo:
+    if not info.jobs:
+        return info
+    kept = []
+    for key in info.jobs:
+        try:
+            job = await store.get(key)
+        except CorruptRecord:  # no record of a running job: not shown as one
+            continue
+        if job is not None and job.read_at:
+            clocks.append(job.read_at)
+        if job is not None and job.status is Status.RUNNING:
+            kept.append(key)
+    running = max(0, info.running - (len(info.jobs) - len(kept)))
+    return replace(info, jobs=tuple(kept), running=running)

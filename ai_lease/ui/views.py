@@ -20,7 +20,7 @@ from ai_lease.job import JobState
 from ai_lease.lease.base import JobQueue, JobTimeline, TimelineEntry
 from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui.auth import COOKIE, Guard, Session
-from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, read_page
+from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, Workers, read_page, read_workers
 from ai_lease.ui.present import corrupt_row, job_row, job_url, worker_row
 from ai_lease.ui.render import Templates, job_context
 
@@ -181,18 +181,18 @@ async def job(request: Request) -> Response:
 
 
 async def workers(request: Request) -> Response:
-    """Live workers: host, pid, jobs running, last seen; a corrupt entry as its own row."""
+    """Live workers: host, pid, the jobs they still run (each re-read: one that ended since
+    the worker's last beat is left out), last seen by the store's clock; a corrupt entry as
+    its own row."""
     store = ui_of(request).store
-    corrupt: list[CorruptRecord] = []
-    found = (
-        await store.list_workers(on_corrupt=corrupt.append) if isinstance(store, JobQueue) else []
-    )
-    now = time.time()
+    listing = await read_workers(store) if isinstance(store, JobQueue) else None
+    if listing is None:
+        listing = Workers([], [], time.time())
     return page(
         request,
         "workers.html",
-        workers=[worker_row(w, now) for w in found],
-        corrupt=[corrupt_row(bad) for bad in corrupt],
+        workers=[worker_row(w, listing.read_at) for w in listing.found],
+        corrupt=[corrupt_row(bad) for bad in listing.corrupt],
     )
 
 

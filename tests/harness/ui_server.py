@@ -14,6 +14,7 @@ that log's tail.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -26,9 +27,10 @@ from types import TracebackType
 
 import httpx
 
+from ai_lease import open_store
 from tests.harness.redis_server import free_port
 
-__all__ = ["STOP_TIMEOUT_S", "UIServer", "run_ui", "ui_env"]
+__all__ = ["STOP_TIMEOUT_S", "UIServer", "make_store", "run_ui", "ui_env"]
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0  # a loaded CI machine imports starlette and uvicorn slowly
@@ -43,6 +45,23 @@ def ui_env(store_url: str, extra: dict[str, str] | None = None) -> dict[str, str
     env["AI_LEASE_STORE__URL"] = store_url
     env.update(extra or {})
     return env
+
+
+def make_store(store_url: str) -> None:
+    """Create the store at ``store_url`` if it is not there (``ai-lease ui`` only looks: it
+    exits 4 on a store that does not exist). Runs on a thread of its own, so a caller inside
+    an event loop may call it too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def touch() -> None:
+        store = open_store(store_url)
+        try:
+            await store.get("any")  # the first operation creates it
+        finally:
+            await store.aclose()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, touch()).result()
 
 
 def run_ui(
@@ -92,8 +111,10 @@ class UIServer:
         return [*args, *self.extra_args]
 
     def start(self) -> UIServer:
-        """Start the child and wait until ``/healthz`` answers 200."""
+        """Make the store if it is not there, start the child and wait until ``/healthz``
+        answers 200."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        make_store(self.store_url)
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(
                 self.command(),
