@@ -16,7 +16,7 @@ import pytest
 from ai_lease import LeaseTimings, StageBudget
 from ai_lease.errors import FencingRejected
 from ai_lease.job import Job, JobState, Status
-from ai_lease.lease.base import TIMELINE_CAP, Fence, TimelineEntry
+from ai_lease.lease.base import TIMELINE_CAP, TIMELINE_KINDS, Fence, TimelineEntry
 from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
@@ -304,3 +304,20 @@ def test_a_termination_ladders_steps_are_drawn_in_the_old_owners_lane() -> None:
     (reaped,) = marks(old, "reaped")
     assert "exit code -9" in text_of(reaped, "s:title")
     assert not marks(old, "other")
+
+
+@pytest.mark.parametrize("kind", TIMELINE_KINDS)
+def test_every_kind_a_store_can_write_has_its_own_mark(kind: str) -> None:
+    """Each kind in TIMELINE_KINDS (a model call's ids among them) is drawn with a glyph of
+    its own, never a 500 for the job page and never the anonymous 'other' mark."""
+    rows = entries((0, "acquired", A, 1, "attempt 1"), (1, kind, A, 1, "detail of it"))
+    root = parse(render_timeline(rows, JOB, width=1200))
+    assert marks(root, kind) and not marks(root, "other"), kind
+
+
+def test_a_kind_not_known_yet_is_drawn_as_other() -> None:
+    """An entry of a kind this version does not know (written by a newer node) is drawn as
+    the neutral mark: the page still renders."""
+    rows = entries((0, "acquired", A, 1, "attempt 1"), (1, "from_the_future", A, 1, "?"))
+    root = parse(render_timeline(rows, JOB, width=1200))
+    assert marks(root, "other") and "from the future" in text_of(marks(root, "other")[0], "s:title")

@@ -75,6 +75,8 @@ _GLYPHS = {
     "reaped": _PATH.replace("{d}", "m-5 -5h10v10h-10z").replace(
         "{paint}", 'fill="none" stroke="#b71c1c" stroke-width="2"'
     ),
+    # a model request sent: a small arrow pointing at the model (its ids are in the title)
+    "model_call": _PATH.replace("{d}", "m-4 -5l8 5l-8 5z").replace("{paint}", 'fill="#00838f"'),
     "other": '<circle cx="{x}" cy="{y}" r="3" fill="#777"/>',
 }
 _LABELS = {
@@ -268,8 +270,8 @@ def _mark(entry: TimelineEntry, x: float, frame: _Frame, shelves: _Shelves) -> s
 
 def _glyph(entry: TimelineEntry, kind: str) -> tuple[str, str]:
     """The glyph template and extra classes: a renewal says whether progress moved."""
-    if kind != "renewed":
-        return _GLYPHS[kind], ""
+    if kind != "renewed":  # a kind this drawing does not know yet is drawn, not a 500
+        return _GLYPHS.get(kind, _GLYPHS["other"]), ""
     if "stalled (alert)" in entry.detail:
         return _GLYPHS["renewed-alert"], " stalled-alert"
     moved = _PROGRESS.search(entry.detail)
