@@ -65,8 +65,15 @@ async def test_worker_dashboard_and_detached_job(store_url: str, tmp_path: Path)
     """A detached job runs on its own [provider] while every dashboard page answers 200
     (on each store: ``store_url`` is SQLite, Redis and PostgreSQL)."""
     url = store_url
-    env = ui_env(url, {"AI_LEASE_PROVIDER__NAME": "local-extractive"})
     async with SSEServer(responder=lambda r: sse(*drip(ANSWER, every=0.3, chunk_size=2))) as model:
+        # the worker's operator lists the job's model server: a job may not pick any host
+        env = ui_env(
+            url,
+            {
+                "AI_LEASE_PROVIDER__NAME": "local-extractive",
+                "AI_LEASE_PROVIDER__ALLOWED_HOSTS": f"127.0.0.1:{model.port}",
+            },
+        )
         job = job_file(tmp_path, model.base_url)
         with (tmp_path / "worker.log").open("wb") as log:
             worker = await asyncio.create_subprocess_exec(

@@ -170,9 +170,12 @@ async def test_each_provider_a_job_names_answers_it(workdir: Path, isolation: st
             SSEServer(responder=_always(lambda: sse(*chat_chunks(["WRONG: the worker's own"]))))
         )
         config = workdir / "settings.toml"
+        # the openai-compatible job names a server the worker is not configured for: listed
+        asked = urls["openai-compatible"].split("//")[1].split("/")[0]
         config.write_text(
             '[provider]\nname = "openai-compatible"\n'
             f'base_url = "{default.base_url}"\nmodel = "worker-model"\n'
+            f'allowed_hosts = ["{asked}"]\n'
             + "".join(
                 f'[providers.{name}]\nbase_url = "{urls[name]}"\napi_key = "k-{name}"\n'
                 for name in ("openai", "openai-responses", "anthropic", "gemini")
@@ -211,8 +214,9 @@ async def test_each_provider_a_job_names_answers_it(workdir: Path, isolation: st
 
 
 async def test_a_job_whose_provider_cannot_run_here_fails_at_once(workdir: Path) -> None:
-    """Unknown provider, no key for it, a host its key may not go to: FAILED at once (one
-    look, no retry) with the reason; the worker goes on and exits 0."""
+    """Unknown provider, no key for it, a host the worker is not configured for (with or
+    without a key to go there): FAILED at once (one look, no retry) with the reason, the
+    host never called; the worker goes on and exits 0."""
     url = f"sqlite:///{workdir / 'jobs.db'}"
     async with SSEServer() as anthropic:
         config = workdir / "settings.toml"
@@ -221,10 +225,17 @@ async def test_a_job_whose_provider_cannot_run_here_fails_at_once(workdir: Path)
         )
         cases = {
             "unknown": ('name = "no-such-provider"\n', "no provider named 'no-such-provider'"),
-            "no-key": ('name = "gemini"\nmodel = "g"\n', "no API key for Gemini: set GEMINI_API_KEY"),
+            "no-key": (
+                'name = "gemini"\nmodel = "g"\n',
+                "no API key for Gemini: set GEMINI_API_KEY",
+            ),
             "refused-host": (
                 f'name = "anthropic"\nbase_url = "http://localhost:{anthropic.port}"\n',
-                "the key is not sent there",
+                "is not a host this worker is configured for",
+            ),
+            "unlisted-host-no-key": (  # no key goes with it: still not sent anywhere asked
+                f'name = "openai-compatible"\nbase_url = "http://127.0.0.1:{anthropic.port}/v1"\n',
+                "add '127.0.0.1:",
             ),
         }
         for key, (table, _) in cases.items():
@@ -245,7 +256,7 @@ async def test_a_job_whose_provider_cannot_run_here_fails_at_once(workdir: Path)
         assert "cannot run here" in (record.last_error or ""), record.last_error
         assert record.attempts <= 1, (key, record.attempts)
         assert "k-a" not in (record.last_error or "")
-    assert took < 60, f"failing three jobs took {took:.1f} s: they were retried"
+    assert took < 60, f"failing four jobs took {took:.1f} s: they were retried"
     assert not anthropic.requests, "a refused host was called"
     assert "FAILED" in out and "no-such-provider" in out
 
@@ -381,9 +392,10 @@ async def test_a_submit_left_to_workers_keeps_its_provider(workdir: Path) -> Non
             SSEServer(responder=_always(lambda: sse(*chat_chunks(["WRONG"]))))
         )
         config = workdir / "settings.toml"
+        listed = f"127.0.0.1:{asked_server.port}"  # the job's own server, allowed by the workers
         config.write_text(
             f'[provider]\nname = "openai-compatible"\nbase_url = "{wrong.base_url}"\n'
-            'model = "worker-model"\n'
+            f'model = "worker-model"\nallowed_hosts = ["{listed}"]\n'
         )
         table = (
             '[provider]\nname = "openai-compatible"\nmodel = "asked-model"\n'

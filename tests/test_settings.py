@@ -309,8 +309,14 @@ def test_bad_url_error_shows_the_masked_url() -> None:
         ("unix:///run/redis.sock?db=0&password=pw", "unix:///run/redis.sock?db=0&password=***"),
         ("redis://host:6379/0", "redis://host:6379/0"),
         ("sqlite:///.ai-lease/ai-lease.db", "sqlite:///.ai-lease/ai-lease.db"),
-        ("postgresql://u:pw@db:5432/jobs?sslmode=require", "postgresql://u:***@db:5432/jobs?sslmode=require"),
-        ("postgresql:///jobs?host=/run/pg&password=pw", "postgresql:///jobs?host=/run/pg&password=***"),
+        (
+            "postgresql://u:pw@db:5432/jobs?sslmode=require",
+            "postgresql://u:***@db:5432/jobs?sslmode=require",
+        ),
+        (
+            "postgresql:///jobs?host=/run/pg&password=pw",
+            "postgresql:///jobs?host=/run/pg&password=***",
+        ),
         ("host=db password=pw dbname=jobs", "host=db password=*** dbname=jobs"),
         ("host=db password = 'p w\\' x' dbname=jobs", "host=db password = *** dbname=jobs"),
     ],

@@ -6,6 +6,9 @@ the key for that provider, its base URL and the hosts a key may go to are that n
 (:func:`~ai_lease.cli.provider_options.provider_options`). A choice naming another provider
 than the settings' ``provider.name`` and no model gets no model from the settings (that
 model belongs to the settings' provider): the job's own ``model``, else the adapter's default.
+A choice's ``base_url`` must be one this node's operator configured for that provider, its
+vendor's default, or a host in ``provider.allowed_hosts``: whoever can submit a job must not
+make the workers send requests wherever they like.
 """
 
 from __future__ import annotations
@@ -56,5 +59,23 @@ class SettingsProviders:
             raise ConfigError(
                 f"no provider named {name!r} is installed here (known: {', '.join(known)})"
             )
+        if choice.base_url is not None:
+            _check_job_base_url(self.settings, name, choice.base_url)
         name, options = provider_options(self.settings, choice_overrides(self.settings, choice))
         return ProviderFactory(name, **options)
+
+
+def _check_job_base_url(settings: Settings, name: str, base_url: str) -> None:
+    """A stored job's base URL must be one this node's operator configured for that
+    provider (or its vendor's default), or a host ``provider.allowed_hosts`` lists."""
+    from ai_lease.providers import BUILTINS
+    from ai_lease.providers.keys import check_job_destination
+
+    cfg, own = settings.provider, settings.providers.get(name)
+    builtin = BUILTINS.get(name)
+    trusted = (
+        cfg.base_url if name == cfg.name else None,
+        own.base_url if own is not None else None,
+        builtin.base_url if builtin is not None else None,
+    )
+    check_job_destination(base_url, trusted, cfg.allowed_hosts)

@@ -100,6 +100,26 @@ def check_header_destination(
     )
 
 
+def check_job_destination(
+    target: str, trusted: Iterable[str | None], allowed_hosts: Iterable[str]
+) -> None:
+    """Raise :class:`ConfigError` unless a stored job's base URL ``target`` is one a worker's
+    operator configured (any of ``trusted``) or allowed (``allowed_hosts``): whoever can
+    submit a job must not make workers send requests to any host they choose."""
+    host, host_port = _host(target)
+    allowed = {h.strip().lower() for h in allowed_hosts}
+    if host in allowed or host_port in allowed:
+        return
+    if any(url and _may_go(target, url, ()) for url in trusted):
+        return
+    raise ConfigError(
+        f"the job's base_url {mask_url(target)!r} is not a host this worker is configured "
+        f"for: add {host_port!r} to provider.allowed_hosts (e.g. "
+        f"AI_LEASE_PROVIDER__ALLOWED_HOSTS={host_port}) on the workers, or set the base URL "
+        "in their configuration"
+    )
+
+
 def _may_go(target: str, bound: str, allowed_hosts: Iterable[str]) -> bool:
     """Whether something bound to ``bound`` may be sent to ``target``."""
     host, host_port = _host(target)
