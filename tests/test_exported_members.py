@@ -13,6 +13,7 @@ PUBLIC = [
     "ConfigError",
     "CorruptRecord",
     "Delta",
+    "EmptyAnswer",
     "EmptyEventStream",
     "Event",
     "Fence",

@@ -139,7 +139,7 @@ def _serve(
 
     # A look: a dashboard over no store has nothing to show (its actions act on existing
     # jobs), so a store that is not there is one line and exit 4, before it listens.
-    obj.run(lambda store: store.list_jobs(limit=1), create=False)
+    obj.run(_store_is_there, create=False)
     sock = listen_socket(host, port)
     port = int(sock.getsockname()[1])  # --port 0: the one the system chose
     shown = f"[{host}]" if ":" in host else host
@@ -176,3 +176,14 @@ def _serve(
 
 
 COMMANDS = (ui,)
+
+
+async def _store_is_there(store: LeaseStore) -> None:
+    """Touch the store (opened with ``create=False``: a missing one raises). A corrupt record
+    is the dashboard's to show, marked, not a reason to refuse to start."""
+    from ai_lease.errors import CorruptRecord
+
+    try:
+        await store.list_jobs(limit=1)
+    except CorruptRecord:
+        pass
