@@ -28,9 +28,11 @@ _SHAPES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 ***"),
     # user:password@ in any URL; the password may itself hold "@" (greedy up to the last one)
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]*):\S*@"), r"\1:***@"),
-    (re.compile(r"(?i)([?&](?:password|passwd|api_key|apikey|token)=)[^&#\s]*"), r"\1***"),
+    (re.compile(r"(?i)([?&](?:(?:ssl)?password|passwd|api_key|apikey|token)=)[^&#\s]*"), r"\1***"),
     (
-        re.compile(r"(?i)\b(api[_-]?key|password|secret)([\"']?\s*[:=]\s*[\"']?)[^\s\"',&]+"),
+        re.compile(
+            r"(?i)\b(api[_-]?key|(?:ssl)?password|secret)([\"']?\s*[:=]\s*[\"']?)[^\s\"',&]+"
+        ),
         r"\1\2***",
     ),
 ]

@@ -34,6 +34,11 @@ PASSWORD = "hunter2-CANARY"
             "redis://:***@cache:6379/0",
         ),
         ("AI_LEASE_PROVIDER__BASE_URL", f"http://[bad:{PASSWORD}@x", "http://***"),
+        (  # libpq's sslpassword: the passphrase of the client certificate's key
+            "AI_LEASE_STORE__URL",
+            f"postgresql://db/jobs?sslmode=verify-full&sslpassword={PASSWORD}",
+            "postgresql://db/jobs?sslmode=verify-full&sslpassword=***",
+        ),
     ],
 )
 def test_config_masks_passwords_in_urls(

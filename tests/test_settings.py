@@ -319,6 +319,11 @@ def test_bad_url_error_shows_the_masked_url() -> None:
         ),
         ("host=db password=pw dbname=jobs", "host=db password=*** dbname=jobs"),
         ("host=db password = 'p w\\' x' dbname=jobs", "host=db password = *** dbname=jobs"),
+        (  # libpq's sslpassword (the client key's passphrase) is a secret too
+            "postgresql://db/jobs?sslmode=verify-full&sslpassword=hunter22",
+            "postgresql://db/jobs?sslmode=verify-full&sslpassword=***",
+        ),
+        ("host=db sslpassword=hunter22 dbname=jobs", "host=db sslpassword=*** dbname=jobs"),
     ],
 )
 def test_mask_url(url: str, masked: str) -> None:
@@ -474,3 +479,12 @@ def test_the_worker_settings_bound_is_the_workers() -> None:
     from ai_lease.settings_worker import MAX_TERMINATE_GRACE_S
 
     assert MAX_TERMINATE_GRACE_S == MAX_TERMINATE_GRACE
+
+
+def test_the_redactor_masks_libpq_sslpassword() -> None:
+    """An sslpassword in a URL query or a libpq keyword string never reaches a log line or
+    an error message."""
+    from ai_lease.redaction import redact
+
+    text = redact("dsn postgresql://db/j?sslpassword=hunter22 or host=db sslpassword=hunter22")
+    assert "hunter22" not in text and text.count("sslpassword=***") == 2

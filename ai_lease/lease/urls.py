@@ -31,8 +31,8 @@ def mask_url(url: str) -> str:
     return _PASSWORD_PARAM.sub(r"\1***", f"{scheme}{sep}{rest}")
 
 
-_PASSWORD_PARAM = re.compile(r"(?i)([?&]password=)[^&#]*")
-_PASSWORD_KEYWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+_PASSWORD_PARAM = re.compile(r"(?i)([?&](?:ssl)?password=)[^&#]*")  # libpq's sslpassword too
+_PASSWORD_KEYWORD = re.compile(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 
 
 def sqlite_path(url: str) -> str:
