@@ -23,21 +23,9 @@ from ai_lease.errors import StoreMissing
 from ai_lease.lease import mask_url
 from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import RedisServer
+from tests.test_cli_views import LOOKS as CLI_LOOKS
 
-LOOKS = [
-    ("status", "foo"),
-    ("status", "foo", "--json"),
-    ("status", "foo", "--watch"),
-    ("ls",),
-    ("result", "foo"),
-    ("events", "foo"),
-    ("workers",),
-    ("tune",),
-    ("cancel", "foo"),
-    ("retry", "foo"),
-    ("rm", "foo"),
-    ("prune", "--older-than", "1d"),
-]
+LOOKS = CLI_LOOKS  # the same twelve looks the CLI-view tests walk
 
 # Every schema, relation and function outside the system schemas (and the schemas' names).
 _OBJECTS = """
