@@ -102,3 +102,20 @@ def test_a_provider_object_serves_the_choice_it_matches() -> None:
     own = Recorded("openai-compatible", "m", "http://127.0.0.1:8000/v1")
     same = ProviderChoice(name="openai-compatible", model="m", base_url="http://127.0.0.1:8000/v1/")
     assert ProviderPicker().pick("k", same, own) is own
+
+
+async def test_a_new_choice_while_every_provider_is_in_use_is_not_closed_under_its_job() -> None:
+    """All max_built providers held by running attempts, then a new choice: its provider is
+    kept open for its own attempt (the bound is exceeded for a while, never a provider closed
+    under a job), and the bound is back once attempts end."""
+    made: list[Recorded] = []
+    picker = ProviderPicker(_resolver(made), max_built=1)
+    first = ProviderChoice(name="openai", model="a")
+    async with picker.using("a", first, None) as held:
+        async with picker.using("b", ProviderChoice(name="openai", model="b"), None) as new:
+            assert isinstance(new, Recorded) and not new.closed
+            async with picker.using("c", first, None):
+                pass  # another attempt ends meanwhile: it must not close `new`
+            assert not new.closed and not held.closed  # type: ignore[union-attr]
+    assert len(picker.built) == 1
+    await picker.aclose()

@@ -76,7 +76,7 @@ class ProviderPicker:
         except InputError as exc:
             raise _unavailable(key, choice, str(exc)) from None
         self.built[choice] = provider
-        self._evict()
+        self._evict(keep=choice)  # never the one just built: its caller is about to use it
         return provider
 
     @contextlib.asynccontextmanager
@@ -91,7 +91,7 @@ class ProviderPicker:
         try:
             yield provider
         finally:
-            if counted:
+            if counted and self.in_use[choice] > 0:  # type: ignore[index]
                 self.in_use[choice] -= 1  # type: ignore[index]
                 self._evict()
             await self._close_retired()
@@ -118,9 +118,10 @@ class ProviderPicker:
             self.factories.popitem(last=False)
         return made
 
-    def _evict(self) -> None:
-        """Retire the least recently used providers no attempt is using, down to the bound."""
-        idle = [c for c in self.built if not self.in_use[c]]
+    def _evict(self, keep: ProviderChoice | None = None) -> None:
+        """Retire the least recently used providers no attempt is using (and not ``keep``),
+        down to the bound."""
+        idle = [c for c in self.built if not self.in_use[c] and c != keep]
         for choice in idle[: max(0, len(self.built) - self.max_built)]:
             self.retired.append(self.built.pop(choice))
             del self.in_use[choice]
