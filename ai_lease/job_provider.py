@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ai_lease.errors import JobSpecError
+from ai_lease.providers.headers import is_credential
 
 __all__ = ["MAX_HEADERS", "ProviderChoice"]
 
@@ -29,20 +30,6 @@ _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")  # an RFC 9110
 _PRINTABLE = re.compile(r"^[^\x00-\x1f\x7f-\x9f]*$")  # no control characters
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e]*$")  # printable ASCII: every HTTP client sends it
 _MAX_MODEL, _MAX_URL, _MAX_HEADER_VALUE = 256, 2048, 4096
-# Headers that carry credentials: a job's spec is stored in plain text and shown by
-# `status --json`, so a key never travels in it (the settings hold keys).
-_CREDENTIALS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "cookie",
-        "x-api-key",
-        "api-key",
-        "x-goog-api-key",
-    }
-)
-# Any other name that looks like it carries a secret is refused too (x-auth-token, X-Secret…).
-_CREDENTIAL_WORDS = re.compile(r"auth|key|token|secret|cookie|session|passw|signature", re.I)
 # Headers the HTTP client frames the request with: a job setting one would break the request.
 _FRAMING = frozenset(
     {
@@ -190,7 +177,7 @@ def _headers_problem(headers: Any) -> str | None:
             )
         if name.lower() in _FRAMING:
             return f"headers.{name}: is set by the HTTP client itself, not by a job"
-        if name.lower() in _CREDENTIALS or _CREDENTIAL_WORDS.search(name):
+        if is_credential(name):
             return (
                 f"headers.{name}: a credential header is not stored with a job (job specs are "
                 "kept in plain text); give the key in the settings ([providers.<name>] api_key)"

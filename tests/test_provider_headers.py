@@ -125,7 +125,11 @@ def test_a_credential_header_never_goes_to_another_host() -> None:
     settings configured (or an allowed one): a job file's base_url elsewhere is refused."""
     cfg = {"name": "openai-compatible", "base_url": "http://gw.local:8080/v1"}
     elsewhere = {"base_url": "http://evil.example:9000/v1"}
-    for name in ("Authorization", "proxy-authorization", "X-Api-Key", "api-key", "Cookie"):
+    for name in (
+        *("Authorization", "proxy-authorization", "X-Api-Key", "api-key", "Cookie"),
+        # gateways' own credential headers: known by the words in their names
+        *("X-Auth-Token", "Ocp-Apim-Subscription-Key", "x-litellm-api-key", "Helicone-Auth"),
+    ):
         secret = {**cfg, "headers": {name: "Bearer team-token-1"}}
         with pytest.raises(ConfigError, match=r"evil\.example:9000") as caught:
             _options(elsewhere, provider=secret)
@@ -150,9 +154,11 @@ def test_a_credential_header_never_goes_to_another_host() -> None:
 def test_config_masks_a_credential_header_and_a_bad_one_exits_2(tmp_path: Path) -> None:
     """``ai-lease config`` shows header names, never a credential's value; a bad header in
     the settings exits 2 naming it."""
-    env = {"AI_LEASE_PROVIDER__HEADERS": '{"Authorization": "Bearer hush-hush-42", "X-T": "t"}'}
-    out = run_cli("config", cwd=tmp_path, env=env)
-    assert out.returncode == 0, out.stderr
-    assert '"X-T": "t"' in out.stdout and "hush-hush-42" not in out.stdout, out.stdout
+    for name in ("Authorization", "X-Auth-Token", "Ocp-Apim-Subscription-Key"):
+        env = {"AI_LEASE_PROVIDER__HEADERS": f'{{"{name}": "Bearer hush-hush-42", "X-T": "t"}}'}
+        out = run_cli("config", cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stderr
+        assert '"X-T": "t"' in out.stdout and "hush-hush-42" not in out.stdout, out.stdout
+        assert "hush-hush-42" not in redact(f"{name}: Bearer hush-hush-42")
     bad = run_cli("config", cwd=tmp_path, env={"AI_LEASE_PROVIDER__HEADERS": '{"X A": "1"}'})
     assert bad.returncode == 2 and "provider.headers" in bad.stderr, bad.stderr

@@ -30,6 +30,7 @@ __all__ = [
     "SECRET_HEADERS",
     "check_headers",
     "extra_headers",
+    "is_credential",
     "masked_headers",
     "merge_headers",
     "secret_headers",
@@ -44,6 +45,15 @@ SECRET_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie"}
 )
 """Header names (lower-cased) whose value is a credential."""
+# Any other name that looks like it carries one (X-Auth-Token, Ocp-Apim-Subscription-Key,
+# x-litellm-api-key, Helicone-Auth …) is treated as one too: better masked than leaked.
+_CREDENTIAL_WORDS = re.compile(r"auth|key|token|secret|cookie|session|passw|signature", re.I)
+
+
+def is_credential(name: str) -> bool:
+    """Whether header ``name`` carries a credential (by its name)."""
+    return name.lower() in SECRET_HEADERS or _CREDENTIAL_WORDS.search(name) is not None
+
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
 _VALUE = re.compile(r"[\t\x20-\x7e]*")
@@ -129,17 +139,17 @@ def secret_headers(headers: Mapping[str, str], keys: Iterable[str]) -> list[str]
     return [
         name
         for name, value in headers.items()
-        if value and (name.lower() in SECRET_HEADERS or any(k in value for k in known))
+        if value and (is_credential(name) or any(k in value for k in known))
     ]
 
 
 def secret_values(headers: Mapping[str, str]) -> list[str]:
     """The values of ``headers`` that are credentials by their name, and each one's token
     after a scheme (``Bearer <token>``): what to register for redaction."""
-    values = [v for k, v in headers.items() if v and k.lower() in SECRET_HEADERS]
+    values = [v for k, v in headers.items() if v and is_credential(k)]
     return values + [v.split(None, 1)[1] for v in values if len(v.split(None, 1)) == 2]
 
 
 def masked_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """``headers`` as ``ai-lease config`` may show them: a credential's value masked."""
-    return {k: _MASK if v and k.lower() in SECRET_HEADERS else v for k, v in headers.items()}
+    return {k: _MASK if v and is_credential(k) else v for k, v in headers.items()}
