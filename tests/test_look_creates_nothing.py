@@ -129,6 +129,27 @@ def test_open_store_create_false_raises_store_missing(pg: PostgresServer, tmp_pa
     asyncio.run(_touch(pg.url, create=False))  # there now: a look reads it
 
 
+def test_a_look_at_a_file_that_is_not_a_store_leaves_it_as_it_was(tmp_path: Path) -> None:
+    """An existing SQLite file without the store's tables (empty, or another program's):
+    a look raises StoreMissing naming it and writes nothing into it (no schema, no WAL)."""
+    import sqlite3
+
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE theirs (x)")
+    conn.close()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for file in (path, empty):
+        before = file.read_bytes()
+        with pytest.raises(StoreMissing, match="holds no ai_lease store"):
+            asyncio.run(_touch(f"sqlite:///{file}", create=False))
+        assert file.read_bytes() == before
+        assert not Path(f"{file}-wal").exists()
+    asyncio.run(_touch(f"sqlite:///{path}"))  # a creating open makes the store there
+    asyncio.run(_touch(f"sqlite:///{path}", create=False))  # and a look then reads it
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

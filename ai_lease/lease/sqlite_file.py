@@ -157,6 +157,12 @@ class SQLiteFile:
                 isolation_level=None,
                 check_same_thread=False,
             )
+            if not self._create and self.path != ":memory:" and not _holds_a_store(conn):
+                conn.close()  # a file that is not (yet) a store: a look leaves it as it was
+                at = f"{Path(self.path).absolute()} ({self.where})"
+                raise StoreMissing(
+                    self.where, f"{at} holds no ai_lease store; `ai-lease submit` creates it"
+                )
             conn.execute("PRAGMA synchronous=NORMAL")
             self._setup(conn)
             self._conn = conn
@@ -308,3 +314,11 @@ class SQLiteFile:
     async def data_lost(self) -> None:
         """Always None: an embedded file does not lose data behind its users' backs."""
         return None
+
+
+def _holds_a_store(conn: sqlite3.Connection) -> bool:
+    """Whether the file behind ``conn`` already has the store's jobs table (read only)."""
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ai_lease_jobs'"
+    ).fetchone()
+    return row is not None
