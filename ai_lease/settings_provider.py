@@ -98,7 +98,7 @@ class ProviderSettings(_Section):
     # Extra request headers sent with every request of this provider, over the adapter's
     # own; a header set to "" is not sent (e.g. "X-Client-Request-Id" = ""). At most 64.
     headers: dict[str, str] = Field(default_factory=dict)
-    # At most this many model calls at once per (provider, model, base_url) in one process;
+    # At most this many model calls at once per (provider, base_url) in one process;
     # None: no limit of ai_lease's own.
     max_concurrency: Annotated[int, Field(ge=1, le=10000)] | None = None
 

@@ -249,3 +249,32 @@ def test_max_concurrency_is_bounded_and_reaches_the_provider() -> None:
     made = create_provider(name, **opts)
     assert isinstance(made, LimitedProvider) and made.limit == 4 and made.model is None
     assert made.base_url == "http://127.0.0.1:11434"
+
+
+async def test_the_call_cap_is_per_server_whatever_model_a_job_names() -> None:
+    """Two calls naming different models against one capped server share its slot: a job's
+    model string neither bypasses max_concurrency nor adds a slot of its own."""
+    import asyncio
+
+    from ai_lease.providers.base import ChatRequest
+    from ai_lease.providers.concurrency import limit_calls
+    from ai_lease.testing.scripted import Pause, ScriptedProvider
+
+    inner = ScriptedProvider(["a", Pause(0.2), "b"])
+    capped = limit_calls(inner, 1, base_url="http://127.0.0.1:9/v1")
+    running = 0
+    most = 0
+
+    async def counted(model: str) -> None:
+        nonlocal running, most
+        stream = capped.stream(ChatRequest([{"role": "user", "content": "x"}], model=model))
+        first = True
+        async for _ in stream:
+            if first:
+                running += 1
+                most = max(most, running)
+                first = False
+        running -= 1
+
+    await asyncio.gather(counted("model-a"), counted("model-b"), counted("model-c"))
+    assert most == 1, f"{most} calls ran at once against one server capped at 1"

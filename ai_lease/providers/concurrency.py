@@ -3,7 +3,7 @@
 llama.cpp's server has one slot by default and, with ``interrupt_requests``, ends a running
 stream when another request arrives: several jobs calling it at once interrupt each other.
 :func:`limit_calls` wraps a provider so that at most ``limit`` of its calls run at once per
-``(provider name, model, base_url)`` in this process (an :class:`asyncio.Semaphore` per key,
+``(provider name, base_url)`` in this process (an :class:`asyncio.Semaphore` per key,
 per event loop); a call waits for a free slot before it sends anything and holds it until
 its answer has ended.
 
@@ -39,7 +39,7 @@ _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_Key, asyncio.
 
 
 def limit_calls(provider: Provider, limit: int, *, base_url: str | None = None) -> Provider:
-    """``provider`` with at most ``limit`` calls at once per (name, model, ``base_url``) in
+    """``provider`` with at most ``limit`` calls at once per (name, ``base_url``) in
     this process; ``limit`` is 1 to :data:`MAX_CONCURRENCY` (else :class:`ConfigError`)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY:
         raise ConfigError(
@@ -75,8 +75,9 @@ class LimitedProvider:
         return f"limit_calls({self.inner!r}, {self.limit})"
 
     def _key(self, request: ChatRequest) -> _Key:
-        model = request.model or getattr(self.inner, "model", None) or ""
-        return (self.inner.name, str(model), self.base_url, self.limit)
+        # Per server, not per model name: a server's slots are its own whatever model a job
+        # names (and a job-chosen model string must neither bypass the cap nor grow this).
+        return (self.inner.name, "", self.base_url, self.limit)
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Delta]:
         async with contextlib.aclosing(self.stream_batches(request)) as batches:
