@@ -106,3 +106,13 @@ def test_an_ambient_key_goes_to_the_base_url_the_operator_configured() -> None:
     assert opts["base_url"] == "http://gw:8080" and key_of(opts) == "sk-ant"
     with pytest.raises(ConfigError, match=r"evil\.example"):
         options({"base_url": "http://evil.example/v1"}, env, **cfg)
+
+
+def test_a_configured_key_never_goes_to_a_plug_in_of_another_name() -> None:
+    """provider.api_key set for OpenAI is not handed to a job naming a plug-in provider, and
+    a plug-in's configured key is not handed to the OpenAI adapters."""
+    cfg = {"provider": {"name": "openai", "api_key": "sk-openai-cfg"}}
+    assert key_of(options({"name": "someones-plugin"}, {}, **cfg)[1]) is None
+    plug = {"provider": {"name": "someones-plugin", "api_key": "sk-plugin-cfg"}}
+    assert key_of(options({}, {}, **plug)[1]) == "sk-plugin-cfg"
+    assert key_of(options({"name": "openai-compatible"}, {}, **plug)[1]) is None

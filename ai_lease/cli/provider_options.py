@@ -149,9 +149,13 @@ def _key(
     if name == "local-extractive":
         return None, None
     cfg, own = settings.provider, settings.providers.get(name)
-    family = _family(name)
-    configured = _family(cfg.name) or _OPENAI_FAMILY
-    if cfg.api_key is not None and (name == cfg.name or family in (None, configured)):
+    family, cfg_family = _family(name), _family(cfg.name)
+    # provider.api_key serves provider.name and its family (a plug-in is a family of its
+    # own): a job naming an installed plug-in never carries another vendor's key, nor the
+    # other way round
+    same_family = family is not None and cfg_family is not None
+    same_family = same_family and family == (cfg_family or _OPENAI_FAMILY)
+    if cfg.api_key is not None and (name == cfg.name or same_family):
         return cfg.api_key, cfg.base_url or _default_url(name)
     if own is not None and own.api_key is not None:
         return own.api_key, own.base_url or _default_url(name)
