@@ -119,3 +119,21 @@ async def test_a_new_choice_while_every_provider_is_in_use_is_not_closed_under_i
             assert not new.closed and not held.closed  # type: ignore[union-attr]
     assert len(picker.built) == 1
     await picker.aclose()
+
+
+def test_a_provider_object_that_cannot_say_its_model_serves_no_job_naming_one() -> None:
+    """An object with no model of its own would let the server's default model answer a job
+    that asked for another: refused; background must match both ways."""
+    anonymous = Recorded("openai-compatible")
+    with pytest.raises(JobSpecError, match="runs model None"):
+        ProviderPicker().pick("k", ProviderChoice(name="openai-compatible", model="m"), anonymous)
+    with pytest.raises(JobSpecError, match="background"):
+        ProviderPicker().pick(
+            "k", ProviderChoice(name="openai-compatible", background=False), _bg()
+        )
+
+
+def _bg() -> Recorded:
+    made = Recorded("openai-compatible")
+    made.background = True  # type: ignore[attr-defined]
+    return made

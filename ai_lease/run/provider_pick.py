@@ -155,7 +155,7 @@ def _check_serves(key: str, choice: ProviderChoice, default: Provider | None) ->
             f"resolver {no_resolver}",
         )
     model = getattr(default, "model", None)
-    if choice.model is not None and isinstance(model, str) and model != choice.model:
+    if choice.model is not None and model != choice.model:  # None: it cannot say which
         raise _unavailable(
             key, choice, f"this runner's {default.name!r} provider runs model {model!r}"
         )
@@ -169,7 +169,8 @@ def _check_serves(key: str, choice: ProviderChoice, default: Provider | None) ->
             f"this runner's {default.name!r} provider object does not call that base URL "
             f"(or does not say which it calls) {no_resolver}",
         )
-    if choice.headers or (choice.background and getattr(default, "background", None) is not True):
+    background = bool(getattr(default, "background", False))
+    if choice.headers or (choice.background is not None and choice.background != background):
         raise _unavailable(
             key,
             choice,
