@@ -418,14 +418,15 @@ def worker(
         )
         undo = node.install_signal_handlers()
         try:
-            with watching(metrics, store):
+            # served once Ctrl-C drains: a scraper (or a script) that sees the port answer
+            # may stop the worker at once and get the drain, never a KeyboardInterrupt
+            with serving(metrics, metrics_port or 0, metrics_host), watching(metrics, store):
                 await node.run()
         finally:
             undo()
             await model_provider.aclose()
 
-    with serving(metrics, metrics_port or 0, metrics_host):
-        obj.run(work, loop_factory)
+    obj.run(work, loop_factory)
 
 
 @click.command(short_help="Watch a zombie owner lose its job (about 16 s).")
