@@ -415,9 +415,16 @@ def test_status_and_workers_print_the_data_loss(tmp_path: Path) -> None:
         assert "Traceback" not in out.stderr
 
 
-async def test_more_calls_at_once_than_a_pool_holds_all_answer(rstore: RedisStore) -> None:
+async def test_more_calls_at_once_than_a_pool_holds_all_answer(redis_server: RedisServer) -> None:
     """400 calls at once (redis-py 8's pool holds 100 by default and fails the 101st at
-    once): every one answers; the extra ones wait their turn, not an error."""
-    await rstore.submit("crowded", "{}", "fp")
-    jobs = await asyncio.gather(*(rstore.get("crowded") for _ in range(400)))
+    once): every one answers; the extra ones wait their turn, not an error. (A generous
+    op_timeout: a call's wait for its turn counts against it, and on a loaded machine 400
+    calls take longer than the 0.5 s the other tests use; what is pinned here is no error.)"""
+    redis_server.flushall()
+    store = RedisStore.from_url(redis_server.url, op_timeout=30.0)
+    try:
+        await store.submit("crowded", "{}", "fp")
+        jobs = await asyncio.gather(*(store.get("crowded") for _ in range(400)))
+    finally:
+        await store.aclose()
     assert all(job is not None and job.key == "crowded" for job in jobs)
