@@ -5,6 +5,7 @@ a record say how old they are, and `status --watch` ends with the documented exi
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -23,7 +24,9 @@ T = TypeVar("T")
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    # click < 8.2 mixes stderr into stdout unless told not to (8.2 always keeps them apart).
+    apart = {"mix_stderr": False} if "mix_stderr" in inspect.signature(CliRunner).parameters else {}
+    return CliRunner(**apart).invoke(main, list(args), env=env, catch_exceptions=False)
 
 
 def on_store(url: str, work: Callable[[LeaseStore], Awaitable[T]]) -> T:

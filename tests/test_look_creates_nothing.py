@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 import redis
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from ai_lease import open_store
-from ai_lease.cli.app import main
 from ai_lease.errors import StoreMissing
 from ai_lease.lease import mask_url
 from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import RedisServer
 from tests.test_cli_views import LOOKS as CLI_LOOKS
+from tests.test_cli_views import cli as cli_views_cli
 
 LOOKS = CLI_LOOKS  # the same twelve looks the CLI-view tests walk
 
@@ -59,7 +59,7 @@ def empty_redis(redis_server: RedisServer) -> RedisServer:
 
 
 def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return cli_views_cli(*args)  # stderr kept apart on every click the package supports
 
 
 def objects(pg: PostgresServer) -> tuple[Any, ...]:
