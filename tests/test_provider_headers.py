@@ -58,6 +58,12 @@ async def test_settings_headers_reach_every_http_adapter_and_empty_drops(name: s
     (its key's header, the client id), on the stream path and the one-response path."""
     suffix, key_header = HTTP_PROVIDERS[name]
     headers = {"X-Team": "search", key_header: "", "X-Client-Request-Id": "", "X-Request-Id": ""}
+    if name == "openai" and _sdk_too_old_to_drop():
+        cfg = {"name": name, "base_url": "http://127.0.0.1:9/v1", "api_key": "sk-test-12345"}
+        name_, opts = _options({}, provider={**cfg, "headers": headers})
+        with pytest.raises(ConfigError, match=r"cannot drop its own .*openai >= 3\.20"):
+            create_provider(name_, **opts)  # refused, never silently sent
+        return
     async with SSEServer() as server:
         base = f"http://127.0.0.1:{server.port}{suffix}"
         cfg = {"name": name, "base_url": base, "api_key": "sk-test-12345", "model": "m"}
@@ -162,3 +168,10 @@ def test_config_masks_a_credential_header_and_a_bad_one_exits_2(tmp_path: Path) 
         assert "hush-hush-42" not in redact(f"{name}: Bearer hush-hush-42")
     bad = run_cli("config", cwd=tmp_path, env={"AI_LEASE_PROVIDER__HEADERS": '{"X A": "1"}'})
     assert bad.returncode == 2 and "provider.headers" in bad.stderr, bad.stderr
+
+
+def _sdk_too_old_to_drop() -> bool:
+    """openai before 3.20 sends its own headers even when extra_headers omits them."""
+    import openai
+
+    return tuple(int(p) for p in openai.__version__.split(".")[:2]) < (3, 20)

@@ -25,6 +25,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import openai
+from openai._types import Omit as _OMIT  # openai.Omit from 1.5x on; here since the 1.40 floor
 from pydantic import SecretStr
 
 from ai_lease.errors import (
@@ -88,6 +89,7 @@ class OpenAISDKProvider(AsyncResource):
         if base_url is not None:
             check_base_url(base_url)
         self._extra = extra_headers(headers)
+        _check_drops(self._extra)
         self.defaults = sampling_defaults(temperature, max_tokens)
         key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         if key is None and base_url is None:
@@ -273,8 +275,8 @@ def _sdk_body(
     with the user's ``extra`` over them (one set to ``""``: ``Omit()``, the SDK drops it,
     its own default headers included)."""
     body = request_body(request, model, stream=stream, defaults=defaults)
-    headers: dict[str, str | openai.Omit] = {**with_extra(request.headers(client_id=True), extra)}
-    headers.update({name: openai.Omit() for name, value in extra.items() if not value})
+    headers: dict[str, Any] = {**with_extra(request.headers(client_id=True), extra)}
+    headers.update({name: _OMIT() for name, value in extra.items() if not value})
     if headers:
         body["extra_headers"] = headers
     return body
@@ -340,3 +342,24 @@ def _tool_calls(delta: Any) -> tuple[ToolCallDelta, ...]:
         name = function.name if function else None
         out.append(ToolCallDelta(int(call.index or 0), call.id, name, arguments))
     return tuple(out)
+
+
+# Our own ids are never added when dropped; the SDK's own headers (Authorization, its
+# User-Agent …) are dropped with Omit, which openai honours in extra_headers from 3.20 on
+# (3.15 still sent them: measured in the floor run).
+_OWN_IDS = frozenset({"x-request-id", "x-client-request-id"})
+_DROPS_FROM = (3, 20)
+
+
+def _check_drops(extra: Mapping[str, str]) -> None:
+    """Refuse, rather than silently send, a drop of the SDK's own header it cannot honour."""
+    dropped = sorted(n for n, v in extra.items() if not v and n.lower() not in _OWN_IDS)
+    if not dropped:
+        return
+    installed = tuple(int(p) for p in openai.__version__.split(".")[:2] if p.isdigit())
+    if installed < _DROPS_FROM:
+        raise ConfigError(
+            f"provider.headers: the openai SDK {openai.__version__} cannot drop its own "
+            f"{', '.join(dropped)} header (openai >= 3.20 can); upgrade it, or use the "
+            "openai-compatible adapter"
+        )
