@@ -172,6 +172,6 @@ def test_config_masks_a_credential_header_and_a_bad_one_exits_2(tmp_path: Path) 
 
 def _sdk_too_old_to_drop() -> bool:
     """openai before 3.20 sends its own headers even when extra_headers omits them."""
-    import openai
+    from importlib.metadata import version
 
-    return tuple(int(p) for p in openai.__version__.split(".")[:2]) < (3, 20)
+    return tuple(int(p) for p in version("openai").split(".")[:2]) < (3, 20)

@@ -25,7 +25,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import openai
-from openai._types import Omit as _OMIT  # openai.Omit from 1.5x on; here since the 1.40 floor
 from pydantic import SecretStr
 
 from ai_lease.errors import (
@@ -276,7 +275,9 @@ def _sdk_body(
     its own default headers included)."""
     body = request_body(request, model, stream=stream, defaults=defaults)
     headers: dict[str, Any] = {**with_extra(request.headers(client_id=True), extra)}
-    headers.update({name: _OMIT() for name, value in extra.items() if not value})
+    omit = getattr(openai, "Omit", None)  # public in recent SDKs; older ones cannot drop
+    if omit is not None:  # theirs anyway (refused by _check_drops), and ours are never added
+        headers.update({name: omit() for name, value in extra.items() if not value})
     if headers:
         body["extra_headers"] = headers
     return body
@@ -356,10 +357,13 @@ def _check_drops(extra: Mapping[str, str]) -> None:
     dropped = sorted(n for n, v in extra.items() if not v and n.lower() not in _OWN_IDS)
     if not dropped:
         return
-    installed = tuple(int(p) for p in openai.__version__.split(".")[:2] if p.isdigit())
+    from importlib.metadata import version
+
+    release = version("openai")
+    installed = tuple(int(p) for p in release.split(".")[:2] if p.isdigit())
     if installed < _DROPS_FROM:
         raise ConfigError(
-            f"provider.headers: the openai SDK {openai.__version__} cannot drop its own "
+            f"provider.headers: the openai SDK {release} cannot drop its own "
             f"{', '.join(dropped)} header (openai >= 3.20 can); upgrade it, or use the "
             "openai-compatible adapter"
         )
