@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from ai_lease import JobFailed, LeaseStore, ProviderError, StoreUnavailable, open_store
 from ai_lease.job import Job
 from ai_lease.observe.events import Event
-from ai_lease.observe.logs import JobLogger, configure_logging, fan_out, redact
+from ai_lease.observe.logs import JobLogger, configure_logging, fan_out, redact, remove_handlers
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Raise, ScriptedProvider
@@ -205,13 +206,40 @@ def test_json_logging_wraps_other_records_too() -> None:
         JobLogger(events)(stall_event())  # a text JobLogger still prints JSON here
         logging.getLogger("ai_lease.store").warning("cannot reach %s", REDIS_URL)
     finally:
-        root = logging.getLogger("ai_lease")
-        for h in list(root.handlers):
-            root.removeHandler(h)
-        root.propagate, root.level = True, logging.NOTSET
+        _unconfigure()
     first, second = (orjson.loads(line) for line in out.getvalue().splitlines())
     assert first["event"] == "stalled" and first["idle_s"] == 90.41
     assert second["event"] == "log" and CANARY not in second["detail"]
+
+
+def _unconfigure() -> None:
+    remove_handlers()
+    root = logging.getLogger("ai_lease")
+    root.propagate, root.level = True, logging.NOTSET
+
+
+def test_json_logging_takes_other_libraries_records_as_one_line_each() -> None:
+    """With configure_logging(json=True) a library's multi-line warning (psycopg-pool's) and
+    its traceback are one JSON line, and so is a warnings.warn."""
+    out = io.StringIO()
+    configure_logging(json=True, stream=out)
+    try:
+        try:
+            raise OSError("connection refused\n\tIs the server running?")
+        except OSError:
+            logging.getLogger("psycopg.pool").warning(
+                "error connecting:\n\tretrying", exc_info=True
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("a library's warning", UserWarning, stacklevel=1)
+    finally:
+        _unconfigure()
+    lines = out.getvalue().splitlines()
+    first, second = (orjson.loads(line) for line in lines)
+    assert first["logger"] == "psycopg.pool" and first["detail"] == "error connecting:\n\tretrying"
+    assert "Is the server running?" in first["exc"] and first["level"] == "WARNING"
+    assert second["logger"] == "py.warnings" and "a library's warning" in second["detail"]
 
 
 def test_fan_out_survives_a_failing_sink() -> None:

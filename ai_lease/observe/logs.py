@@ -37,7 +37,15 @@ import orjson
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.redaction import redact
 
-__all__ = ["RENEWAL_SAMPLE", "JobLogger", "configure_logging", "event_fields", "fan_out", "redact"]
+__all__ = [
+    "RENEWAL_SAMPLE",
+    "JobLogger",
+    "configure_logging",
+    "event_fields",
+    "fan_out",
+    "redact",
+    "remove_handlers",
+]
 
 LOGGER_NAME = "ai_lease.events"
 RENEWAL_SAMPLE = 10  # JSON mode: every 10th renewal of a lease gets a line (see above)
@@ -223,12 +231,15 @@ class JobLogger:
 
 
 class _JsonFormatter(logging.Formatter):
-    """A JSON line for every record: an event's fields, or the message of any other log."""
+    """A JSON line for every record: an event's fields, or the message (and traceback) of
+    any other log, newlines escaped, so a multi-line library message stays one line."""
 
     def format(self, record: logging.LogRecord) -> str:
         fields = getattr(record, "ai_lease", None)
         if not isinstance(fields, dict):
             fields = {"event": "log", "logger": record.name, "detail": redact(record.getMessage())}
+            if record.exc_info:
+                fields["exc"] = redact(self.formatException(record.exc_info))
         return json_line(fields, record.levelno, record.created)
 
 
@@ -236,17 +247,32 @@ def configure_logging(
     *, json: bool = False, level: int | str = logging.INFO, stream: TextIO | None = None
 ) -> logging.Logger:
     """Send ``ai_lease`` logs to ``stream`` (default stderr), one line each; returns the
-    events logger. Calling it again replaces the handler it installed before."""
-    root = logging.getLogger("ai_lease")
-    for handler in [h for h in root.handlers if getattr(h, "_ai_lease", False)]:
-        root.removeHandler(handler)
+    events logger. Calling it again replaces the handler it installed before.
+
+    With ``json`` the handler also sits on the root logger and takes :mod:`warnings`, so
+    every other library's record (psycopg-pool's reconnect messages, asyncio's, httpx's)
+    is a JSON line too, at the root logger's level (WARNING unless you set it).
+    """
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(_JsonFormatter() if json else logging.Formatter("%(message)s"))
     handler._ai_lease = True  # type: ignore[attr-defined]
+    remove_handlers()
+    root = logging.getLogger("ai_lease")
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
+    if json:
+        logging.getLogger().addHandler(handler)
+        logging.captureWarnings(True)
     return logging.getLogger(LOGGER_NAME)
+
+
+def remove_handlers() -> None:
+    """Take back what :func:`configure_logging` installed (its handlers, the warnings)."""
+    for logger in (logging.getLogger("ai_lease"), logging.getLogger()):
+        for handler in [h for h in logger.handlers if getattr(h, "_ai_lease", False)]:
+            logger.removeHandler(handler)
+    logging.captureWarnings(False)
 
 
 def fan_out(*sinks: EventSink | None) -> EventSink:

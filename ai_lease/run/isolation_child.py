@@ -200,7 +200,12 @@ def die_with_parent() -> None:
 
 
 def child_main(conn: Connection, spec: ChildSpec, shared: Any, dump_path: str) -> None:
-    """The child's entry point: handlers first, then serve jobs until the pipe closes."""
+    """The child's entry point: handlers first, then serve jobs until the pipe closes.
+
+    Ctrl-C reaches the whole process group: the child ignores SIGINT (asyncio then keeps
+    no handler of its own either), since its worker drains the job and stops it through
+    the pipe or the ladder; a traceback per child would only garble the worker's log."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()  # the fork server (or the worker, with spawn), which dies with it
     install_child_handlers(dump_path, on_terminate=_exit_on_sigterm)
     provider = spec.provider_factory() if spec.provider_factory is not None else None
