@@ -218,6 +218,28 @@ def _unconfigure() -> None:
     root.propagate, root.level = True, logging.NOTSET
 
 
+def test_a_held_back_renewal_is_stamped_with_its_own_time() -> None:
+    """JSON mode through configure_logging: the last renewal, logged only when its lease
+    ends (seconds later), carries the renewal's time, not the time of the lease's end."""
+    out = io.StringIO()
+    log = JobLogger(configure_logging(json=True, stream=out), json=True)
+    renewed_at, ended_at = 1_800_000_029.617, 1_800_000_034.623
+    try:
+        log(stall_event(kind="renewed", value=1.0, at=renewed_at - 5.0))  # the 1st: a line
+        log(stall_event(kind="renewed", value=1.0, at=renewed_at))  # held back
+        log(stall_event(kind="committed", at=ended_at))
+    finally:
+        _unconfigure()
+    stamps = [
+        (line["event"], line["ts"]) for line in map(orjson.loads, out.getvalue().splitlines())
+    ]
+    assert stamps == [
+        ("renewed", "2027-01-15T08:00:24.617Z"),
+        ("renewed", "2027-01-15T08:00:29.617Z"),
+        ("committed", "2027-01-15T08:00:34.623Z"),
+    ]
+
+
 def test_json_logging_takes_other_libraries_records_as_one_line_each() -> None:
     """With configure_logging(json=True) a library's multi-line warning (psycopg-pool's) and
     its traceback are one JSON line, and so is a warnings.warn."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -172,6 +173,7 @@ class LeaseKeeper:
                     grace=self.timings.renew_interval,
                     checkpoint=checkpoint,
                 )
+            answered_at = time.time()  # the renewal's own time: its log line may come later
         except (StoreUnavailable, TimeoutError) as exc:
             self._event("renew_failed", detail=str(exc) or "no answer before the self-fence point")
             return
@@ -185,7 +187,7 @@ class LeaseKeeper:
             self._stored_checkpoint = checkpoint
         moved = self.progress.version - self.reported_version
         self.reported_version = self.progress.version
-        self._event("renewed", value=float(moved))
+        self._event("renewed", value=float(moved), at=answered_at)
 
     async def _skip(self, idle: float, budget: float) -> None:
         self.misses += 1
@@ -238,7 +240,9 @@ class LeaseKeeper:
         )
         return snapshot(self.work, self.progress.thread_ident, header)
 
-    def _event(self, kind: str, detail: str = "", value: float | None = None) -> None:
+    def _event(
+        self, kind: str, detail: str = "", value: float | None = None, at: float | None = None
+    ) -> None:
         self._emit(
             Event(
                 kind,
@@ -248,6 +252,7 @@ class LeaseKeeper:
                 self.progress.stage,
                 self.progress.idle(),
                 detail,
+                at=time.time() if at is None else at,
                 value=value,
             )
         )

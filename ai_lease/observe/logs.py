@@ -161,8 +161,9 @@ class JobLogger:
     >>> log = JobLogger(json=True)
     >>> runner = Runner(store, hooks=RunHooks(on_event=log))          # doctest: +SKIP
 
-    The event's fields also ride on each record as ``record.ai_lease`` (a dict), for your
-    own formatter.
+    The event's fields also ride on each record as ``record.ai_lease`` (a dict), and its
+    time (``Event.at``, when the operation happened, which for a held-back renewal is
+    earlier than the record's ``created``) as ``record.ai_lease_at``, for your own formatter.
     """
 
     def __init__(self, logger: logging.Logger | None = None, *, json: bool = False) -> None:
@@ -188,7 +189,9 @@ class JobLogger:
         if extra:
             fields["attrs"] = {**fields.get("attrs", {}), **extra}
         line = json_line(fields, level, event.at) if self.json else text_line(fields)
-        self.logger.log(level, line, extra={"ai_lease": fields})
+        # the event's own time: a held-back renewal is logged when its lease ends, but its
+        # line must say when the renewal happened (the record's ``created`` is the flush)
+        self.logger.log(level, line, extra={"ai_lease": fields, "ai_lease_at": event.at})
 
     def _sample_renewal(self, event: Event) -> None:
         """JSON mode: a line for the 1st and every RENEWAL_SAMPLE-th renewal of a lease;
@@ -236,11 +239,12 @@ class _JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields = getattr(record, "ai_lease", None)
+        at = getattr(record, "ai_lease_at", record.created)  # an event's: when it happened
         if not isinstance(fields, dict):
             fields = {"event": "log", "logger": record.name, "detail": redact(record.getMessage())}
             if record.exc_info:
                 fields["exc"] = redact(self.formatException(record.exc_info))
-        return json_line(fields, record.levelno, record.created)
+        return json_line(fields, record.levelno, at)
 
 
 def configure_logging(
