@@ -166,3 +166,51 @@ async def test_the_ui_command_passes_the_lease_phi_threshold(tmp_path: Path) -> 
         server.terminate()
         await server.wait()
     assert 'id="phi">φ ' in page and ("at 10)" in page or "threshold 10)" in page), page
+
+
+def test_an_owner_that_never_renewed_has_phi_unknown_everywhere(tmp_path: Path) -> None:
+    """An owner with only its acquisition (no gap yet) reads 'φ unknown', never φ 0, in the
+    status text, status --json (phi null, the same phi_text) and the dashboard's page."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+
+    async def seed() -> str:
+        store = open_store(url)
+        try:
+            await renewing_owner(store, beats=0)
+            job = await store.get(KEY)
+            assert job is not None and isinstance(store, JobTimeline)
+            entries, dropped = await store.timeline(KEY)
+            return Templates().render("_job_live.html", **job_context(job, entries, dropped))
+        finally:
+            await store.aclose()
+
+    page = asyncio.run(seed())
+    unknown = "φ unknown (fewer than 2 heartbeats; suspect at 8)"
+    assert f'id="phi">{unknown}<' in page
+    out = run_cli("--store", url, "status", KEY, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"suspicion   {unknown}\n" in out.stdout and "suspect\n" not in out.stdout
+    js = orjson.loads(run_cli("--store", url, "status", KEY, "--json", cwd=tmp_path).stdout)
+    assert (js["phi"], js["phi_text"], js["suspect"]) == (None, unknown, False)
+
+
+async def test_text_json_and_page_print_one_phi_value(store_url: str) -> None:
+    """From one read, the status rows, the --json object and the page carry the same φ:
+    the JSON number is the one the text prints, and the texts are equal."""
+    from ai_lease.cli.inspect_cmds import job_and_phi
+    from ai_lease.cli.record_view import describe, job_json
+
+    store = open_store(store_url)
+    try:
+        await renewing_owner(store, beats=6)
+        await asyncio.sleep(0.5)  # φ somewhere between calm and far past the threshold
+        job, phi = await job_and_phi(store, KEY)
+        assert job is not None and phi is not None and isinstance(store, JobTimeline)
+        entries, dropped = await store.timeline(KEY)
+    finally:
+        await store.aclose()
+    row = dict(describe(job, 5.0, phi))["suspicion"]
+    js = orjson.loads(orjson.dumps(job_json(job, 5.0, phi)))
+    page = Templates().render("_job_live.html", **job_context(job, entries, dropped))
+    assert js["phi_text"] == row and f'id="phi">{row}<' in page
+    assert row.startswith(f"φ {js['phi']:.1f}") and js["phi"] == round(js["phi"], 1)

@@ -25,7 +25,7 @@ from ai_lease.cli.output import (
 )
 from ai_lease.cli.record_view import LS_HEADER, describe, job_json, ls_row
 from ai_lease.errors import CorruptRecord, InputError, JobCancelled, JobFailed
-from ai_lease.observe.phi import renewal_phi
+from ai_lease.observe.phi import OwnerPhi, owner_phi
 
 if TYPE_CHECKING:
     from ai_lease.job import JobState
@@ -64,7 +64,7 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
         _raise_unless_done(ended)
         return
 
-    async def fetch(store: LeaseStore) -> tuple[JobState | None, float | None]:
+    async def fetch(store: LeaseStore) -> tuple[JobState | None, OwnerPhi | None]:
         found = await job_and_phi(store, key)
         await warn_data_lost(store)
         return found
@@ -91,16 +91,16 @@ def _raise_unless_done(job: JobState) -> None:
         raise JobFailed(job.key, job.last_error)
 
 
-async def job_and_phi(store: LeaseStore, key: str) -> tuple[JobState | None, float | None]:
+async def job_and_phi(store: LeaseStore, key: str) -> tuple[JobState | None, OwnerPhi | None]:
     """Job ``key``'s record, and φ of its owner's renewals (None: not RUNNING, or a store
-    that keeps no timeline)."""
+    that keeps no timeline; its ``value`` None: unknown)."""
     from ai_lease.lease.base import JobTimeline
 
     job = await store.get(key)
     if job is None or not isinstance(store, JobTimeline):
         return job, None
     entries, _ = await store.timeline(key)
-    return job, renewal_phi(entries, job)
+    return job, owner_phi(entries, job)
 
 
 def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:

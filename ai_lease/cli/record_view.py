@@ -19,6 +19,7 @@ from ai_lease.redaction import redact
 
 if TYPE_CHECKING:
     from ai_lease.job import JobState
+    from ai_lease.observe.phi import OwnerPhi
 
 __all__ = ["LS_HEADER", "describe", "duration", "job_json", "ls_row"]
 
@@ -65,19 +66,22 @@ def duration(job: JobState) -> float | None:
 
 
 def job_json(
-    job: JobState, grace: float, phi: float | None = None, threshold: float = DEFAULT_THRESHOLD
+    job: JobState, grace: float, phi: OwnerPhi | None = None, threshold: float = DEFAULT_THRESHOLD
 ) -> dict[str, Any]:
     """A record as one JSON object, the same for ``status --json``, ``status --watch --json``
-    and ``ls --json``: its health, φ of its owner's renewals (None when not read, as by
-    ``ls``), whether that makes it suspect, the CPU idle share of a stall snapshot, and its
+    and ``ls --json``: its health, φ of its owner's renewals (``phi``: the value the text
+    prints, null when unknown or not read, as by ``ls``; ``phi_text``: the text's row, null
+    when not read), whether that makes it suspect, the CPU idle share of a stall snapshot, and its
     result decoded (a JSON result is JSON here, not a string holding JSON; one that is not
     JSON stays a string, flagged ``result_corrupt``); the stored spec likewise
     (``spec_corrupt``)."""
     out = job.to_dict()
     state = job.health(grace)
     out["health"] = state.value if state else None
-    out["phi"] = phi
-    out["suspect"] = is_suspect(phi, state, threshold)
+    value = None if phi is None else phi.value
+    out["phi"] = value
+    out["phi_text"] = None if phi is None else phi_text(value, threshold)
+    out["suspect"] = is_suspect(value, state, threshold)
     out["cpu_idle_pct"] = cpu_idle_of(job.stall_snapshot)
     out["since_heartbeat"] = job.since_heartbeat  # the age of stage and progress figures
     out["idle_at_heartbeat"] = idle_at_heartbeat(job)
@@ -97,15 +101,16 @@ def job_json(
 def describe(
     job: JobState,
     grace: float,
-    phi: float | None = None,
+    phi: OwnerPhi | None = None,
     threshold: float = DEFAULT_THRESHOLD,
 ) -> list[tuple[str, str]]:
     """The rows ``status`` prints for ``job`` (with ``phi``: its owner's suspicion)."""
     health = job.health(grace)
     shown = health.value if health else "-"
+    value = None if phi is None else phi.value
     rows = [
         ("status", job.status.value),
-        ("health", shown + (", suspect" if is_suspect(phi, health, threshold) else "")),
+        ("health", shown + (", suspect" if is_suspect(value, health, threshold) else "")),
         ("owner", f"{job.owner_id or '-'} (token {job.token})"),
         ("stage", (job.stage or "-") + _as_of(job)),
         ("progress", _progress(job)),
@@ -119,7 +124,7 @@ def describe(
         ("duration", span(duration(job))),
     ]
     if phi is not None:
-        rows.insert(2, ("suspicion", phi_text(phi, threshold)))
+        rows.insert(2, ("suspicion", phi_text(value, threshold)))
     rows += _newer_rows(job)
     if job.finish_reason == "length":
         rows.append(("answer", "capped at max_tokens (finish_reason length)"))

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from ai_lease.cli.context import Context
     from ai_lease.job import JobState
     from ai_lease.lease import LeaseStore
+    from ai_lease.observe.phi import OwnerPhi
 
-Describe = Callable[["JobState", float, "float | None", float], list[tuple[str, str]]]
+Describe = Callable[["JobState", float, "OwnerPhi | None", float], list[tuple[str, str]]]
 
 
 def watch_job(
@@ -72,7 +73,7 @@ class _Shown:
         if self._live is not None:
             self._live.__exit__(*exc)
 
-    def update(self, job: JobState, phi: float | None = None) -> None:
+    def update(self, job: JobState, phi: OwnerPhi | None = None) -> None:
         described = self.describe(job, self.grace, phi, self.threshold)
         rows = "\n".join(f"{label:<11} {value}" for label, value in described)
         if self._live is not None:

@@ -29,6 +29,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -41,10 +42,12 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "DEFAULT_WINDOW",
     "PHI_MAX",
+    "OwnerPhi",
     "PhiAccrual",
     "crossing_s",
     "is_suspect",
     "normal_fit",
+    "owner_phi",
     "phi_text",
     "phi_value",
     "renewal_phi",
@@ -192,12 +195,43 @@ class PhiAccrual:
 _BEATS = frozenset({"acquired", "taken_over", "renewed"})  # the lease's start, then each renewal
 
 
-def renewal_phi(
-    entries: Sequence[TimelineEntry], job: JobState, now: float | None = None
-) -> float | None:
+@dataclass(frozen=True, slots=True)
+class OwnerPhi:
+    """φ of a RUNNING job's owner, read once from its renewals, and how every view shows it:
+    ``status`` (text, ``--json``, ``--watch``) and the dashboard print these same fields.
+
+    ``value`` is rounded to 0.1, as printed; None when it is **unknown**: fewer than two
+    heartbeats (the lease's start and one renewal) give no gap to measure, and a silence
+    with nothing to compare it to is no evidence either way (never φ 0).
+
+    >>> OwnerPhi(None).text, OwnerPhi(9.14).text
+    ('φ unknown (fewer than 2 heartbeats; suspect at 8)', 'φ 9.1: suspect (threshold 8)')
+    """
+
+    value: float | None
+    threshold: float = DEFAULT_THRESHOLD
+
+    @property
+    def text(self) -> str:
+        """The suspicion row: ``φ 3.2 (suspect at 8)``, ``φ 9.1: suspect (threshold 8)``."""
+        return phi_text(self.value, self.threshold)
+
+    @property
+    def reached(self) -> bool:
+        """φ is known and at or past the threshold."""
+        return self.value is not None and self.value >= self.threshold
+
+
+def owner_phi(
+    entries: Sequence[TimelineEntry],
+    job: JobState,
+    threshold: float = DEFAULT_THRESHOLD,
+    now: float | None = None,
+) -> OwnerPhi | None:
     """φ of ``job``'s current owner: over the gaps between its renewals in the job's
     timeline (the store's clock), ``now`` (default: the record's ``read_at``) seconds in.
-    None unless the job is RUNNING with an owner; 0 with fewer than two renewals seen."""
+    None unless the job is RUNNING with an owner; ``value`` None (unknown) with fewer than
+    two heartbeats seen. The one place φ of an owner is computed."""
     from ai_lease.job import Status
 
     if job.status is not Status.RUNNING or not job.owner_id:
@@ -206,11 +240,24 @@ def renewal_phi(
     for entry in entries:
         if entry.kind in _BEATS and entry.owner_id == job.owner_id and entry.token == job.token:
             detector.heartbeat(entry.at)
-    return detector.phi(job.read_at if now is None else now)
+    if not detector.gaps:
+        return OwnerPhi(None, threshold)
+    return OwnerPhi(round(detector.phi(job.read_at if now is None else now), 1), threshold)
 
 
-def phi_text(phi: float, threshold: float = DEFAULT_THRESHOLD) -> str:
-    """How φ reads next to a job's health: ``φ 3.2 (suspect at 8)`` or ``φ 9.1: suspect``."""
+def renewal_phi(
+    entries: Sequence[TimelineEntry], job: JobState, now: float | None = None
+) -> float | None:
+    """:func:`owner_phi`'s value alone (None: not RUNNING, or unknown)."""
+    found = owner_phi(entries, job, now=now)
+    return None if found is None else found.value
+
+
+def phi_text(phi: float | None, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """How φ reads next to a job's health: ``φ 3.2 (suspect at 8)``, ``φ 9.1: suspect
+    (threshold 8)``, or (None) ``φ unknown (fewer than 2 heartbeats; suspect at 8)``."""
+    if phi is None:
+        return f"φ unknown (fewer than 2 heartbeats; suspect at {threshold:g})"
     if phi >= threshold:
         return f"φ {phi:.1f}: suspect (threshold {threshold:g})"
     return f"φ {phi:.1f} (suspect at {threshold:g})"

@@ -18,7 +18,7 @@ from markupsafe import Markup
 from ai_lease.job import JobState
 from ai_lease.lease.base import TimelineEntry
 from ai_lease.observe.cpu_idle import cpu_idle_of, cpu_idle_text
-from ai_lease.observe.phi import DEFAULT_THRESHOLD, phi_text, renewal_phi
+from ai_lease.observe.phi import DEFAULT_THRESHOLD, owner_phi
 from ai_lease.redaction import redact
 from ai_lease.ui.present import job_row
 from ai_lease.ui.timeline_svg import render_timeline
@@ -148,10 +148,10 @@ def job_context(
 ) -> dict[str, Any]:
     """What ``_job_live.html`` shows for ``job`` and its timeline (with the φ suspicion of
     a RUNNING job's owner, from the renewals in ``entries``)."""
-    phi = renewal_phi(entries, job)
+    phi = owner_phi(entries, job, phi_threshold)
     idle = cpu_idle_of(job.stall_snapshot)
     return {
-        "phi": None if phi is None else phi_text(phi, phi_threshold),
+        "phi": None if phi is None else phi.text,
         "cpu_idle": None if idle is None else cpu_idle_text(idle),
         "job": job,
         "row": job_row(job),
