@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from ai_lease.cli.worker_output import (
     serving,
     watching,
 )
+from ai_lease.observe.loop_watchdog import DEFAULT_AFTER_S
 
 if TYPE_CHECKING:
     from ai_lease.job import Job, JobState
@@ -285,6 +286,18 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> 
     return value
 
 
+@contextlib.contextmanager
+def _loop_watchdog(on_event: EventSink, after_s: float) -> Iterator[None]:
+    """``--blocked-loop-after``: the loop watched while the worker runs (0: not)."""
+    if after_s <= 0:
+        yield
+        return
+    from ai_lease.observe.loop_watchdog import watch_loop
+
+    with watch_loop(on_event, after_s=after_s):
+        yield
+
+
 @click.command()
 @click.option(
     "--concurrency",
@@ -317,8 +330,10 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> 
     type=click.Choice(["task", "process"]),
     default=None,
     help="Run each job as a task here, or its stages up to parse in a warm child process "
-    "(stopped by SIGTERM, then SIGKILL, when it stalls or is cancelled). "
-    "Default: [worker] isolation (task).",
+    "(stopped by SIGTERM, then SIGKILL, when it stalls or is cancelled). Under task, a "
+    "blocking call in an async provider or stage (time.sleep, sync I/O) freezes the whole "
+    "worker, renewals and SIGTERM included (--blocked-loop-after reports it); process "
+    "stops it. Default: [worker] isolation (task).",
 )
 @click.option(
     "--terminate-grace",
@@ -342,6 +357,17 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> 
 )
 @click.option("--log-json", is_flag=True, help="Log every event as one JSON line on stderr.")
 @click.option(
+    "--blocked-loop-after",
+    default=DEFAULT_AFTER_S,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    callback=_finite,
+    metavar="SECONDS",
+    help="Warn (loop_blocked, with the stack of the blocking call) when the event loop runs "
+    "nothing for this long: a blocking call under --isolation task freezes every job. "
+    "0: off.",
+)
+@click.option(
     "--loop",
     "loop_factory",
     type=click.Choice(["asyncio", "uvloop", "auto"]),
@@ -363,6 +389,7 @@ def worker(
     metrics_port: int | None,
     metrics_host: str,
     log_json: bool,
+    blocked_loop_after: float,
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
 ) -> None:
     """Run submitted jobs: discover them, compete for them, recover abandoned ones.
@@ -420,7 +447,11 @@ def worker(
         try:
             # served once Ctrl-C drains: a scraper (or a script) that sees the port answer
             # may stop the worker at once and get the drain, never a KeyboardInterrupt
-            with serving(metrics, metrics_port or 0, metrics_host), watching(metrics, store):
+            with (
+                serving(metrics, metrics_port or 0, metrics_host),
+                watching(metrics, store),
+                _loop_watchdog(json_log or log_worker_event, blocked_loop_after),
+            ):
                 await node.run()
         finally:
             undo()

@@ -63,6 +63,7 @@ WARNING_KINDS = frozenset(
         "job_error",
         "job_quarantined",
         "store_unavailable",
+        "loop_blocked",
     }
 )
 DEBUG_KINDS = frozenset({"renewed"})
