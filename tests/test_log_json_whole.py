@@ -24,8 +24,11 @@ STARTUP_S = 60.0  # generous: two CPUs shared with other test runs
 class CliWorker:
     """``ai-lease worker --log-json …`` in its own process group, stderr read line by line."""
 
-    def __init__(self, store_url: str, *args: str, cwd: Path) -> None:
+    def __init__(
+        self, store_url: str, *args: str, cwd: Path, extra: dict[str, str] | None = None
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
+        env |= extra or {}
         argv = [sys.executable, "-m", "ai_lease", "--store", store_url, "worker", "--log-json"]
         self.proc = subprocess.Popen(
             [*argv, "--sweep-interval", "0.1", *args],
@@ -118,3 +121,56 @@ def test_ctrl_c_to_a_process_isolation_worker_logs_json_only(tmp_path: Path) -> 
     assert code == 0, worker.lines
     assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in worker.lines)
     assert any(r.get("event") == "worker_stopped" for r in records), worker.lines
+
+
+CHATTY = """
+import logging
+from ai_lease.providers.base import Completion, Delta
+
+class ChattyProvider:
+    name = "chatty"
+    async def stream(self, request):
+        logging.getLogger("chatty_sdk").warning("retrying:\\n\\tthe SDK's second line")
+        yield Delta(text="fine")
+        yield Delta(finish_reason="stop")
+    async def complete(self, request):
+        logging.getLogger("chatty_sdk").warning("retrying:\\n\\tthe SDK's second line")
+        return Completion(text="fine", finish_reason="stop")
+    async def aclose(self):
+        pass
+
+def make(**options):
+    return ChattyProvider()
+"""
+
+
+@pytest.mark.slow
+def test_a_library_logging_in_a_process_isolation_child_logs_json(tmp_path: Path) -> None:
+    """A provider's library logging a multi-line warning inside the job's child process
+    (`worker --isolation process --log-json`): that record is one JSON line too."""
+    plugins = tmp_path / "plugins"
+    dist = plugins / "chatty_llm-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (plugins / "chatty_llm.py").write_text(CHATTY)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: chatty-llm\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[ai_lease.providers]\nchatty = chatty_llm:make\n")
+    (tmp_path / "in.txt").write_text("some input")
+    (tmp_path / "job.toml").write_text(
+        'key = "job-1"\nprompt = "summarize"\ninput_file = "in.txt"\n'
+    )
+    extra = {"PYTHONPATH": str(plugins), "AI_LEASE_PROVIDER__NAME": "chatty"}
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
+    submitted = subprocess.run(
+        [sys.executable, "-m", "ai_lease", "--store", url, "submit", "job.toml", "--detach"],
+        cwd=tmp_path, env=env | extra, capture_output=True,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    worker = CliWorker(url, "--isolation", "process", cwd=tmp_path, extra=extra)
+    try:
+        worker.wait_for(lambda line: '"committed"' in line, "the job's commit", STARTUP_S)
+    finally:
+        worker.stop()
+    records = worker.records()
+    said = [r for r in records if r.get("logger") == "chatty_sdk"]
+    assert said and said[0]["detail"] == "retrying:\n\tthe SDK's second line", worker.lines

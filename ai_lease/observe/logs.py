@@ -43,6 +43,7 @@ __all__ = [
     "configure_logging",
     "event_fields",
     "fan_out",
+    "json_configured",
     "redact",
     "remove_handlers",
 ]
@@ -270,6 +271,14 @@ def configure_logging(
         logging.getLogger().addHandler(handler)
         logging.captureWarnings(True)
     return logging.getLogger(LOGGER_NAME)
+
+
+def json_configured() -> bool:
+    """:func:`configure_logging` installed JSON lines (process isolation's children follow)."""
+    return any(
+        getattr(h, "_ai_lease", False) and isinstance(h.formatter, _JsonFormatter)
+        for h in logging.getLogger().handlers
+    )
 
 
 def remove_handlers() -> None:

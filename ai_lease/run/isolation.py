@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ai_lease.lease.keeper import LeaseKeeper
+from ai_lease.observe.logs import json_configured
 from ai_lease.run import ladder
 from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work
 from ai_lease.run.isolation_pool import Child, ChildPool, receive
@@ -109,6 +110,7 @@ async def isolated(
         config.stream_limits,
         config.call_retry,
         cut,
+        json_configured(),
     )
     pool = ChildPool(spec, size)
     try:

@@ -36,6 +36,7 @@ from ai_lease.job import Job
 from ai_lease.lease.base import Fence, LeaseStore
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.observe.events import Event
+from ai_lease.observe.logs import configure_logging
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
@@ -91,6 +92,7 @@ class ChildSpec:
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
     call_retry: RetryPolicy = MODEL_CALL
     cut: int = 0  # the stages [0, cut) run in the child
+    log_json: bool = False  # the worker logs JSON lines: so do the child's loggers
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,8 @@ def child_main(conn: Connection, spec: ChildSpec, shared: Any, dump_path: str) -
     no handler of its own either), since its worker drains the job and stops it through
     the pipe or the ladder; a traceback per child would only garble the worker's log."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.log_json:  # a library's record in the child is a JSON line on the shared stderr
+        configure_logging(json=True)
     die_with_parent()  # the fork server (or the worker, with spawn), which dies with it
     install_child_handlers(dump_path, on_terminate=_exit_on_sigterm)
     provider = spec.provider_factory() if spec.provider_factory is not None else None
