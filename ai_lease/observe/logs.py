@@ -283,10 +283,12 @@ def json_configured() -> bool:
 
 def remove_handlers() -> None:
     """Take back what :func:`configure_logging` installed (its handlers, the warnings)."""
+    had_json = json_configured()
     for logger in (logging.getLogger("ai_lease"), logging.getLogger()):
         for handler in [h for h in logger.handlers if getattr(h, "_ai_lease", False)]:
             logger.removeHandler(handler)
-    logging.captureWarnings(False)
+    if had_json:  # only what JSON mode turned on: a caller's own capture stays
+        logging.captureWarnings(False)
 
 
 def fan_out(*sinks: EventSink | None) -> EventSink:
