@@ -44,12 +44,17 @@ TOKEN = "ui-test-token-1234"
 
 
 @asynccontextmanager
-async def serving(store: Any, **options: Any) -> AsyncIterator[str]:
-    """The app over ``store`` on a real uvicorn, on a free loopback port, in this loop."""
+async def serving(
+    store: Any, apps: list[Any] | None = None, **options: Any
+) -> AsyncIterator[str]:
+    """The app over ``store`` on a real uvicorn, on a free loopback port, in this loop
+    (appended to ``apps`` when given, for a test that reaches into its state)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = create_app(store, settings_view={"store": "sqlite:///x.db"}, **options)
+    if apps is not None:
+        apps.append(app)
     config = uvicorn.Config(
         app, log_level="warning", lifespan="on", ws="none", timeout_graceful_shutdown=1
     )

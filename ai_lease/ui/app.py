@@ -8,6 +8,8 @@ Routes: ``/`` (to ``/jobs``), ``/jobs`` and ``/jobs/stream``, ``/jobs/{key}`` an
 ``/metrics``, ``/healthz``, ``/static/*``. Every response carries a strict
 Content-Security-Policy (scripts and styles from ``/static`` only), ``nosniff`` and no
 referrer; with a token, every route but ``/healthz``, ``/login`` and ``/static`` needs it.
+In front of all that, :class:`~ai_lease.ui.gate.Gate` refuses a foreign ``Host``, a
+cross-site state change and an oversized body.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui import actions, live, views
 from ai_lease.ui.auth import COOKIE, OPEN_PATHS, Guard
+from ai_lease.ui.gate import AllowedHosts, Gate
 from ai_lease.ui.views import Ui
 
 if TYPE_CHECKING:
@@ -154,6 +157,7 @@ def create_app(
     metrics: Metrics | None = None,
     settings_view: Mapping[str, str] | None = None,
     phi_threshold: float = DEFAULT_THRESHOLD,
+    hosts: AllowedHosts | None = None,
 ) -> Starlette:
     """The dashboard over ``store`` (SQLite or Redis, already open; the caller closes it).
 
@@ -161,7 +165,10 @@ def create_app(
     updates. ``metrics``: the registry ``/metrics`` serves (a new one, with the store's
     gauges, by default). ``settings_view``: what the header shows, already masked
     (``{"store": mask_url(url)}``). ``phi_threshold``: the φ at which a job's owner reads
-    "suspect" (``lease.phi_threshold``).
+    "suspect" (``lease.phi_threshold``). ``hosts``: the ``Host`` names it answers
+    (:meth:`AllowedHosts.for_bind`; by default the loopback names, any port): every other
+    ``Host`` is refused before routing, as are cross-site state changes and large bodies
+    (:mod:`ai_lease.ui.gate`).
     """
     if not refresh > 0:
         raise ValueError(f"refresh must be a positive number of seconds (got {refresh!r})")
@@ -188,4 +195,5 @@ def create_app(
     app = Starlette(routes=_routes(metrics), lifespan=lifespan)
     app.state.ui = ui
     app.add_middleware(Secured, ui=ui)
+    app.add_middleware(Gate, hosts=hosts)  # outermost: before the token, before any body
     return app

@@ -6,6 +6,7 @@ timeline) and renders one template. ``Ui`` is what they share (``request.app.sta
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -62,9 +63,13 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
         session, cookie = ui.guard.new_cookie(authenticated=False)
     context.setdefault("stream", None)
     context.setdefault("flash", flash_of(request))
+    # Nothing about the store before login: the login page and the 401 page show no URL.
+    known = not ui.guard.required or session.authenticated or ui.guard.bearer_ok(
+        request.headers.get("authorization")
+    )
     html = ui.templates.render(
         template,
-        where=ui.settings_view.get("store", ""),
+        where=ui.settings_view.get("store", "") if known else "",
         csrf=ui.guard.csrf_token(session),
         **context,
     )
@@ -207,10 +212,19 @@ async def login(request: Request) -> Response:
     guard = ui_of(request).guard
     if not guard.required:
         return RedirectResponse("/jobs", status_code=303)
+    client = request.client.host if request.client else "unknown"
+    wait_s = guard.throttle.wait_s(client)
+    if wait_s > 0:  # not even looked at: guessing is slowed per client
+        text = f"Too many wrong tokens from here: try again in {math.ceil(wait_s)} s."
+        response = page(request, "login.html", 429, flash={"level": "error", "text": text})
+        response.headers["Retry-After"] = str(math.ceil(wait_s))
+        return response
     fields = await form_fields(request)
     if not guard.token_ok(fields.get("token")):
+        guard.throttle.failed(client)
         flash = {"level": "error", "text": "That is not the token."}
         return page(request, "login.html", 401, flash=flash)
+    guard.throttle.succeeded(client)
     _, cookie = guard.new_cookie(authenticated=True)
     response = RedirectResponse("/jobs", status_code=303)
     set_session_cookie(response, cookie)
