@@ -21,7 +21,15 @@ from ai_lease.job import Status
 from ai_lease.lease import LeaseStore
 from ai_lease.ui.auth import MIN_TOKEN_BITS, LoginThrottle, token_bits
 from ai_lease.ui.gate import MAX_BODY_BYTES, AllowedHosts
-from tests.test_ui_app import TOKEN, _free_port, _make_store, csrf_of, run_job, serving
+from tests.test_ui_app import (
+    TOKEN,
+    Counting,
+    _free_port,
+    _make_store,
+    csrf_of,
+    run_job,
+    serving,
+)
 
 BIG = "a" * 1_048_576  # one header line of 1 MiB
 STRONG = "Zq3v_8KxN0pLr7TmYw2AbC9dE4fGh6Jk"  # 32 characters over four classes
@@ -286,3 +294,48 @@ def test_the_command_on_ipv6_loopback_prints_a_usable_address(tmp_path: Path) ->
         finally:
             server.terminate()
             server.communicate(timeout=20)
+
+
+async def test_live_streams_are_capped_and_freed(sqlite_store: LeaseStore) -> None:
+    """Past max_streams a live page's stream is 503 (with Retry-After); closing one frees
+    its slot for the next."""
+    await run_job(sqlite_store, "watched")
+    apps: list[Any] = []
+    async with serving(sqlite_store, refresh=0.1, max_streams=3, apps=apps) as base:
+        slots = apps[0].state.ui.streams
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            opened = [client.stream("GET", "/jobs/stream") for _ in range(3)]
+            streams = [await s.__aenter__() for s in opened]
+            assert [s.status_code for s in streams] == [200, 200, 200]
+            extra = await client.get("/jobs/watched/stream")
+            assert extra.status_code == 503 and extra.headers["retry-after"] == "5"
+            await opened[0].__aexit__(None, None, None)
+            deadline = time.monotonic() + 10
+            while slots.open > 2:
+                assert time.monotonic() < deadline, slots
+                await asyncio.sleep(0.05)
+            async with client.stream("GET", "/jobs/watched/stream") as again:
+                assert again.status_code == 200
+            for s in opened[1:]:
+                await s.__aexit__(None, None, None)
+
+
+async def test_pages_on_one_view_share_one_read_per_interval(sqlite_store: LeaseStore) -> None:
+    """Twenty pages open on the same jobs view cost about one store read per refresh, not
+    twenty."""
+    await run_job(sqlite_store, "still")
+    counting = Counting(sqlite_store)
+    async with (
+        serving(counting, refresh=0.2) as base,
+        httpx.AsyncClient(base_url=base, timeout=10) as client,
+    ):
+        opened = [client.stream("GET", "/jobs/stream") for _ in range(20)]
+        for s in opened:
+            await s.__aenter__()
+        before, started = counting.reads, time.monotonic()
+        await asyncio.sleep(2.0)
+        reads, elapsed = counting.reads - before, time.monotonic() - started
+        for s in opened:
+            await s.__aexit__(None, None, None)
+    # a jobs view is two reads (a page and the counts) per refresh: 20 pages unshared ≈ 400
+    assert reads <= 2 * 3 * (elapsed / 0.2 + 2), (reads, elapsed)

@@ -31,6 +31,7 @@ from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui import actions, live, views
 from ai_lease.ui.auth import COOKIE, OPEN_PATHS, Guard
 from ai_lease.ui.gate import AllowedHosts, Gate
+from ai_lease.ui.shared_reads import MAX_STREAMS, StreamSlots
 from ai_lease.ui.views import Ui
 
 if TYPE_CHECKING:
@@ -158,6 +159,7 @@ def create_app(
     settings_view: Mapping[str, str] | None = None,
     phi_threshold: float = DEFAULT_THRESHOLD,
     hosts: AllowedHosts | None = None,
+    max_streams: int = MAX_STREAMS,
 ) -> Starlette:
     """The dashboard over ``store`` (SQLite or Redis, already open; the caller closes it).
 
@@ -168,7 +170,8 @@ def create_app(
     "suspect" (``lease.phi_threshold``). ``hosts``: the ``Host`` names it answers
     (:meth:`AllowedHosts.for_bind`; by default the loopback names, any port): every other
     ``Host`` is refused before routing, as are cross-site state changes and large bodies
-    (:mod:`ai_lease.ui.gate`).
+    (:mod:`ai_lease.ui.gate`). ``max_streams``: live pages served at once (then 503);
+    pages on the same view share one store read per refresh.
     """
     if not refresh > 0:
         raise ValueError(f"refresh must be a positive number of seconds (got {refresh!r})")
@@ -182,6 +185,7 @@ def create_app(
         refresh=refresh,
         settings_view=dict(settings_view or {}),
         phi_threshold=phi_threshold,
+        streams=StreamSlots(max_streams),
     )
 
     @contextlib.asynccontextmanager

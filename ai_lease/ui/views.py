@@ -24,6 +24,7 @@ from ai_lease.ui.auth import COOKIE, Guard, Session
 from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, Workers, read_page, read_workers
 from ai_lease.ui.present import corrupt_row, job_row, job_url, worker_row
 from ai_lease.ui.render import Templates, job_context
+from ai_lease.ui.shared_reads import MAX_STREAMS, SharedReads, StreamSlots
 
 __all__ = ["FLASHES", "Ui", "form_fields", "page"]
 
@@ -40,6 +41,8 @@ class Ui:
     settings_view: Mapping[str, str] = field(default_factory=dict)
     templates: Templates = field(default_factory=Templates)
     phi_threshold: float = DEFAULT_THRESHOLD  # lease.phi_threshold: when φ says "suspect"
+    reads: SharedReads = field(default_factory=SharedReads)  # one read per view per refresh
+    streams: StreamSlots = field(default_factory=lambda: StreamSlots(MAX_STREAMS))
 
 
 def ui_of(request: Request) -> Ui:
