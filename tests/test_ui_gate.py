@@ -304,17 +304,17 @@ async def test_live_streams_are_capped_and_freed(sqlite_store: LeaseStore) -> No
     async with serving(sqlite_store, refresh=0.1, max_streams=3, apps=apps) as base:
         slots = apps[0].state.ui.streams
         async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            opened = [client.stream("GET", "/jobs/stream") for _ in range(3)]
+            opened = [client.stream("GET", "/live/jobs") for _ in range(3)]
             streams = [await s.__aenter__() for s in opened]
             assert [s.status_code for s in streams] == [200, 200, 200]
-            extra = await client.get("/jobs/watched/stream")
+            extra = await client.get("/live/jobs/watched")
             assert extra.status_code == 503 and extra.headers["retry-after"] == "5"
             await opened[0].__aexit__(None, None, None)
             deadline = time.monotonic() + 10
             while slots.open > 2:
                 assert time.monotonic() < deadline, slots
                 await asyncio.sleep(0.05)
-            async with client.stream("GET", "/jobs/watched/stream") as again:
+            async with client.stream("GET", "/live/jobs/watched") as again:
                 assert again.status_code == 200
             for s in opened[1:]:
                 await s.__aexit__(None, None, None)
@@ -329,7 +329,7 @@ async def test_pages_on_one_view_share_one_read_per_interval(sqlite_store: Lease
         serving(counting, refresh=0.2) as base,
         httpx.AsyncClient(base_url=base, timeout=10) as client,
     ):
-        opened = [client.stream("GET", "/jobs/stream") for _ in range(20)]
+        opened = [client.stream("GET", "/live/jobs") for _ in range(20)]
         for s in opened:
             await s.__aenter__()
         before, started = counting.reads, time.monotonic()

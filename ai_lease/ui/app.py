@@ -3,9 +3,9 @@
 >>> app = create_app(store, token="s3cret")        # doctest: +SKIP
 >>> uvicorn.run(app, host="127.0.0.1", port=8377)  # doctest: +SKIP
 
-Routes: ``/`` (to ``/jobs``), ``/jobs`` and ``/jobs/stream``, ``/jobs/{key}`` and its
-``/stream``, ``POST /jobs/{key}/cancel|retry|remove``, ``/workers``, ``/login``,
-``/metrics``, ``/healthz``, ``/static/*``. Every response carries a strict
+Routes: ``/`` (to ``/jobs``), ``/jobs``, ``/jobs/{key}``, their live streams
+``/live/jobs`` and ``/live/jobs/{key}``, ``POST /jobs/{key}/cancel|retry|remove``,
+``/workers``, ``/login``, ``/metrics``, ``/healthz``, ``/static/*``. Every response carries a strict
 Content-Security-Policy (scripts and styles from ``/static`` only), ``nosniff`` and no
 referrer; with a token, every route but ``/healthz``, ``/login`` and ``/static`` needs it.
 In front of all that, :class:`~ai_lease.ui.gate.Gate` refuses a foreign ``Host``, a
@@ -135,8 +135,9 @@ def _routes(metrics: Metrics) -> list[Any]:
     return [
         Route("/", views.home),
         Route("/jobs", views.jobs),
-        Route("/jobs/stream", live.jobs_stream),
-        Route("/jobs/{key:path}/stream", live.job_stream),
+        # live streams apart from the pages: any key, "stream" or "a/stream" too, is a page
+        Route("/live/jobs", live.jobs_stream),
+        Route("/live/jobs/{key:path}", live.job_stream),
         Route("/jobs/{key:path}/cancel", actions.cancel, methods=["POST"]),
         Route("/jobs/{key:path}/retry", actions.retry, methods=["POST"]),
         Route("/jobs/{key:path}/remove", actions.remove, methods=["POST"]),

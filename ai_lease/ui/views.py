@@ -22,7 +22,7 @@ from ai_lease.lease.base import JobQueue, JobTimeline, TimelineEntry
 from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui.auth import COOKIE, Guard, Session
 from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, Workers, read_page, read_workers
-from ai_lease.ui.present import corrupt_row, job_row, job_url, worker_row
+from ai_lease.ui.present import corrupt_row, job_row, job_url, live_url, worker_row
 from ai_lease.ui.render import Templates, job_context
 from ai_lease.ui.shared_reads import MAX_STREAMS, SharedReads, StreamSlots
 
@@ -131,7 +131,7 @@ async def home(request: Request) -> Response:
 
 
 async def jobs(request: Request) -> Response:
-    """The jobs table: one page, newest first, filtered; live over ``/jobs/stream``."""
+    """The jobs table: one page, newest first, filtered; live over ``/live/jobs``."""
     ui, filters = ui_of(request), Filters.from_query(request.query_params)
     listing = await read_page(ui.store, filters)
     counts: list[tuple[str, int]] = []
@@ -154,7 +154,7 @@ async def jobs(request: Request) -> Response:
         counts=counts,
         next_url=next_url,
         first_url=("/jobs?" + urlencode(filters.query())) if filters.after else None,
-        stream="/jobs/stream" + (f"?{query}" if query else ""),
+        stream="/live/jobs" + (f"?{query}" if query else ""),
         target="jobs-body",
     )
 
@@ -182,7 +182,7 @@ async def job(request: Request) -> Response:
         "job.html",
         key=key,
         url=job_url(key),
-        stream=job_url(key) + "/stream",
+        stream=live_url(key),
         target="job-live",
         **job_context(found, entries, dropped, ui_of(request).phi_threshold),
     )

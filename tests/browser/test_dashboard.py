@@ -328,7 +328,7 @@ async def assert_token_required(base_url: str) -> None:
             assert denied.headers.get("content-security-policy") == CSP
             wrong = await http.get(path, headers={"Authorization": "Bearer not-the-token"})
             assert wrong.status_code == 401, (path, wrong.status_code)
-        async with http.stream("GET", "/jobs/stream") as stream:
+        async with http.stream("GET", "/live/jobs") as stream:
             assert stream.status_code == 401
         assert (await http.get("/healthz")).status_code == 200
         allowed = await http.get("/jobs", headers={"Authorization": f"Bearer {TOKEN}"})
