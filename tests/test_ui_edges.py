@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -127,3 +128,34 @@ async def test_a_text_token_in_a_timeline_row_is_drawn_as_text(
     assert '<tspan id="evil">' not in page.text and "&lt;tspan id=&#34;evil&#34;&gt;" in page.text
     job = await sqlite_store.get("planted")
     assert job is not None and job.status is Status.DONE
+
+
+def _offered(page: str) -> set[str]:
+    """The action buttons of a job page not marked hidden."""
+    forms = re.findall(r'<form class="action"[^>]*>.*?</form>', page, re.S)
+    return {
+        re.search(r'<button type="submit" id="(\w+)"', form).group(1)  # type: ignore[union-attr]
+        for form in forms
+        if not re.search(r"<form[^>]* hidden>", form)
+    }
+
+
+async def test_actions_are_offered_only_where_they_can_work(sqlite_store: LeaseStore) -> None:
+    """A DONE job offers Remove only; a FAILED one Retry and Remove; a PENDING one Cancel
+    and Remove; the favicon is served."""
+    await run_job(sqlite_store, "finished")
+    await sqlite_store.submit("waiting", "{}", "fp")  # type: ignore[attr-defined]
+    await sqlite_store.submit("gone-wrong", "{}", "fp")  # type: ignore[attr-defined]
+    await sqlite_store.cancel("gone-wrong", "test")
+    async with serving(sqlite_store) as base, httpx.AsyncClient(base_url=base) as client:
+        offered = {
+            key: _offered((await client.get(job_url(key))).text)
+            for key in ("finished", "waiting", "gone-wrong")
+        }
+        icon = await client.get("/static/favicon.svg")
+    assert offered == {
+        "finished": {"remove"},
+        "waiting": {"cancel", "remove"},
+        "gone-wrong": {"retry", "remove"},
+    }
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg")

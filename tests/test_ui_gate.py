@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from ai_lease.job import Status
 from ai_lease.lease import LeaseStore
@@ -52,7 +53,8 @@ async def test_a_foreign_host_is_refused_before_routing(sqlite_store: LeaseStore
 async def test_a_cross_site_form_post_changes_nothing(sqlite_store: LeaseStore) -> None:
     """A POST carrying a real session and CSRF token is still 403 when the browser says it
     comes from another site (Origin of another host, Origin null, Sec-Fetch-Site
-    cross-site); from our own origin it acts."""
+    cross-site); from our own origin (or `null` with Sec-Fetch-Site same-origin, as our
+    no-referrer pages send) it acts."""
     await sqlite_store.submit("waiting", "{}", "fp")  # type: ignore[attr-defined]
     async with serving(sqlite_store) as base, httpx.AsyncClient(base_url=base) as client:
         csrf = csrf_of((await client.get("/jobs/waiting")).text)
@@ -66,6 +68,10 @@ async def test_a_cross_site_form_post_changes_nothing(sqlite_store: LeaseStore) 
             done = await client.post("/jobs/waiting/remove", data={"csrf": csrf}, headers=headers)
             assert done.status_code == 403, headers
             assert await sqlite_store.get("waiting") is not None
+        for own in ({"origin": "null", "sec-fetch-site": "same-origin"}, {"origin": base}):
+            assert (await client.get("/jobs/waiting")).status_code == 200
+            done = await client.post("/jobs/waiting/retry", data={"csrf": csrf}, headers=own)
+            assert done.status_code == 303, own  # let in (a PENDING job is not retried)
         own = {"origin": base, "sec-fetch-site": "same-origin"}
         done = await client.post("/jobs/waiting/cancel", data={"csrf": csrf}, headers=own)
         assert done.status_code == 303
@@ -339,3 +345,18 @@ async def test_pages_on_one_view_share_one_read_per_interval(sqlite_store: Lease
             await s.__aexit__(None, None, None)
     # a jobs view is two reads (a page and the counts) per refresh: 20 pages unshared ≈ 400
     assert reads <= 2 * 3 * (elapsed / 0.2 + 2), (reads, elapsed)
+
+
+async def test_pages_of_different_views_never_share_a_read(sqlite_store: LeaseStore) -> None:
+    """Two live pages on different pages of the same filter each get their own rows."""
+    for i in range(3):
+        await run_job(sqlite_store, f"k{i}")
+    async with (
+        serving(sqlite_store, refresh=0.1) as base,
+        httpx.AsyncClient(base_url=base, timeout=10) as client,
+    ):
+        firsts = []
+        for query in ("", "?after=k2", "?prefix=k0"):
+            async with aconnect_sse(client, "GET", "/live/jobs" + query) as source:
+                firsts.append((await anext(source.aiter_sse())).data)
+    assert len(set(firsts)) == 3, firsts

@@ -7,10 +7,11 @@ much a request may send — all checked before routing, before any body is read.
   ``localhost`` and ``[::1]`` for a loopback bind, the address itself otherwise, plus each
   ``--allowed-host`` for a reverse proxy); any other ``Host`` is a 400.
 * **Origin.** A state-changing request (anything but GET, HEAD, OPTIONS) that a browser
-  marks as coming from another site (``Origin`` of another host, ``Origin: null``, or
-  ``Sec-Fetch-Site`` other than ``same-origin`` / ``none``) is a 403, whatever else it
-  carries. Requests without those headers are not from a browser page; they still need the
-  CSRF token (forms) or the bearer token.
+  marks as coming from another site (``Origin`` of another host, ``Sec-Fetch-Site`` other
+  than ``same-origin`` / ``none``, or ``Origin: null`` without ``Sec-Fetch-Site:
+  same-origin`` — our own pages send ``null``, their Referrer-Policy being ``no-referrer``)
+  is a 403, whatever else it carries. Requests without those headers are not from a
+  browser page; they still need the CSRF token (forms) or the bearer token.
 * **Size.** A body longer than :data:`MAX_BODY_BYTES` is a 413: refused from its
   ``Content-Length`` before it is read, or cut off while it streams in (chunked). Header
   bytes are bounded by the HTTP server (``ai-lease ui`` runs uvicorn's h11 parser with a
@@ -174,6 +175,8 @@ class Gate:
         origin = headers.get("origin")
         if origin is None:
             return True
+        if origin == "null":  # our own pages send it too: their Referrer-Policy is no-referrer
+            return fetch_site is not None and fetch_site.lower() == "same-origin"
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             return False  # "null" (a sandboxed frame, a file: page) or anything odd

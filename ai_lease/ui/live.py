@@ -111,7 +111,7 @@ async def jobs_stream(request: Request) -> Response:
         state = ([_unread(job) for job in listing.jobs], corrupt)
         return state, lambda: ui.templates.render("_rows.html", **context)
 
-    view = ("rows", tuple(sorted(filters.query().items())))
+    view = ("rows", filters)  # frozen: every field, the page cursor too, tells views apart
     return _stream(request, ui, _changes(request, ui, "rows", view, rows))
 
 

@@ -17,8 +17,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from ai_lease.errors import CorruptRecord
-from ai_lease.job import JobState
+from ai_lease.job import JobState, Status
 from ai_lease.lease.base import JobQueue, JobTimeline, TimelineEntry
+from ai_lease.lease.rules import RETRYABLE
 from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui.auth import COOKIE, Guard, Session
 from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, Workers, read_page, read_workers
@@ -81,6 +82,13 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
         set_session_cookie(response, cookie)
     return response
 
+
+# Which statuses each of a job page's actions can work in (the others are not offered).
+ACTIONS = (
+    ("cancel", tuple(s.value for s in Status if not s.terminal)),
+    ("retry", tuple(s.value for s in Status if s in RETRYABLE)),
+    ("remove", tuple(s.value for s in Status)),
+)
 
 # A flash is a code in the redirect's query (never free text from the request).
 FLASHES = {
@@ -184,6 +192,7 @@ async def job(request: Request) -> Response:
         url=job_url(key),
         stream=live_url(key),
         target="job-live",
+        actions=ACTIONS,
         **job_context(found, entries, dropped, ui_of(request).phi_threshold),
     )
 
