@@ -3,9 +3,14 @@ metrics, snapshots, ``ai-lease config``.
 
 It masks two things: the **configured secret values themselves** (registered with
 :func:`register_secret` by whoever reads them: the settings, :func:`create_provider`),
-in their plain, URL-quoted and ``user:password@`` forms, whatever their format; and
-well-known **shapes** (``sk-…``, ``Bearer …``, passwords in URLs, ``password=…``) for
-secrets nobody registered.
+in any letter case and in the encodings an error body or a log line carries them in —
+URL-quoted (partly or every byte ``%XX``), ``\\u``-escaped, base64 (standard or URL-safe, at
+any offset inside a longer base64 text), either half of a long one, ``user:password@`` —
+whatever their format; and well-known **shapes** (``sk-…``, ``Bearer …``, passwords in URLs,
+``password=…``) for secrets nobody registered, in diagnostics.
+
+A model's answer is not a diagnostic: results are stored and shown exactly as the model
+wrote them (a word that looks like a secret in an answer is the answer), never through here.
 
 >>> register_secret("zz-4f1c9a7e-opaque")
 >>> redact("401: key zz-4f1c9a7e-opaque rejected; Bearer abc.def")
@@ -14,6 +19,7 @@ secrets nobody registered.
 
 from __future__ import annotations
 
+import base64
 import re
 import threading
 from urllib.parse import quote, unquote, urlsplit
@@ -22,6 +28,8 @@ __all__ = ["redact", "register_secret", "register_url_secrets"]
 
 MASK = "***"
 _MIN_SECRET_CHARS = 5  # shorter values would mask ordinary words; the shapes still apply
+_MIN_HALF_CHARS = 8  # half of a secret is masked only when the half is this long itself
+_NOT_A_VALUE = r"(?!(?:null|none|true|false)\b)"  # "api_key": null names no secret
 
 _SHAPES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bsk-[A-Za-z0-9_-]{6,}"), "sk-***"),
@@ -31,7 +39,9 @@ _SHAPES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"(?i)([?&](?:(?:ssl)?password|passwd|api_key|apikey|token)=)[^&#\s]*"), r"\1***"),
     (
         re.compile(
-            r"(?i)\b(api[_-]?key|(?:ssl)?password|secret)([\"']?\s*[:=]\s*[\"']?)[^\s\"',&]+"
+            r"(?i)\b(api[_-]?key|(?:ssl)?password|secret)([\"']?\s*[:=]\s*[\"']?)"
+            + _NOT_A_VALUE
+            + r"[^\s\"',&}\])]+"
         ),
         r"\1\2***",
     ),
@@ -47,14 +57,44 @@ def register_secret(value: str | None) -> None:
     global _pattern
     if value is None or len(value) < _MIN_SECRET_CHARS:
         return
-    forms = {value, quote(value, safe=""), quote(value), unquote(value)}
-    forms = {f for f in forms if len(f) >= _MIN_SECRET_CHARS}
+    forms = {f for f in encodings(value) if len(f) >= _MIN_SECRET_CHARS}
     with _lock:
         if forms <= _secrets:
             return
         _secrets.update(forms)
         ordered = sorted(_secrets, key=len, reverse=True)  # longest first: no partial masks
-        _pattern = re.compile("|".join(re.escape(s) for s in ordered))
+        _pattern = re.compile("|".join(re.escape(s) for s in ordered), re.IGNORECASE)
+
+
+def encodings(value: str) -> set[str]:
+    """The texts ``value`` may appear as (matched in any letter case): itself, URL-quoted
+    partly and every byte, ``\\u``-escaped, base64 at each of the three offsets, its halves.
+
+    >>> "%68%75%6E%74%65%72%32%32" in encodings("hunter22"), "aHVudGVyMj" in encodings("hunter22")
+    (True, True)
+    """
+    raw = value.encode()
+    forms = {value, quote(value, safe=""), quote(value), unquote(value)}
+    forms.add("".join(f"%{byte:02X}" for byte in raw))
+    forms.add("".join(f"\\u{ord(char):04x}" for char in value if ord(char) < 0x10000))
+    forms |= _base64_forms(raw)
+    half = len(value) // 2
+    if half >= _MIN_HALF_CHARS:  # a secret cut in two (a line wrap, a truncated message)
+        forms |= {value[:half], value[half:]}
+    return forms
+
+
+def _base64_forms(raw: bytes) -> set[str]:
+    """The base64 characters that depend on ``raw`` alone, for each offset (mod 3) it may
+    start at inside a longer encoded text, standard and URL-safe alphabets."""
+    forms = set()
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + raw + b"\0\0").decode().rstrip("=")
+        first = -(-8 * offset // 6)  # the first character made of the secret's bits only
+        last = (8 * (offset + len(raw))) // 6  # one past the last such character
+        stable = encoded[first:last]
+        forms |= {stable, stable.replace("+", "-").replace("/", "_")}
+    return forms
 
 
 def register_url_secrets(url: str | None) -> None:

@@ -25,6 +25,11 @@ class UiSettings(_Section):
     port: int = Field(default=8377, ge=1, le=65_535)
     token: SecretStr | None = None
     refresh: Annotated[float, Field(ge=0.05, le=60, allow_inf_nan=False)] = 1.0
+    # Host names (NAME or NAME:PORT) a reverse proxy sends, besides the bound ones
+    allowed_hosts: Annotated[
+        tuple[Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[\w.\-\[\]:]+$")], ...],
+        Field(max_length=64),
+    ] = ()
 
     # 1 to 4096 printable ASCII characters, checked like an API key (never echoed)
     _plain_token = field_validator("token")(_checked_key)

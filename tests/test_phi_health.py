@@ -115,7 +115,7 @@ async def test_the_dashboard_uses_the_configured_threshold(tmp_path: Path) -> No
             httpx.AsyncClient(base_url=base) as client,
         ):
             pages.append((await client.get(f"/jobs/{KEY}")).text)
-            async with aconnect_sse(client, "GET", f"/jobs/{KEY}/stream") as source:
+            async with aconnect_sse(client, "GET", f"/live/jobs/{KEY}") as source:
                 async for event in source.aiter_sse():
                     pages.append(event.data)
                     break

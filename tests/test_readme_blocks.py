@@ -153,9 +153,14 @@ SHELL: dict[str, Shell] = {
         prelude=JOB_TOML, substitute={"http://127.0.0.1:11434/v1": "{model_url}"}, server="model"
     ),
     # "the same store the CLI uses": the user's store, with a job in it, is theirs
-    "ai-lease ui ": Shell(
+    "ai-lease ui --host 0.0.0.0": Shell(
         prelude=JOB_TOML + "ai-lease submit job.toml --detach >/dev/null\n",
         serve={"ai-lease ui": ("http://127.0.0.1:8377/healthz", 130)},  # Ctrl-C: 130
+    ),
+    # docs/architecture.md, behind a reverse proxy: the proxy's name is answered too
+    "--allowed-host dash.example.com": Shell(
+        prelude=JOB_TOML + "ai-lease submit job.toml --detach >/dev/null\n",
+        serve={"ai-lease ui": ("http://127.0.0.1:8377/healthz", 130)},
     ),
     "export AI_LEASE_STORE__URL=redis://127.0.0.1:6379/0": Shell(
         prelude=JOB_TOML,

@@ -44,12 +44,17 @@ TOKEN = "ui-test-token-1234"
 
 
 @asynccontextmanager
-async def serving(store: Any, **options: Any) -> AsyncIterator[str]:
-    """The app over ``store`` on a real uvicorn, on a free loopback port, in this loop."""
+async def serving(
+    store: Any, apps: list[Any] | None = None, **options: Any
+) -> AsyncIterator[str]:
+    """The app over ``store`` on a real uvicorn, on a free loopback port, in this loop
+    (appended to ``apps`` when given, for a test that reaches into its state)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = create_app(store, settings_view={"store": "sqlite:///x.db"}, **options)
+    if apps is not None:
+        apps.append(app)
     config = uvicorn.Config(
         app, log_level="warning", lifespan="on", ws="none", timeout_graceful_shutdown=1
     )
@@ -180,7 +185,7 @@ async def test_store_values_render_as_text(store: LeaseStore) -> None:
         pages = [(await client.get("/jobs")).text]
         for key in (XSS_KEY, XSS_ATTR):
             pages.append((await client.get("/jobs/" + httpx.URL(key).raw_path.decode())).text)
-        async with aconnect_sse(client, "GET", "/jobs/stream") as source:
+        async with aconnect_sse(client, "GET", "/live/jobs") as source:
             async for event in source.aiter_sse():
                 assert event.event == "rows"
                 pages.append(event.data)
@@ -277,7 +282,7 @@ async def test_the_token_guards_every_page(sqlite_store: LeaseStore) -> None:
         async with httpx.AsyncClient(base_url=base) as anon:
             assert (await anon.get("/jobs")).status_code == 401
             assert (await anon.get("/metrics")).status_code == 401
-            assert (await anon.get("/jobs/stream")).status_code == 401
+            assert (await anon.get("/live/jobs")).status_code == 401
             page = await anon.get("/jobs/guarded", headers={"accept": "text/html"})
             assert page.status_code == 401 and 'href="/login"' in page.text
             assert (await anon.get("/healthz")).status_code == 200
@@ -371,13 +376,13 @@ async def test_remove_keeps_a_running_job_unless_forced_and_retry_reopens(
 
 
 async def test_the_stream_sends_the_row_of_a_job_that_finished(store: LeaseStore) -> None:
-    """/jobs/stream sends the rows with the job RUNNING, then again once it is DONE."""
+    """/live/jobs sends the rows with the job RUNNING, then again once it is DONE."""
     slow = ScriptedProvider(["a", Pause(0.8), "b"])
     owner = asyncio.create_task(runner(store, slow).run(Job("live", input="x")))
     await until(lambda: running(store, "live"))
     statuses: list[str] = []
     async with serving(store, refresh=0.1) as base, httpx.AsyncClient(base_url=base) as client:
-        async with aconnect_sse(client, "GET", "/jobs/stream") as source:
+        async with aconnect_sse(client, "GET", "/live/jobs") as source:
             async for event in source.aiter_sse():
                 assert event.event == "rows" and 'data-key="live"' in event.data
                 statuses.append("DONE" if 'data-status="DONE"' in event.data else "RUNNING")
@@ -393,7 +398,7 @@ async def test_a_live_page_reads_the_store_once_per_interval(store: LeaseStore) 
     await run_job(store, "still")
     counting = Counting(store)
     async with serving(counting, refresh=0.1) as base, httpx.AsyncClient(base_url=base) as client:
-        for path, event_kind in (("/jobs/stream", "rows"), ("/jobs/still/stream", "job")):
+        for path, event_kind in (("/live/jobs", "rows"), ("/live/jobs/still", "job")):
             events: list[str] = []
             before, started = counting.reads, time.monotonic()
 
@@ -440,7 +445,7 @@ async def test_the_jobs_page_with_10000_jobs_renders_one_page(store: LeaseStore)
         keys = _row_keys(page.text)
         older = html.unescape(page.text.split('<a id="next-page" href="')[1].split('"')[0])
         second = await client.get(older)
-        async with aconnect_sse(client, "GET", "/jobs/stream") as source:
+        async with aconnect_sse(client, "GET", "/live/jobs") as source:
             live = await anext(aiter(source.aiter_sse()))
     assert page.status_code == 200 and elapsed < PAGE_BOUND_S, elapsed
     older_keys = _row_keys(second.text)
@@ -465,7 +470,7 @@ async def test_a_running_job_is_healthy_and_its_page_goes_live_to_done(store: Le
         assert 'data-key="watched"' in healthy and "health-healthy" in healthy
         zombie = (await client.get("/jobs", params={"health": "zombie"})).text
         assert 'data-key="watched"' not in zombie
-        async with aconnect_sse(client, "GET", "/jobs/watched/stream") as source:
+        async with aconnect_sse(client, "GET", "/live/jobs/watched") as source:
             async for event in source.aiter_sse():
                 assert event.event == "job"
                 sections.append(event.data)

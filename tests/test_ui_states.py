@@ -35,8 +35,8 @@ from tests.test_ui_app import csrf_of, runner, serving, until
 VISITED = {
     "/",
     "/jobs",
-    "/jobs/stream",
-    "/jobs/{key:path}/stream",
+    "/live/jobs",
+    "/live/jobs/{key:path}",
     "/jobs/{key:path}/cancel",
     "/jobs/{key:path}/retry",
     "/jobs/{key:path}/remove",
@@ -90,9 +90,9 @@ async def visit_every_route(
         path = job_url(key)
         status = 500 if key in corrupt else 200
         pages[path] = assert_page(await client.get(path), status)
-        live = await first_event(client, path + "/stream")
+        live = await first_event(client, path.replace("/jobs/", "/live/jobs/", 1))
         assert key not in corrupt or "not an ai_lease job record" in live, live
-    await first_event(client, "/jobs/stream")
+    await first_event(client, "/live/jobs")
     pages["/workers"] = assert_page(await client.get("/workers"))
     metrics = await client.get("/metrics")
     assert metrics.status_code == 200 and "owner_takeover_total" in metrics.text

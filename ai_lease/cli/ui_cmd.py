@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import re
 import socket
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from ai_lease.lease import LeaseStore
 
 MISSING_EXTRA = "ai-lease ui needs the ui extra: pip install 'ai_lease[ui]'"
+_HOST_NAME = re.compile(r"[\w.\-\[\]:]{1,255}")
 
 
 def is_loopback(host: str) -> bool:
@@ -58,6 +60,13 @@ def _refuse(line: str) -> NoReturn:
     default=None,
     help="Seconds between live updates (default 1).",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME[:PORT]",
+    help="Another Host name to answer (a reverse proxy's); repeatable.",
+)
 @click.option("--open", "open_browser", is_flag=True, help="Open the dashboard in a browser.")
 @click.pass_obj
 def ui(
@@ -66,10 +75,16 @@ def ui(
     port: int | None,
     token: str | None,
     refresh: float | None,
+    allowed_hosts: tuple[str, ...],
     open_browser: bool,
 ) -> None:
     """Serve the dashboard at http://HOST:PORT/: jobs (live), one job's timeline, workers,
-    cancel/retry/remove, /metrics and /healthz. A non-loopback --host needs a token."""
+    cancel/retry/remove, /metrics and /healthz.
+
+    It answers only requests whose Host is a name it was bound under (127.0.0.1, localhost
+    and [::1] on loopback) or one given with --allowed-host: a web page cannot reach it by
+    pointing its own name at this machine. A non-loopback --host needs a token of at least
+    128 bits."""
     try:
         import uvicorn
 
@@ -88,11 +103,14 @@ def ui(
             check_api_key(token)
         except ValueError as exc:
             _refuse(f"--token: {exc}")
-    if not is_loopback(host) and not token:
-        _refuse(
-            f"--host {host} is not a loopback address: pass --token (or set "
-            "AI_LEASE_UI__TOKEN) so only people with it can see and cancel jobs"
-        )
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):  # [::1] as in a URL: bind ::1
+        host = host[1:-1]
+    for name in allowed_hosts:
+        if not _HOST_NAME.fullmatch(name):
+            _refuse(f"--allowed-host {name!r}: give a host name or address, NAME or NAME:PORT")
+    if not is_loopback(host):
+        _check_off_loopback(host, token)
     from ai_lease.redaction import register_secret
 
     register_secret(token)
@@ -100,8 +118,31 @@ def ui(
         "token": token or None,
         "refresh": refresh or conf.refresh,
         "phi_threshold": obj.settings.lease.phi_threshold,
+        "allowed_hosts": (*conf.allowed_hosts, *allowed_hosts),
     }
     _serve(obj, uvicorn, create_app, host, port, options, open_browser)
+
+
+_NEW_TOKEN_HINT = (
+    "e.g. --token \"$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')\""
+)
+
+
+def _check_off_loopback(host: str, token: str | None) -> None:
+    """Off loopback, a token is required, and a guessable one is refused."""
+    from ai_lease.ui.auth import MIN_TOKEN_BITS, token_bits
+
+    if not token:
+        _refuse(
+            f"--host {host} is not a loopback address: pass --token (or set "
+            f"AI_LEASE_UI__TOKEN) so only people with it can see and cancel jobs; "
+            f"{_NEW_TOKEN_HINT}"
+        )
+    if token_bits(token) < MIN_TOKEN_BITS:
+        _refuse(
+            f"--token is too easy to guess for --host {host} (about {token_bits(token):.0f} "
+            f"bits; off loopback it needs at least {MIN_TOKEN_BITS}): {_NEW_TOKEN_HINT}"
+        )
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -145,14 +186,20 @@ def _serve(
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/"
 
+    from ai_lease.ui.gate import MAX_HEADER_BYTES, AllowedHosts
+
+    hosts = AllowedHosts.for_bind(host, port, options.pop("allowed_hosts"))
+
     async def main(store: LeaseStore) -> None:
-        app = create_app(store, settings_view={"store": obj.where}, **options)
+        app = create_app(store, settings_view={"store": obj.where}, hosts=hosts, **options)
         config = uvicorn.Config(
             app,
             log_level="warning",
             timeout_graceful_shutdown=2,
             lifespan="on",
             server_header=False,
+            http="h11",  # its header limit below; httptools (if installed) has none to set
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
         server = uvicorn.Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))

@@ -9,17 +9,20 @@ as ``ai-lease rm --force``).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from ai_lease.cli.lifecycle_cmds import admin
-from ai_lease.errors import InputError
+from ai_lease.errors import InputError, StoreError
 from ai_lease.job import Status
 from ai_lease.lease.rules import RETRYABLE
+from ai_lease.redaction import redact
 from ai_lease.ui.present import job_url
-from ai_lease.ui.views import form_fields, session_of, ui_of
+from ai_lease.ui.views import form_fields, page, session_of, ui_of
 
 __all__ = ["cancel", "remove", "retry"]
 
@@ -47,6 +50,28 @@ def _back(key: str, code: str, *, to_list: bool = False) -> Response:
     return RedirectResponse(f"{where}?{urlencode({'flash': code, 'key': key})}", status_code=303)
 
 
+Action = Callable[[Request], Awaitable[Response]]
+
+
+def _store_may_refuse(action: Action) -> Action:
+    """A store that refuses the change (a read-only file, an outage) is a page saying so
+    (503) — nothing was done — never a 500."""
+
+    @functools.wraps(action)
+    async def act(request: Request) -> Response:
+        try:
+            return await action(request)
+        except StoreError as exc:
+            key = request.path_params["key"]
+            message = f"Nothing was done to {key!r}: the store refused the change: {exc}"
+            return page(
+                request, "error.html", 503, title="Not done", message=redact(message), login=False
+            )
+
+    return act
+
+
+@_store_may_refuse
 async def cancel(request: Request) -> Response:
     """Cancel the job (``ai-lease cancel``)."""
     if await _checked(request) is None:
@@ -58,6 +83,7 @@ async def cancel(request: Request) -> Response:
     return _back(key, "cancelled" if job.status is Status.CANCELLED else "not-cancelled")
 
 
+@_store_may_refuse
 async def retry(request: Request) -> Response:
     """Send a FAILED or CANCELLED job back to PENDING (``ai-lease retry``)."""
     if await _checked(request) is None:
@@ -77,6 +103,7 @@ async def retry(request: Request) -> Response:
     return _back(key, "retried" if retried else "not-retried")
 
 
+@_store_may_refuse
 async def remove(request: Request) -> Response:
     """Remove the job's record (``ai-lease rm``; ``force`` cancels a running one first)."""
     fields = await _checked(request)

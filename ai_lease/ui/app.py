@@ -3,11 +3,13 @@
 >>> app = create_app(store, token="s3cret")        # doctest: +SKIP
 >>> uvicorn.run(app, host="127.0.0.1", port=8377)  # doctest: +SKIP
 
-Routes: ``/`` (to ``/jobs``), ``/jobs`` and ``/jobs/stream``, ``/jobs/{key}`` and its
-``/stream``, ``POST /jobs/{key}/cancel|retry|remove``, ``/workers``, ``/login``,
-``/metrics``, ``/healthz``, ``/static/*``. Every response carries a strict
+Routes: ``/`` (to ``/jobs``), ``/jobs``, ``/jobs/{key}``, their live streams
+``/live/jobs`` and ``/live/jobs/{key}``, ``POST /jobs/{key}/cancel|retry|remove``,
+``/workers``, ``/login``, ``/metrics``, ``/healthz``, ``/static/*``. Every response carries a strict
 Content-Security-Policy (scripts and styles from ``/static`` only), ``nosniff`` and no
 referrer; with a token, every route but ``/healthz``, ``/login`` and ``/static`` needs it.
+In front of all that, :class:`~ai_lease.ui.gate.Gate` refuses a foreign ``Host``, a
+cross-site state change and an oversized body.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui import actions, live, views
 from ai_lease.ui.auth import COOKIE, OPEN_PATHS, Guard
+from ai_lease.ui.gate import AllowedHosts, Gate
+from ai_lease.ui.shared_reads import MAX_STREAMS, StreamSlots
 from ai_lease.ui.views import Ui
 
 if TYPE_CHECKING:
@@ -131,8 +135,9 @@ def _routes(metrics: Metrics) -> list[Any]:
     return [
         Route("/", views.home),
         Route("/jobs", views.jobs),
-        Route("/jobs/stream", live.jobs_stream),
-        Route("/jobs/{key:path}/stream", live.job_stream),
+        # live streams apart from the pages: any key, "stream" or "a/stream" too, is a page
+        Route("/live/jobs", live.jobs_stream),
+        Route("/live/jobs/{key:path}", live.job_stream),
         Route("/jobs/{key:path}/cancel", actions.cancel, methods=["POST"]),
         Route("/jobs/{key:path}/retry", actions.retry, methods=["POST"]),
         Route("/jobs/{key:path}/remove", actions.remove, methods=["POST"]),
@@ -154,6 +159,8 @@ def create_app(
     metrics: Metrics | None = None,
     settings_view: Mapping[str, str] | None = None,
     phi_threshold: float = DEFAULT_THRESHOLD,
+    hosts: AllowedHosts | None = None,
+    max_streams: int = MAX_STREAMS,
 ) -> Starlette:
     """The dashboard over ``store`` (SQLite or Redis, already open; the caller closes it).
 
@@ -161,7 +168,11 @@ def create_app(
     updates. ``metrics``: the registry ``/metrics`` serves (a new one, with the store's
     gauges, by default). ``settings_view``: what the header shows, already masked
     (``{"store": mask_url(url)}``). ``phi_threshold``: the φ at which a job's owner reads
-    "suspect" (``lease.phi_threshold``).
+    "suspect" (``lease.phi_threshold``). ``hosts``: the ``Host`` names it answers
+    (:meth:`AllowedHosts.for_bind`; by default the loopback names, any port): every other
+    ``Host`` is refused before routing, as are cross-site state changes and large bodies
+    (:mod:`ai_lease.ui.gate`). ``max_streams``: live pages served at once (then 503);
+    pages on the same view share one store read per refresh.
     """
     if not refresh > 0:
         raise ValueError(f"refresh must be a positive number of seconds (got {refresh!r})")
@@ -175,6 +186,7 @@ def create_app(
         refresh=refresh,
         settings_view=dict(settings_view or {}),
         phi_threshold=phi_threshold,
+        streams=StreamSlots(max_streams),
     )
 
     @contextlib.asynccontextmanager
@@ -188,4 +200,5 @@ def create_app(
     app = Starlette(routes=_routes(metrics), lifespan=lifespan)
     app.state.ui = ui
     app.add_middleware(Secured, ui=ui)
+    app.add_middleware(Gate, hosts=hosts)  # outermost: before the token, before any body
     return app

@@ -9,19 +9,55 @@ where ``SIG`` is an HMAC under a per-process secret and ``KIND`` is ``auth`` (se
 login with the token) or ``anon``. A form's CSRF token is the HMAC of the session id, so
 a POST needs both the cookie and the token from a page we served (even with no token
 configured: another site's page cannot make the browser act on ours).
+
+Guessing is slowed per client (:class:`LoginThrottle`): after a few wrong tokens each further
+try waits twice as long as the last, up to a minute, answered 429 without looking at the
+token; off loopback the token itself must carry at least :data:`MIN_TOKEN_BITS` bits
+(:func:`token_bits`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
+import string
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["COOKIE", "OPEN_PATHS", "Guard", "Session"]
+__all__ = [
+    "COOKIE",
+    "MIN_TOKEN_BITS",
+    "OPEN_PATHS",
+    "Guard",
+    "LoginThrottle",
+    "Session",
+    "token_bits",
+]
 
 COOKIE = "ai_lease_session"
 OPEN_PATHS = ("/healthz", "/login", "/static/")
+MIN_TOKEN_BITS = 128
+_CLASSES = (string.digits, string.ascii_lowercase, string.ascii_uppercase, string.punctuation)
+
+
+def token_bits(token: str) -> float:
+    """An upper estimate of a token's strength in bits: its length times log2 of the
+    alphabet its character classes span, and no more than its distinct characters allow
+    (a repeated character adds little).
+
+    >>> round(token_bits("a")), token_bits(secrets.token_urlsafe(32)) >= MIN_TOKEN_BITS
+    (5, True)
+    >>> token_bits("x" * 64) < MIN_TOKEN_BITS
+    True
+    """
+    alphabet = sum(len(chars) for chars in _CLASSES if any(c in chars for c in token))
+    alphabet = max(alphabet, len(set(token)), 2)
+    spread = len(set(token)) / max(len(token), 1)  # 1.0: no character repeats
+    return len(token) * math.log2(alphabet) * min(1.0, 4 * spread)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +79,7 @@ class Guard:
     def __init__(self, token: str | None) -> None:
         self._token = token.encode() if token else None
         self._secret = secrets.token_bytes(32)  # per process: a restart logs everyone out
+        self.throttle = LoginThrottle()
 
     @property
     def required(self) -> bool:
@@ -91,3 +128,42 @@ class Guard:
     def _sign(self, purpose: str, *parts: str) -> str:
         message = "\x00".join((purpose, *parts)).encode()
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+
+class LoginThrottle:
+    """Wrong tokens per client: the first :attr:`FREE` are answered at once; after that each
+    client waits ``2 ** (n - FREE)`` seconds (at most :attr:`MAX_WAIT_S`) before its next try
+    is even looked at. A right token clears the count. At most :attr:`MAX_CLIENTS` clients
+    are remembered (the oldest forgotten first), so the table is bounded too.
+
+    >>> clock = iter([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 2.0]).__next__
+    >>> throttle = LoginThrottle(clock=clock)
+    >>> for _ in range(5): throttle.failed("10.0.0.9")
+    >>> throttle.wait_s("10.0.0.9"), throttle.wait_s("10.0.0.9") > 0, throttle.wait_s("10.0.0.9")
+    (1.0, True, 0.0)
+    """
+
+    FREE = 4
+    MAX_WAIT_S = 60.0
+    MAX_CLIENTS = 4096
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._clients: OrderedDict[str, tuple[int, float]] = OrderedDict()  # (fails, until)
+
+    def wait_s(self, client: str) -> float:
+        """Seconds ``client`` must still wait before a try is checked (0: go ahead)."""
+        fails, until = self._clients.get(client, (0, 0.0))
+        return max(0.0, until - self._clock()) if fails else 0.0
+
+    def failed(self, client: str) -> None:
+        """Count a wrong token from ``client``."""
+        fails = self._clients.pop(client, (0, 0.0))[0] + 1
+        wait = 0.0 if fails <= self.FREE else min(2.0 ** (fails - self.FREE - 1), self.MAX_WAIT_S)
+        self._clients[client] = (fails, self._clock() + wait)
+        while len(self._clients) > self.MAX_CLIENTS:
+            self._clients.popitem(last=False)
+
+    def succeeded(self, client: str) -> None:
+        """A right token: ``client`` starts afresh."""
+        self._clients.pop(client, None)

@@ -1,24 +1,28 @@
 """Live pages over Server-Sent Events: the jobs table's rows, one job's live section.
 
-Each open page has its own stream, which reads the store once per refresh interval and
+Each open page has its own stream, which asks for its view once per refresh interval and
 sends the rendered HTML (escaped by the templates) only when it differs from what it last
-sent. A job's stream reads the record each interval and its timeline only when the record
-changed, so an idle page costs one small read per interval however many jobs there are.
-A store that does not answer costs that interval's update, never the stream.
+sent. Pages showing the same view share one store read per interval
+(:class:`~ai_lease.ui.shared_reads.SharedReads`), and at most ``max_streams`` streams are
+open at once (past that, 503). A job's stream reads the record each interval and its
+timeline only when the record changed, so an idle page costs one small read per interval
+however many jobs there are. A store that does not answer costs that interval's update,
+never the stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import replace
 from typing import Any
 
 from markupsafe import escape
 from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from ai_lease.errors import AiLeaseError, CorruptRecord
 from ai_lease.job import JobState
@@ -43,26 +47,53 @@ def _unread(job: JobState) -> JobState:
 
 
 async def _changes(
-    request: Request, ui: Ui, event: str, produce: Produce
+    request: Request, ui: Ui, event: str, view: Hashable, produce: Produce
 ) -> AsyncIterator[dict[str, str]]:
-    """``event`` events, one store read per interval, sent when the state read changed.
+    """``event`` events, one shared store read per interval, sent when the state changed.
 
     Relative times ("3 s ago") grow between sends on the page itself (``ui.js``), so a
     table of finished jobs sends nothing at all."""
     last: object = _NOTHING
     while not await request.is_disconnected():
         try:
-            state, render = await produce()
+            state, html = await ui.reads.get(view, produce, max_age=ui.refresh * 0.9)
         except (AiLeaseError, OSError) as exc:  # the next interval tries again
             log.debug("ui: live update skipped: %r", exc)
         else:
             if state != last:
                 last = state
-                yield {"event": event, "data": render()}
+                yield {"event": event, "data": html}
         await asyncio.sleep(ui.refresh)
 
 
 _NOTHING = object()
+
+
+def _stream(request: Request, ui: Ui, events: AsyncIterator[dict[str, str]]) -> Response:
+    """The events as an SSE response holding one of the ``max_streams`` slots, or a 503."""
+    if not ui.streams.take():
+        text = (
+            f"503: {ui.streams.cap} live pages are open on this dashboard already; "
+            "close some (this page still works: reload it)"
+        )
+        return PlainTextResponse(text, status_code=503, headers={"Retry-After": "5"})
+
+    released = False
+
+    def give_back() -> None:  # once: when the stream ends, or after a response never streamed
+        nonlocal released
+        if not released:
+            released = True
+            ui.streams.give_back()
+
+    async def holding() -> AsyncIterator[dict[str, str]]:
+        try:
+            async for message in events:
+                yield message
+        finally:
+            give_back()
+
+    return EventSourceResponse(holding(), ping=15, background=BackgroundTask(give_back))
 
 
 async def jobs_stream(request: Request) -> Response:
@@ -80,7 +111,8 @@ async def jobs_stream(request: Request) -> Response:
         state = ([_unread(job) for job in listing.jobs], corrupt)
         return state, lambda: ui.templates.render("_rows.html", **context)
 
-    return EventSourceResponse(_changes(request, ui, "rows", rows), ping=15)
+    view = ("rows", filters)  # frozen: every field, the page cursor too, tells views apart
+    return _stream(request, ui, _changes(request, ui, "rows", view, rows))
 
 
 async def job_stream(request: Request) -> Response:
@@ -105,4 +137,4 @@ async def job_stream(request: Request) -> Response:
         state = (_unread(job), len(entries), dropped)
         return state, lambda: ui.templates.render("_job_live.html", **context)
 
-    return EventSourceResponse(_changes(request, ui, "job", live), ping=15)
+    return _stream(request, ui, _changes(request, ui, "job", ("job", key), live))

@@ -22,6 +22,7 @@ __all__ = [
     "corrupt_row",
     "job_row",
     "job_url",
+    "live_url",
     "span",
     "worker_row",
 ]
@@ -50,6 +51,11 @@ def ago(seconds: float | None) -> str:
 def job_url(key: str) -> str:
     """The job page's path, the key quoted (a key may hold ``/``, ``?`` or ``<``)."""
     return "/jobs/" + quote(key, safe="")
+
+
+def live_url(key: str) -> str:
+    """The job page's live stream (apart from ``/jobs/``: a key may be ``stream``)."""
+    return "/live/jobs/" + quote(key, safe="")
 
 
 @dataclass(frozen=True, slots=True)

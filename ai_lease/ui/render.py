@@ -118,26 +118,26 @@ def record_items(job: JobState) -> list[tuple[str, str]]:
 def _shown(text: str | None) -> str:
     if text is None:
         return ""
-    text = redact(text)
-    if len(text) > MAX_SHOWN_CHARS:
-        return text[:MAX_SHOWN_CHARS] + f"\n… ({len(text) - MAX_SHOWN_CHARS} more characters)"
-    return text
+    return _cut(redact(text))
 
 
 def _result_text(job: JobState) -> str:
-    """The committed result: a text job's text as it is, a JSON one pretty-printed."""
+    """The committed result exactly as stored — a text job's text, a JSON job's JSON — never
+    redacted (a model's answer is not a diagnostic) nor reformatted; HTML-escaped by the
+    template, cut only past :data:`MAX_SHOWN_CHARS` (and said so)."""
     if job.result is None:
         return "(no result yet)" if not job.status.terminal else "(no result)"
     try:
         value = orjson.loads(job.result)
     except orjson.JSONDecodeError:
-        return _shown(job.result)
-    text = (
-        value
-        if isinstance(value, str)
-        else orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
-    )
-    return _shown(text)
+        value = None
+    return _cut(value if isinstance(value, str) else job.result)
+
+
+def _cut(text: str) -> str:
+    if len(text) > MAX_SHOWN_CHARS:
+        return text[:MAX_SHOWN_CHARS] + f"\n… ({len(text) - MAX_SHOWN_CHARS} more characters)"
+    return text
 
 
 def job_context(

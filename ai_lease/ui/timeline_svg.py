@@ -240,7 +240,7 @@ def _label(owner: str, mine: list[TimelineEntry], top: int) -> str:
     """The lane's label: its owner id on one line, the token(s) it held on the next."""
     tokens = list(dict.fromkeys(e.token for e in mine))
     said = ", ".join(str(t) for t in tokens[:3]) + (", …" if len(tokens) > 3 else "")
-    held = _cut(f"token{'s' if len(tokens) > 1 else ''} {said}", LABEL_CHARS)
+    held = _esc(f"token{'s' if len(tokens) > 1 else ''} {said}", LABEL_CHARS)
     return (
         f'<text class="lane-label" x="8" y="{top + 19}">{_esc(owner or "-", LABEL_CHARS)}'
         f'<tspan class="lane-tokens" x="8" dy="14" fill="#555">{held}</tspan></text>'
@@ -263,7 +263,8 @@ def _mark(entry: TimelineEntry, x: float, frame: _Frame, shelves: _Shelves) -> s
         else ""
     )
     return (
-        f'<g class="mark mark-{kind}{extra}" data-seq="{entry.seq}" data-token="{entry.token}">'
+        f'<g class="mark mark-{kind}{extra}" data-seq="{_esc(str(entry.seq), 24)}"'
+        f' data-token="{_esc(str(entry.token), 24)}">'
         f"<title>{_title(entry, frame)}</title>{glyph.format(x=_num(x), y=_num(y))}{text}</g>"
     )
 
@@ -282,7 +283,7 @@ def _glyph(entry: TimelineEntry, kind: str) -> tuple[str, str]:
 
 def _mark_label(entry: TimelineEntry, kind: str) -> str:
     if kind in ("acquired", "taken_over"):
-        return f"token {entry.token}"
+        return _esc(f"token {entry.token}", LABEL_CHARS)
     if kind == "terminated":  # the ladder's signal: "term: …" or "kill: …"
         return _SIGNALS.get(entry.detail.partition(":")[0], "signal")
     return _LABELS.get(kind, "")

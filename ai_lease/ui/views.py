@@ -6,6 +6,7 @@ timeline) and renders one template. ``Ui`` is what they share (``request.app.sta
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,13 +17,15 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from ai_lease.errors import CorruptRecord
-from ai_lease.job import JobState
+from ai_lease.job import JobState, Status
 from ai_lease.lease.base import JobQueue, JobTimeline, TimelineEntry
+from ai_lease.lease.rules import RETRYABLE
 from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui.auth import COOKIE, Guard, Session
 from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, Workers, read_page, read_workers
-from ai_lease.ui.present import corrupt_row, job_row, job_url, worker_row
+from ai_lease.ui.present import corrupt_row, job_row, job_url, live_url, worker_row
 from ai_lease.ui.render import Templates, job_context
+from ai_lease.ui.shared_reads import MAX_STREAMS, SharedReads, StreamSlots
 
 __all__ = ["FLASHES", "Ui", "form_fields", "page"]
 
@@ -39,6 +42,8 @@ class Ui:
     settings_view: Mapping[str, str] = field(default_factory=dict)
     templates: Templates = field(default_factory=Templates)
     phi_threshold: float = DEFAULT_THRESHOLD  # lease.phi_threshold: when φ says "suspect"
+    reads: SharedReads = field(default_factory=SharedReads)  # one read per view per refresh
+    streams: StreamSlots = field(default_factory=lambda: StreamSlots(MAX_STREAMS))
 
 
 def ui_of(request: Request) -> Ui:
@@ -62,9 +67,13 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
         session, cookie = ui.guard.new_cookie(authenticated=False)
     context.setdefault("stream", None)
     context.setdefault("flash", flash_of(request))
+    # Nothing about the store before login: the login page and the 401 page show no URL.
+    known = not ui.guard.required or session.authenticated or ui.guard.bearer_ok(
+        request.headers.get("authorization")
+    )
     html = ui.templates.render(
         template,
-        where=ui.settings_view.get("store", ""),
+        where=ui.settings_view.get("store", "") if known else "",
         csrf=ui.guard.csrf_token(session),
         **context,
     )
@@ -73,6 +82,13 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
         set_session_cookie(response, cookie)
     return response
 
+
+# Which statuses each of a job page's actions can work in (the others are not offered).
+ACTIONS = (
+    ("cancel", tuple(s.value for s in Status if not s.terminal)),
+    ("retry", tuple(s.value for s in Status if s in RETRYABLE)),
+    ("remove", tuple(s.value for s in Status)),
+)
 
 # A flash is a code in the redirect's query (never free text from the request).
 FLASHES = {
@@ -123,7 +139,7 @@ async def home(request: Request) -> Response:
 
 
 async def jobs(request: Request) -> Response:
-    """The jobs table: one page, newest first, filtered; live over ``/jobs/stream``."""
+    """The jobs table: one page, newest first, filtered; live over ``/live/jobs``."""
     ui, filters = ui_of(request), Filters.from_query(request.query_params)
     listing = await read_page(ui.store, filters)
     counts: list[tuple[str, int]] = []
@@ -146,7 +162,7 @@ async def jobs(request: Request) -> Response:
         counts=counts,
         next_url=next_url,
         first_url=("/jobs?" + urlencode(filters.query())) if filters.after else None,
-        stream="/jobs/stream" + (f"?{query}" if query else ""),
+        stream="/live/jobs" + (f"?{query}" if query else ""),
         target="jobs-body",
     )
 
@@ -174,8 +190,9 @@ async def job(request: Request) -> Response:
         "job.html",
         key=key,
         url=job_url(key),
-        stream=job_url(key) + "/stream",
+        stream=live_url(key),
         target="job-live",
+        actions=ACTIONS,
         **job_context(found, entries, dropped, ui_of(request).phi_threshold),
     )
 
@@ -207,10 +224,19 @@ async def login(request: Request) -> Response:
     guard = ui_of(request).guard
     if not guard.required:
         return RedirectResponse("/jobs", status_code=303)
+    client = request.client.host if request.client else "unknown"
+    wait_s = guard.throttle.wait_s(client)
+    if wait_s > 0:  # not even looked at: guessing is slowed per client
+        text = f"Too many wrong tokens from here: try again in {math.ceil(wait_s)} s."
+        response = page(request, "login.html", 429, flash={"level": "error", "text": text})
+        response.headers["Retry-After"] = str(math.ceil(wait_s))
+        return response
     fields = await form_fields(request)
     if not guard.token_ok(fields.get("token")):
+        guard.throttle.failed(client)
         flash = {"level": "error", "text": "That is not the token."}
         return page(request, "login.html", 401, flash=flash)
+    guard.throttle.succeeded(client)
     _, cookie = guard.new_cookie(authenticated=True)
     response = RedirectResponse("/jobs", status_code=303)
     set_session_cookie(response, cookie)

@@ -224,6 +224,35 @@ async def test_cancel_from_the_page_stops_the_running_owner(
     wait_for(page, lambda d: "CANCELLED" in d.find_element(By.ID, "record").text, "CANCELLED")
 
 
+async def test_a_job_page_offers_only_the_actions_its_status_allows(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
+) -> None:
+    """A running job's page offers Cancel and Remove, not Retry; when the job finishes
+    (live, no reload) Cancel is no longer offered; the page has its favicon."""
+    key = "short-run"
+    ui = start_ui(sqlite_url)
+    cluster, _ = await start_slow(sqlite_url, key, tmp_path / "short", seconds=3)
+    async with cluster:
+        page.get(ui.url(f"/jobs/{key}"))
+        mark_window(page)
+        shown = lambda d: {b: d.find_element(By.ID, b).is_displayed() for b in ACTION_IDS}  # noqa: E731
+        assert shown(page) == {"cancel": True, "retry": False, "remove": True}
+        await finish(cluster)
+        wait_for(
+            page,
+            lambda d: shown(d) == {"cancel": False, "retry": False, "remove": True},
+            "Cancel withdrawn once the job is DONE",
+        )
+        assert_not_reloaded(page)
+    icon = page.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")
+    assert icon is not None
+    async with httpx.AsyncClient(timeout=10) as client:
+        assert (await client.get(icon)).status_code == 200
+
+
+ACTION_IDS = ("cancel", "retry", "remove")
+
+
 def accept_confirmation(page: WebDriver) -> None:
     """Accept a confirm() dialog if the page asks one (the contract does not require it)."""
     try:
@@ -328,7 +357,7 @@ async def assert_token_required(base_url: str) -> None:
             assert denied.headers.get("content-security-policy") == CSP
             wrong = await http.get(path, headers={"Authorization": "Bearer not-the-token"})
             assert wrong.status_code == 401, (path, wrong.status_code)
-        async with http.stream("GET", "/jobs/stream") as stream:
+        async with http.stream("GET", "/live/jobs") as stream:
             assert stream.status_code == 401
         assert (await http.get("/healthz")).status_code == 200
         allowed = await http.get("/jobs", headers={"Authorization": f"Bearer {TOKEN}"})

@@ -46,6 +46,20 @@
       snapshot.open = true;
     }
     body.setAttribute("data-updated", String(renderedAt));
+    offerActions();
+  }
+
+  // A job page offers only the actions its job's status allows (each form's data-when).
+  function offerActions() {
+    var status = document.getElementById("job-status");
+    if (!status) {
+      return;
+    }
+    var now = status.getAttribute("data-status");
+    var forms = document.querySelectorAll("form[data-when]");
+    for (var i = 0; i < forms.length; i++) {
+      forms[i].hidden = forms[i].getAttribute("data-when").split(" ").indexOf(now) < 0;
+    }
   }
   events.addEventListener("rows", replace);
   events.addEventListener("job", replace);

@@ -1,0 +1,161 @@
+"""Dashboard edges: keys that look like routes, actions over a store that refuses writes, and
+a timeline row holding text where a token belongs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from ai_lease.job import Status
+from ai_lease.lease import LeaseStore
+from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.ui.present import job_url, live_url
+from tests.test_ui_app import _free_port, csrf_of, run_job, serving
+
+ROUTE_LIKE = ("stream", "a/stream", "x/cancel", "live", "jobs/stream")
+
+
+async def test_keys_that_look_like_routes_open_as_jobs(store: LeaseStore) -> None:
+    """A job named `stream`, `a/stream`, `x/cancel`… opens as its own page, and its live
+    stream sends its own section."""
+    for key in ROUTE_LIKE:
+        await run_job(store, key, f"answer of {key}")
+    async with serving(store) as base, httpx.AsyncClient(base_url=base) as client:
+        for key in ROUTE_LIKE:
+            page = await client.get(job_url(key))
+            assert page.status_code == 200 and f"answer of {key}" in page.text, key
+            async with aconnect_sse(client, "GET", live_url(key)) as source:
+                event = await anext(source.aiter_sse())
+            assert event.event == "job" and f"answer of {key}" in event.data, key
+
+
+# `ai-lease ui` as a user who cannot write the file (root writes anything): everything it
+# will import is imported first, then it becomes nobody (the interpreter lives under /root).
+_AS_NOBODY = """
+import os, sys, argparse
+import encodings.idna, encodings.ascii, encodings.latin_1, encodings.unicode_escape
+import uvicorn, uvicorn.protocols.http.h11_impl, uvicorn.lifespan.on, uvicorn.loops.asyncio
+import starlette.applications, sse_starlette.sse, jinja2, email.utils, http.cookies
+import ai_lease.cli.app, ai_lease.cli.ui_cmd, ai_lease.ui.app, ai_lease.ui.actions
+import ai_lease.lease.sqlite, ai_lease.observe.metrics, ai_lease.observe.store_metrics
+import ai_lease.cli.lifecycle_cmds, ai_lease.ui.live, ai_lease.ui.render, ai_lease.settings
+import ai_lease.lease.urls, ai_lease.ui.gate, ai_lease.ui.shared_reads, ai_lease.redaction
+if os.geteuid() == 0:
+    os.setgid(65534)
+    os.setuid(65534)
+ai_lease.cli.app.main(sys.argv[1:], prog_name="ai-lease")
+"""
+
+
+def test_actions_over_a_read_only_store_say_so(tmp_path: Path) -> None:
+    """Over a database file the dashboard's user cannot write, cancel/retry/remove answer a
+    503 page saying the store refused (nothing done), never a 500."""
+    folder = Path(tempfile.mkdtemp(prefix="ai-lease-ui-ro-"))
+    path = folder / "ai-lease.db"
+    asyncio.run(_seed(path))
+    path.chmod(0o444)
+    folder.chmod(0o555)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AI_LEASE_")}
+    cmd = [sys.executable, "-c", _AS_NOBODY, "--store", f"sqlite:///{path}", "ui"]
+    cmd += ["--port", str(port)]
+    cwd = Path(__file__).parents[1]
+    try:
+        with subprocess.Popen(cmd, env=env, cwd=cwd, stderr=subprocess.PIPE, text=True) as server:
+            try:
+                answers = _act_on(port, server)
+            finally:
+                server.terminate()
+                server.communicate(timeout=20)
+    finally:
+        folder.chmod(0o755)
+        path.chmod(0o644)
+    for action, answer in answers.items():
+        assert answer.status_code == 503, (action, answer.status_code, answer.text[:300])
+        assert "the store refused the change" in answer.text and "read-only" in answer.text
+
+
+async def _seed(path: Path) -> None:
+    store = SQLiteStore(path)
+    await store.submit("waiting", "{}", "fp")
+    await store.aclose()
+
+
+def _act_on(port: int, server: subprocess.Popen[str]) -> dict[str, httpx.Response]:
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    with httpx.Client(base_url=base, timeout=10) as client:
+        while True:
+            try:
+                page = client.get("/jobs/waiting")
+                break
+            except httpx.TransportError:
+                assert server.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        assert page.status_code == 200, page.text
+        csrf = csrf_of(page.text)
+        return {
+            action: client.post(f"/jobs/waiting/{action}", data={"csrf": csrf, "force": "1"})
+            for action in ("cancel", "remove")
+        }
+
+
+async def test_a_text_token_in_a_timeline_row_is_drawn_as_text(
+    sqlite_store: LeaseStore, tmp_path: Path
+) -> None:
+    """A timeline row whose token column holds markup (a planted row) is drawn escaped in
+    the SVG: the text shows, no element is made of it."""
+    await run_job(sqlite_store, "planted")
+    where = sqlite_store.where  # type: ignore[attr-defined]
+    with sqlite3.connect(where.removeprefix("sqlite:///")) as conn:
+        conn.execute(
+            "UPDATE ai_lease_timeline SET token = ? WHERE key = ?",
+            ('<tspan id="evil">x</tspan>', "planted"),
+        )
+    async with serving(sqlite_store) as base, httpx.AsyncClient(base_url=base) as client:
+        page = await client.get("/jobs/planted")
+    assert page.status_code == 200
+    assert '<tspan id="evil">' not in page.text and "&lt;tspan id=&#34;evil&#34;&gt;" in page.text
+    job = await sqlite_store.get("planted")
+    assert job is not None and job.status is Status.DONE
+
+
+def _offered(page: str) -> set[str]:
+    """The action buttons of a job page not marked hidden."""
+    forms = re.findall(r'<form class="action"[^>]*>.*?</form>', page, re.S)
+    return {
+        re.search(r'<button type="submit" id="(\w+)"', form).group(1)  # type: ignore[union-attr]
+        for form in forms
+        if not re.search(r"<form[^>]* hidden>", form)
+    }
+
+
+async def test_actions_are_offered_only_where_they_can_work(sqlite_store: LeaseStore) -> None:
+    """A DONE job offers Remove only; a FAILED one Retry and Remove; a PENDING one Cancel
+    and Remove; the favicon is served."""
+    await run_job(sqlite_store, "finished")
+    await sqlite_store.submit("waiting", "{}", "fp")  # type: ignore[attr-defined]
+    await sqlite_store.submit("gone-wrong", "{}", "fp")  # type: ignore[attr-defined]
+    await sqlite_store.cancel("gone-wrong", "test")
+    async with serving(sqlite_store) as base, httpx.AsyncClient(base_url=base) as client:
+        offered = {
+            key: _offered((await client.get(job_url(key))).text)
+            for key in ("finished", "waiting", "gone-wrong")
+        }
+        icon = await client.get("/static/favicon.svg")
+    assert offered == {
+        "finished": {"remove"},
+        "waiting": {"cancel", "remove"},
+        "gone-wrong": {"retry", "remove"},
+    }
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg")
