@@ -9,9 +9,13 @@ Two retry loops run in ai_lease, at two scales:
   (:func:`run_rounds`) is a tenacity loop that waits what each round asks for.
 * :data:`MODEL_CALL` — retries of **one model call** within the ``call_ai`` stage
   (:func:`call_with_retries`): transient failures only, 0.5 s then 1 s apart with jitter,
-  honouring ``Retry-After``, and never past the stage's hard deadline. The first call goes
-  straight through; tenacity takes over after a transient error. An **interrupted** stream
-  (:class:`StreamInterrupted`: another request took the server's slot) is called again up to
+  or longer when the provider asks (its hint: ``Retry-After``, ``retry-after-ms``, Gemini's
+  ``retryDelay``, OpenAI's ``x-ratelimit-reset-*``:
+  :func:`~ai_lease.providers.errors.retry_hint`), and never past the stage's hard deadline.
+  A retried call of a background response resumes it (:mod:`ai_lease.run.background`).
+  The first call goes straight through; tenacity takes over after a transient error. An
+  **interrupted** stream (:class:`StreamInterrupted`: another request took the server's
+  slot) is called again up to
   :data:`INTERRUPTED_CALLS` times in all, the waits growing (0.5, 1, 2, 4, then 8 s, each
   times a random 0.5-1.0) so that callers contending for one slot spread out.
 
@@ -23,7 +27,7 @@ one went stale (every script is safe to run twice); and :func:`while_locked` ret
 SQLite file's switch to WAL, which SQLite's busy handler does not cover.
 
 Retried by :func:`call_with_retries`: a :class:`ProviderError` marked retryable (429 —
-honouring ``Retry-After`` —, 5xx, connection reset, garbage where JSON was promised) and a
+honouring the provider's retry hint —, 5xx, connection reset, garbage where JSON was promised) and a
 :class:`FirstTokenTimeout`, as long as no content had arrived. A stream that broke after
 content arrived is not silently resent (the runner's next *attempt* may run the stage again,
 visibly) — except a :class:`StreamInterrupted` one: the server itself ended that answer
@@ -333,7 +337,7 @@ async def call_with_retries(
 
 
 def _model_wait(policy: RetryPolicy) -> Callable[[RetryCallState], float]:
-    """The policy's backoff with jitter, or the server's ``Retry-After`` if longer."""
+    """The policy's backoff with jitter, or the provider's retry hint if longer."""
 
     def wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None

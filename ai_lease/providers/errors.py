@@ -1,9 +1,16 @@
 """Translating HTTP answers into :class:`ProviderError`: which are worth another try.
 
-Retryable: 408, 409, 425, 429 (honouring ``Retry-After``, bounded to
-:data:`MAX_RETRY_AFTER_S`; a value that is neither seconds nor an HTTP date is ignored),
-5xx, connection failures and garbage where JSON was promised. Not retryable: every other
-4xx (400 bad request, 401 bad key, 403, 404 unknown model…), and a content filter.
+Retryable: 408, 409, 425, 429, 5xx, connection failures and garbage where JSON was
+promised. Not retryable: every other 4xx (400 bad request, 401 bad key, 403, 404 unknown
+model…), and a content filter.
+
+A retryable answer carries the provider's own retry hint, when it gives one
+(:func:`retry_hint`, bounded to 0..:data:`MAX_RETRY_AFTER_S`; a value it cannot read is
+ignored): OpenAI's ``retry-after-ms``, ``Retry-After`` (seconds or an HTTP date), Google's
+``RetryInfo.retryDelay`` in the error body (``"4s"``), and on a 429 without those OpenAI's
+``x-ratelimit-reset-requests`` / ``-tokens`` (``"1s"``, ``"6m0s"``) of the exhausted limit.
+The call's retry waits at least that long, or is not made when the wait would pass the
+stage's deadline (:func:`~ai_lease.retry.call_with_retries`).
 
 One kind of 5xx is the request's fault, not the server's: llama.cpp's servers answer 500 to
 a ``json_schema`` or grammar they cannot compile, or a ``response_format`` they do not
@@ -39,6 +46,7 @@ __all__ = [
     "error_message",
     "parse_retry_after",
     "request_fault",
+    "retry_hint",
     "status_error",
 ]
 
@@ -94,9 +102,88 @@ def parse_retry_after(value: str | None) -> float | None:
             seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
         except (TypeError, ValueError, IndexError, OverflowError):
             return None
-    if math.isnan(seconds):
+    return _bounded(seconds)
+
+
+def _bounded(seconds: float | None) -> float | None:
+    if seconds is None or math.isnan(seconds):
         return None
     return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
+
+
+def retry_hint(status: int, headers: Mapping[str, str], data: object = None) -> float | None:
+    """Seconds the provider asks to be left alone before another try (the module's
+    docstring), from an answer's ``headers`` and its parsed JSON body ``data``; None when it
+    asks nothing it can be read for.
+
+    >>> retry_hint(429, {"retry-after-ms": "1500"}), retry_hint(503, {"retry-after": "2"})
+    (1.5, 2.0)
+    >>> delay = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "4s"}
+    >>> retry_hint(429, {}, {"error": {"code": 429, "details": [delay]}})
+    4.0
+    >>> retry_hint(429, {"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "6m0s"})
+    60.0
+    """
+    seconds = _number(headers.get("retry-after-ms"), 0.001)
+    if seconds is None and (after := parse_retry_after(headers.get("retry-after"))) is not None:
+        return after
+    if seconds is None:
+        seconds = retry_delay(data)
+    if seconds is None and status == 429:
+        seconds = rate_limit_reset(headers)
+    return _bounded(seconds)
+
+
+def _number(value: str | None, unit: float) -> float | None:
+    try:
+        return float(value) * unit if value else None
+    except ValueError:
+        return None
+
+
+_RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)s\s*")
+
+
+def retry_delay(data: object) -> float | None:
+    """Google's ``RetryInfo.retryDelay`` (a JSON ``Duration``, ``"4s"`` / ``"0.86s"``) in
+    an error body's ``error.details`` (``data``: the body, or its ``error`` object; the body
+    may be wrapped in a list, as Gemini's OpenAI-compatible endpoint sends it)."""
+    if isinstance(data, list) and data:
+        data = data[0]
+    error = data.get("error", data) if isinstance(data, dict) else None
+    details = error.get("details") if isinstance(error, dict) else None
+    for detail in details if isinstance(details, list) else ():
+        if isinstance(detail, dict) and detail.get("@type") == _RETRY_INFO:
+            delay = detail.get("retryDelay")
+            match = _DURATION.fullmatch(delay) if isinstance(delay, str) else None
+            return float(match.group(1)) if match else None
+    return None
+
+
+_RESET = re.compile(r"(\d+(?:\.\d*)?)(ms|h|m|s)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def rate_limit_reset(headers: Mapping[str, str]) -> float | None:
+    """OpenAI's ``x-ratelimit-reset-requests`` / ``-tokens`` (``"1s"``, ``"6m0s"``,
+    ``"20ms"``): of the limits whose ``x-ratelimit-remaining-*`` is 0, else of all given,
+    the longest."""
+    resets = {
+        kind: _go_duration(headers.get(f"x-ratelimit-reset-{kind}"))
+        for kind in ("requests", "tokens")
+    }
+    known = {kind: s for kind, s in resets.items() if s is not None}
+    spent = [s for kind, s in known.items() if headers.get(f"x-ratelimit-remaining-{kind}") == "0"]
+    return max(spent or known.values(), default=None)
+
+
+def _go_duration(value: str | None) -> float | None:
+    """Seconds of a duration as OpenAI writes it (``"1h2m3.5s"``); None for anything else."""
+    text = (value or "").strip()
+    if not text or _RESET.sub("", text):
+        return None
+    return sum(float(n) * _UNIT_S[unit] for n, unit in _RESET.findall(text))
 
 
 def describe_sent(method: str, headers: Iterable[str], body: bytes | None) -> str:
@@ -142,9 +229,10 @@ def error_message(data: object) -> str | None:
     return None
 
 
-def _said(body: bytes) -> str | None:
+def _parsed(body: bytes) -> object:
+    """The JSON of an error answer's body; None when it is not JSON."""
     try:
-        return error_message(orjson.loads(body))
+        return orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
 
@@ -158,7 +246,8 @@ def status_error(
 ) -> ProviderError:
     """The error for a non-2xx answer; ``sent`` describes the request (for an empty body)."""
     message = f"HTTP {status}: {_message(body, sent)}"
-    if status in _FAULT_STATUS and request_fault(status, _said(body)):
+    data = _parsed(body)
+    if status in _FAULT_STATUS and request_fault(status, error_message(data)):
         return RequestRefused(message, provider=provider, status=status)
     retryable = status >= 500 or status in _RETRYABLE_4XX
     return ProviderError(
@@ -166,5 +255,5 @@ def status_error(
         retryable=retryable,
         provider=provider,
         status=status,
-        retry_after=parse_retry_after(headers.get("retry-after")),
+        retry_after=retry_hint(status, headers, data),
     )

@@ -12,10 +12,14 @@ sequences: a request with ``stop`` is refused.
 
 **Background mode and resuming.** With ``background=True`` the response runs on OpenAI's
 side whether or not anyone is connected (``store`` must then be true: it is sent so), and a
-stream can be picked up again. After each network read that brought deltas the adapter
+stream can be picked up again. After each network read that moved the stream the adapter
 calls ``request.on_checkpoint(Checkpoint(name, response_id, sequence))`` — before handing the
 batch over, with no ``await`` between, so what the caller has collected when it looks and
-the checkpoint agree (``text`` is left empty: the caller pairs it with its own). A request
+the checkpoint agree (``text`` is left empty: the caller pairs it with its own). The first
+comes with ``response.created``, before any delta: a response that thinks silently is
+resumable too (a call retried after a first-token timeout picks it up, never creates a
+second one). A response the caller gives up is cancelled with :meth:`cancel_response`
+(``POST {base_url}/responses/{id}/cancel``; the caller bounds it). A request
 whose ``resume`` is such a checkpoint (with the visible text up to it) is not sent again:
 ``GET {base_url}/responses/{id}?stream=true&starting_after={sequence}`` replays the rest,
 and the first batch starts with one delta carrying the checkpoint's text and reasoning, so
@@ -32,16 +36,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Unpack
 from urllib.parse import quote
 
+import httpx
 import orjson
 from pydantic import SecretStr
 
 from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Delta
+from ai_lease.providers.errors import status_error
+from ai_lease.providers.headers import with_extra
 from ai_lease.providers.openai_compat import (
     _api_key,
 )
@@ -305,17 +312,14 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
         head = Delta(resume.text, reasoning=resume.reasoning) if resume else None
         if head is not None and not (head.text or head.reasoning):
             head = None
-        report = request.on_checkpoint if self.background else None
-        reported = parser.sequence
+        if self.background and request.on_checkpoint is not None:
+            parser.on_read = _reporter(parser, request.on_checkpoint, waiting=head is not None)
         inner = self.read_stream(request, parser)
         async with contextlib.aclosing(inner):
             batch: list[Delta] | None = await anext(inner, None)
             while batch is not None:
                 if batch and head is not None:
                     batch, head = [head, *batch], None
-                if report is not None and parser.response_id and parser.sequence > reported:
-                    reported = parser.sequence
-                    report(Checkpoint(self.name, parser.response_id, reported))
                 yield batch
                 batch = await anext(inner, None)
 
@@ -326,6 +330,24 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
             return None
         return resume
 
+    async def cancel_response(self, response_id: str) -> str:
+        """Cancel a background response the caller gave up (``POST …/responses/{id}/cancel``)
+        and say what came of it; a failure is said, never raised (the caller bounds it)."""
+        url = f"{self._base}/responses/{quote(response_id, safe='')}/cancel"
+        headers = with_extra(self._headers, self._extra)
+        try:
+            answer = await self._client.post(url, headers=headers)
+        except httpx.HTTPError as exc:
+            return f"not cancelled: {type(exc).__name__}: {exc}"[:300]
+        if answer.status_code >= 300:
+            error = status_error(self.name, answer.status_code, answer.content, answer.headers)
+            return f"not cancelled: {error}"[:300]
+        try:
+            status = orjson.loads(answer.content).get("status")
+        except (orjson.JSONDecodeError, AttributeError):
+            status = None
+        return f"cancelled (status {status})" if status else "cancelled"
+
     async def complete(self, request: ChatRequest) -> Completion:
         """One whole response, not streamed (never in the background)."""
         body = responses_body(
@@ -333,3 +355,22 @@ class OpenAIResponsesProvider(HTTPStreamProvider):
         )
         content = await self.post_json(f"{self._base}/responses", orjson.dumps(body), request)
         return completion_of(self.name, content)
+
+
+def _reporter(
+    parser: ResponsesParser, report: Callable[[Checkpoint], None], *, waiting: bool
+) -> Callable[[list[Delta]], None]:
+    """The parser's ``on_read``: report the stream's checkpoint after each read that moved it
+    (from ``response.created`` on), before that read's deltas are handed on. A resume still
+    ``waiting`` to hand its checkpoint's text over (it goes with the first deltas) reports
+    none before: the checkpoint and what the caller collected must agree."""
+    reported = parser.sequence
+
+    def on_read(out: list[Delta]) -> None:
+        nonlocal reported, waiting
+        waiting = waiting and not out
+        if not waiting and parser.response_id and parser.sequence > reported:
+            reported = parser.sequence
+            report(Checkpoint(parser.provider, parser.response_id, reported))
+
+    return on_read

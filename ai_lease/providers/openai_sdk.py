@@ -21,6 +21,7 @@ A stream that ends (``[DONE]`` or the body's end) without a finish reason is
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
@@ -42,13 +43,14 @@ from ai_lease.providers.base import (
     ToolCallDelta,
     Usage,
 )
+from ai_lease.providers.chunks import stream_error
 from ai_lease.providers.errors import (
     RequestRefused,
     describe_sent,
     empty_answer,
     error_message,
-    parse_retry_after,
     request_fault,
+    retry_hint,
 )
 from ai_lease.providers.headers import extra_headers, with_extra
 from ai_lease.providers.openai_compat import check_base_url, request_body, sampling_defaults
@@ -115,7 +117,7 @@ class OpenAISDKProvider(AsyncResource):
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             retryable = status >= 500 or status in (408, 409, 425, 429)
-            retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
+            retry_after = retry_hint(status, exc.response.headers, exc.body)
             message = f"HTTP {status}: {_status_message(exc)}"
             if chunks == 0 and request_fault(status, error_message({"error": exc.body})):
                 return RequestRefused(message, provider=self.name, status=status)
@@ -235,6 +237,8 @@ class OpenAISDKProvider(AsyncResource):
             answer: Any = await self._client.chat.completions.create(**body)
         except self._openai.OpenAIError as exc:
             raise self._translate(exc, 0) from exc
+        except json.JSONDecodeError as exc:  # the SDK's json.loads of a malformed body
+            raise _not_a_completion(self.name, exc) from exc
         choices = getattr(answer, "choices", None)
         if not choices:
             raise ProviderError(
@@ -281,6 +285,12 @@ def _sdk_body(
     if headers:
         body["extra_headers"] = headers
     return body
+
+
+def _not_a_completion(provider: str, exc: json.JSONDecodeError) -> ProviderError:
+    """A 200 whose JSON body does not parse: retryable, with what came, in the lean paths'
+    words (``not a chat completion: b'…'``)."""
+    return stream_error(provider, f"not a chat completion: {exc.doc.encode()[:80]!r}", 0)
 
 
 def _status_message(exc: openai.APIStatusError) -> str:

@@ -20,7 +20,9 @@ The Responses API streams named events (``event: response.output_text.delta`` be
   and ``partial`` after it. A refusal streamed as ``response.refusal.delta`` fails at the end,
   not retried, naming what the model said.
 
-``sequence`` is the last event consumed, the resume point of a background response; a
+``sequence`` is the last event consumed, the resume point of a background response (an
+``on_read`` callable, if set, is handed each read's deltas once the read is parsed, before
+they go anywhere: the adapter reports checkpoints there, deltas or not); a
 parser resuming a response skips events it already has (a server replaying too much). A
 resumed response the replay says is ``failed`` / ``cancelled`` / ``expired`` before any
 new delta is :class:`ResponseNotResumable`: the caller calls again instead.
@@ -74,6 +76,7 @@ class ResponsesParser:
         "events",
         "finished",
         "floor",
+        "on_read",
         "provider",
         "refusal",
         "response_id",
@@ -103,6 +106,7 @@ class ResponsesParser:
         self.error: ProviderError | None = None
         self.calls: dict[int, list[Any]] = {}  # output_index -> [call_id, name, argument pieces]
         self.refusal: list[str] = []
+        self.on_read: Callable[[list[Delta]], None] | None = None
 
     def deltas(self, payloads: list[bytes]) -> list[Delta]:
         """The deltas of one read's payloads, up to an end marker or an error."""
@@ -141,6 +145,8 @@ class ResponsesParser:
                 break
         if out:
             self.emitted = True
+        if self.on_read is not None:
+            self.on_read(out)
         return out
 
     def end(self) -> None:

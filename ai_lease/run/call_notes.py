@@ -7,7 +7,8 @@ A call sends a fresh UUID as ``X-Request-Id`` and the job's correlation
 provider logged. The note is written *beside* the call, never before it (no round trip
 delays the first token), and waited for when the call ends, at most :data:`CALL_NOTE_WAIT_S`;
 a store without notes (a third-party one, an isolated job's child) is skipped, and a note
-that fails is logged and dropped: it never fails the call.
+that fails is logged and dropped: it never fails the call. :func:`note_call` writes one
+after the fact (a background response cancelled once given up), waited for the same way.
 
 >>> call_detail(2, "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "k:7:2", "ollama", "qwen3")
 'call 2 · ollama qwen3 · request_id 1b4e28ba-2fa1-11d2-883f-0016d3cca427 · client_request_id k:7:2'
@@ -22,7 +23,7 @@ from collections.abc import AsyncIterator
 
 from ai_lease.lease.base import Fence
 
-__all__ = ["CALL_NOTE_WAIT_S", "call_detail", "noting_call"]
+__all__ = ["CALL_NOTE_WAIT_S", "call_detail", "note_call", "noting_call"]
 
 CALL_NOTE_WAIT_S = 2.0
 """Seconds a call's end waits for its note to be written (then it is given up on)."""
@@ -59,6 +60,13 @@ async def noting_call(
         _leave(task, fence.key)
         raise
     await _settle(task, fence.key)
+
+
+async def note_call(store: object, fence: Fence, stage: str | None, detail: str) -> None:
+    """Note ``detail`` as a ``model_call`` entry of ``fence``'s job now, waiting for it at
+    most :data:`CALL_NOTE_WAIT_S` (a store without notes: nothing)."""
+    async with noting_call(store, fence, stage, detail):
+        pass
 
 
 _PENDING: set[asyncio.Task[object]] = set()  # notes left to finish by themselves

@@ -25,6 +25,7 @@ from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Provider
 from ai_lease.providers.request_ids import client_request_id, new_request_id
 from ai_lease.retry import call_with_retries
+from ai_lease.run.background import cancel_left, cancelling_abandoned, retry_point
 from ai_lease.run.call_notes import call_detail, noting_call
 from ai_lease.run.classify import describe
 from ai_lease.run.stream_guard import StreamGuard
@@ -124,7 +125,9 @@ async def call_ai(ctx: StageContext) -> Completion:
 
     async def once() -> Completion:
         nonlocal resume
-        point, resume = resume, None  # only the first call resumes: a retry is a fresh one
+        point, resume = resume, None  # the stored checkpoint: the first call's only
+        if point is None and (again := retry_point(ctx, provider)) is not None:
+            return await _call(ctx, provider, request, again, sent)  # a retry resumes its own
         if point is not None:
             try:
                 return await _call(ctx, provider, request, point, sent)
@@ -136,14 +139,16 @@ async def call_ai(ctx: StageContext) -> Completion:
                     exc,
                 )
                 ctx.say("resume_failed", str(exc), attrs={"provider": provider.name})
+                await cancel_left(ctx, provider, point, exc)  # replaced by a fresh call
         return await _call(ctx, provider, request, None, sent)
 
-    completion = await call_with_retries(
+    calls = call_with_retries(
         once,
         ctx.call_retry,
         deadline_at=ctx.deadline_at,
         on_retry=lambda exc, wait: _retrying(ctx, exc, wait),
     )
+    completion = await cancelling_abandoned(ctx, provider, calls)  # a response given up: cancelled
     _report(ctx, provider, completion, _model(request, provider), sent[-1])
     _record(ctx, provider, request, completion)
     ctx.finish_reason = completion.finish_reason
