@@ -148,17 +148,25 @@ async def call_ai(ctx: StageContext) -> Completion:
     _record(ctx, provider, request, completion)
     ctx.finish_reason = completion.finish_reason
     if not (completion.tool_calls or completion.text.strip() or ctx.job.allow_empty):
-        raise EmptyAnswer(empty_answer_why(completion, request), provider=provider.name)
+        reasoned = ctx.guard is not None and ctx.guard.reasoning_chars > 0
+        why = empty_answer_why(completion, _capped(request, provider), reasoned=reasoned)
+        raise EmptyAnswer(why, provider=provider.name)
     if completion.finish_reason == "length":  # a whole answer, but capped: say so
         ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
     return completion
 
 
-def empty_answer_why(completion: Completion, request: ChatRequest) -> str:
-    """What an answer with no text and no tool call means, and what to change."""
+def empty_answer_why(
+    completion: Completion, request: ChatRequest, *, reasoned: bool = False
+) -> str:
+    """What an answer with no (or only blank) text and no tool call means, and what to
+    change. ``reasoned``: reasoning arrived (the stream guard counted it), which tells
+    where the budget went when the usage does not count reasoning tokens (Anthropic,
+    Ollama, a server that sends no usage)."""
     cap = f"max_tokens={request.max_tokens}" if request.max_tokens else "its max_tokens"
     usage = completion.usage
-    if completion.finish_reason == "length" and usage is not None and usage.reasoning_tokens:
+    reasoned = reasoned or (usage is not None and usage.reasoning_tokens > 0)
+    if completion.finish_reason == "length" and reasoned:
         return f"the model spent {cap} on reasoning and wrote no answer; raise max_tokens"
     if completion.finish_reason == "length":
         return f"the model wrote no answer before it reached {cap}; raise max_tokens"
@@ -191,6 +199,10 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
     try:
         return await guard.call(provider, request)
     except StageTimeout as exc:
+        # Stopped (SIGSTOP) past the lease, the idle budget ran out meanwhile too: the lost
+        # lease is the reason, said once by the keeper; the stream's timeout is its cause.
+        if (lost := ctx.lease_lapsed()) is not None:
+            raise lost from exc
         ctx.say(
             "stream_timeout",
             type(exc).__name__,
@@ -230,6 +242,15 @@ async def _call(
             ctx.say("resumed", resume.response_id, attrs={"sequence": resume.sequence})
         request = replace(request, resume=resume, on_checkpoint=ctx.note_checkpoint)
         return await _streamed(ctx, provider, request)
+
+
+def _capped(request: ChatRequest, provider: Provider) -> ChatRequest:
+    """``request`` with the token cap the call ran under: its own, else the provider's."""
+    if request.max_tokens:
+        return request
+    defaults = getattr(provider, "defaults", None)
+    cap = defaults.get("max_tokens") if isinstance(defaults, dict) else None
+    return replace(request, max_tokens=cap) if isinstance(cap, int) else request
 
 
 def _model(request: ChatRequest, provider: Provider) -> str | None:
@@ -328,7 +349,9 @@ def _report(
 
 
 async def parse(ctx: StageContext) -> Any:
-    """The answer as text, or as a JSON value when the job's output is ``json``. An answer
+    """The answer as text, exactly as the model sent it (whitespace included: nothing is
+    trimmed), or as a JSON value when the job's output is ``json`` (that parse trims the
+    blanks and a Markdown code fence around the value). An answer
     with tool calls is the assistant message (``role``, ``content``, ``tool_calls`` in
     OpenAI's shape); a ``json`` job checks that each call's arguments are JSON. (A
     ``json_schema`` response format is the provider's to enforce: the answer is checked to
@@ -339,9 +362,9 @@ async def parse(ctx: StageContext) -> Any:
             for index, call in enumerate(completion.tool_calls):
                 _check_arguments(index, call)
         return tool_message(completion)
-    text = completion.text.strip()
     if ctx.job.output == "text":
-        return text
+        return completion.text
+    text = completion.text.strip()
     body = text.removeprefix("```json").removeprefix("```").removesuffix("```").strip()
     try:
         return orjson.loads(body)
