@@ -280,3 +280,20 @@ async def test_a_whitespace_only_answer_allowed_empty_is_stored_as_sent(sqlite: 
     record, _ = await _run(sqlite, "openai-httpx", whole("openai-httpx", " \n"), job)
     assert not isinstance(record, JobFailed), record
     assert record.status is Status.DONE and record.output == " \n"
+
+
+async def test_the_reason_names_the_providers_cap_when_the_job_sets_none(
+    sqlite: LeaseStore,
+) -> None:
+    """max_tokens set on the provider, not the job: the reason still names max_tokens=12."""
+    async with SSEServer() as server:
+        server.enqueue(reasoning_then_cap("openai-httpx"))
+        provider = OpenAICompatProvider(base_url=server.base_url, api_key=KEY, max_tokens=12)
+        config = RunConfig(retry=ONCE, call_retry=ONCE, node_id="n1")
+        try:
+            with pytest.raises(JobFailed, match=r"spent max_tokens=12 on reasoning"):
+                await Runner(sqlite, provider=provider, config=config).run(
+                    Job("p", input="x.", model="m")
+                )
+        finally:
+            await provider.aclose()

@@ -27,6 +27,7 @@ from ai_lease.providers.request_ids import client_request_id, new_request_id
 from ai_lease.retry import call_with_retries
 from ai_lease.run.call_notes import call_detail, noting_call
 from ai_lease.run.classify import describe
+from ai_lease.run.empty_answer import capped, empty_answer_why
 from ai_lease.run.stream_guard import StreamGuard
 
 if TYPE_CHECKING:
@@ -149,32 +150,11 @@ async def call_ai(ctx: StageContext) -> Completion:
     ctx.finish_reason = completion.finish_reason
     if not (completion.tool_calls or completion.text.strip() or ctx.job.allow_empty):
         reasoned = ctx.guard is not None and ctx.guard.reasoning_chars > 0
-        why = empty_answer_why(completion, _capped(request, provider), reasoned=reasoned)
+        why = empty_answer_why(completion, capped(request, provider), reasoned=reasoned)
         raise EmptyAnswer(why, provider=provider.name)
     if completion.finish_reason == "length":  # a whole answer, but capped: say so
         ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
     return completion
-
-
-def empty_answer_why(
-    completion: Completion, request: ChatRequest, *, reasoned: bool = False
-) -> str:
-    """What an answer with no (or only blank) text and no tool call means, and what to
-    change. ``reasoned``: reasoning arrived (the stream guard counted it), which tells
-    where the budget went when the usage does not count reasoning tokens (Anthropic,
-    Ollama, a server that sends no usage)."""
-    cap = f"max_tokens={request.max_tokens}" if request.max_tokens else "its max_tokens"
-    usage = completion.usage
-    reasoned = reasoned or (usage is not None and usage.reasoning_tokens > 0)
-    if completion.finish_reason == "length" and reasoned:
-        return f"the model spent {cap} on reasoning and wrote no answer; raise max_tokens"
-    if completion.finish_reason == "length":
-        return f"the model wrote no answer before it reached {cap}; raise max_tokens"
-    return (
-        f"the model's answer is empty (finish reason {completion.finish_reason or 'none'!r}): "
-        "nothing stored. A prompt beyond the model's context does this on some servers and "
-        "gateways (shorten the input); set allow_empty = true if an empty answer is a result"
-    )
 
 
 async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest) -> Completion:
@@ -242,15 +222,6 @@ async def _call(
             ctx.say("resumed", resume.response_id, attrs={"sequence": resume.sequence})
         request = replace(request, resume=resume, on_checkpoint=ctx.note_checkpoint)
         return await _streamed(ctx, provider, request)
-
-
-def _capped(request: ChatRequest, provider: Provider) -> ChatRequest:
-    """``request`` with the token cap the call ran under: its own, else the provider's."""
-    if request.max_tokens:
-        return request
-    defaults = getattr(provider, "defaults", None)
-    cap = defaults.get("max_tokens") if isinstance(defaults, dict) else None
-    return replace(request, max_tokens=cap) if isinstance(cap, int) else request
 
 
 def _model(request: ChatRequest, provider: Provider) -> str | None:

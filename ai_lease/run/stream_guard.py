@@ -28,7 +28,12 @@ timeout fires the provider's stream is closed, which closes its upstream connect
 
 Whatever the provider, a stream is whole only with a finish reason: one that ends without
 (a server that stopped the answer, a wrapper that lost the last chunk) is
-:class:`StreamInterrupted`, never a result. An answer whose text outgrows
+:class:`StreamInterrupted`, never a result. And once the finish reason has come the
+answer *is* whole: the end marker after it (a usage chunk, ``[DONE]``, ``message_stop``,
+Gemini's body end) is only its trailer, waited for at most ``min(finish_grace, idle)``
+(:class:`~ai_lease.timeouts.StreamTimeouts`); a stream still open then (a buffering proxy)
+is closed and its answer kept as it is (``held``; usage unknown if it had not come), never
+timed out. An answer whose text outgrows
 ``StreamLimits.max_answer_bytes`` is :class:`StreamLimitExceeded`, and its stream is closed.
 ``on_first_token`` is called the moment the first progress arrives (not at the end).
 
@@ -252,7 +257,7 @@ class StreamGuard:
         try:
             finish, usage = await self._consume(batches, connecting)
         except asyncio.CancelledError:
-            if not (self._fired or self.held) or task.uncancel() > cancelling:
+            if (self._fired is None and not self.held) or task.uncancel() > cancelling:
                 raise  # not ours (or not only ours): a cancellation from outside
             if self._fired is not None:
                 raise self._fired from None
@@ -302,7 +307,7 @@ class StreamGuard:
                 if connecting:  # the connection is held: the clocks start now
                     connecting = False
                     self.started_at = clock()
-                    self._arm()
+                    self._rearm()
                 continue  # no progress: moves neither the deadlines nor the job
             if size > max_size:  # leaving the loop closes the stream and its connection
                 raise StreamLimitExceeded(
