@@ -45,7 +45,8 @@ from tests.harness.responses_server import event_bytes, response_object, text_ev
 from tests.harness.sse_server import Event, Hang, Response, Sleep, SSEServer, sse
 
 KEY = "sk-test"
-ONCE = RetryPolicy(attempts=1)
+# Retries allowed (quick ones): "one call, one attempt" then says the failure was final.
+QUICK = RetryPolicy(attempts=3, initial=0.05, max_backoff=0.05)
 
 
 def _root(url: str) -> str:
@@ -165,7 +166,7 @@ async def _run(
     """Run ``job`` against a loopback server answering ``answer``: (record or JobFailed,
     server); with ``let_go``, the client must have closed its connection too."""
     config = RunConfig(
-        retry=ONCE, call_retry=ONCE, stream_timeouts=timeouts or StreamTimeouts(), node_id="n1"
+        retry=QUICK, call_retry=QUICK, stream_timeouts=timeouts or StreamTimeouts(), node_id="n1"
     )
     async with SSEServer() as server:
         server.enqueue(answer)
@@ -289,7 +290,7 @@ async def test_the_reason_names_the_providers_cap_when_the_job_sets_none(
     async with SSEServer() as server:
         server.enqueue(reasoning_then_cap("openai-httpx"))
         provider = OpenAICompatProvider(base_url=server.base_url, api_key=KEY, max_tokens=12)
-        config = RunConfig(retry=ONCE, call_retry=ONCE, node_id="n1")
+        config = RunConfig(retry=QUICK, call_retry=QUICK, node_id="n1")
         try:
             with pytest.raises(JobFailed, match=r"spent max_tokens=12 on reasoning"):
                 await Runner(sqlite, provider=provider, config=config).run(
