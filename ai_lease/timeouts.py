@@ -91,6 +91,12 @@ class StreamTimeouts:
     default), the ``idle`` budget alone; ``"phi"``, φ-accrual suspicion over the gaps
     between progress reaching ``phi_threshold`` (:mod:`ai_lease.observe.phi`), with ``idle``
     still the upper bound. Either way, φ crossing the threshold is reported once per stream.
+
+    ``finish_grace`` is how long a stream may stay open once its finish reason has come
+    (a buffering proxy holding the body, a usage chunk or ``[DONE]`` late): at most
+    ``min(finish_grace, idle)`` later the answer is kept as it is (usage unknown if it had
+    not come), never timed out. The answer is whole at the finish; the grace is only for
+    the trailer.
     """
 
     first_token: float = 60.0
@@ -98,9 +104,11 @@ class StreamTimeouts:
     total: float = 600.0
     idle_policy: Literal["fixed", "phi"] = "fixed"
     phi_threshold: float = 8.0
+    finish_grace: float = 2.0
 
     def __post_init__(self) -> None:
         _positive(self, "first_token", "idle", "total", allow_inf=True)
+        _positive(self, "finish_grace")
         if self.idle_policy not in ("fixed", "phi"):
             raise ConfigError(
                 f"StreamTimeouts.idle_policy: must be 'fixed' or 'phi' (got {self.idle_policy!r})"
@@ -116,6 +124,8 @@ class StreamTimeouts:
 
     def __repr__(self) -> str:
         seconds = f"first_token={self.first_token}s, idle={self.idle}s, total={self.total}s"
+        if self.finish_grace != 2.0:
+            seconds += f", finish_grace={self.finish_grace}s"
         if self.idle_policy == "fixed" and self.phi_threshold == 8.0:
             return f"StreamTimeouts({seconds})"
         return (

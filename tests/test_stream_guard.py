@@ -48,11 +48,12 @@ def scripted(steps: Sequence[Step]) -> AsyncIterator[Delta]:
 
 
 async def empties(every: float = 0.05) -> AsyncIterator[Delta]:
-    """A provider stream that sends only empty and finish-only deltas (keep-alives), forever."""
+    """A provider stream that sends only empty deltas (keep-alives), forever. (A
+    finish-only delta is not one: it ends the answer, see test_whole_answers.py.)"""
     while True:
         await asyncio.sleep(every)
         yield Delta()
-        yield Delta(finish_reason="stop")
+        yield Delta("")
 
 
 async def timed_collect(guard: StreamGuard, stream: AsyncIterator[Delta]) -> float:
@@ -135,7 +136,7 @@ async def test_total_fires_before_first_token_when_shorter() -> None:
 
 @pytest.mark.parametrize("budget", ["first_token", "idle"])
 async def test_empty_deltas_do_not_hold_the_timer_off(budget: str) -> None:
-    """Empty and finish-only deltas every 50 ms are not content: the timer still fires."""
+    """Empty deltas every 50 ms are not content: the timer still fires."""
     if budget == "first_token":
         guard = StreamGuard(timeouts(first_token=0.3))
         stream = empties()

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from ai_lease.errors import JobSpecError, StageDeadlineExceeded
+from ai_lease.errors import JobSpecError, LeaseLost, StageDeadlineExceeded
 from ai_lease.job import Job, JobState, RunFacts
 from ai_lease.lease.base import Fence, LeaseStore
 from ai_lease.lease.fence import fenced_commit
@@ -191,6 +191,16 @@ class StageContext:
     def ensure_lease(self) -> None:
         """Raise LeaseLost if our lease may have lapsed: call before any side effect."""
         self.keeper.ensure_lease()
+
+    def lease_lapsed(self) -> LeaseLost | None:
+        """The lost lease's error if the lease may have lapsed by now (the process was
+        stopped past its self-fence point), else None; quietly: the keeper says it. (A
+        process-isolated child has no self-fence: its parent fences.)"""
+        fence = getattr(self.keeper, "self_fence", None)
+        if fence is None:
+            return None
+        late = fence.overdue()
+        return fence.lost(late) if late >= 0 else None
 
     async def commit(self, value: Any) -> JobState:
         """Write the job's one result: fenced and idempotent. Returns the stored record."""

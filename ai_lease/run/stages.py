@@ -28,6 +28,7 @@ from ai_lease.retry import call_with_retries
 from ai_lease.run.background import cancel_left, cancelling_abandoned, retry_point
 from ai_lease.run.call_notes import call_detail, noting_call
 from ai_lease.run.classify import describe
+from ai_lease.run.empty_answer import capped, empty_answer_why
 from ai_lease.run.stream_guard import StreamGuard
 
 if TYPE_CHECKING:
@@ -153,25 +154,12 @@ async def call_ai(ctx: StageContext) -> Completion:
     _record(ctx, provider, request, completion)
     ctx.finish_reason = completion.finish_reason
     if not (completion.tool_calls or completion.text.strip() or ctx.job.allow_empty):
-        raise EmptyAnswer(empty_answer_why(completion, request), provider=provider.name)
+        reasoned = ctx.guard is not None and ctx.guard.reasoning_chars > 0
+        why = empty_answer_why(completion, capped(request, provider), reasoned=reasoned)
+        raise EmptyAnswer(why, provider=provider.name)
     if completion.finish_reason == "length":  # a whole answer, but capped: say so
         ctx.say("answer_capped", CAPPED_NOTE, attrs={"finish_reason": "length"})
     return completion
-
-
-def empty_answer_why(completion: Completion, request: ChatRequest) -> str:
-    """What an answer with no text and no tool call means, and what to change."""
-    cap = f"max_tokens={request.max_tokens}" if request.max_tokens else "its max_tokens"
-    usage = completion.usage
-    if completion.finish_reason == "length" and usage is not None and usage.reasoning_tokens:
-        return f"the model spent {cap} on reasoning and wrote no answer; raise max_tokens"
-    if completion.finish_reason == "length":
-        return f"the model wrote no answer before it reached {cap}; raise max_tokens"
-    return (
-        f"the model's answer is empty (finish reason {completion.finish_reason or 'none'!r}): "
-        "nothing stored. A prompt beyond the model's context does this on some servers and "
-        "gateways (shorten the input); set allow_empty = true if an empty answer is a result"
-    )
 
 
 async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest) -> Completion:
@@ -196,6 +184,10 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
     try:
         return await guard.call(provider, request)
     except StageTimeout as exc:
+        # Stopped (SIGSTOP) past the lease, the idle budget ran out meanwhile too: the lost
+        # lease is the reason, said once by the keeper; the stream's timeout is its cause.
+        if (lost := ctx.lease_lapsed()) is not None:
+            raise lost from exc
         ctx.say(
             "stream_timeout",
             type(exc).__name__,
@@ -333,7 +325,9 @@ def _report(
 
 
 async def parse(ctx: StageContext) -> Any:
-    """The answer as text, or as a JSON value when the job's output is ``json``. An answer
+    """The answer as text, exactly as the model sent it (whitespace included: nothing is
+    trimmed), or as a JSON value when the job's output is ``json`` (that parse trims the
+    blanks and a Markdown code fence around the value). An answer
     with tool calls is the assistant message (``role``, ``content``, ``tool_calls`` in
     OpenAI's shape); a ``json`` job checks that each call's arguments are JSON. (A
     ``json_schema`` response format is the provider's to enforce: the answer is checked to
@@ -344,9 +338,9 @@ async def parse(ctx: StageContext) -> Any:
             for index, call in enumerate(completion.tool_calls):
                 _check_arguments(index, call)
         return tool_message(completion)
-    text = completion.text.strip()
     if ctx.job.output == "text":
-        return text
+        return completion.text
+    text = completion.text.strip()
     body = text.removeprefix("```json").removeprefix("```").removesuffix("```").strip()
     try:
         return orjson.loads(body)

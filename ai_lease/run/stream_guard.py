@@ -28,7 +28,12 @@ timeout fires the provider's stream is closed, which closes its upstream connect
 
 Whatever the provider, a stream is whole only with a finish reason: one that ends without
 (a server that stopped the answer, a wrapper that lost the last chunk) is
-:class:`StreamInterrupted`, never a result. An answer whose text outgrows
+:class:`StreamInterrupted`, never a result. And once the finish reason has come the
+answer *is* whole: the end marker after it (a usage chunk, ``[DONE]``, ``message_stop``,
+Gemini's body end) is only its trailer, waited for at most ``min(finish_grace, idle)``
+(:class:`~ai_lease.timeouts.StreamTimeouts`); a stream still open then (a buffering proxy)
+is closed and its answer kept as it is (``held``; usage unknown if it had not come), never
+timed out. An answer whose text outgrows
 ``StreamLimits.max_answer_bytes`` is :class:`StreamLimitExceeded`, and its stream is closed.
 ``on_first_token`` is called the moment the first progress arrives (not at the end).
 
@@ -87,6 +92,11 @@ class _PhiCheck(Exception):
     """The watchdog's marker for "look at φ now" (never raised)."""
 
 
+class _Whole(Exception):
+    """The watchdog's marker for "the finish came, its trailer did not: keep the answer"
+    (never raised)."""
+
+
 class StreamGuard:
     """Consumes one stream under :class:`StreamTimeouts`, marking progress per progress delta.
 
@@ -120,6 +130,11 @@ class StreamGuard:
         self.max_gap_s = 0.0  # the longest pause between two progress deltas
         self.text_parts: list[str] = []
         self.tool_parts: list[ToolCallDelta] = []  # tool-call fragments, assembled at the end
+        self.reasoning_chars = 0  # reasoning received (an empty answer says where it went)
+        self.finish: str | None = None  # the finish reason, once one came
+        self.finished_at: float | None = None  # when it came: the finish grace runs from here
+        self.usage: Usage | None = None
+        self.held = False  # the stream stayed open past the finish grace: kept, not timed out
         self._fired: Exception | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -130,6 +145,9 @@ class StreamGuard:
     def _next_deadline(self) -> tuple[float, type[Exception], float]:
         t = self.timeouts
         total_at = self.started_at + t.total
+        if self.finished_at is not None:  # whole: only its trailer (usage, [DONE]) is awaited
+            grace = min(t.finish_grace, t.idle)
+            return min(self.finished_at + grace, total_at), _Whole, grace
         if self.last_content_at is None:
             first_at = self.started_at + t.first_token
             return (
@@ -176,8 +194,12 @@ class StreamGuard:
         if error is _PhiCheck and not self._suspect():
             self._arm()  # an alert only: the fixed budgets still stand
             return
-        self._fired = self._fired or error(budget, self.chunks, "".join(self.text_parts))
         assert self._task is not None
+        if error is _Whole:  # the answer is kept as it is: no timeout
+            self.held = True
+            self._task.cancel()
+            return
+        self._fired = self._fired or error(budget, self.chunks, "".join(self.text_parts))
         self._task.cancel()
 
     def _suspect(self) -> bool:
@@ -235,9 +257,11 @@ class StreamGuard:
         try:
             finish, usage = await self._consume(batches, connecting)
         except asyncio.CancelledError:
-            if self._fired is not None and task.uncancel() <= cancelling:
+            if (self._fired is None and not self.held) or task.uncancel() > cancelling:
+                raise  # not ours (or not only ours): a cancellation from outside
+            if self._fired is not None:
                 raise self._fired from None
-            raise
+            finish, usage = self.finish, self.usage  # held open past the grace: kept
         finally:
             if self._handle is not None:
                 self._handle.cancel()
@@ -270,19 +294,20 @@ class StreamGuard:
                     # isascii() is a flag read: no encoding on the usual path
                     size += len(text) if text.isascii() else len(text.encode())
                 if finish_reason:
-                    finish = finish_reason
+                    finish = self._finished(finish_reason)
                 if delta_usage is not None:
-                    usage = delta_usage
+                    usage = self.usage = delta_usage
                 if reasoning or tool_calls:
                     grown = _side_bytes(reasoning, tool_calls)
                     calls.extend(tool_calls)
                     size += grown
                     moved = moved or grown > 0
+                    self.reasoning_chars += len(reasoning)
             if len(parts) == content and not moved:
                 if connecting:  # the connection is held: the clocks start now
                     connecting = False
                     self.started_at = clock()
-                    self._arm()
+                    self._rearm()
                 continue  # no progress: moves neither the deadlines nor the job
             if size > max_size:  # leaving the loop closes the stream and its connection
                 raise StreamLimitExceeded(
@@ -296,6 +321,15 @@ class StreamGuard:
                 progress.version += 1
                 progress.last_at = now
         return finish, usage
+
+    def _finished(self, reason: str) -> str:
+        """A finish reason came: the answer is whole; from now the watchdog waits only
+        ``finish_grace`` for the trailer (a usage chunk, ``[DONE]``, the body's end)."""
+        self.finish = reason
+        if self.finished_at is None:
+            self.finished_at = self.clock()
+            self._rearm()
+        return reason
 
     def _seen(self, now: float, last: float | None, *, visible: bool) -> None:
         """Progress at ``now`` (the previous at ``last``): the first token's time, the

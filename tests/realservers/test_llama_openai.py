@@ -53,7 +53,7 @@ async def test_exact_text(
     expected = direct["choices"][0]["message"]["content"]
     record = await run_job(tmp_path / "s.db", llama.base_url, openai_path, _job("t", stream=stream))
     assert expected.strip(), "the tiny model answered nothing: the fixture is broken"
-    assert record.output == expected.strip()
+    assert record.output == expected  # exactly, whitespace included
     assert record.finish_reason == "length"
 
 
@@ -66,7 +66,7 @@ async def test_max_tokens_reaches_the_server(
     assert direct["usage"]["completion_tokens"] == 3
     job = _job("m", max_tokens=3, stream=stream)
     record = await run_job(tmp_path / "s.db", llama.base_url, openai_path, job)
-    assert record.output == direct["choices"][0]["message"]["content"].strip()
+    assert record.output == direct["choices"][0]["message"]["content"]
     assert record.finish_reason == "length"
     assert record.completion_tokens is None or record.completion_tokens <= 3
 
