@@ -40,6 +40,7 @@ from ai_lease.observe.logs import configure_logging
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
+from ai_lease.run.child_env import trim_environ
 from ai_lease.run.classify import describe, retryable
 from ai_lease.run.ladder import install_child_handlers
 from ai_lease.run.pipeline import Pipeline, StageContext
@@ -93,6 +94,7 @@ class ChildSpec:
     call_retry: RetryPolicy = MODEL_CALL
     cut: int = 0  # the stages [0, cut) run in the child
     log_json: bool = False  # the worker logs JSON lines: so do the child's loggers
+    env_keep: tuple[str, ...] = ()  # names (globs) beyond child_env's allow-list
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,7 @@ def child_main(conn: Connection, spec: ChildSpec, shared: Any, dump_path: str) -
     no handler of its own either), since its worker drains the job and stops it through
     the pipe or the ladder; a traceback per child would only garble the worker's log."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    trim_environ(spec.env_keep)  # only what the job needs: no cloud key, no dashboard token
     if spec.log_json:  # a library's record in the child is a JSON line on the shared stderr
         configure_logging(json=True)
     die_with_parent()  # the fork server (or the worker, with spawn), which dies with it

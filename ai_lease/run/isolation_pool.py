@@ -15,6 +15,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from ai_lease.errors import ConfigError, ProviderError
+from ai_lease.run.child_env import only_allowed
 from ai_lease.run.isolation_child import ChildSpec, child_main
 
 __all__ = ["Child", "ChildPool", "receive"]
@@ -59,10 +60,20 @@ class ChildPool:
         if self.mp.get_start_method() == "forkserver":
             from multiprocessing import forkserver
 
-            forkserver.ensure_running()
+            with only_allowed(self.spec.env_keep):  # the server's environ is its children's
+                forkserver.ensure_running()
         children = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
         for child in children:
             self._idle.put_nowait(child)
+
+    def _start(self, process: BaseProcess) -> None:
+        """Start ``process``: forked by the fork server (whose environment is already the
+        allowed one), or spawned here with only the allowed environment."""
+        if self.mp.get_start_method() == "forkserver":
+            process.start()
+            return
+        with only_allowed(self.spec.env_keep):
+            process.start()
 
     async def _spawn(self) -> Child:
         """One new child, ready (it has imported ai_lease and built its provider)."""
@@ -76,7 +87,7 @@ class ChildPool:
             name=f"ai-lease child {self.started}",
             daemon=True,
         )
-        await asyncio.to_thread(process.start)
+        await asyncio.to_thread(self._start, process)
         child_end.close()
         child = Child(process, parent_end, shared, dump)
         self.children[child.pid] = child
