@@ -34,6 +34,7 @@ import orjson
 from ai_lease.errors import CorruptRecord, CorruptSink, InputError
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease.refusal import Refusal
+from ai_lease.lease.storable import diagnostic, exact
 from ai_lease.timeouts import StreamLimits
 
 __all__ = [
@@ -47,9 +48,6 @@ __all__ = [
     "LeaseStore",
     "Renewal",
 ]
-
-SNAPSHOT_LIMIT = 16_000
-"""Stall snapshots and error texts are cut to this many characters."""
 
 CHECKPOINT_LIMIT = StreamLimits().max_answer_bytes + 64 * 1024
 """The largest checkpoint (UTF-8 bytes) a renewal stores: a whole answer's text at the
@@ -70,9 +68,12 @@ def checkpoint_problem(fence: Fence, checkpoint: str | None) -> str | None:
     )
 
 
-def check_checkpoint(fence: Fence, checkpoint: str | None) -> None:
+def check_checkpoint(fence: Fence, checkpoint: str | None, *, nul: bool = True) -> None:
     """Raise :class:`~ai_lease.errors.InputError` for a checkpoint over
-    :data:`CHECKPOINT_LIMIT` (nothing is sent: the renewal does not happen either)."""
+    :data:`CHECKPOINT_LIMIT`, or one the store cannot keep exactly (``nul``: whether it holds
+    a NUL; :func:`~ai_lease.lease.storable.exact`): nothing is sent, not the renewal either."""
+    if checkpoint is not None:
+        exact("renew", fence.key, "checkpoint", checkpoint, nul=nul)
     problem = checkpoint_problem(fence, checkpoint)
     if problem is not None:
         raise InputError(f"{problem}, nor the renewal sent; renew without it")
@@ -435,11 +436,12 @@ class JobTimeline(Protocol):
 
 
 def check_note(kind: str, detail: str) -> str:
-    """``detail`` clipped to :data:`NOTE_LIMIT`; a ValueError for a kind not in
-    :data:`NOTE_KINDS` (before any I/O: a typo is the caller's bug, not the store's)."""
+    """``detail`` clipped to :data:`NOTE_LIMIT` and made storable (a request id from a
+    provider may hold anything: :func:`~ai_lease.lease.storable.diagnostic`); a ValueError
+    for a kind not in :data:`NOTE_KINDS` (before any I/O: a typo is the caller's bug)."""
     if kind not in NOTE_KINDS:
         raise ValueError(f"note: kind {kind!r} is not one of {', '.join(NOTE_KINDS)}")
-    return detail[:NOTE_LIMIT]
+    return diagnostic(detail, NOTE_LIMIT) or ""
 
 
 @runtime_checkable
