@@ -11,7 +11,15 @@ import pytest
 from ai_lease.errors import InputError, JobSpecError
 from ai_lease.job import RunFacts, Status, validate_key
 from ai_lease.lease import LeaseStore
-from ai_lease.lease.base import Acquired, Fence, JobListing, JobNotes, JobQueue, JobTimeline
+from ai_lease.lease.base import (
+    Acquired,
+    Fence,
+    JobListing,
+    JobNotes,
+    JobQueue,
+    JobTimeline,
+    WorkerInfo,
+)
 from ai_lease.lease.listing import encode_cursor
 from ai_lease.lease.storable import diagnostic, exact, key_can_start
 
@@ -217,3 +225,16 @@ async def test_a_cursor_naming_a_key_no_job_can_have_is_not_a_cursor(store: Leas
     assert isinstance(store, JobListing)
     with pytest.raises(ValueError, match="is not one a job page gave"):
         await store.list_page(after=encode_cursor(1, "a\x00b"))
+
+
+@OUTSIDE
+async def test_a_worker_beat_keeps_its_host_escaped_and_refuses_its_id(
+    store: LeaseStore, text: str, said: str
+) -> None:
+    """A host name holding such text is kept escaped (PostgreSQL's jsonb refused even the
+    JSON escape); a worker id holding it is the worker's identity: InputError, not listed."""
+    assert isinstance(store, JobQueue)
+    await store.worker_beat(WorkerInfo("w-1", text, 1, 0, 2, 0.0, 0.0), ttl=30)
+    with pytest.raises(InputError, match="worker id"):
+        await store.worker_beat(WorkerInfo(f"w {text}", "host", 1, 0, 2, 0.0, 0.0), ttl=30)
+    assert [(w.worker_id, w.host) for w in await store.list_workers()] == [("w-1", said)]

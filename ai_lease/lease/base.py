@@ -26,7 +26,7 @@ The records that ``acquire`` (when it grants or refuses a lease) and ``commit``/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
@@ -34,7 +34,7 @@ import orjson
 from ai_lease.errors import CorruptRecord, CorruptSink, InputError
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease.refusal import Refusal
-from ai_lease.lease.storable import diagnostic, exact
+from ai_lease.lease.storable import diagnostic, exact, storable
 from ai_lease.timeouts import StreamLimits
 
 __all__ = [
@@ -279,6 +279,20 @@ class WorkerInfo:
                 )
             values[spec.name] = value
         return cls(**values)
+
+
+def storable_worker(info: WorkerInfo) -> WorkerInfo:
+    """``info`` as every store can keep it: its host name made storable (a diagnostic); a
+    worker id that is not (a NUL, or a lone surrogate from an argv byte that is not UTF-8)
+    is its identity, so an :class:`~ai_lease.errors.InputError`, never altered."""
+    if not info.worker_id or not storable(info.worker_id):
+        raise InputError(
+            f"worker id {info.worker_id!r:.80} is not storable (empty, or holding a NUL or a "
+            "lone surrogate): name the worker with printable characters (--worker-id)"
+        )
+    if storable(info.host):
+        return info
+    return replace(info, host=diagnostic(info.host) or "")
 
 
 MAX_REPORTED_JOBS = 64

@@ -20,7 +20,7 @@ import orjson
 
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
 from ai_lease.job import JobState
-from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo
+from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
 from ai_lease.lease.postgres_conn import PostgresConn, job_key
 from ai_lease.lease.postgres_schema import JOB_COLUMNS
 from ai_lease.lease.storable import exact
@@ -137,6 +137,7 @@ class PostgresQueue(PostgresConn):
     # -- workers ---------------------------------------------------------------------------
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
+        info = storable_worker(info)
         blob = orjson.dumps({k: v for k, v in asdict(info).items() if k != "last_seen"})
         await self._fetch(
             "worker_beat",

@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
 from ai_lease.job import JobState, Status, validate_key
-from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo
+from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
 from ai_lease.lease.redis_calls import RedisCalls
 from ai_lease.lease.redis_keys import decode, us
 from ai_lease.lease.storable import exact
@@ -75,6 +75,7 @@ class RedisQueue(RedisCalls):
         return [f"{{{index}}}:worker:{worker_id}", index]
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
+        info = storable_worker(info)
         blob = orjson.dumps({k: v for k, v in asdict(info).items() if k != "last_seen"})
         args = [info.worker_id, blob.decode(), round(ttl * 1000)]
         await self._eval("worker_beat", "BEAT", self._worker_keys(info.worker_id), args)
