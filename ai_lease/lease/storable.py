@@ -13,12 +13,13 @@ from a URL — reaches the stores through three doors, each with its rule:
 * **what is kept exactly** (a result, a spec, a checkpoint): :func:`exact` never alters it.
   Text a store cannot hold as it is is refused with an :class:`~ai_lease.errors.InputError`
   naming what and where, nothing written: a lone surrogate on every store, a NUL on
-  PostgreSQL. (The runner stores results as JSON, which escapes both, so a run never
-  meets this; a caller of ``commit`` with raw text may.)
+  PostgreSQL. (The runner stores a result as JSON text, where a NUL is the escape
+  ``\\u0000``, so a run never meets this; a caller of ``commit`` with raw text may.)
 * **names** (job keys, owner ids, key prefixes): refused, never altered — an altered name
   would be another job's, or fail the fence. Keys are checked by
-  :func:`ai_lease.job.validate_key`, owner ids by :func:`check_owner`; a prefix that no key
-  can start (:func:`key_can_start`) simply matches nothing.
+  :func:`ai_lease.job.validate_key`, owner ids by :func:`check_owner`, worker ids by
+  :func:`ai_lease.lease.base.storable_worker` (which escapes the host name); a prefix that
+  no key can start (:func:`key_can_start`) simply matches nothing.
 
 >>> diagnostic("bad \\x00 request")
 'bad \\\\u0000 request'
@@ -92,8 +93,8 @@ def exact(op: str, key: str, what: str, text: str, *, nul: bool = True) -> str:
     )
     raise InputError(
         f"{op}: the {what} of job {key!r:.80} holds {which} cannot hold, at offset "
-        f"{found.start()}: nothing was written; store it escaped (JSON does: json.dumps "
-        "writes it as \\u0000), never altered by the store"
+        f"{found.start()}: nothing was written (a store never alters a {what}); escape it "
+        f"first, as json.dumps does (it writes \\u{char:04x})"
     )
 
 
