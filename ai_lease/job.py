@@ -23,7 +23,8 @@ from ai_lease.job_shapes import check_shapes
 
 __all__ = ["Health", "Job", "JobState", "RunFacts", "Status", "fingerprint", "validate_key"]
 
-_KEY = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
+_KEY = re.compile("[^\x00-\x1f\x7f\ud800-\udfff]{1,512}")  # no control character, no
+# lone surrogate (no store can encode one as UTF-8)
 # Fields added after jobs were first stored: in the payload (and so the fingerprint) only
 # when set, so a job that sets none of them keeps the fingerprint it always had.
 _WHEN_SET = ("tools", "tool_choice", "response_format", "images", "provider")
@@ -55,10 +56,12 @@ def sampling_problem(temperature: object, max_tokens: object) -> str | None:
 
 
 def validate_key(key: str) -> str:
-    """Return ``key`` if it can name a job (1-512 printable characters), else raise."""
-    if not isinstance(key, str) or not _KEY.match(key):
+    """Return ``key`` if it can name a job (1-512 printable characters, none a lone
+    surrogate), else raise :class:`JobSpecError`."""
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise JobSpecError(
-            f"job key {key!r} is invalid: use 1 to 512 characters with no control characters"
+            f"job key {key!r:.80} is invalid: use 1 to 512 characters with no control "
+            "characters (no NUL) and no lone surrogates"
         )
     return key
 

@@ -1,7 +1,7 @@
 """What the PostgreSQL store does with input PostgreSQL itself would choke on: a key no job
 can have (refused before any I/O), a long multibyte key (NOTIFY's payload is its digest), a
-URL whose percent-encoding does not parse (the password never echoed), text with a NUL (a
-ValueError, nothing written), a namespace holding ``%`` or longer than PostgreSQL's names."""
+URL whose percent-encoding does not parse (the password never echoed), a result with a NUL
+(an InputError, nothing written), a namespace holding ``%`` or longer than PostgreSQL's names."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from ai_lease import ConfigError, JobSpecError, StoreUnavailable
+from ai_lease import ConfigError, InputError, JobSpecError, StoreUnavailable
 from ai_lease.job import Status
 from ai_lease.lease import Acquired, open_store, postgres_schema
 from ai_lease.lease.postgres import PostgresStore
@@ -247,13 +247,14 @@ def test_a_namespace_longer_than_a_postgresql_name_is_refused() -> None:
 
 
 async def test_a_nul_in_text_is_bad_input_and_changes_nothing(store: PostgresStore) -> None:
-    """PostgreSQL's text holds no NUL: a ValueError naming the op (not a StoreUnavailable
-    the caller would retry forever); the record stays as it was."""
+    """PostgreSQL's text holds no NUL: a result or spec with one is an InputError naming the
+    op and the job (not a StoreUnavailable the caller would retry forever, nor an attempt
+    the runner retries), sent to no server; the record stays as it was."""
     won = await store.acquire("nul", "A", ttl=30, max_no_progress=30)
     assert isinstance(won, Acquired)
-    with pytest.raises(ValueError, match="commit: the store refused the input"):
+    with pytest.raises(InputError, match="commit: the result of job 'nul' holds a NUL"):
         await store.commit(won.fence, '"a\x00b"')
-    with pytest.raises(ValueError, match="submit"):
+    with pytest.raises(InputError, match="submit: the spec of job 'nul-spec' holds a NUL"):
         await store.submit("nul-spec", '{"x": "a\x00b"}', "fp")
     job = await store.get("nul")
     assert job is not None and (job.status, job.token) == (Status.RUNNING, won.fence.token)

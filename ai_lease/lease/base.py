@@ -26,7 +26,7 @@ The records that ``acquire`` (when it grants or refuses a lease) and ``commit``/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
@@ -34,6 +34,7 @@ import orjson
 from ai_lease.errors import CorruptRecord, CorruptSink, InputError
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease.refusal import Refusal
+from ai_lease.lease.storable import diagnostic, exact, storable
 from ai_lease.timeouts import StreamLimits
 
 __all__ = [
@@ -47,9 +48,6 @@ __all__ = [
     "LeaseStore",
     "Renewal",
 ]
-
-SNAPSHOT_LIMIT = 16_000
-"""Stall snapshots and error texts are cut to this many characters."""
 
 CHECKPOINT_LIMIT = StreamLimits().max_answer_bytes + 64 * 1024
 """The largest checkpoint (UTF-8 bytes) a renewal stores: a whole answer's text at the
@@ -70,9 +68,12 @@ def checkpoint_problem(fence: Fence, checkpoint: str | None) -> str | None:
     )
 
 
-def check_checkpoint(fence: Fence, checkpoint: str | None) -> None:
+def check_checkpoint(fence: Fence, checkpoint: str | None, *, nul: bool = True) -> None:
     """Raise :class:`~ai_lease.errors.InputError` for a checkpoint over
-    :data:`CHECKPOINT_LIMIT` (nothing is sent: the renewal does not happen either)."""
+    :data:`CHECKPOINT_LIMIT`, or one the store cannot keep exactly (``nul``: whether it holds
+    a NUL; :func:`~ai_lease.lease.storable.exact`): nothing is sent, not the renewal either."""
+    if checkpoint is not None:
+        exact("renew", fence.key, "checkpoint", checkpoint, nul=nul)
     problem = checkpoint_problem(fence, checkpoint)
     if problem is not None:
         raise InputError(f"{problem}, nor the renewal sent; renew without it")
@@ -280,6 +281,20 @@ class WorkerInfo:
         return cls(**values)
 
 
+def storable_worker(info: WorkerInfo) -> WorkerInfo:
+    """``info`` as every store can keep it: its host name made storable (a diagnostic); a
+    worker id that is not (a NUL, or a lone surrogate from an argv byte that is not UTF-8)
+    is its identity, so an :class:`~ai_lease.errors.InputError`, never altered."""
+    if not info.worker_id or not storable(info.worker_id):
+        raise InputError(
+            f"worker id {info.worker_id!r:.80} is not storable (empty, or holding a NUL or a "
+            "lone surrogate): name the worker with printable characters (--worker-id)"
+        )
+    if storable(info.host):
+        return info
+    return replace(info, host=diagnostic(info.host) or "")
+
+
 MAX_REPORTED_JOBS = 64
 """How many of its job keys a worker reports in its heartbeat (a count is always exact)."""
 
@@ -435,11 +450,12 @@ class JobTimeline(Protocol):
 
 
 def check_note(kind: str, detail: str) -> str:
-    """``detail`` clipped to :data:`NOTE_LIMIT`; a ValueError for a kind not in
-    :data:`NOTE_KINDS` (before any I/O: a typo is the caller's bug, not the store's)."""
+    """``detail`` clipped to :data:`NOTE_LIMIT` and made storable (a request id from a
+    provider may hold anything: :func:`~ai_lease.lease.storable.diagnostic`); a ValueError
+    for a kind not in :data:`NOTE_KINDS` (before any I/O: a typo is the caller's bug)."""
     if kind not in NOTE_KINDS:
         raise ValueError(f"note: kind {kind!r} is not one of {', '.join(NOTE_KINDS)}")
-    return detail[:NOTE_LIMIT]
+    return diagnostic(detail, NOTE_LIMIT) or ""
 
 
 @runtime_checkable

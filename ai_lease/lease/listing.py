@@ -3,6 +3,8 @@
 A cursor is opaque text: URL-safe base64 of ``"<created_us>:<job key>"``, the position of
 the last job a page held (pages are newest first: ``created_at`` descending, then key).
 Anything else passed back as a cursor is a :class:`ValueError` saying so, never a query.
+A key prefix no job key can start (a NUL in it, say: :func:`no_key_starts`) selects an
+empty page without a query, on every store alike.
 
 >>> decode_cursor(encode_cursor(1_764_600_000_123_456, "job-1"))
 (1764600000123456, 'job-1')
@@ -14,8 +16,9 @@ import base64
 import binascii
 import logging
 
-from ai_lease.errors import CorruptRecord, CorruptSink
-from ai_lease.job import Status
+from ai_lease.errors import CorruptRecord, CorruptSink, JobSpecError
+from ai_lease.job import Status, validate_key
+from ai_lease.lease.storable import key_can_start
 
 __all__ = [
     "MAX_LIMIT",
@@ -24,6 +27,7 @@ __all__ = [
     "created_us",
     "decode_cursor",
     "encode_cursor",
+    "no_key_starts",
     "prefix_end",
     "report_corrupt",
 ]
@@ -74,9 +78,18 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
         at, sep, key = raw.decode("utf-8").partition(":")
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise _bad(cursor) from None
-    if not sep or not at.isascii() or not at.isdigit() or not key or len(at) > _MAX_US_DIGITS:
+    if not sep or not at.isascii() or not at.isdigit() or len(at) > _MAX_US_DIGITS:
         raise _bad(cursor)
-    return int(at), key
+    try:
+        return int(at), validate_key(key)  # a key no job has (a NUL): not a page's cursor
+    except JobSpecError:
+        raise _bad(cursor) from None
+
+
+def no_key_starts(prefix: str | None) -> bool:
+    """Whether ``prefix`` filters and no job key can start with it (a NUL, a control
+    character, a lone surrogate, over 512 characters): its page is empty, asked of no store."""
+    return bool(prefix) and not key_can_start(prefix or "")
 
 
 def _bad(cursor: object) -> ValueError:

@@ -38,6 +38,7 @@ from ai_lease.lease.postgres_notify import Listener
 from ai_lease.lease.postgres_schema import channel_name
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
+from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
 
 __all__ = ["PostgresStore"]
 
@@ -117,6 +118,7 @@ class PostgresStore(PostgresListing):
         max_attempts: int | None = None,
         renew_interval: float | None = None,
     ) -> AcquireOutcome:
+        owner_id = check_owner(owner_id)
         args = (job_key(key), owner_id, ttl, max_no_progress, stall_policy, fingerprint or "")
         row = await self._fetchone("acquire", _ACQUIRE, (*args, max_attempts, renew_interval))
         if row is None:  # a function that returns one row always does
@@ -140,7 +142,8 @@ class PostgresStore(PostgresListing):
         grace: float,
         checkpoint: str | None = None,
     ) -> Renewal:
-        check_checkpoint(fence, checkpoint)
+        check_checkpoint(fence, checkpoint, nul=False)
+        stage = diagnostic(stage)
         args = (job_key(fence.key), fence.owner_id, fence.token, ttl, stage, progress_version)
         row = await self._fetchone("renew", _RENEW, (*args, max_no_progress, grace, checkpoint))
         assert row is not None  # one row, always
@@ -173,7 +176,7 @@ class PostgresStore(PostgresListing):
         facts: RunFacts | None = None,
     ) -> JobState:
         args = (job_key(fence.key), fence.owner_id, fence.token, status, value, reason or "")
-        row = await self._fetchone(op, _FINISH, (*args, *_facts_args(facts)))
+        row = await self._fetchone(op, _FINISH, (*args, *_facts_args(ran(facts))))
         assert row is not None  # one row, always
         kind, now, code, token, owner = row[:5]
         if kind == "rejected":
@@ -192,13 +195,15 @@ class PostgresStore(PostgresListing):
         finish_reason: str | None = None,
         facts: RunFacts | None = None,
     ) -> JobState:
-        return await self._finish("commit", fence, "DONE", result, finish_reason, facts)
+        result = exact("commit", fence.key, "result", result, nul=False)
+        return await self._finish("commit", fence, "DONE", result, diagnostic(finish_reason), facts)
 
     async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
         return await self._finish("fail", fence, "FAILED", clip(reason) or "", facts=facts)
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
-        args = (job_key(fence.key), fence.owner_id, fence.token, stage, clip(snapshot) or "")
+        key, stage = job_key(fence.key), diagnostic(stage)
+        args = (key, fence.owner_id, fence.token, stage, clip(snapshot) or "")
         row = await self._fetchone("report_stall", _STALL, args)
         return bool(row and row[0])
 
@@ -234,6 +239,7 @@ class PostgresStore(PostgresListing):
         """Append one entry to the job's timeline (the termination ladder's steps): not
         fenced, written only for an existing job (False for an unknown key)."""
         detail = base.check_note(kind, detail)
+        owner_id, stage = diagnostic(owner_id) or "", diagnostic(stage)
         args = (job_key(key), kind, detail, owner_id, token, stage, base.NOTE_LIMIT)
         row = await self._fetchone("note", _NOTE, args, resend=False)  # twice: two entries
         return bool(row and row[0])

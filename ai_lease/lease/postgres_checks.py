@@ -97,5 +97,5 @@ def job_key(key: str) -> str:
             raise
     raise JobSpecError(
         f"job key {key[:40]!r}... ({len(key)} characters) is invalid: use 1 to 512 "
-        "characters with no control characters"
+        "characters with no control characters (no NUL) and no lone surrogates"
     )

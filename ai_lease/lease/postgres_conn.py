@@ -12,8 +12,9 @@ with the stored record); the two that are not (adding to the duration counts, ap
 note) are sent once, and a broken connection is a :class:`StoreUnavailable`. psycopg errors
 become :class:`StoreUnavailable` or, for what no retry fixes (a bad URL, bad credentials, no
 right to create the schema, a foreign table of our name), :class:`ConfigError` — both
-naming the URL with its password masked — or, for values the server refuses (a NUL in
-text), :class:`ValueError`.
+naming the URL with its password masked — or, for values the server refuses,
+:class:`ValueError` (a NUL in text never reaches it: lease/storable.py escapes or refuses
+it first).
 
 The first call of a store object connects once on its own, so that a refusal reads as
 libpq's own message, and applies the migration unless the schema is at its version

@@ -27,6 +27,7 @@ from ai_lease.lease.listing import (
     created_us,
     decode_cursor,
     encode_cursor,
+    no_key_starts,
     prefix_end,
     report_corrupt,
 )
@@ -79,6 +80,8 @@ class PostgresListing(PostgresQueue):
         check_limit(limit)
         status = check_status(status)
         cursor = None if after is None else decode_cursor(after)
+        if no_key_starts(prefix):
+            return JobPage([], None)
         sql, args = _page_query(status, prefix, cursor)
         rows = await self._fetch("list_page", sql, [*args, limit + 1])
         more = len(rows) > limit

@@ -20,9 +20,10 @@ import orjson
 
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
 from ai_lease.job import JobState
-from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo
+from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
 from ai_lease.lease.postgres_conn import PostgresConn, job_key
 from ai_lease.lease.postgres_schema import JOB_COLUMNS
+from ai_lease.lease.storable import exact
 from ai_lease.observe.history import checked_histogram
 
 __all__ = ["CLAIM_HOLD", "PRUNE_BATCH", "PostgresQueue"]
@@ -61,7 +62,7 @@ class PostgresQueue(PostgresConn):
         row = await self._fetchone(
             "submit",
             f"SELECT o_outcome, o_now, {JOB} FROM {{schema}}.ail_submit(%s, %s, %s)",
-            (job_key(key), spec, fingerprint),
+            (job_key(key), exact("submit", key, "spec", spec, nul=False), fingerprint),
         )
         if row is None or row[0] == "conflict":
             raise JobConflict(key)
@@ -136,6 +137,7 @@ class PostgresQueue(PostgresConn):
     # -- workers ---------------------------------------------------------------------------
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
+        info = storable_worker(info)
         blob = orjson.dumps({k: v for k, v in asdict(info).items() if k != "last_seen"})
         await self._fetch(
             "worker_beat",

@@ -29,7 +29,8 @@ the Redis scripts do.
 
 from __future__ import annotations
 
-from ai_lease.lease.base import SNAPSHOT_LIMIT, TIMELINE_CAP
+from ai_lease.lease.base import TIMELINE_CAP
+from ai_lease.lease.storable import SNAPSHOT_LIMIT
 
 __all__ = ["FUNCTIONS"]
 

@@ -25,7 +25,7 @@ from ai_lease.errors import (
     StoreUnavailable,
     skip_corrupt,
 )
-from ai_lease.job import JobState, RunFacts
+from ai_lease.job import JobState, RunFacts, validate_key
 from ai_lease.lease import redis_scripts as lua
 from ai_lease.lease.base import (
     TIMELINE_CAP,
@@ -44,6 +44,7 @@ from ai_lease.lease.redis_keys import decode, hash_tag, timeline_entry, us
 from ai_lease.lease.redis_listing import RedisListing
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
+from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
 from ai_lease.lease.urls import mask_url
 from ai_lease.resource import AsyncResource
 
@@ -87,6 +88,7 @@ class RedisStore(RedisListing, AsyncResource):
         max_attempts: int | None = None,
         renew_interval: float | None = None,
     ) -> AcquireOutcome:
+        key, owner_id = validate_key(key), check_owner(owner_id)
         args = [
             owner_id,
             us(ttl),
@@ -126,7 +128,7 @@ class RedisStore(RedisListing, AsyncResource):
             fence.owner_id,
             fence.token,
             us(ttl),
-            stage or "",
+            diagnostic(stage) or "",
             progress_version,
             us(max_no_progress),
             us(grace),
@@ -179,15 +181,16 @@ class RedisStore(RedisListing, AsyncResource):
         finish_reason: str | None = None,
         facts: RunFacts | None = None,
     ) -> JobState:
-        reason = finish_reason or ""
+        result = exact("commit", fence.key, "result", result)
+        reason, facts = diagnostic(finish_reason) or "", ran(facts)
         return await self._finish("commit", fence, "DONE", "result", result, reason, facts)
 
     async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
         text = clip(reason) or ""
-        return await self._finish("fail", fence, "FAILED", "last_error", text, facts=facts)
+        return await self._finish("fail", fence, "FAILED", "last_error", text, facts=ran(facts))
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
-        args = [fence.owner_id, fence.token, stage or "", clip(snapshot) or ""]
+        args = [fence.owner_id, fence.token, diagnostic(stage) or "", clip(snapshot) or ""]
         return bool(await self._call("report_stall", fence.key, "REPORT_STALL", args))
 
     async def note(
@@ -202,7 +205,7 @@ class RedisStore(RedisListing, AsyncResource):
     ) -> bool:
         """One entry in an existing job's timeline (:class:`~ai_lease.lease.base.JobNotes`)."""
         detail = check_note(kind, detail)
-        args = [kind, owner_id, token, stage or "", detail]
+        args = [kind, diagnostic(owner_id) or "", token, diagnostic(stage) or "", detail]
         return bool(await self._call("note", key, "NOTE", args))
 
     async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:

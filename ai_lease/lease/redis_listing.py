@@ -44,6 +44,7 @@ from ai_lease.lease.listing import (
     created_us,
     decode_cursor,
     encode_cursor,
+    no_key_starts,
     report_corrupt,
 )
 from ai_lease.lease.redis_keys import decode, hash_tag
@@ -76,6 +77,8 @@ class RedisListing(RedisQueue):
         check_limit(limit)
         status = check_status(status)
         cursor = None if after is None else decode_cursor(after)
+        if no_key_starts(prefix):
+            return JobPage([], None)
         if self._cluster:
             return await self._scanned_page(status, prefix, cursor, limit, on_corrupt)
         await self._ensure_index()

@@ -17,10 +17,11 @@ import orjson
 from redis.exceptions import ResponseError
 
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
-from ai_lease.job import JobState, Status
-from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo
+from ai_lease.job import JobState, Status, validate_key
+from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
 from ai_lease.lease.redis_calls import RedisCalls
 from ai_lease.lease.redis_keys import decode, us
+from ai_lease.lease.storable import exact
 from ai_lease.observe.history import checked_histogram
 
 __all__ = ["RedisQueue"]
@@ -35,6 +36,7 @@ class RedisQueue(RedisCalls):
     async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
         """Record the job and its queue entry in one script (standalone): a lost reply is
         :class:`~ai_lease.errors.OutcomeUnknown` (stored or not: check ``status``)."""
+        spec = exact("submit", validate_key(key), "spec", spec)
         if self._cluster:  # the queue is in another slot: its entry first, then the record
             await self._cmd("submit", "ZADD", self._queue, "LT", 0, key)
         reply = await self._call("submit", key, "SUBMIT", [spec, fingerprint, key])
@@ -73,6 +75,7 @@ class RedisQueue(RedisCalls):
         return [f"{{{index}}}:worker:{worker_id}", index]
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
+        info = storable_worker(info)
         blob = orjson.dumps({k: v for k, v in asdict(info).items() if k != "last_seen"})
         args = [info.worker_id, blob.decode(), round(ttl * 1000)]
         await self._eval("worker_beat", "BEAT", self._worker_keys(info.worker_id), args)

@@ -18,7 +18,6 @@ from typing import Any
 from ai_lease.errors import FencingRejected, JobConflict
 from ai_lease.job import JobState, RunFacts, Status
 from ai_lease.lease.base import (
-    SNAPSHOT_LIMIT,
     Acquired,
     AcquireOutcome,
     Fence,
@@ -27,6 +26,7 @@ from ai_lease.lease.base import (
     Renewal,
 )
 from ai_lease.lease.refusal import Refusal
+from ai_lease.lease.storable import diagnostic
 
 __all__ = ["acquire", "cancel", "commit", "fail", "release", "renew", "report_stall", "submit"]
 
@@ -38,7 +38,9 @@ def next_token(previous: int, now: float) -> int:
 
 
 def clip(text: str | None) -> str | None:
-    return None if text is None else text[:SNAPSHOT_LIMIT]
+    """An error text or snapshot as every store keeps it: clipped and storable
+    (:func:`~ai_lease.lease.storable.diagnostic`)."""
+    return diagnostic(text)
 
 
 def node_of(owner_id: str) -> str:

@@ -18,12 +18,13 @@ import sqlite3
 from typing import Any
 
 from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
-from ai_lease.job import JobState, RunFacts
+from ai_lease.job import JobState, RunFacts, validate_key
 from ai_lease.lease import rules
 from ai_lease.lease import sqlite_timeline as timeline
 from ai_lease.lease.base import AcquireOutcome, Fence, Renewal, check_checkpoint, check_note
 from ai_lease.lease.sqlite_listing import SQLiteListing
 from ai_lease.lease.sqlite_queue import SQLiteQueue
+from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
 from ai_lease.resource import AsyncResource
 
 __all__ = ["SQLiteStore"]
@@ -50,6 +51,7 @@ class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
         max_attempts: int | None = None,
         renew_interval: float | None = None,
     ) -> AcquireOutcome:
+        key, owner_id = validate_key(key), check_owner(owner_id)
         return await self._transact(
             "acquire",
             key,
@@ -80,6 +82,7 @@ class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
         checkpoint: str | None = None,
     ) -> Renewal:
         check_checkpoint(fence, checkpoint)
+        stage = diagnostic(stage)
         return await self._transact(
             "renew",
             fence.key,
@@ -105,6 +108,7 @@ class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
         snapshot: str | None = None,
         interrupted: bool = False,
     ) -> bool:
+        error, snapshot = diagnostic(error), diagnostic(snapshot)
         return await self._transact(
             "release",
             fence.key,
@@ -122,6 +126,8 @@ class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
         finish_reason: str | None = None,
         facts: RunFacts | None = None,
     ) -> JobState:
+        result = exact("commit", fence.key, "result", result)
+        finish_reason, facts = diagnostic(finish_reason), ran(facts)
         return await self._transact(
             "commit",
             fence.key,
@@ -130,6 +136,7 @@ class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
         )
 
     async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
+        reason, facts = diagnostic(reason) or "", ran(facts)
         return await self._transact(
             "fail",
             fence.key,
@@ -138,6 +145,7 @@ class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
         )
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
+        stage, snapshot = diagnostic(stage), diagnostic(snapshot) or ""
         return await self._transact(
             "report_stall",
             fence.key,
@@ -146,6 +154,8 @@ class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
         )
 
     async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
+        reason = diagnostic(reason) or ""
+
         def work(conn: sqlite3.Connection) -> JobState | None:
             now = self._clock()
             rec = self._load(conn, key, now)
@@ -171,6 +181,7 @@ class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
     ) -> bool:
         """One entry in an existing job's timeline (:class:`~ai_lease.lease.base.JobNotes`)."""
         detail = check_note(kind, detail)
+        owner_id, stage = diagnostic(owner_id) or "", diagnostic(stage)
 
         def work(conn: sqlite3.Connection) -> bool:
             if conn.execute("SELECT 1 FROM ai_lease_jobs WHERE key = ?", (key,)).fetchone() is None:

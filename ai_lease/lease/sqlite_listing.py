@@ -25,6 +25,7 @@ from ai_lease.lease.listing import (
     check_status,
     decode_cursor,
     encode_cursor,
+    no_key_starts,
     prefix_end,
     report_corrupt,
 )
@@ -55,6 +56,8 @@ class SQLiteListing(SQLiteFile):
         check_limit(limit)
         status = check_status(status)
         cursor = None if after is None else decode_cursor(after)
+        if no_key_starts(prefix):
+            return JobPage([], None)
 
         def work(conn: sqlite3.Connection) -> list[_Row]:
             created = _created(conn)

@@ -15,10 +15,11 @@ from typing import Any
 import orjson
 
 from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
-from ai_lease.job import JobState
+from ai_lease.job import JobState, validate_key
 from ai_lease.lease import rules
-from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo
+from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
 from ai_lease.lease.sqlite_file import SQLiteFile
+from ai_lease.lease.storable import exact
 from ai_lease.observe.history import checked_histogram
 
 __all__ = ["SQLiteQueue"]
@@ -28,6 +29,8 @@ class SQLiteQueue(SQLiteFile):
     """The :class:`~ai_lease.lease.base.JobQueue` part of the SQLite store, and its history."""
 
     async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
+        spec = exact("submit", validate_key(key), "spec", spec)
+
         def work(conn: sqlite3.Connection) -> JobState:
             now = self._clock()
             new, job = rules.submit(
@@ -101,6 +104,8 @@ class SQLiteQueue(SQLiteFile):
         return await self._run("due_recoveries", work)
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
+        info = storable_worker(info)
+
         def work(conn: sqlite3.Connection) -> None:
             now = self._clock()
             blob = orjson.dumps({**asdict(info), "last_seen": now})

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,17 +131,33 @@ async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok")
 
 
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _checked(endpoint: Endpoint) -> Endpoint:
+    """``endpoint`` behind the check of the URL's job key and key prefix: one no job can
+    have (a NUL: ``/jobs/a%00b``, ``?prefix=%00``) is a 400 page, never a store read."""
+
+    async def serve(request: Request) -> Response:
+        problem = views.url_problem(request)
+        if problem is not None:
+            return views.bad_request(request, problem)
+        return await endpoint(request)
+
+    return serve
+
+
 def _routes(metrics: Metrics) -> list[Any]:
     return [
         Route("/", views.home),
-        Route("/jobs", views.jobs),
+        Route("/jobs", _checked(views.jobs)),
         # live streams apart from the pages: any key, "stream" or "a/stream" too, is a page
-        Route("/live/jobs", live.jobs_stream),
-        Route("/live/jobs/{key:path}", live.job_stream),
-        Route("/jobs/{key:path}/cancel", actions.cancel, methods=["POST"]),
-        Route("/jobs/{key:path}/retry", actions.retry, methods=["POST"]),
-        Route("/jobs/{key:path}/remove", actions.remove, methods=["POST"]),
-        Route("/jobs/{key:path}", views.job),
+        Route("/live/jobs", _checked(live.jobs_stream)),
+        Route("/live/jobs/{key:path}", _checked(live.job_stream)),
+        Route("/jobs/{key:path}/cancel", _checked(actions.cancel), methods=["POST"]),
+        Route("/jobs/{key:path}/retry", _checked(actions.retry), methods=["POST"]),
+        Route("/jobs/{key:path}/remove", _checked(actions.remove), methods=["POST"]),
+        Route("/jobs/{key:path}", _checked(views.job)),
         Route("/workers", views.workers),
         Route("/login", views.login_form, methods=["GET"]),
         Route("/login", views.login, methods=["POST"]),

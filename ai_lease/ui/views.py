@@ -16,10 +16,11 @@ from urllib.parse import parse_qs, urlencode
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from ai_lease.errors import CorruptRecord
-from ai_lease.job import JobState, Status
+from ai_lease.errors import CorruptRecord, JobSpecError
+from ai_lease.job import JobState, Status, validate_key
 from ai_lease.lease.base import JobQueue, JobTimeline, TimelineEntry
 from ai_lease.lease.rules import RETRYABLE
+from ai_lease.lease.storable import key_can_start
 from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui.auth import COOKIE, Guard, Session
 from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, Workers, read_page, read_workers
@@ -27,7 +28,7 @@ from ai_lease.ui.present import corrupt_row, job_row, job_url, live_url, worker_
 from ai_lease.ui.render import Templates, job_context
 from ai_lease.ui.shared_reads import MAX_STREAMS, SharedReads, StreamSlots
 
-__all__ = ["FLASHES", "Ui", "form_fields", "page"]
+__all__ = ["FLASHES", "Ui", "bad_request", "form_fields", "page", "url_problem"]
 
 MAX_FORM_BYTES = 16_384
 
@@ -123,6 +124,30 @@ async def form_fields(request: Request) -> dict[str, str]:
 
 def not_found(request: Request, message: str) -> Response:
     return page(request, "error.html", 404, title="Not found", message=message, login=False)
+
+
+def bad_request(request: Request, message: str) -> Response:
+    return page(request, "error.html", 400, title="Bad request", message=message, login=False)
+
+
+def url_problem(request: Request) -> str | None:
+    """What makes the URL's job key or key prefix one no job can have (a NUL, a control
+    character, over 512 characters), said for the page; None when both are fine. Checked
+    before any store read: a store may refuse such text outright (PostgreSQL's text holds
+    no NUL), and no job could match it anyway."""
+    key = request.path_params.get("key")
+    if key is not None:
+        try:
+            validate_key(key)
+        except JobSpecError as exc:
+            return f"{exc}: no job can have this key, so there is none to show."
+    prefix = request.query_params.get("prefix") or ""
+    if prefix and not key_can_start(prefix):
+        return (
+            f"The key prefix {prefix[:40]!r} holds a control character (or is over 512 "
+            "characters): no job key starts with it. Filter by printable text."
+        )
+    return None
 
 
 def corrupt_page(request: Request, bad: CorruptRecord) -> Response:
