@@ -20,11 +20,14 @@ from ai_lease.errors import CorruptRecord, JobSpecError
 from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS
 from ai_lease.job_provider import ProviderChoice
 from ai_lease.job_shapes import check_shapes
+from ai_lease.text_safety import UNSAFE
 
 __all__ = ["Health", "Job", "JobState", "RunFacts", "Status", "fingerprint", "validate_key"]
 
-_KEY = re.compile("[^\x00-\x1f\x7f\ud800-\udfff]{1,512}")  # no control character, no
-# lone surrogate (no store can encode one as UTF-8)
+# A key is shown in terminals and pages and stored everywhere: no control (NUL included),
+# format (U+202E, U+200B, U+FEFF…) or separator (U+2028, U+0085) character, tab and newline
+# included, and no lone surrogate (no store can encode one as UTF-8).
+_KEY_BAD = re.compile(f"[\t\n]|{UNSAFE.pattern}")
 # Fields added after jobs were first stored: in the payload (and so the fingerprint) only
 # when set, so a job that sets none of them keeps the fingerprint it always had.
 _WHEN_SET = ("tools", "tool_choice", "response_format", "images", "provider")
@@ -56,12 +59,14 @@ def sampling_problem(temperature: object, max_tokens: object) -> str | None:
 
 
 def validate_key(key: str) -> str:
-    """Return ``key`` if it can name a job (1-512 printable characters, none a lone
-    surrogate), else raise :class:`JobSpecError`."""
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
+    """Return ``key`` if it can name a job (1-512 characters, none of them a control,
+    format or separator character or a lone surrogate), else raise :class:`JobSpecError`."""
+    if not isinstance(key, str) or not 1 <= len(key) <= 512 or _KEY_BAD.search(key):
+        shown = repr(key) if not isinstance(key, str) or len(key) <= 80 else repr(key[:60]) + "…"
         raise JobSpecError(
-            f"job key {key!r:.80} is invalid: use 1 to 512 characters with no control "
-            "characters (no NUL) and no lone surrogates"
+            f"job key {shown} is invalid: use 1 to 512 characters with no control, format "
+            "(such as U+202E or U+200B) or line-separator characters (NUL included) and no "
+            "lone surrogates"
         )
     return key
 

@@ -13,6 +13,7 @@ import click
 
 from ai_lease.cli.context import Context
 from ai_lease.cli.output import end_with_corrupt, to_json
+from ai_lease.cli.params import JOB_KEY
 from ai_lease.errors import CorruptRecord, InputError
 from ai_lease.redaction import MASK, redact
 
@@ -24,7 +25,7 @@ DEFAULT_CONFIG_TEXT = Path(__file__).resolve().parents[1] / "data" / "ai-lease.t
 
 
 @click.command(short_help="Cancel job KEY: it never runs (again), its owner stops.")
-@click.argument("key")
+@click.argument("key", type=JOB_KEY)
 @click.option("--reason", default="cancelled with ai-lease cancel", help="Stored as its error.")
 @click.pass_obj
 def cancel(obj: Context, key: str, reason: str) -> None:

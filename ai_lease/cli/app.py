@@ -35,6 +35,7 @@ from ai_lease.cli import (
 )
 from ai_lease.cli.context import Context
 from ai_lease.cli.exits import exit_code
+from ai_lease.cli.terminal import guard_terminal
 from ai_lease.errors import AiLeaseError
 from ai_lease.redaction import redact
 
@@ -102,6 +103,7 @@ def main(ctx: click.Context, config: Path | None, store_url: str | None, debug: 
     (status, ls and the other looks never create one: `submit` does) or corrupt.
     """
     ctx.obj = Context(config, store_url, debug)
+    ctx.call_on_close(guard_terminal())  # what reaches a terminal is shown, never obeyed
 
 
 _ALL = (*run_cmds.COMMANDS, *inspect_cmds.COMMANDS, *admin_cmds.COMMANDS, *lifecycle_cmds.COMMANDS)

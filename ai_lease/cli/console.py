@@ -26,8 +26,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ai_lease.cli.console_text import ended_by, figures, seconds, short_token, tokens_text
+from ai_lease.cli.terminal import raw
 from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider
+from ai_lease.text_safety import inert
 from ai_lease.timeouts import LeaseTimings, StreamTimeouts
 
 if TYPE_CHECKING:
@@ -97,7 +99,7 @@ class JobView:
         auto_refresh: bool = True,
     ) -> None:
         self.key, self.live, self.clock = key, live, clock
-        self.out = out or sys.stderr
+        self.out = raw(out or sys.stderr)  # rich draws with its own escapes: texts made inert
         self.timings, self.stream = timings or LeaseTimings(), stream or StreamTimeouts()
         self.role, self.owner, self.token, self.stage = "starting", "-", 0, "-"
         self.chunks, self.attempt, self.started = 0, 0, clock()  # chunks: this attempt's
@@ -213,7 +215,7 @@ class JobView:
         self.lines.append(f"{event.kind:<13}{stage} {said}".rstrip())
         if not self.live:
             line = f"{event.kind:<13} {who}{stage} {said}".rstrip()
-            print(f"ai-lease: {line}", file=self.out, flush=True)
+            print(f"ai-lease: {inert(line)}", file=self.out, flush=True)
 
     # -- what applies now ----------------------------------------------------------------------
 
@@ -267,7 +269,7 @@ class JobView:
             parts.append(note)
         self.summary = " · ".join(parts)
         if not self.live:
-            print(f"ai-lease: {self.summary}", file=self.out, flush=True)
+            print(f"ai-lease: {inert(self.summary)}", file=self.out, flush=True)
 
     # -- drawing -------------------------------------------------------------------------------
 
@@ -303,17 +305,19 @@ class JobView:
     def _render(self) -> Panel:
         facts = Table.grid(padding=(0, 2))
         idle = self.clock() - self.last_progress
-        facts.add_row("role", self.role, "owner", self.owner)
+        facts.add_row("role", self.role, "owner", Text(inert(self.owner)))  # never markup
         facts.add_row("stage", self.stage, "token", str(self.token or "-"))
         facts.add_row("chunks", str(self.chunks), "since progress", seconds(idle))
         facts.add_row("elapsed", seconds(self.clock() - self.started), "budget", self._budget())
-        events = Text("\n".join(self.lines[-6:]), style="dim", no_wrap=True, overflow="ellipsis")
+        said = inert("\n".join(self.lines[-6:]))
+        events = Text(said, style="dim", no_wrap=True, overflow="ellipsis")
+        title = Text(f"job {inert(self.key)}")
         if self.summary is not None:  # the answer itself is printed once, after the panel
             style = {"DONE": "bold green", "INTERRUPTED": "bold yellow"}
-            end = Text(self.summary, style=style.get(self.summary.split()[0], "bold red"))
-            return Panel(Group(facts, events, end), title=f"job {self.key}", expand=True)
-        tail = Text(self.text or "…", style="bold")
-        return Panel(Group(facts, events, tail), title=f"job {self.key}", expand=True)
+            end = Text(inert(self.summary), style=style.get(self.summary.split()[0], "bold red"))
+            return Panel(Group(facts, events, end), title=title, expand=True)
+        tail = Text(inert(self.text or "…"), style="bold")
+        return Panel(Group(facts, events, tail), title=title, expand=True)
 
     def _budget(self) -> str:
         if self.summary is not None:

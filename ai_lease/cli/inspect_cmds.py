@@ -23,6 +23,7 @@ from ai_lease.cli.output import (
     to_json,
     warn_data_lost,
 )
+from ai_lease.cli.params import JOB_KEY
 from ai_lease.cli.record_view import LS_HEADER, describe, job_json, ls_row
 from ai_lease.errors import CorruptRecord, InputError, JobCancelled, JobFailed
 from ai_lease.observe.phi import OwnerPhi, owner_phi
@@ -38,7 +39,7 @@ LS_MAX = 10_000
 
 
 @click.command(short_help="Show job KEY's record and health (--watch: until it ends).")
-@click.argument("key")
+@click.argument("key", type=JOB_KEY)
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
 @click.option("--watch", is_flag=True, help="Redraw until the job is DONE, FAILED or CANCELLED.")
 @click.option(
@@ -206,7 +207,7 @@ def _say_shown(shown: int, held: int | None, limit: int) -> None:
 
 
 @click.command(short_help="Print the result of job KEY.")
-@click.argument("key")
+@click.argument("key", type=JOB_KEY)
 @click.pass_obj
 def result(obj: Context, key: str) -> None:
     """Print the result of job KEY (exit 1 if it failed, 3 if it failed by a timeout or

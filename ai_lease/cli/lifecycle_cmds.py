@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ai_lease.cli.context import Context
+from ai_lease.cli.params import JOB_KEY
 from ai_lease.errors import InputError
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ async def reopen(obj: Context, store: LeaseStore, key: str, *, force: bool) -> N
 
 
 @click.command(short_help="Run a FAILED or CANCELLED job again (workers take it).")
-@click.argument("key")
+@click.argument("key", type=JOB_KEY)
 @click.pass_obj
 def retry(obj: Context, key: str) -> None:
     """Send job KEY, FAILED or CANCELLED, back to PENDING with a fresh attempt budget: due for
@@ -105,7 +106,7 @@ def retry(obj: Context, key: str) -> None:
 
 
 @click.command("rm", short_help="Remove job KEY's record (--force: even a running one).")
-@click.argument("key")
+@click.argument("key", type=JOB_KEY)
 @click.option("--force", is_flag=True, help="Remove a RUNNING job too: cancel it first.")
 @click.pass_obj
 def remove(obj: Context, key: str, force: bool) -> None:

@@ -28,7 +28,9 @@ def print_result(record: JobState) -> None:
         value = record.output
     except orjson.JSONDecodeError:
         raise CorruptRecord(record.key, "its stored result is not JSON") from None
-    click.echo(value if isinstance(value, str) else to_json(value))
+    # color=True: click would strip ANSI sequences from a pipe; the answer goes out as it is
+    # (on a terminal the guard writes them as visible escapes: ai_lease.cli.terminal)
+    click.echo(value if isinstance(value, str) else to_json(value), color=True)
 
 
 def end_with_corrupt(found: list[CorruptRecord], marked: str) -> None:

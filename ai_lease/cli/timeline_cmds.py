@@ -18,6 +18,7 @@ import click
 import orjson
 
 from ai_lease.cli.context import Context
+from ai_lease.cli.params import JOB_KEY
 from ai_lease.errors import InputError
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class _Printer:
 
 
 @click.command(short_help="Show job KEY's timeline: what happened to it, in order.")
-@click.argument("key")
+@click.argument("key", type=JOB_KEY)
 @click.option("--follow", is_flag=True, help="Print new entries as they come, until it ends.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry, per line.")
 @click.pass_obj

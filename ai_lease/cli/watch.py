@@ -60,9 +60,13 @@ class _Shown:
         self.threshold = 8.0  # φ at which the owner reads as suspect
         self._live: Any = None
         if live:
+            from rich.console import Console
             from rich.live import Live
 
-            self._live = Live(auto_refresh=False, transient=False)
+            from ai_lease.cli.terminal import raw
+
+            console = Console(file=raw(sys.stdout))  # its own escapes; the texts made inert
+            self._live = Live(console=console, auto_refresh=False, transient=False)
 
     def __enter__(self) -> _Shown:
         if self._live is not None:
@@ -79,7 +83,9 @@ class _Shown:
         if self._live is not None:
             from rich.text import Text
 
-            self._live.update(Text(rows), refresh=True)
+            from ai_lease.text_safety import inert
+
+            self._live.update(Text(inert(rows)), refresh=True)
             return
         moved = _moves(job, self.grace)
         if moved == self._last:
