@@ -135,7 +135,7 @@ async def test_a_key_or_prefix_no_job_can_have_is_a_400_page(store: LeaseStore) 
         for method, path in BAD_URLS:
             page = assert_page(await client.request(method, path), 400)
             assert "no job" in page, (path, page[-800:])
-        for path in ("/jobs/stream?prefix=%00", "/jobs/a%00b/stream"):
+        for path in ("/live/jobs?prefix=%00", "/live/jobs/a%00b"):
             response = await client.get(path)
             assert response.status_code == 400, (path, response.text[:300])
         # A newline: the route's path pattern does not match it, Starlette's plain 404.

@@ -147,16 +147,25 @@ async def test_thinking_longer_than_idle_is_progress(
     assert guard.first_visible_s - guard.first_token_s >= 0.6
 
 
-@pytest.mark.parametrize("tail", ["message_delta", "cut"])
+async def test_a_body_ending_after_the_stop_reason_keeps_the_whole_answer(
+    server: SSEServer, provider: AnthropicProvider
+) -> None:
+    """A body that ends after message_delta's stop reason but before message_stop (a
+    buffering proxy drops the last event): the answer is whole — its stop reason says so."""
+    events: list[Event] = [message_start(), *text_block(0, ["Hel", "lo"]), message_end()[0]]
+    server.enqueue(messages_sse(*events))
+    _, completion = await guarded(provider)
+    assert completion.text == "Hello" and completion.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("tail", ["no-stop-reason", "cut"])
 async def test_truncated_before_message_stop_is_an_error(
     server: SSEServer, provider: AnthropicProvider, tail: str
 ) -> None:
-    """A body that ends after message_delta but before message_stop (or is cut mid-text)
-    is a partial error, never a short answer; a cut connection is let go."""
+    """A body that ends before any stop reason (or is cut mid-text) is a partial error,
+    never a short answer; a cut connection is let go."""
     events: list[Event] = [message_start(), *text_block(0, ["Hel", "lo"])]
-    if tail == "message_delta":
-        events.append(message_end()[0])
-    else:
+    if tail == "cut":
         events = [*events[:3], Cut()]
     server.enqueue(messages_sse(*events))
     with pytest.raises(ProviderError, match=r"message_stop|ended|Payload|incomplete") as caught:

@@ -352,6 +352,17 @@ async def test_stream_cut_before_done_is_never_a_short_answer(
     assert caught.value.partial is True
 
 
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "close-delimited"])
+async def test_a_body_ending_after_the_finish_keeps_the_whole_answer(
+    provider: Provider, server: SSEServer, chunked: bool
+) -> None:
+    """A body that ends after the finish chunk but before the usage chunk and [DONE] (a
+    buffering proxy drops them): the answer is whole, its usage unknown."""
+    server.enqueue(sse(*chat_chunks(["Hel", "lo"]), done=False, chunked=chunked))
+    completion = await collect(provider)
+    assert completion.text == "Hello" and completion.finish_reason == "stop"
+
+
 async def test_html_200_is_a_provider_error(provider: Provider, server: SSEServer) -> None:
     """A 200 with an HTML page (a proxy's login page) is an error, not an empty answer."""
     server.enqueue(raw(200, b"<html>Gateway login</html>"))

@@ -130,6 +130,12 @@ class MessageEventParser:
         if not self.finished:
             raise StreamInterrupted("message_stop came", provider=self.provider, chunks=self.chunks)
 
+    def body_ended(self) -> None:
+        """The body ended: after ``message_delta``'s stop reason the answer is whole though
+        ``message_stop`` never came; before it, it is cut (:meth:`cut`)."""
+        if self.finished and self.error is None:
+            self.stopped = True
+
     def cut(self) -> ProviderError:
         """The body ended before ``message_stop``: no event at all, or a truncated stream."""
         if not self.events:

@@ -73,6 +73,13 @@ class ChunkParser:
         if not self.finished:
             raise StreamInterrupted("[DONE] came", provider=self.provider, chunks=self.chunks)
 
+    def body_ended(self) -> None:
+        """The body ended: after a finish reason the answer is whole though ``[DONE]`` (and
+        perhaps the usage chunk) never came — a buffering proxy drops them; before one, it is
+        cut (:meth:`cut`)."""
+        if self.finished and self.error is None:
+            self.stopped = True
+
     def cut(self) -> ProviderError:
         """The body ended before ``[DONE]``: no event at all, or a truncated stream."""
         if not self.events:

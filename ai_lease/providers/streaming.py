@@ -232,7 +232,7 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
                     if (payloads := framer.close()) and (out := deltas(payloads)):
                         yield out
                     if (body_ended := getattr(parser, "body_ended", None)) is not None:
-                        body_ended()  # a format whose end marker is the body's end (Gemini)
+                        body_ended()  # the body's end: Gemini's end marker; after a finish, whole
                     if parser.stopped:
                         parser.end()
                         return
