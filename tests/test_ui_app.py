@@ -44,9 +44,7 @@ TOKEN = "ui-test-token-1234"
 
 
 @asynccontextmanager
-async def serving(
-    store: Any, apps: list[Any] | None = None, **options: Any
-) -> AsyncIterator[str]:
+async def serving(store: Any, apps: list[Any] | None = None, **options: Any) -> AsyncIterator[str]:
     """The app over ``store`` on a real uvicorn, on a free loopback port, in this loop
     (appended to ``apps`` when given, for a test that reaches into its state)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY

@@ -69,8 +69,10 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
     context.setdefault("stream", None)
     context.setdefault("flash", flash_of(request))
     # Nothing about the store before login: the login page and the 401 page show no URL.
-    known = not ui.guard.required or session.authenticated or ui.guard.bearer_ok(
-        request.headers.get("authorization")
+    known = (
+        not ui.guard.required
+        or session.authenticated
+        or ui.guard.bearer_ok(request.headers.get("authorization"))
     )
     html = ui.templates.render(
         template,
