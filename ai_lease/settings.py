@@ -156,6 +156,7 @@ class StreamSettings(_Section):
     idle: Bound = 30.0
     total: Bound = 600.0
     idle_policy: Literal["fixed", "phi"] = "fixed"  # "phi": φ decides idle, `idle` the bound
+    finish_grace: Bound = 2.0  # after the finish: how long a trailing usage / [DONE] may take
     max_event_bytes: Annotated[int, Field(ge=1, le=MAX_EVENT_BYTES)] = StreamLimits.max_event_bytes
     max_answer_bytes: Annotated[int, Field(ge=1, le=MAX_ANSWER_BYTES)] = (
         StreamLimits.max_answer_bytes
@@ -301,7 +302,7 @@ class Settings(BaseSettings):
         """The first-token, idle and total budgets of a streamed call."""
         s = self.stream
         return StreamTimeouts(
-            s.first_token, s.idle, s.total, s.idle_policy, self.lease.phi_threshold
+            s.first_token, s.idle, s.total, s.idle_policy, self.lease.phi_threshold, s.finish_grace
         )
 
     def stream_limits(self) -> StreamLimits:

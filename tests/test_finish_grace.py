@@ -93,3 +93,15 @@ def test_finish_grace_is_validated_and_shown() -> None:
         StreamTimeouts(finish_grace=0)
     assert "finish_grace=0.5s" in repr(StreamTimeouts(finish_grace=0.5))
     assert "finish_grace" not in repr(StreamTimeouts())
+
+
+def test_the_grace_is_a_setting() -> None:
+    """`[stream] finish_grace` (AI_LEASE_STREAM__FINISH_GRACE) reaches the stream budgets;
+    a non-positive one is refused naming the field."""
+    from ai_lease.settings import load_settings
+
+    settings = load_settings(env={"AI_LEASE_STREAM__FINISH_GRACE": "0.5"})
+    assert settings.stream_timeouts().finish_grace == 0.5
+    assert load_settings(env={}).stream_timeouts().finish_grace == 2.0
+    with pytest.raises(ConfigError, match="finish_grace"):
+        load_settings(env={"AI_LEASE_STREAM__FINISH_GRACE": "0"})
