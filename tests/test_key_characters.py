@@ -62,3 +62,24 @@ def test_every_command_refuses_the_key_with_exit_2(tmp_path: Path) -> None:
         assert done.returncode == 2, (args, done.returncode, done.stderr)
         assert "no control, format" in done.stderr and "\u202e" not in done.stderr, args
     assert not (tmp_path / "never.db").exists()
+
+
+async def test_the_dashboard_refuses_such_a_key_in_its_urls(sqlite_store: object) -> None:
+    """/jobs/KEY, its live stream and its actions with such a key are a 400 page, before any
+    store read."""
+    from urllib.parse import quote
+
+    import httpx
+
+    from tests.test_ui_app import serving
+
+    async with serving(sqlite_store) as base, httpx.AsyncClient(base_url=base) as client:
+        for name, key in BAD.items():
+            quoted = quote(key, safe="")
+            for method, path in (
+                ("GET", f"/jobs/{quoted}"),
+                ("GET", f"/live/jobs/{quoted}"),
+                ("POST", f"/jobs/{quoted}/cancel"),
+            ):
+                answer = await client.request(method, path)
+                assert answer.status_code == 400, (name, path, answer.status_code)
