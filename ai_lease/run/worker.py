@@ -68,6 +68,7 @@ from ai_lease.lease.base import (
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.providers.base import Provider
 from ai_lease.run.isolation import ChildPool, check_isolation, isolated
+from ai_lease.run.outage import StoreOutage
 from ai_lease.run.runner import Runner
 
 __all__ = ["Worker"]
@@ -152,6 +153,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._emit: EventSink = on_event or (lambda event: None)
         self.quarantined: dict[str, Quarantined] = {}
+        self.outage = StoreOutage(lambda kind, key, detail, _: self._say(kind, detail, key))
         self._task: asyncio.Task[None] | None = None  # run(), while inside ``async with``
 
     async def __aenter__(self) -> Self:
@@ -262,8 +264,9 @@ class Worker:
         try:
             keys = await self._due(free)
         except StoreUnavailable as exc:
-            self._say("store_unavailable", str(exc))
+            self.outage.failed("", exc)  # said once per outage, not once per sweep
             return
+        self.outage.reached("")
         now = time.monotonic()
         for key in keys:
             if free <= 0 or self._stopping.is_set():
@@ -350,7 +353,7 @@ class Worker:
             with contextlib.suppress(AiLeaseError):
                 await self.queue.reschedule(key, None)
         except StoreUnavailable as exc:  # the key stays due; look again next sweep
-            self._say("store_unavailable", str(exc), key)
+            self.outage.failed(key, exc)
         except Exception as exc:  # a bug or a corrupt record must not take the worker down
             self._quarantine(key, f"{type(exc).__name__}: {exc}")
         finally:
