@@ -9,6 +9,8 @@ How it ends decides what the runner does next:
 * a stale owner (:class:`FencingRejected`) — follow the new owner at once;
 * stalled — stand aside long enough for another node to take over first;
 * lease lost — compete again after one poll interval;
+* (for a stale owner and a lost lease, ``lease_gone`` is set: a worker's runner, which does
+  not follow, frees the slot at once instead — the job's recovery look brings it back);
 * failed — bad input or a non-retryable error fails the job at once, anything else is
   released with its error and retried after the job retry policy's backoff;
 * cancelled from outside (a shutdown) — step down: the attempt is handed back, not failed.
@@ -63,6 +65,7 @@ class Attempt:
         self.fence = acquired.fence
         self.timings = runner.timings
         self.ran: dict[str, Any] = {}  # what this attempt ran (the stage context's ``ran``)
+        self.lease_gone = False  # ended without the lease (fenced off, lost, self-fenced)
 
     async def run(self) -> JobState | float:
         """Returns the DONE record, or how long to stand aside (following only) before
@@ -99,6 +102,7 @@ class Attempt:
             raise
         except FencingRejected as exc:
             self.runner.emit_event(fenced_event(fence, exc))
+            self.lease_gone = True
             return 0.0  # someone else owns it now: follow them
         except Stalled as exc:
             # Our work was stuck: let the other nodes take over first, rather than racing
@@ -107,6 +111,7 @@ class Attempt:
             lapse = timings.ttl if self.runner.stall_policy is StallPolicy.EXPIRE else 0.0
             return lapse + 2 * timings.poll_interval + self._backoff()
         except LeaseError as exc:
+            self.lease_gone = True
             self.runner.emit("retry", fence.key, fence, str(exc))
             return timings.poll_interval
         except JobDeadlineExceeded as exc:

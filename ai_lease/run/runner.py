@@ -197,7 +197,8 @@ class Runner:
 
     async def try_run(self, job: Job) -> JobState | None:
         """Like :meth:`run`, but return None instead of following when another owner holds
-        a live lease (what a worker wants: its slot is better spent on another job)."""
+        a live lease, or instead of waiting to compete again when our attempt lost its lease
+        (what a worker wants: its slot is better spent on another job)."""
         return await self._run(job, follow=False)
 
     async def submit(self, job: Job) -> JobState:
@@ -321,9 +322,12 @@ class _Rounds:
             return None
         if isinstance(outcome, Finished):
             return runner.finished(outcome.job)
-        ended = await Attempt(runner, self.job, outcome, self.prepared, sent_at).run()
+        attempt = Attempt(runner, self.job, outcome, self.prepared, sent_at)
+        ended = await attempt.run()
         self.owner_id = runner.new_owner_id()  # the next attempt gets a fence of its own
         self.follows = True
+        if attempt.lease_gone and not self.follow:
+            return None  # a worker's slot is freed now; the job's recovery look brings it back
         return ended
 
     async def pause(self, seconds: float) -> None:
