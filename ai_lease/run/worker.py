@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 import os
 import random
 import secrets
@@ -48,7 +47,6 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
@@ -74,40 +72,9 @@ from ai_lease.providers.base import Provider
 from ai_lease.run.isolation import ChildPool, check_isolation, isolated
 from ai_lease.run.outage import StoreOutage
 from ai_lease.run.runner import Runner
+from ai_lease.run.worker_values import MIN_SWEEP_INTERVAL, Quarantined, check_worker
 
-__all__ = ["Worker"]
-
-MIN_SWEEP_INTERVAL = 0.01
-"""Seconds; a shorter sweep interval is a busy loop against the store."""
-
-
-@dataclass
-class Quarantined:
-    """A key whose look failed: why, how often it was looked at, when it may be again."""
-
-    reason: str
-    looks: int = 1
-    next_look: float = 0.0  # time.monotonic()
-
-
-def _check(concurrency: int, reserve: int, sweep_interval: float, grace: float) -> None:
-    """Refuse values a worker cannot run with, naming the field."""
-    for name, count, least in (("concurrency", concurrency, 1), ("recovery_reserve", reserve, 0)):
-        if isinstance(count, bool) or not isinstance(count, int) or count < least:
-            raise ValueError(f"Worker.{name}: must be an integer >= {least} (got {count!r})")
-    for name, value, low in (
-        ("sweep_interval", sweep_interval, MIN_SWEEP_INTERVAL),
-        ("grace", grace, 0.0),
-    ):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < low
-        ):
-            raise ValueError(
-                f"Worker.{name}: must be a finite number of seconds >= {low:g} (got {value!r})"
-            )
+__all__ = ["MIN_SWEEP_INTERVAL", "Worker"]
 
 
 class Worker:
@@ -142,7 +109,7 @@ class Worker:
         # A process worker's reserve costs warm children: none unless asked for.
         default = 0 if isolation == "process" else concurrency
         reserve = default if recovery_reserve is None else recovery_reserve
-        _check(concurrency, reserve, sweep_interval, grace)
+        check_worker(concurrency, reserve, sweep_interval, grace)
         self.reserve = reserve
         check_isolation(isolation, terminate_grace)
         if isolation == "process" and provider_factory is None and runner.provider is not None:
