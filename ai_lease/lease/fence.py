@@ -11,8 +11,12 @@ The protocol, in one place:
   on every wake, the pipeline before every side effect;
 * **the fenced commit** (:func:`fenced_commit`) — the store writes the one result only
   while the pair still holds the lease; a commit repeated after a lost reply returns the
-  same record, so a lost answer is resent (:data:`~ai_lease.retry.COMMIT_RESEND`), and a
-  stale owner's write is refused with :class:`FencingRejected` (:func:`fenced_event` says so);
+  same record, so a commit that failed unapplied (connection refused) or with an unknown
+  outcome (a reset, a lost reply) is resent while the lease is valid — the finished answer
+  is never thrown away while its owner could still store it — and a stale owner's write is
+  refused with :class:`FencingRejected` (:func:`fenced_event` says so). Once the lease may
+  have lapsed the commit stops with :class:`LeaseLost`: nothing is released, so the answer
+  reaches the next owner only through the record (if one of the sends landed);
 * **an unknown outcome** — an attempt that ended without its commit's answer
   (:class:`OutcomeUnknown`, or any store error) is remembered (:class:`UnansweredCommits`):
   if the job turns out DONE under that very fence, the commit was applied after all.
@@ -20,17 +24,21 @@ The protocol, in one place:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from ai_lease.errors import FencingRejected, LeaseLost, StoreUnavailable
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease.base import Fence, LeaseStore
 from ai_lease.observe.events import Event
-from ai_lease.retry import COMMIT_RESEND, resend
+from ai_lease.retry import COMMIT_RESEND, RetryPolicy, resend
 
 __all__ = [
     "SelfFence",
@@ -42,6 +50,10 @@ __all__ = [
 ]
 
 _attempts = itertools.count(1)
+
+COMMIT_WHILE_VALID = RetryPolicy(attempts=2, initial=0.05, multiplier=2.0, max_backoff=0.4)
+"""The waits between resends of a commit bounded by its lease (0.05 s, 0.1 s … 0.4 s):
+as many sends as the lease's remaining validity allows (``attempts`` is not used)."""
 
 
 def default_node_id() -> str:
@@ -90,11 +102,18 @@ async def fenced_commit(
     finish_reason: str | None = None,
     facts: RunFacts | None = None,
     after: Callable[[JobState], Awaitable[None]] | None = None,
+    valid_until: Callable[[], float] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> JobState:
-    """Write ``blob`` as the job's one result under ``fence``; resend after a lost reply
+    """Write ``blob`` as the job's one result under ``fence``; resend after a store error
     (the store answers a repeated commit with the same record). ``after`` sees the stored
-    record before it is returned. Raises :class:`FencingRejected` for a stale owner, and
-    the last :class:`StoreUnavailable` once the resends are used up."""
+    record before it is returned. Raises :class:`FencingRejected` for a stale owner.
+
+    ``valid_until()`` (on ``clock``): until when the lease surely lasts. With it, the
+    commit is resent as long as a send can start before then, and :class:`LeaseLost`
+    (from the last store error) is raised once none can; without it, the
+    :data:`~ai_lease.retry.COMMIT_RESEND` sends are made and the last
+    :class:`StoreUnavailable` is raised."""
 
     async def send() -> JobState:
         committed = await store.commit(fence, blob, finish_reason=finish_reason, facts=facts)
@@ -102,7 +121,55 @@ async def fenced_commit(
             await after(committed)
         return committed
 
-    return await resend(send, COMMIT_RESEND, StoreUnavailable)
+    if valid_until is None:
+        return await resend(send, COMMIT_RESEND, StoreUnavailable)
+    try:
+        return await send()  # nearly always lands: no retry machinery on the way
+    except StoreUnavailable as exc:
+        first = exc
+    try:
+        return await _resend_while_valid(send, first, valid_until, clock)
+    except StoreUnavailable as exc:
+        raise _unanswered(fence, exc) from exc
+
+
+async def _resend_while_valid(
+    send: Callable[[], Awaitable[JobState]],
+    first: StoreUnavailable,
+    valid_until: Callable[[], float],
+    clock: Callable[[], float],
+) -> JobState:
+    """Resend after ``first``, each time the wait ends before ``valid_until()``."""
+
+    def lease_over(state: RetryCallState) -> bool:
+        return clock() + state.upcoming_sleep >= valid_until()
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(StoreUnavailable),
+        wait=COMMIT_WHILE_VALID.wait(),
+        stop=lease_over,
+        sleep=asyncio.sleep,
+        reraise=True,
+    )
+    replayed = False
+
+    async def again() -> JobState:
+        nonlocal replayed
+        if not replayed:  # the first failure counts, so waits start at the first one
+            replayed = True
+            raise first
+        return await send()
+
+    return await retrying(again)
+
+
+def _unanswered(fence: Fence, exc: StoreUnavailable) -> LeaseLost:
+    return LeaseLost(
+        fence.key,
+        f"the commit got no answer while the lease was valid ({exc}); its outcome is unknown "
+        "and the lease may have lapsed: the job's record decides (the runner looks again)",
+        fence,
+    )
 
 
 def fenced_event(fence: Fence, exc: FencingRejected) -> Event:

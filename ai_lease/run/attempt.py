@@ -9,6 +9,9 @@ How it ends decides what the runner does next:
 * a stale owner (:class:`FencingRejected`) — follow the new owner at once;
 * stalled — stand aside long enough for another node to take over first;
 * lease lost — compete again after one poll interval;
+* (for a stale owner and a lost lease, ``lease_gone`` is set — unless the store lost the
+  record itself — and a worker's runner, which does not follow, frees the slot at once
+  instead: the job's recovery look brings it back);
 * failed — bad input or a non-retryable error fails the job at once, anything else is
   released with its error and retried after the job retry policy's backoff;
 * cancelled from outside (a shutdown) — step down: the attempt is handed back, not failed.
@@ -32,6 +35,7 @@ from ai_lease.job import Job, JobState, RunFacts
 from ai_lease.lease.base import Acquired, Fence, due_now
 from ai_lease.lease.fence import fenced_event
 from ai_lease.lease.keeper import LeaseKeeper, alongside
+from ai_lease.lease.refusal import Refusal
 from ai_lease.observe.events import Event
 from ai_lease.redaction import redact
 from ai_lease.run.classify import describe, retryable
@@ -63,6 +67,7 @@ class Attempt:
         self.fence = acquired.fence
         self.timings = runner.timings
         self.ran: dict[str, Any] = {}  # what this attempt ran (the stage context's ``ran``)
+        self.lease_gone = False  # ended without the lease (fenced off, lost, self-fenced)
 
     async def run(self) -> JobState | float:
         """Returns the DONE record, or how long to stand aside (following only) before
@@ -99,6 +104,7 @@ class Attempt:
             raise
         except FencingRejected as exc:
             self.runner.emit_event(fenced_event(fence, exc))
+            self.lease_gone = _recorded(exc)
             return 0.0  # someone else owns it now: follow them
         except Stalled as exc:
             # Our work was stuck: let the other nodes take over first, rather than racing
@@ -107,6 +113,7 @@ class Attempt:
             lapse = timings.ttl if self.runner.stall_policy is StallPolicy.EXPIRE else 0.0
             return lapse + 2 * timings.poll_interval + self._backoff()
         except LeaseError as exc:
+            self.lease_gone = _recorded(exc)
             self.runner.emit("retry", fence.key, fence, str(exc))
             return timings.poll_interval
         except JobDeadlineExceeded as exc:
@@ -243,6 +250,12 @@ class Attempt:
             self.runner.emit("store_unavailable", fence.key, fence, str(exc))
         except FencingRejected as exc:
             self.runner.emit_event(fenced_event(fence, exc))
+
+
+def _recorded(exc: LeaseError) -> bool:
+    """Whether the store still records the job after ``exc`` (not so after a Redis restart
+    without its data: then only this owner's next acquire re-creates it)."""
+    return getattr(exc, "code", None) != Refusal.MISSING.value
 
 
 def _takeover(fence: Fence, record: JobState, cause: str | None) -> Event:

@@ -220,6 +220,8 @@ class StageContext:
             finish_reason=self.finish_reason,
             facts=RunFacts(**self.ran),
             after=self._committed,
+            valid_until=lambda: self.keeper.valid_until,  # resent while the lease holds
+            clock=self.keeper.clock,
         )
 
     async def _committed(self, record: JobState) -> None:

@@ -49,6 +49,7 @@ from ai_lease.retry import run_rounds
 from ai_lease.run.attempt import Attempt
 from ai_lease.run.budgets import BudgetLearner
 from ai_lease.run.config import RunConfig, RunHooks
+from ai_lease.run.outage import StoreOutage
 from ai_lease.run.pipeline import Pipeline
 from ai_lease.run.provider_pick import ProviderPicker, ProviderResolver
 from ai_lease.timeouts import StallPolicy
@@ -124,6 +125,8 @@ class Runner:
         self.node_id = config.node_id or default_node_id()
         self.sink_failures = 0  # events a raising sink (``on_event``) failed to take
         self.commits = UnansweredCommits()
+        # Jobs waiting through a store outage retry every poll interval: said once, counted.
+        self.outage = StoreOutage(self._say_outage)
         # Stage durations go to the store's history (for `ai-lease tune` and adaptive
         # budgets); learned budgets replace the configured ones, which stay the ceiling.
         self.history = (
@@ -176,6 +179,9 @@ class Runner:
                         event.kind,
                     )
 
+    def _say_outage(self, kind: str, key: str, detail: str, failures: int) -> None:
+        self.emit(kind, key, detail=detail, value=float(failures))
+
     # -- the front ----------------------------------------------------------------------------
 
     async def run(self, job: Job) -> JobState:
@@ -191,7 +197,8 @@ class Runner:
 
     async def try_run(self, job: Job) -> JobState | None:
         """Like :meth:`run`, but return None instead of following when another owner holds
-        a live lease (what a worker wants: its slot is better spent on another job)."""
+        a live lease, or instead of waiting to compete again when our attempt lost its lease
+        (what a worker wants: its slot is better spent on another job)."""
         return await self._run(job, follow=False)
 
     async def submit(self, job: Job) -> JobState:
@@ -306,17 +313,21 @@ class _Rounds:
                 raise
             # Same owner id next time: if the lost acquire did land, the repeat returns
             # our own lease instead of making us follow it for a whole TTL.
-            runner.emit("store_unavailable", self.job.key, detail=str(exc))
+            runner.outage.failed(self.job.key, exc)
             self.follows = False
             return timings.poll_interval
         self.contact.reached = True
+        runner.outage.reached(self.job.key)
         if outcome is None:
             return None
         if isinstance(outcome, Finished):
             return runner.finished(outcome.job)
-        ended = await Attempt(runner, self.job, outcome, self.prepared, sent_at).run()
+        attempt = Attempt(runner, self.job, outcome, self.prepared, sent_at)
+        ended = await attempt.run()
         self.owner_id = runner.new_owner_id()  # the next attempt gets a fence of its own
         self.follows = True
+        if attempt.lease_gone and not self.follow:
+            return None  # a worker's slot is freed now; the job's recovery look brings it back
         return ended
 
     async def pause(self, seconds: float) -> None:
@@ -351,6 +362,7 @@ class _Rounds:
 
         def on_follow(following: Following) -> None:
             self.contact.reached = True  # an answer: later store errors are blips
+            runner.outage.reached(job.key)
             runner.on_follow(following)
 
         owned = await acquire_or_follow(

@@ -8,7 +8,11 @@ is fenced. Any number of workers on any number of machines may look at the same 
 one acquires it, the others move it back to its owner's lease expiry. A job whose owner was
 killed, paused or stalled is therefore picked up within one lease TTL plus one sweep
 interval: those looks are *recovery* looks (``recover_at``), which every sweep asks for
-before fresh work, so a backlog never delays them. Per-job failures never take a worker
+before fresh work, so a backlog never delays them — and a full worker never does either:
+recovery looks may run beyond ``concurrency`` by ``recovery_reserve`` jobs (default: as
+many again; none for ``isolation="process"``, where each costs a warm child), and an owner
+that lost its lease (self-fenced, fenced off) frees its slot at once instead of retrying in
+it. Per-job failures never take a worker
 down: a job that cannot be prepared (a bad stored spec, an unreadable input) ends FAILED
 with its reason at once, and a key whose look keeps failing (a corrupt record) is
 quarantined: reported once, then looked at no more than once per sweep interval.
@@ -36,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 import os
 import random
 import secrets
@@ -44,7 +47,6 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
@@ -68,44 +70,17 @@ from ai_lease.lease.base import (
 from ai_lease.observe.events import Event, EventSink
 from ai_lease.providers.base import Provider
 from ai_lease.run.isolation import ChildPool, check_isolation, isolated
+from ai_lease.run.outage import StoreOutage
 from ai_lease.run.runner import Runner
+from ai_lease.run.worker_values import MIN_SWEEP_INTERVAL, Quarantined, check_worker
 
-__all__ = ["Worker"]
-
-MIN_SWEEP_INTERVAL = 0.01
-"""Seconds; a shorter sweep interval is a busy loop against the store."""
-
-
-@dataclass
-class Quarantined:
-    """A key whose look failed: why, how often it was looked at, when it may be again."""
-
-    reason: str
-    looks: int = 1
-    next_look: float = 0.0  # time.monotonic()
-
-
-def _check(concurrency: int, sweep_interval: float, grace: float) -> None:
-    """Refuse values a worker cannot run with, naming the field."""
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"Worker.concurrency: must be an integer >= 1 (got {concurrency!r})")
-    for name, value, low in (
-        ("sweep_interval", sweep_interval, MIN_SWEEP_INTERVAL),
-        ("grace", grace, 0.0),
-    ):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < low
-        ):
-            raise ValueError(
-                f"Worker.{name}: must be a finite number of seconds >= {low:g} (got {value!r})"
-            )
+__all__ = ["MIN_SWEEP_INTERVAL", "Worker"]
 
 
 class Worker:
-    """Runs due jobs, at most ``concurrency`` at a time, until :meth:`stop` is called.
+    """Runs due jobs, at most ``concurrency`` at a time (plus up to ``recovery_reserve``
+    recoveries of lapsed jobs; None: ``concurrency``, or 0 with ``isolation="process"``),
+    until :meth:`stop` is called.
 
     >>> worker = Worker(store, Runner(store, provider=provider), concurrency=4)  # doctest: +SKIP
     >>> await worker.run()                                                       # doctest: +SKIP
@@ -127,10 +102,15 @@ class Worker:
         isolation: str = "task",
         provider_factory: Callable[[], Provider] | None = None,
         terminate_grace: float = 10.0,
+        recovery_reserve: int | None = None,
     ) -> None:
         if not isinstance(store, JobQueue):
             raise TypeError(f"{store!r} keeps no job queue")
-        _check(concurrency, sweep_interval, grace)
+        # A process worker's reserve costs warm children: none unless asked for.
+        default = 0 if isolation == "process" else concurrency
+        reserve = default if recovery_reserve is None else recovery_reserve
+        check_worker(concurrency, reserve, sweep_interval, grace)
+        self.reserve = reserve
         check_isolation(isolation, terminate_grace)
         if isolation == "process" and provider_factory is None and runner.provider is not None:
             raise ValueError(
@@ -152,6 +132,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._emit: EventSink = on_event or (lambda event: None)
         self.quarantined: dict[str, Quarantined] = {}
+        self.outage = StoreOutage(lambda kind, key, detail, _: self._say(kind, detail, key))
         self._task: asyncio.Task[None] | None = None  # run(), while inside ``async with``
 
     async def __aenter__(self) -> Self:
@@ -249,50 +230,64 @@ class Worker:
         if self.isolation != "process":
             yield
             return
+        size = self.concurrency + self.reserve  # a child for every job that may run at once
         async with isolated(
-            self.runner, self.concurrency, self.provider_factory, self.terminate_grace
+            self.runner, size, self.provider_factory, self.terminate_grace
         ) as self.pool:
-            self._say("worker_isolation", f"process: {self.concurrency} warm children")
+            self._say("worker_isolation", f"process: {size} warm children")
             yield
 
     async def _take(self, tg: asyncio.TaskGroup) -> None:
-        free = self.concurrency - len(self._running)
-        if free <= 0:
+        """Start due jobs: recoveries while the reserve has room, fresh ones in free slots."""
+        room = self.concurrency + self.reserve - len(self._running)  # for recoveries
+        if room <= 0:
             return
+        free = self.concurrency - len(self._running)  # for fresh work (maybe none)
         try:
-            keys = await self._due(free)
+            recoveries, fresh = await self._due(room, free)
         except StoreUnavailable as exc:
-            self._say("store_unavailable", str(exc))
+            self.outage.failed("", exc)  # said once per outage, not once per sweep
             return
+        self.outage.reached("")
+        self._start_some(tg, recoveries, room)
+        self._start_some(tg, fresh, self.concurrency - len(self._running))  # after recoveries
+
+    def _start_some(self, tg: asyncio.TaskGroup, keys: list[str], limit: int) -> None:
+        """Start up to ``limit`` of ``keys``: those not running here, nor in quarantine
+        until later (a quarantined key looked at counts a look, then waits a sweep again)."""
         now = time.monotonic()
         for key in keys:
-            if free <= 0 or self._stopping.is_set():
-                break
+            if limit <= 0 or self._stopping.is_set():
+                return
             held = self.quarantined.get(key)
+            if key in self._running or (held is not None and held.next_look > now):
+                continue
             if held is not None:
-                if held.next_look > now:
-                    continue
                 held.looks += 1
                 held.next_look = now + self.sweep_interval
-            if key not in self._running:
-                self._running[key] = tg.create_task(self._work(key))
-                free -= 1
+            self._running[key] = tg.create_task(self._work(key))
+            limit -= 1
 
-    async def _due(self, free: int) -> list[str]:
-        """Due recovery looks first (an abandoned job must not wait behind the backlog),
-        then the rest. The window is wider than the free slots, and keys in quarantine do
-        not narrow it."""
-        window = 4 * free + len(self._running) + len(self.quarantined)
-        recoveries = await self.queue.due_recoveries(window)
-        fresh = await self.queue.due(window)
-        if len(fresh) < window:  # every due key is here: forget those no longer due
-            for key in self.quarantined.keys() - set(fresh):
-                del self.quarantined[key]
+    async def _due(self, room: int, free: int) -> tuple[list[str], list[str]]:
+        """Due recovery looks (an abandoned job must not wait behind the backlog, nor for a
+        free slot: up to ``room``), then fresh keys for ``free`` slots (none asked for when
+        no slot is free). Each window is wider than the room it fills, and keys in
+        quarantine do not narrow it."""
+        extra = len(self._running) + len(self.quarantined)
+        recoveries = await self.queue.due_recoveries(4 * room + extra)
+        fresh: list[str] = []
+        if free > 0:
+            window = 4 * free + extra
+            fresh = await self.queue.due(window)
+            if len(fresh) < window:  # every due key is here: forget those no longer due
+                for key in self.quarantined.keys() - set(fresh):
+                    del self.quarantined[key]
         # Every worker sees the same oldest due keys; taking a random few of a wider window
         # spreads workers over different jobs instead of racing them all for the same one.
         random.shuffle(recoveries)
         random.shuffle(fresh)
-        return list(dict.fromkeys([*recoveries, *fresh]))
+        looked = set(recoveries)
+        return recoveries, [key for key in fresh if key not in looked]
 
     async def _pause(self) -> None:
         """Until the next sweep, a freed slot, or a stop."""
@@ -350,7 +345,7 @@ class Worker:
             with contextlib.suppress(AiLeaseError):
                 await self.queue.reschedule(key, None)
         except StoreUnavailable as exc:  # the key stays due; look again next sweep
-            self._say("store_unavailable", str(exc), key)
+            self.outage.failed(key, exc)
         except Exception as exc:  # a bug or a corrupt record must not take the worker down
             self._quarantine(key, f"{type(exc).__name__}: {exc}")
         finally:
