@@ -63,4 +63,5 @@
   }
   events.addEventListener("rows", replace);
   events.addEventListener("job", replace);
+  events.addEventListener("workers", replace);
 })();
