@@ -127,8 +127,13 @@ def queue_depth(jobs: list[JobState], now: float, minutes: int = MINUTES) -> lis
 
 
 def _waiting(job: JobState, at: float) -> bool:
-    if job.status is Status.PENDING and job.started_at is not None:  # handed back, waits again
+    """Whether ``job`` was queued at ``at``: from its creation to its first start (or its
+    end, if it never started); a PENDING one handed back after a start, since that."""
+    if job.status is Status.PENDING and job.started_at is not None:
         return job.updated_at <= at
     if not job.created_at or job.created_at > at:
         return False
-    return job.started_at is None or job.started_at > at
+    end = job.started_at
+    if end is None and job.status is not Status.PENDING:
+        end = job.finished_at or job.updated_at
+    return end is None or end > at
