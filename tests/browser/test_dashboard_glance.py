@@ -1,0 +1,140 @@
+"""What an operator sees at a glance, in Debian's headless Chromium over real runs: the jobs
+page leading with what needs attention, the workers page's running jobs with their live
+health and throughput, the job timeline's full width, legend and model calls.
+
+Jobs come from real node and worker processes (a takeover, a zombie, a cancelled run, a
+live worker); a failed job from store operations (no scripted model fails a job). Every
+page is checked for console errors too (a CSP violation is one)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
+
+from ai_lease import open_store
+from ai_lease.job import Status
+from tests.browser.screenshots import cancelled, fail_job, submit, zombie
+from tests.browser.support import StartUI, console_errors, finish, run_takeover, wait_for
+from tests.browser.test_dashboard import assert_not_reloaded, mark_window
+from tests.harness.worker_proc import Workers
+
+pytestmark = pytest.mark.slow
+
+ZOMBIE = "nightly-digest"
+ATTENTION = "#attention tr.attention[data-key='{key}']"
+
+
+async def until_status(url: str, key: str, status: Status, timeout: float = 30.0) -> None:
+    store = open_store(url)
+    try:
+        deadline = time.monotonic() + timeout
+        while (job := await store.get(key)) is None or job.status is not status:
+            assert time.monotonic() < deadline, (key, job)
+            await asyncio.sleep(0.1)
+    finally:
+        await store.aclose()
+
+
+def y_of(page: WebDriver, css: str) -> float:
+    return float(
+        page.execute_script(
+            "return document.querySelector(arguments[0]).getBoundingClientRect().top", css
+        )
+    )
+
+
+async def test_the_jobs_page_leads_with_what_needs_attention(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
+) -> None:
+    """Over a taken-over, a cancelled, a failed, a zombie and a live worker's healthy job,
+    the first page leads with the counts and the zombie and failed jobs (not the healthy
+    one), then the charts (a job done this hour), then the table; a job failing after the
+    page opened joins the list live, without a reload."""
+    await finish(await run_takeover(sqlite_url, "report-42", tmp_path / "takeover"))
+    await cancelled(sqlite_url, tmp_path / "cancelled")
+    await fail_job(sqlite_url, "render-7")
+    (tmp_path / "zombie").mkdir()
+    (tmp_path / "workers").mkdir()
+    async with (
+        await zombie(sqlite_url, tmp_path / "zombie"),
+        Workers(sqlite_url, tmp_path / "workers") as workers,
+    ):
+        await workers.start_ready("worker-b1", concurrency=2, job_seconds=60)
+        await submit(sqlite_url, "embed-1")
+        await until_status(sqlite_url, "embed-1", Status.RUNNING)
+        ui = start_ui(sqlite_url)
+        page.get(ui.url("/jobs"))
+        mark_window(page)
+        zombie_row = ATTENTION.format(key=ZOMBIE) + " .health-zombie"
+        wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, zombie_row), "the zombie", 30)
+        attention = [
+            e.get_attribute("data-key")
+            for e in page.find_elements(By.CSS_SELECTOR, "#attention tr.attention")
+        ]
+        assert ZOMBIE in attention and "render-7" in attention and "embed-1" not in attention
+        tiles = page.find_element(By.CSS_SELECTOR, "#overview .tiles").text
+        for tile in ("FAILED 1", "CANCELLED 1", "zombie 1", "healthy 1", "DONE 1"):
+            assert tile in tiles, tiles
+        done = page.find_element(By.ID, "chart-done")
+        assert done.get_attribute("data-total") == "1" and done.is_displayed()
+        assert page.find_elements(By.CSS_SELECTOR, "#chart-done rect.bar")
+        assert y_of(page, "#overview") < y_of(page, "#attention") < y_of(page, "#jobs")
+        await fail_job(sqlite_url, "render-8")
+        wait_for(
+            page,
+            lambda d: d.find_elements(By.CSS_SELECTOR, ATTENTION.format(key="render-8")),
+            "the newly failed job in the attention list",
+        )
+        assert_not_reloaded(page)
+        assert not console_errors(page)
+
+
+async def test_the_workers_page_shows_running_health_and_throughput_live(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
+) -> None:
+    """A live worker's running job shows with its health badge and stage; when it finishes
+    the row drops it and counts it done, live, without a reload."""
+    async with Workers(sqlite_url, tmp_path) as workers:
+        await workers.start_ready("worker-t", concurrency=1, job_seconds=6)
+        await submit(sqlite_url, "first-job")
+        await until_status(sqlite_url, "first-job", Status.RUNNING)
+        ui = start_ui(sqlite_url)
+        page.get(ui.url("/workers"))
+        mark_window(page)
+        row = "tr.worker[data-id='worker-t']"
+        running = f"{row} span.running-job[data-key='first-job'] .health-healthy"
+        wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, running), "the healthy job")
+        done = f"{row} td.throughput[data-done='1']"
+        wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, done), "one job done", 30)
+        assert not page.find_elements(By.CSS_SELECTOR, f"{row} span.running-job")
+        assert "1 done · 0 failed" in page.find_element(By.CSS_SELECTOR, done).text
+        assert_not_reloaded(page)
+        assert not console_errors(page)
+
+
+async def test_the_timeline_is_full_width_with_a_legend_and_its_model_calls(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
+) -> None:
+    """A taken-over job's timeline spans the page's width, its legend says what each mark
+    means, and each model call is a bar on the lane of the owner that made it."""
+    await finish(await run_takeover(sqlite_url, "report-42", tmp_path))
+    ui = start_ui(sqlite_url)
+    page.get(ui.url("/jobs/report-42"))
+    svg = wait_for(page, lambda d: d.find_elements(By.ID, "timeline"), "the timeline")[0]
+    main = page.find_element(By.ID, "job-live").size["width"]
+    assert svg.size["width"] >= 0.95 * main, (svg.size, main)
+    legend = page.find_element(By.ID, "legend")
+    assert legend.is_displayed()
+    for meaning in ("(filled)", "(hollow)", "(diamond)", "(cross)", "model call"):
+        assert meaning in legend.text, legend.text
+    owners: list[str] = page.execute_script(
+        "return Array.from(document.querySelectorAll('svg#timeline rect.call'), (r) =>"
+        " r.getBoundingClientRect().top)"
+    )
+    assert len(owners) >= 2 and len(set(owners)) >= 2, owners  # A's call and B's, two lanes
+    assert not console_errors(page)
