@@ -164,3 +164,25 @@ async def test_the_workers_page_shows_running_health_and_throughput(store: Lease
     assert 'data-done="1" data-failed="1"' in row
     assert live.event == "workers" and 'data-health="zombie"' in live.data
     assert 'data-stream="/live/workers"' in page
+
+
+async def test_the_live_workers_stream_sends_only_changes(store: LeaseStore) -> None:
+    """An open workers stream sends its first state, then nothing while nothing changes
+    (the "last seen" age ticks on the page, not over the wire); a new beat is sent."""
+    beat = WorkerInfo("worker-q", "host-q", 7, 0, 4, 0.0, 0.0)
+    await store.worker_beat(beat, 30)  # type: ignore[attr-defined]
+    events: list[str] = []
+    async with serving(store, refresh=0.1) as base, httpx.AsyncClient(base_url=base) as client:
+
+        async def listen() -> None:
+            async with aconnect_sse(client, "GET", "/live/workers") as source:
+                async for event in source.aiter_sse():
+                    events.append(event.data)
+
+        listener = asyncio.create_task(listen())
+        await asyncio.sleep(1.5)
+        assert len(events) == 1 and 'data-id="worker-q"' in events[0], events
+        await store.worker_beat(beat, 30)  # type: ignore[attr-defined]
+        await asyncio.sleep(1.0)
+        listener.cancel()
+    assert len(events) == 2, events

@@ -149,7 +149,8 @@ async def workers_stream(request: Request) -> Response:
 
     async def rows() -> tuple[object, Callable[[], str]]:
         context = await workers_context(ui.store)
-        state = ([replace(w, last_seen="") for w in context["workers"]], context["corrupt"])
+        seen = [replace(w, last_seen="", last_seen_s=0.0) for w in context["workers"]]
+        state = (seen, context["corrupt"])
         return state, lambda: ui.templates.render("_workers.html", **context)
 
     return _stream(request, ui, _changes(request, ui, "workers", ("workers",), rows))

@@ -175,6 +175,7 @@ class WorkerRow:
     last_seen: str
     job_links: tuple[JobLink, ...]
     last_seen_s: float = 0.0  # for the page to tick on
+    beat_at: float = 0.0  # its last beat, by the store's clock (what changes, not the age)
     done: int = 0  # jobs it finished DONE in the last THROUGHPUT_S (of the newest read)
     failed: int = 0
 
@@ -205,6 +206,7 @@ def worker_row(
         concurrency=worker.concurrency,
         last_seen=ago(now - worker.last_seen),
         last_seen_s=max(0.0, now - worker.last_seen),
+        beat_at=worker.last_seen,
         job_links=tuple(_link(key, records.get(key)) for key in worker.jobs),
         done=sum(1 for job in mine if job.status.value == "DONE"),
         failed=sum(1 for job in mine if job.status.value == "FAILED"),
