@@ -2,6 +2,8 @@
 page leading with what needs attention, the workers page's running jobs with their live
 health and throughput, the job timeline's full width, legend and model calls.
 
+The jobs and workers pages run on every store (SQLite, Redis, PostgreSQL: their listing
+code differs); the timeline on SQLite (it is drawn the same from any store's entries).
 Jobs come from real node and worker processes (a takeover, a zombie, a cancelled run, a
 live worker); a failed job from store operations (no scripted model fails a job). Every
 page is checked for console errors too (a CSP violation is one)."""
@@ -49,25 +51,25 @@ def y_of(page: WebDriver, css: str) -> float:
 
 
 async def test_the_jobs_page_leads_with_what_needs_attention(
-    sqlite_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
+    store_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
 ) -> None:
     """Over a taken-over, a cancelled, a failed, a zombie and a live worker's healthy job,
     the first page leads with the counts and the zombie and failed jobs (not the healthy
     one), then the charts (a job done this hour), then the table; a job failing after the
     page opened joins the list live, without a reload."""
-    await finish(await run_takeover(sqlite_url, "report-42", tmp_path / "takeover"))
-    await cancelled(sqlite_url, tmp_path / "cancelled")
-    await fail_job(sqlite_url, "render-7")
+    await finish(await run_takeover(store_url, "report-42", tmp_path / "takeover"))
+    await cancelled(store_url, tmp_path / "cancelled")
+    await fail_job(store_url, "render-7")
     (tmp_path / "zombie").mkdir()
     (tmp_path / "workers").mkdir()
     async with (
-        await zombie(sqlite_url, tmp_path / "zombie"),
-        Workers(sqlite_url, tmp_path / "workers") as workers,
+        await zombie(store_url, tmp_path / "zombie"),
+        Workers(store_url, tmp_path / "workers") as workers,
     ):
         await workers.start_ready("worker-b1", concurrency=2, job_seconds=60)
-        await submit(sqlite_url, "embed-1")
-        await until_status(sqlite_url, "embed-1", Status.RUNNING)
-        ui = start_ui(sqlite_url)
+        await submit(store_url, "embed-1")
+        await until_status(store_url, "embed-1", Status.RUNNING)
+        ui = start_ui(store_url)
         page.get(ui.url("/jobs"))
         mark_window(page)
         zombie_row = ATTENTION.format(key=ZOMBIE) + " .health-zombie"
@@ -84,7 +86,7 @@ async def test_the_jobs_page_leads_with_what_needs_attention(
         assert done.get_attribute("data-total") == "1" and done.is_displayed()
         assert page.find_elements(By.CSS_SELECTOR, "#chart-done rect.bar")
         assert y_of(page, "#overview") < y_of(page, "#attention") < y_of(page, "#jobs")
-        await fail_job(sqlite_url, "render-8")
+        await fail_job(store_url, "render-8")
         wait_for(
             page,
             lambda d: d.find_elements(By.CSS_SELECTOR, ATTENTION.format(key="render-8")),
@@ -95,15 +97,15 @@ async def test_the_jobs_page_leads_with_what_needs_attention(
 
 
 async def test_the_workers_page_shows_running_health_and_throughput_live(
-    sqlite_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
+    store_url: str, start_ui: StartUI, page: WebDriver, tmp_path: Path
 ) -> None:
     """A live worker's running job shows with its health badge and stage; when it finishes
     the row drops it and counts it done, live, without a reload."""
-    async with Workers(sqlite_url, tmp_path) as workers:
+    async with Workers(store_url, tmp_path) as workers:
         await workers.start_ready("worker-t", concurrency=1, job_seconds=6)
-        await submit(sqlite_url, "first-job")
-        await until_status(sqlite_url, "first-job", Status.RUNNING)
-        ui = start_ui(sqlite_url)
+        await submit(store_url, "first-job")
+        await until_status(store_url, "first-job", Status.RUNNING)
+        ui = start_ui(store_url)
         page.get(ui.url("/workers"))
         mark_window(page)
         row = "tr.worker[data-id='worker-t']"
