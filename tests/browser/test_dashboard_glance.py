@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
@@ -28,6 +29,29 @@ from tests.harness.worker_proc import Workers
 pytestmark = pytest.mark.slow
 
 ZOMBIE = "nightly-digest"
+SUMMARY = """
+const top = (css) => document.querySelector(css).getBoundingClientRect().top;
+const done = document.getElementById('chart-done');
+return {
+  attention: Array.from(document.querySelectorAll('#attention tr.attention'),
+    (tr) => tr.dataset.key),
+  tiles: document.querySelector('#overview .tiles').innerText,
+  doneTotal: done.getAttribute('data-total'),
+  doneBars: done.querySelectorAll('rect.bar').length,
+  doneHeight: done.getBoundingClientRect().height,
+  overview: top('#overview'), attentionTop: top('#attention'), jobs: top('#jobs'),
+};
+"""
+MEASURE = """
+const svg = document.getElementById('timeline'), legend = document.getElementById('legend');
+return {
+  svg: svg.getBoundingClientRect().width,
+  main: document.getElementById('job-live').getBoundingClientRect().width,
+  legend: legend ? legend.innerText : '',
+  legendShown: legend ? legend.getBoundingClientRect().height > 0 : false,
+  calls: Array.from(svg.querySelectorAll('rect.call'), (r) => r.getBoundingClientRect().top),
+};
+"""
 ATTENTION = "#attention tr.attention[data-key='{key}']"
 
 
@@ -40,14 +64,6 @@ async def until_status(url: str, key: str, status: Status, timeout: float = 30.0
             await asyncio.sleep(0.1)
     finally:
         await store.aclose()
-
-
-def y_of(page: WebDriver, css: str) -> float:
-    return float(
-        page.execute_script(
-            "return document.querySelector(arguments[0]).getBoundingClientRect().top", css
-        )
-    )
 
 
 async def test_the_jobs_page_leads_with_what_needs_attention(
@@ -74,18 +90,13 @@ async def test_the_jobs_page_leads_with_what_needs_attention(
         mark_window(page)
         zombie_row = ATTENTION.format(key=ZOMBIE) + " .health-zombie"
         wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, zombie_row), "the zombie", 30)
-        attention = [
-            e.get_attribute("data-key")
-            for e in page.find_elements(By.CSS_SELECTOR, "#attention tr.attention")
-        ]
+        shown: dict[str, Any] = page.execute_script(SUMMARY)  # one go: live updates replace it
+        attention = shown["attention"]
         assert ZOMBIE in attention and "render-7" in attention and "embed-1" not in attention
-        tiles = page.find_element(By.CSS_SELECTOR, "#overview .tiles").text
         for tile in ("FAILED 1", "CANCELLED 1", "zombie 1", "healthy 1", "DONE 1"):
-            assert tile in tiles, tiles
-        done = page.find_element(By.ID, "chart-done")
-        assert done.get_attribute("data-total") == "1" and done.is_displayed()
-        assert page.find_elements(By.CSS_SELECTOR, "#chart-done rect.bar")
-        assert y_of(page, "#overview") < y_of(page, "#attention") < y_of(page, "#jobs")
+            assert tile in shown["tiles"], shown["tiles"]
+        assert shown["doneTotal"] == "1" and shown["doneBars"] >= 1 and shown["doneHeight"] > 0
+        assert shown["overview"] < shown["attentionTop"] < shown["jobs"], shown
         await fail_job(store_url, "render-8")
         wait_for(
             page,
@@ -127,16 +138,13 @@ async def test_the_timeline_is_full_width_with_a_legend_and_its_model_calls(
     await finish(await run_takeover(sqlite_url, "report-42", tmp_path))
     ui = start_ui(sqlite_url)
     page.get(ui.url("/jobs/report-42"))
-    svg = wait_for(page, lambda d: d.find_elements(By.ID, "timeline"), "the timeline")[0]
-    main = page.find_element(By.ID, "job-live").size["width"]
-    assert svg.size["width"] >= 0.95 * main, (svg.size, main)
-    legend = page.find_element(By.ID, "legend")
-    assert legend.is_displayed()
+    wait_for(page, lambda d: d.find_elements(By.ID, "timeline"), "the timeline")
+    # The live section is replaced when its stream's first state comes: read it in one go.
+    shown: dict[str, Any] = page.execute_script(MEASURE)
+    assert shown["svg"] >= 0.95 * shown["main"], shown
+    assert shown["legend"] and shown["legendShown"], shown
     for meaning in ("(filled)", "(hollow)", "(diamond)", "(cross)", "model call"):
-        assert meaning in legend.text, legend.text
-    owners: list[str] = page.execute_script(
-        "return Array.from(document.querySelectorAll('svg#timeline rect.call'), (r) =>"
-        " r.getBoundingClientRect().top)"
-    )
-    assert len(owners) >= 2 and len(set(owners)) >= 2, owners  # A's call and B's, two lanes
+        assert meaning in shown["legend"], shown["legend"]
+    calls = shown["calls"]
+    assert len(calls) >= 2 and len(set(calls)) >= 2, calls  # A's call and B's, two lanes
     assert not console_errors(page)
