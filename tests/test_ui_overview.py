@@ -86,7 +86,7 @@ async def test_the_live_jobs_stream_carries_the_summary(store: LeaseStore) -> No
         async with aconnect_sse(client, "GET", "/live/jobs?status=PENDING") as source:
             pending = (await anext(aiter(source.aiter_sse()))).data
     assert 'id="attention"' in first and 'data-key="zombie-1"' in section(first, "attention")
-    assert 'id="overview"' not in pending and 'id="jobs-body"' in pending
+    assert 'data-part="overview"' not in pending and 'data-part="jobs-body"' in pending
 
 
 class Reads:

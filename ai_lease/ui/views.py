@@ -213,7 +213,7 @@ async def jobs(request: Request) -> Response:
         next_url=next_url,
         first_url=("/jobs?" + urlencode(filters.query())) if filters.after else None,
         stream="/live/jobs" + (f"?{query}" if query else ""),
-        target="jobs-live",
+        target="jobs-body",
     )
 
 
