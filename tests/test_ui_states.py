@@ -42,6 +42,7 @@ VISITED = {
     "/jobs/{key:path}/remove",
     "/jobs/{key:path}",
     "/workers",
+    "/live/workers",
     "/login",
     "/metrics",
     "/healthz",
@@ -94,6 +95,7 @@ async def visit_every_route(
         assert key not in corrupt or "not an ai_lease job record" in live, live
     await first_event(client, "/live/jobs")
     pages["/workers"] = assert_page(await client.get("/workers"))
+    await first_event(client, "/live/workers")
     metrics = await client.get("/metrics")
     assert metrics.status_code == 200 and "owner_takeover_total" in metrics.text
     assert (await client.get("/healthz")).text == "ok"

@@ -11,7 +11,7 @@ from ai_lease.errors import JobSpecError
 __all__ = ["JOB_KEY"]
 
 
-class JobKeyType(click.ParamType):
+class JobKeyType(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # generic in click 8.2
     """A job key, checked like every key (:func:`ai_lease.job.validate_key`) before any store
     is opened: a bad one is a usage error, exit 2."""
 

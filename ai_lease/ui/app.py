@@ -159,6 +159,7 @@ def _routes(metrics: Metrics) -> list[Any]:
         Route("/jobs/{key:path}/remove", _checked(actions.remove), methods=["POST"]),
         Route("/jobs/{key:path}", _checked(views.job)),
         Route("/workers", views.workers),
+        Route("/live/workers", live.workers_stream),
         Route("/login", views.login_form, methods=["GET"]),
         Route("/login", views.login, methods=["POST"]),
         Route("/metrics", _metrics_route(metrics)),

@@ -130,6 +130,7 @@ class Workers:
     found: list[WorkerInfo]
     corrupt: list[CorruptRecord]
     read_at: float
+    records: dict[str, JobState] = field(default_factory=dict)  # each still-running job's
 
 
 async def read_workers(store: JobQueue) -> Workers:
@@ -140,11 +141,14 @@ async def read_workers(store: JobQueue) -> Workers:
     corrupt: list[CorruptRecord] = []
     listed = await store.list_workers(on_corrupt=corrupt.append)
     clocks: list[float] = []
-    found = [await _still_running(store, info, clocks) for info in listed]
-    return Workers(found, corrupt, max(clocks, default=time.time()))
+    records: dict[str, JobState] = {}
+    found = [await _still_running(store, info, clocks, records) for info in listed]
+    return Workers(found, corrupt, max(clocks, default=time.time()), records)
 
 
-async def _still_running(store: Any, info: WorkerInfo, clocks: list[float]) -> WorkerInfo:
+async def _still_running(
+    store: Any, info: WorkerInfo, clocks: list[float], records: dict[str, JobState]
+) -> WorkerInfo:
     if not info.jobs:
         return info
     kept = []
@@ -157,5 +161,6 @@ async def _still_running(store: Any, info: WorkerInfo, clocks: list[float]) -> W
             clocks.append(job.read_at)
         if job is not None and job.status is Status.RUNNING:
             kept.append(key)
+            records[key] = job
     running = max(0, info.running - (len(info.jobs) - len(kept)))
     return replace(info, jobs=tuple(kept), running=running)

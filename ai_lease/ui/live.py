@@ -30,9 +30,9 @@ from ai_lease.lease.base import JobTimeline
 from ai_lease.ui.listing import Filters, read_page
 from ai_lease.ui.present import corrupt_row, job_row
 from ai_lease.ui.render import job_context
-from ai_lease.ui.views import Ui, ui_of
+from ai_lease.ui.views import Ui, overview_of, ui_of, workers_context
 
-__all__ = ["job_stream", "jobs_stream"]
+__all__ = ["job_stream", "jobs_stream", "workers_stream"]
 
 log = logging.getLogger("ai_lease.ui")
 
@@ -97,19 +97,22 @@ def _stream(request: Request, ui: Ui, events: AsyncIterator[dict[str, str]]) -> 
 
 
 async def jobs_stream(request: Request) -> Response:
-    """``rows`` events: the jobs table body for the page's filters."""
+    """``rows`` events: the jobs table (led by the summary on the unfiltered first page)
+    for the page's filters."""
     ui, filters = ui_of(request), Filters.from_query(request.query_params)
 
     async def rows() -> tuple[object, Callable[[], str]]:
         listing = await read_page(ui.store, filters)
+        summary, overview = await overview_of(ui, filters)
         corrupt = [corrupt_row(bad) for bad in listing.corrupt]
         context = {
             "rows": [job_row(job) for job in listing.jobs],
             "corrupt": corrupt,
             "filtered": bool(filters.query()),
+            "overview": overview,
         }
-        state = ([_unread(job) for job in listing.jobs], corrupt)
-        return state, lambda: ui.templates.render("_rows.html", **context)
+        state = ([_unread(job) for job in listing.jobs], corrupt, summary)
+        return state, lambda: ui.templates.render("_jobs_live.html", **context)
 
     view = ("rows", filters)  # frozen: every field, the page cursor too, tells views apart
     return _stream(request, ui, _changes(request, ui, "rows", view, rows))
@@ -138,3 +141,16 @@ async def job_stream(request: Request) -> Response:
         return state, lambda: ui.templates.render("_job_live.html", **context)
 
     return _stream(request, ui, _changes(request, ui, "job", ("job", key), live))
+
+
+async def workers_stream(request: Request) -> Response:
+    """``workers`` events: the workers table body (their running jobs' health, throughput)."""
+    ui = ui_of(request)
+
+    async def rows() -> tuple[object, Callable[[], str]]:
+        context = await workers_context(ui.store)
+        seen = [replace(w, last_seen="", last_seen_s=0.0) for w in context["workers"]]
+        state = (seen, context["corrupt"])
+        return state, lambda: ui.templates.render("_workers.html", **context)
+
+    return _stream(request, ui, _changes(request, ui, "workers", ("workers",), rows))

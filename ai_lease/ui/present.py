@@ -6,19 +6,25 @@ Every string here is plain text; Jinja2's autoescape escapes it when it is rende
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import JobState
 from ai_lease.lease.base import WorkerInfo
+from ai_lease.lease.rules import node_of
+from ai_lease.redaction import redact
 
 __all__ = [
+    "THROUGHPUT_S",
+    "AttentionRow",
     "CorruptRow",
     "JobLink",
     "JobRow",
     "WorkerRow",
     "ago",
+    "attention_row",
     "corrupt_row",
     "job_row",
     "job_url",
@@ -119,11 +125,41 @@ def _growing(job: JobState) -> dict[str, float | None]:
 
 
 @dataclass(frozen=True, slots=True)
+class AttentionRow:
+    """A job that needs an operator's eye: its row, and why (its health, or its error)."""
+
+    row: JobRow
+    why: str
+
+
+def attention_row(job: JobState) -> AttentionRow:
+    """``job``'s row under "needs attention", saying why it is there."""
+    health = job.health()
+    if health is not None:
+        why = f"{health.value}: " + _HEALTH_WHY.get(health.value, "")
+    elif job.status.value == "FAILED":
+        why = "failed: " + (job.last_error or "no error recorded")
+    else:
+        why = f"retrying (attempt {job.attempts} failed): {job.last_error or ''}"
+    return AttentionRow(job_row(job), redact(why[:300]))
+
+
+_HEALTH_WHY = {
+    "zombie": "renewing, but no progress for too long",
+    "node lost": "no heartbeat lately (progress was fresh)",
+    "dead": "no heartbeat and no progress: due for takeover",
+}
+
+
+@dataclass(frozen=True, slots=True)
 class JobLink:
     """A job's key and the path of its page."""
 
     key: str
     url: str
+    health: str = ""  # a running job's, as its record says now
+    health_class: str = ""
+    stage: str = "-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +174,30 @@ class WorkerRow:
     concurrency: int
     last_seen: str
     job_links: tuple[JobLink, ...]
+    last_seen_s: float = 0.0  # for the page to tick on
+    beat_at: float = 0.0  # its last beat, by the store's clock (what changes, not the age)
+    done: int = 0  # jobs it finished DONE in the last THROUGHPUT_S (of the newest read)
+    failed: int = 0
 
 
-def worker_row(worker: WorkerInfo, now: float) -> WorkerRow:
-    """The workers table's row for ``worker``; ``now`` on the store's clock."""
+def _link(key: str, job: JobState | None) -> JobLink:
+    if job is None:
+        return JobLink(key, job_url(key))
+    row = job_row(job)
+    return JobLink(key, row.url, row.health, row.health_class, row.stage)
+
+
+def worker_row(
+    worker: WorkerInfo,
+    now: float,
+    records: Mapping[str, JobState] | None = None,
+    finished: Sequence[JobState] = (),
+) -> WorkerRow:
+    """The workers table's row for ``worker``; ``now`` on the store's clock. ``records``:
+    its running jobs' records (their health); ``finished``: recently finished jobs, of which
+    the ones its attempts ended in the last :data:`THROUGHPUT_S` are counted."""
+    records = records or {}
+    mine = [job for job in finished if _ended_by(job, worker.worker_id, now)]
     return WorkerRow(
         worker_id=worker.worker_id,
         host=worker.host,
@@ -149,7 +205,24 @@ def worker_row(worker: WorkerInfo, now: float) -> WorkerRow:
         running=worker.running,
         concurrency=worker.concurrency,
         last_seen=ago(now - worker.last_seen),
-        job_links=tuple(JobLink(key, job_url(key)) for key in worker.jobs),
+        last_seen_s=max(0.0, now - worker.last_seen),
+        beat_at=worker.last_seen,
+        job_links=tuple(_link(key, records.get(key)) for key in worker.jobs),
+        done=sum(1 for job in mine if job.status.value == "DONE"),
+        failed=sum(1 for job in mine if job.status.value == "FAILED"),
+    )
+
+
+THROUGHPUT_S = 600.0
+"""The workers page counts each worker's jobs finished in this many seconds."""
+
+
+def _ended_by(job: JobState, worker_id: str, now: float) -> bool:
+    """Whether ``job`` ended in the last THROUGHPUT_S under an owner of ``worker_id`` (an
+    owner id is ``<node id>#<n>.<random>``; a worker's node id is its worker id)."""
+    owner = node_of(job.owner_id or job.last_error_owner or "")
+    return (
+        owner == worker_id and job.finished_at is not None and now - job.finished_at < THROUGHPUT_S
     )
 
 

@@ -34,6 +34,15 @@ from markupsafe import Markup, escape
 
 from ai_lease.job import JobState
 from ai_lease.lease.base import TIMELINE_CAP, TIMELINE_KINDS, TimelineEntry
+from ai_lease.ui.timeline_spans import (
+    Call,
+    calls,
+    draw_backoffs,
+    draw_calls,
+    draw_expired,
+    expired_at,
+    lease_ttl,
+)
 
 __all__ = ["render_timeline"]
 
@@ -47,6 +56,7 @@ _LEFT, _RIGHT, _TOP, _LANE, _AXIS, _GAP = 200, 28, 30, 46, 36, 12.0
 _LAPSE_SIGNS = ("renew_refused", "stalled")
 _LAPSE_CAUSES = ("expired", "stalled")
 _PROGRESS = re.compile(r"progress \+(\d+)")
+_ATTEMPT = re.compile(r"attempt (\d+)")
 _PATH = '<path d="M{x} {y}{d}" {paint}/>'
 _GLYPHS = {
     "acquired": '<circle cx="{x}" cy="{y}" r="5" fill="#2e7d32"/>',
@@ -110,14 +120,20 @@ class _Frame:
 
 
 def render_timeline(
-    entries: Sequence[TimelineEntry], job: JobState, *, dropped: int = 0, width: int = 960
+    entries: Sequence[TimelineEntry],
+    job: JobState,
+    *,
+    dropped: int = 0,
+    width: int = 960,
+    ttl: float | None = None,
 ) -> Markup:
     """``job``'s timeline as an inline ``<svg id="timeline">`` (see the module docstring).
 
     ``entries`` are the store's, oldest first; past :data:`TIMELINE_CAP` only the newest are
     drawn and the rest counted with ``dropped`` (the entries the store's cap already
     dropped), shown as "N earlier entries dropped". ``width`` (pixels) is clamped to
-    320..4000. No entries: an SVG saying "no timeline yet".
+    320..4000. ``ttl``: the lease length, to mark where a lapsed lease expired (by default
+    the record's, when it shows one). No entries: an SVG saying "no timeline yet".
     """
     width = min(max(int(width), MIN_WIDTH), MAX_WIDTH)
     shown = list(entries)[-TIMELINE_CAP:]
@@ -127,9 +143,13 @@ def render_timeline(
         body = f'<text class="empty" x="{_LEFT}" y="{_TOP + _LANE // 2}">no timeline yet</text>'
         return Markup(_open(job, width, height) + _note(dropped) + body + _EMPTY_AXIS + "</svg>")
     frame = _frame(shown, width)
+    lapses = list(_lapses(shown))
+    made = calls(shown, job)
     parts = [_open(job, width, frame.bottom + _AXIS), _note(dropped)]
-    parts += _lanes(shown, frame)
-    parts += _expiries(shown, frame)
+    parts += _lanes(shown, frame, [frame.spots[i] for i, _ in lapses], made)
+    parts += draw_calls(shown, frame, made)
+    parts += draw_backoffs(shown, frame)
+    parts += _expiries(shown, frame, lapses, lease_ttl(job) if ttl is None else ttl)
     parts.append(_axis(frame))
     parts.append("</svg>")
     return Markup("".join(parts))
@@ -183,18 +203,29 @@ class _Shelves:
 
     ROWS = (-11.0, 20.0)
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, lines: Sequence[float] = ()) -> None:
         self.width, self.ends = width, dict.fromkeys(self.ROWS, -math.inf)
+        self.lines = lines  # the lapse lines' x: no label is put across one
 
     def place(self, x: float, text: str) -> tuple[float, float] | None:
         """The (centre x, y offset) for ``text`` under a mark at ``x``, or None."""
         half = 3.0 * len(text) + 2
         centre = min(max(x, half + 2), self.width - half - 2)
-        for row, end in self.ends.items():
+        for line in self.lines:  # beside the line: the mark's side of it, else the other
+            if centre - half - 3 <= line <= centre + half + 3:
+                sides = (line - half - 4, line + half + 4)
+                fits = [c for c in (sides if x < line else sides[::-1]) if self._inside(c, half)]
+                if not fits:
+                    return None
+                centre = fits[0]
+        for row, end in self.ends.items():  # above the line, else below
             if centre - half > end:
                 self.ends[row] = centre + half
                 return centre, row
         return None
+
+    def _inside(self, centre: float, half: float) -> bool:
+        return centre - half >= 2 and centre + half <= self.width - 2
 
 
 def _open(job: JobState, width: int, height: int) -> str:
@@ -217,8 +248,12 @@ def _note(dropped: int) -> str:
     )
 
 
-def _lanes(entries: list[TimelineEntry], frame: _Frame) -> Iterator[str]:
-    """One ``<g class="lane">`` per owner: its band, line, label and marks."""
+def _lanes(
+    entries: list[TimelineEntry], frame: _Frame, lines: list[float], made: list[Call]
+) -> Iterator[str]:
+    """One ``<g class="lane">`` per owner: its band, line, label and marks (labels kept off
+    the lapse ``lines``; a model call's says its duration, tokens and finish)."""
+    said = {call.index: _esc(call.label, LABEL_CHARS + 16) for call in made}
     for owner, index in frame.lanes.items():
         mine = [i for i, e in enumerate(entries) if e.owner_id == owner]
         top, y = _TOP + index * _LANE, _num(frame.y(owner))
@@ -231,8 +266,8 @@ def _lanes(entries: list[TimelineEntry], frame: _Frame) -> Iterator[str]:
             f' y2="{y}" stroke="#bbb"/>'
             f"{_label(owner, [entries[i] for i in mine], top)}"
         )
-        shelves = _Shelves(frame.width)
-        yield from (_mark(entries[i], frame.spots[i], frame, shelves) for i in mine)
+        shelves = _Shelves(frame.width, lines)
+        yield from (_mark(entries[i], frame.spots[i], frame, shelves, said.get(i)) for i in mine)
         yield "</g>"
 
 
@@ -247,14 +282,16 @@ def _label(owner: str, mine: list[TimelineEntry], top: int) -> str:
     )
 
 
-def _mark(entry: TimelineEntry, x: float, frame: _Frame, shelves: _Shelves) -> str:
+def _mark(
+    entry: TimelineEntry, x: float, frame: _Frame, shelves: _Shelves, said: str | None = None
+) -> str:
     """One entry's ``<g class="mark mark-KIND">`` at ``x``: its glyph, a label for the
     notable ones (where there is room), and a ``<title>`` saying kind, time, owner, token,
     stage and detail."""
     kind = entry.kind if entry.kind in TIMELINE_KINDS else "other"
     y = frame.y(entry.owner_id)
     glyph, extra = _glyph(entry, kind)
-    label = _mark_label(entry, kind)
+    label = said or _mark_label(entry, kind)
     spot = shelves.place(x, label) if label else None
     text = (
         f'<text class="mark-label" x="{_num(spot[0])}" y="{_num(y + spot[1])}"'
@@ -283,7 +320,9 @@ def _glyph(entry: TimelineEntry, kind: str) -> tuple[str, str]:
 
 def _mark_label(entry: TimelineEntry, kind: str) -> str:
     if kind in ("acquired", "taken_over"):
-        return _esc(f"token {entry.token}", LABEL_CHARS)
+        attempt = _ATTEMPT.match(entry.detail)
+        again = attempt is not None and int(attempt.group(1)) > 1
+        return _esc(f"{'retry · ' if again else ''}token {entry.token}", LABEL_CHARS)
     if kind == "terminated":  # the ladder's signal: "term: …" or "kill: …"
         return _SIGNALS.get(entry.detail.partition(":")[0], "signal")
     return _LABELS.get(kind, "")
@@ -315,9 +354,13 @@ def _lapses(entries: list[TimelineEntry]) -> Iterator[tuple[int, str]]:
             holder = entry.owner_id
 
 
-def _expiries(entries: list[TimelineEntry], frame: _Frame) -> Iterator[str]:
-    """A dashed ``<line class="lease-expiry">`` across the lanes at each lapse's takeover."""
-    for index, lapsed in _lapses(entries):
+def _expiries(
+    entries: list[TimelineEntry], frame: _Frame, lapses: list[tuple[int, str]], ttl: float | None
+) -> Iterator[str]:
+    """A dashed ``<line class="lease-expiry">`` across the lanes at each lapse's takeover;
+    where the lease expired before it (``ttl`` known), a ``<line class="lease-expired">``
+    on the lapsed lane at the expiry and a band to the takeover."""
+    for index, lapsed in lapses:
         entry, x = entries[index], _num(frame.spots[index])
         why = f"lease of {lapsed or '-'} lapsed; taken over by {entry.owner_id or '-'}"
         yield (
@@ -325,6 +368,9 @@ def _expiries(entries: list[TimelineEntry], frame: _Frame) -> Iterator[str]:
             f' x2="{x}" y2="{frame.bottom + 4}" stroke="#c62828" stroke-dasharray="4 3">'
             f"<title>{_esc(why, TITLE_CHARS)}</title></line>"
         )
+        at = expired_at(entries, index, lapsed, ttl)
+        if at is not None:
+            yield draw_expired(frame, lapsed, at, frame.spots[index], entry.at - at)
 
 
 def _ticks(span: float) -> Iterator[float]:

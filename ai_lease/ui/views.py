@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
@@ -23,14 +24,35 @@ from ai_lease.lease.rules import RETRYABLE
 from ai_lease.lease.storable import key_can_start
 from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui.auth import COOKIE, Guard, Session
+from ai_lease.ui.charts import bar_chart
 from ai_lease.ui.listing import HEALTHS, STATUSES, Filters, Workers, read_page, read_workers
-from ai_lease.ui.present import corrupt_row, job_row, job_url, live_url, worker_row
+from ai_lease.ui.overview import RECENT_READ, RUNNING_READ, Overview, read_overview
+from ai_lease.ui.present import (
+    attention_row,
+    corrupt_row,
+    job_row,
+    job_url,
+    live_url,
+    worker_row,
+)
 from ai_lease.ui.render import Templates, job_context
 from ai_lease.ui.shared_reads import MAX_STREAMS, SharedReads, StreamSlots
 
-__all__ = ["FLASHES", "Ui", "bad_request", "form_fields", "page", "url_problem"]
+__all__ = [
+    "FLASHES",
+    "OVERVIEW_EVERY_S",
+    "Ui",
+    "bad_request",
+    "form_fields",
+    "overview_of",
+    "page",
+    "url_problem",
+]
 
 MAX_FORM_BYTES = 16_384
+OVERVIEW_EVERY_S = 2.0
+"""The jobs page's summary (five bounded reads) is read at most this often, shared by every
+page and live stream that shows it."""
 
 
 @dataclass
@@ -165,12 +187,46 @@ async def home(request: Request) -> Response:
     return RedirectResponse("/jobs", status_code=307)
 
 
+def _overview_context(found: Overview) -> dict[str, Any]:
+    charts = {
+        "queued": bar_chart("chart-queued", "queue depth per minute", found.queued, "#1565c0"),
+        "done": bar_chart("chart-done", "jobs done per minute", found.done, "#2e7d32"),
+        "failed": bar_chart("chart-failed", "jobs failed per minute", found.failed, "#c62828"),
+    }
+    return {
+        "overview": found,
+        "charts": charts,
+        "attention": [attention_row(job) for job in found.attention],
+        "running_read": RUNNING_READ,
+        "recent_read": RECENT_READ,
+    }
+
+
+async def overview_of(ui: Ui, filters: Filters) -> tuple[object, Markup | None]:
+    """The summary the unfiltered first page leads with, as (state, HTML); (None, None) for
+    a filtered view or a later page. One read per :data:`OVERVIEW_EVERY_S` at most."""
+    if filters.query():
+        return None, None
+
+    async def read() -> tuple[object, Any]:
+        found = await read_overview(ui.store)
+        unread = [replace(job, read_at=0.0) for job in found.attention]
+        state = (found.statuses, found.healths, unread, found.queued, found.done, found.failed)
+        return state, lambda: ui.templates.render("_overview.html", **_overview_context(found))
+
+    max_age = max(ui.refresh * 0.9, OVERVIEW_EVERY_S)
+    state, html = await ui.reads.get(("overview",), read, max_age=max_age)
+    return state, Markup(html)  # rendered by our autoescaping templates
+
+
 async def jobs(request: Request) -> Response:
-    """The jobs table: one page, newest first, filtered; live over ``/live/jobs``."""
+    """The jobs table: one page, newest first, filtered (unfiltered, led by the summary);
+    live over ``/live/jobs``."""
     ui, filters = ui_of(request), Filters.from_query(request.query_params)
     listing = await read_page(ui.store, filters)
+    _, overview = await overview_of(ui, filters)
     counts: list[tuple[str, int]] = []
-    if hasattr(ui.store, "count_jobs"):
+    if overview is None and hasattr(ui.store, "count_jobs"):
         found = await ui.store.count_jobs()
         counts = [(s, found.get(s, 0)) for s in STATUSES]
     query = urlencode(filters.query(after=filters.after))
@@ -187,6 +243,7 @@ async def jobs(request: Request) -> Response:
         statuses=STATUSES,
         healths=HEALTHS,
         counts=counts,
+        overview=overview,
         next_url=next_url,
         first_url=("/jobs?" + urlencode(filters.query())) if filters.after else None,
         stream="/live/jobs" + (f"?{query}" if query else ""),
@@ -225,19 +282,35 @@ async def job(request: Request) -> Response:
 
 
 async def workers(request: Request) -> Response:
-    """Live workers: host, pid, the jobs they still run (each re-read: one that ended since
-    the worker's last beat is left out), last seen by the store's clock; a corrupt entry as
-    its own row."""
-    store = ui_of(request).store
-    listing = await read_workers(store) if isinstance(store, JobQueue) else None
-    if listing is None:
-        listing = Workers([], [], time.time())
+    """Live workers: host, pid, the jobs they still run with each one's health (each
+    re-read: one that ended since the worker's last beat is left out), what each finished
+    lately, last seen by the store's clock; a corrupt entry as its own row. Live over
+    ``/live/workers``."""
     return page(
         request,
         "workers.html",
-        workers=[worker_row(w, listing.read_at) for w in listing.found],
-        corrupt=[corrupt_row(bad) for bad in listing.corrupt],
+        stream="/live/workers",
+        target="workers-body",
+        **await workers_context(ui_of(request).store),
     )
+
+
+async def workers_context(store: Any) -> dict[str, Any]:
+    """What ``_workers.html`` shows: the workers' rows (their running jobs' health, their
+    jobs finished in the last ten minutes among the newest :data:`RECENT_READ` done and
+    failed records) and the corrupt entries."""
+    listing = await read_workers(store) if isinstance(store, JobQueue) else None
+    if listing is None:
+        listing = Workers([], [], time.time())
+    finished: list[JobState] = []
+    if listing.found:
+        for status in (Status.DONE, Status.FAILED):
+            finished += (await read_page(store, Filters(status=status.value), RECENT_READ)).jobs
+    now = listing.read_at
+    return {
+        "workers": [worker_row(w, now, listing.records, finished) for w in listing.found],
+        "corrupt": [corrupt_row(bad) for bad in listing.corrupt],
+    }
 
 
 async def login_form(request: Request) -> Response:

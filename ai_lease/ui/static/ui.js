@@ -39,7 +39,11 @@
     }
     var snapshot = document.getElementById("snapshot");
     var open = snapshot ? snapshot.open : false;
-    element.innerHTML = event.data;
+    if (event.data.lastIndexOf("<template data-part=", 0) === 0) {
+      replaceParts(event.data);
+    } else {
+      element.innerHTML = event.data;
+    }
     renderedAt = Date.now();
     snapshot = document.getElementById("snapshot");
     if (snapshot && open) {
@@ -47,6 +51,20 @@
     }
     body.setAttribute("data-updated", String(renderedAt));
     offerActions();
+  }
+
+  // An update in parts (the jobs page: its summary and its rows): each <template
+  // data-part="ID"> fills the element of that id, which stays in place.
+  function replaceParts(html) {
+    var holder = document.createElement("div");
+    holder.innerHTML = html;
+    var parts = holder.querySelectorAll("template[data-part]");
+    for (var i = 0; i < parts.length; i++) {
+      var element = document.getElementById(parts[i].getAttribute("data-part"));
+      if (element) {
+        element.innerHTML = parts[i].innerHTML;
+      }
+    }
   }
 
   // A job page offers only the actions its job's status allows (each form's data-when).
@@ -63,4 +81,5 @@
   }
   events.addEventListener("rows", replace);
   events.addEventListener("job", replace);
+  events.addEventListener("workers", replace);
 })();
