@@ -159,3 +159,23 @@ async def test_actions_are_offered_only_where_they_can_work(sqlite_store: LeaseS
         "gone-wrong": {"retry", "remove"},
     }
     assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg")
+
+
+async def test_a_finished_jobs_timeline_marks_where_its_lapsed_lease_expired(
+    store: LeaseStore,
+) -> None:
+    """A DONE job taken over after its first owner's lease lapsed: with the configured lease
+    length the dashboard marks the expiry on the lapsed lane (the record no longer shows a
+    lease); without it, only the takeover's line."""
+    from ai_lease.lease.base import Acquired
+
+    await store.acquire("lapsed-then-done", "owner-a", ttl=0.5, max_no_progress=5)
+    await asyncio.sleep(1.2)  # the lease lapses (store clock)
+    second = await store.acquire("lapsed-then-done", "owner-b", ttl=30, max_no_progress=5)
+    assert isinstance(second, Acquired) and second.takeover
+    await store.commit(second.fence, '"done"')
+    for ttl, marked in ((0.5, True), (None, False)):
+        async with serving(store, lease_ttl=ttl) as base, httpx.AsyncClient(base_url=base) as c:
+            page = (await c.get(job_url("lapsed-then-done"))).text
+        assert ('class="lease-expired"' in page) is marked, ttl
+        assert 'class="lease-expiry"' in page

@@ -118,6 +118,7 @@ def ui(
         "token": token or None,
         "refresh": refresh or conf.refresh,
         "phi_threshold": obj.settings.lease.phi_threshold,
+        "lease_ttl": obj.settings.lease.ttl,
         "allowed_hosts": (*conf.allowed_hosts, *allowed_hosts),
     }
     _serve(obj, uvicorn, create_app, host, port, options, open_browser)

@@ -178,6 +178,7 @@ def create_app(
     phi_threshold: float = DEFAULT_THRESHOLD,
     hosts: AllowedHosts | None = None,
     max_streams: int = MAX_STREAMS,
+    lease_ttl: float | None = None,
 ) -> Starlette:
     """The dashboard over ``store`` (SQLite or Redis, already open; the caller closes it).
 
@@ -189,7 +190,9 @@ def create_app(
     (:meth:`AllowedHosts.for_bind`; by default the loopback names, any port): every other
     ``Host`` is refused before routing, as are cross-site state changes and large bodies
     (:mod:`ai_lease.ui.gate`). ``max_streams``: live pages served at once (then 503);
-    pages on the same view share one store read per refresh.
+    pages on the same view share one store read per refresh. ``lease_ttl``: the lease
+    length the workers use (``lease.ttl``), to mark where a lapsed lease expired on a job's
+    timeline (without it, only while the record shows a lease).
     """
     if not refresh > 0:
         raise ValueError(f"refresh must be a positive number of seconds (got {refresh!r})")
@@ -204,6 +207,7 @@ def create_app(
         settings_view=dict(settings_view or {}),
         phi_threshold=phi_threshold,
         streams=StreamSlots(max_streams),
+        lease_ttl=lease_ttl,
     )
 
     @contextlib.asynccontextmanager

@@ -136,7 +136,7 @@ async def job_stream(request: Request) -> Response:
             seen["entries"], seen["dropped"] = await ui.store.timeline(key)
             seen["mark"] = mark
         entries, dropped = seen["entries"], seen["dropped"]
-        context = job_context(job, entries, dropped, ui.phi_threshold)
+        context = job_context(job, entries, dropped, ui.phi_threshold, ui.lease_ttl)
         state = (_unread(job), len(entries), dropped)
         return state, lambda: ui.templates.render("_job_live.html", **context)
 

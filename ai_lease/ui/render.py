@@ -74,10 +74,13 @@ class Templates:
         return self.env.get_template(name).render(**context)
 
 
-def timeline_markup(entries: Sequence[TimelineEntry], job: JobState, dropped: int) -> Markup:
+def timeline_markup(
+    entries: Sequence[TimelineEntry], job: JobState, dropped: int, ttl: float | None = None
+) -> Markup:
     """The job's timeline as inline SVG (:func:`~ai_lease.ui.timeline_svg.render_timeline`,
-    which escapes every value it draws)."""
-    return render_timeline(entries, job, dropped=dropped)
+    which escapes every value it draws); ``ttl``: the configured lease length, to mark where
+    a lapsed lease expired on a finished job's timeline too."""
+    return render_timeline(entries, job, dropped=dropped, ttl=ttl)
 
 
 def _when(at: float | None) -> str | None:
@@ -145,9 +148,11 @@ def job_context(
     entries: Sequence[TimelineEntry],
     dropped: int,
     phi_threshold: float = DEFAULT_THRESHOLD,
+    lease_ttl: float | None = None,
 ) -> dict[str, Any]:
     """What ``_job_live.html`` shows for ``job`` and its timeline (with the φ suspicion of
-    a RUNNING job's owner, from the renewals in ``entries``)."""
+    a RUNNING job's owner, from the renewals in ``entries``; ``lease_ttl``, the configured
+    lease length, marks a lapsed lease's expiry)."""
     phi = owner_phi(entries, job, phi_threshold)
     idle = cpu_idle_of(job.stall_snapshot)
     return {
@@ -156,7 +161,7 @@ def job_context(
         "job": job,
         "row": job_row(job),
         "record": record_items(job),
-        "timeline": timeline_markup(entries, job, dropped),
+        "timeline": timeline_markup(entries, job, dropped, lease_ttl),
         "snapshot": _shown(job.stall_snapshot),
         "result": _result_text(job),
     }

@@ -65,6 +65,7 @@ class Ui:
     settings_view: Mapping[str, str] = field(default_factory=dict)
     templates: Templates = field(default_factory=Templates)
     phi_threshold: float = DEFAULT_THRESHOLD  # lease.phi_threshold: when φ says "suspect"
+    lease_ttl: float | None = None  # lease.ttl: where a lapsed lease expired, on any timeline
     reads: SharedReads = field(default_factory=SharedReads)  # one read per view per refresh
     streams: StreamSlots = field(default_factory=lambda: StreamSlots(MAX_STREAMS))
 
@@ -277,7 +278,9 @@ async def job(request: Request) -> Response:
         stream=live_url(key),
         target="job-live",
         actions=ACTIONS,
-        **job_context(found, entries, dropped, ui_of(request).phi_threshold),
+        **job_context(
+            found, entries, dropped, ui_of(request).phi_threshold, ui_of(request).lease_ttl
+        ),
     )
 
 
