@@ -7,20 +7,17 @@ import asyncio
 import os
 import re
 import sqlite3
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import httpx
+import pytest
 from httpx_sse import aconnect_sse
 
 from ai_lease.job import Status
 from ai_lease.lease import LeaseStore
 from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.ui.present import job_url, live_url
-from tests.test_ui_app import _free_port, csrf_of, run_job, serving
+from tests.test_ui_app import csrf_of, run_job, serving
 
 ROUTE_LIKE = ("stream", "a/stream", "x/cancel", "live", "jobs/stream")
 
@@ -39,75 +36,50 @@ async def test_keys_that_look_like_routes_open_as_jobs(store: LeaseStore) -> Non
             assert event.event == "job" and f"answer of {key}" in event.data, key
 
 
-# `ai-lease ui` as a user who cannot write the file (root writes anything): everything it
-# will import is imported first, then it becomes nobody (the interpreter lives under /root).
-_AS_NOBODY = """
-import os, sys, argparse
-import encodings.idna, encodings.ascii, encodings.latin_1, encodings.unicode_escape
-import uvicorn, uvicorn.protocols.http.h11_impl, uvicorn.lifespan.on, uvicorn.loops.asyncio
-import starlette.applications, sse_starlette.sse, jinja2, email.utils, http.cookies
-import ai_lease.cli.app, ai_lease.cli.ui_cmd, ai_lease.ui.app, ai_lease.ui.actions
-import ai_lease.lease.sqlite, ai_lease.observe.metrics, ai_lease.observe.store_metrics
-import ai_lease.cli.lifecycle_cmds, ai_lease.ui.live, ai_lease.ui.render, ai_lease.settings
-import ai_lease.lease.urls, ai_lease.ui.gate, ai_lease.ui.shared_reads, ai_lease.redaction
-if os.geteuid() == 0:
-    os.setgid(65534)
-    os.setuid(65534)
-ai_lease.cli.app.main(sys.argv[1:], prog_name="ai-lease")
-"""
-
-
-def test_actions_over_a_read_only_store_say_so(tmp_path: Path) -> None:
-    """Over a database file the dashboard's user cannot write, cancel/retry/remove answer a
-    503 page saying the store refused (nothing done), never a 500."""
-    folder = Path(tempfile.mkdtemp(prefix="ai-lease-ui-ro-"))
-    path = folder / "ai-lease.db"
-    asyncio.run(_seed(path))
+async def test_actions_over_a_read_only_store_say_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over a database file the dashboard's user cannot write (SQLite opened it mode=ro),
+    cancel and remove answer a 503 page saying the store refused (nothing done), never a
+    500. Root may write any file, so only the permission probe says "not writable"; the
+    refusal is SQLite's own."""
+    path = tmp_path / "ai-lease.db"
+    await _seed(path)
     path.chmod(0o444)
-    folder.chmod(0o555)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AI_LEASE_")}
-    cmd = [sys.executable, "-c", _AS_NOBODY, "--store", f"sqlite:///{path}", "ui"]
-    cmd += ["--port", str(port)]
-    cwd = Path(__file__).parents[1]
+    real_access = os.access
+
+    def access(where: object, mode: int, **kwargs: object) -> bool:
+        if mode & os.W_OK and Path(str(where)) == path:
+            return False
+        return real_access(where, mode, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "access", access)
+    store = SQLiteStore(path)
     try:
-        with subprocess.Popen(cmd, env=env, cwd=cwd, stderr=subprocess.PIPE, text=True) as server:
-            try:
-                answers = _act_on(port, server)
-            finally:
-                server.terminate()
-                server.communicate(timeout=20)
+        assert await store.get("waiting") is not None  # the first read opens the file
+        assert store.read_only  # type: ignore[attr-defined]
+        async with serving(store) as base, httpx.AsyncClient(base_url=base) as client:
+            csrf = csrf_of((await client.get("/jobs/waiting")).text)
+            answers = {
+                action: await client.post(
+                    f"/jobs/waiting/{action}", data={"csrf": csrf, "force": "1"}
+                )
+                for action in ("cancel", "remove")
+            }
+        job = await store.get("waiting")
     finally:
-        folder.chmod(0o755)
+        await store.aclose()
         path.chmod(0o644)
     for action, answer in answers.items():
         assert answer.status_code == 503, (action, answer.status_code, answer.text[:300])
         assert "the store refused the change" in answer.text and "read-only" in answer.text
+    assert job is not None and job.status is Status.PENDING
 
 
 async def _seed(path: Path) -> None:
     store = SQLiteStore(path)
     await store.submit("waiting", "{}", "fp")
     await store.aclose()
-
-
-def _act_on(port: int, server: subprocess.Popen[str]) -> dict[str, httpx.Response]:
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    with httpx.Client(base_url=base, timeout=10) as client:
-        while True:
-            try:
-                page = client.get("/jobs/waiting")
-                break
-            except httpx.TransportError:
-                assert server.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
-        assert page.status_code == 200, page.text
-        csrf = csrf_of(page.text)
-        return {
-            action: client.post(f"/jobs/waiting/{action}", data={"csrf": csrf, "force": "1"})
-            for action in ("cancel", "remove")
-        }
 
 
 async def test_a_text_token_in_a_timeline_row_is_drawn_as_text(

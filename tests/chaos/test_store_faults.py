@@ -107,7 +107,12 @@ async def test_latency_on_the_owner_causes_no_false_takeover(
     renewed = of_kind(histories["A"], "renewed")
     failed = of_kind(histories["A"], "renew_failed")
     assert len(renewed) >= 4, f"only {len(renewed)} renewals"
-    assert not of_kind(histories["A"], "renew_refused", "self_fenced", "stalled")
+    assert not of_kind(histories["A"], "self_fenced", "stalled")
+    # A renewal on its way while the commit lands is refused `not_running` (the commit won:
+    # the keeper's documented race, likelier with 100 ms each way); any other refusal would
+    # be the latency costing the lease.
+    refused = [e["detail"] for e in of_kind(histories["A"], "renew_refused")]
+    assert set(refused) <= {"not_running"}, refused
     report("redis latency 100±50ms", net.store_url, renewals=len(renewed), failed=len(failed))
 
 
