@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -16,7 +14,7 @@ import orjson
 
 from ai_lease.lease import open_store
 from ai_lease.run.child_env import allowed, only_allowed
-from tests.test_log_json_whole import CliWorker
+from tests.test_log_json_whole import CliWorker, submit_detached
 
 AWS = "canary-aws-7d1e0c9b"
 UI_TOKEN = "canary-ui-3f5a8e21b6c4d907"
@@ -96,13 +94,7 @@ def test_a_child_never_sees_the_workers_other_secrets(tmp_path: Path) -> None:
         "AI_LEASE_UI__TOKEN": UI_TOKEN,
         "OPENAI_API_KEY": PROVIDER_KEY,
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    submitted = subprocess.run(
-        [sys.executable, "-m", "ai_lease", "--store", url, "submit", "job.toml", "--detach"],
-        cwd=tmp_path, env=env | extra, capture_output=True,
-    )  # fmt: skip
-    assert submitted.returncode == 0, submitted.stderr
+    url = submit_detached(tmp_path, extra)
     worker = CliWorker(url, "--isolation", "process", "-c", "1", cwd=tmp_path, extra=extra)
     try:
         seen = asyncio.run(_result(url, "probe", timeout=60))

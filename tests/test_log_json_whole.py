@@ -73,6 +73,19 @@ class CliWorker:
         return parsed
 
 
+def submit_detached(cwd: Path, extra: dict[str, str], job_file: str = "job.toml") -> str:
+    """``ai-lease submit JOB_FILE --detach`` into a fresh SQLite store in ``cwd``, with the
+    test's environment (no ambient ``AI_LEASE_*`` / ``OPENAI*``) plus ``extra``; its URL."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
+    url = f"sqlite:///{cwd / 's.db'}"
+    submitted = subprocess.run(
+        [sys.executable, "-m", "ai_lease", "--store", url, "submit", job_file, "--detach"],
+        cwd=cwd, env=env | extra, capture_output=True,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    return url
+
+
 def _started(line: str) -> bool:
     return '"worker_started"' in line
 

@@ -5,9 +5,6 @@ under --isolation task)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -18,7 +15,7 @@ import pytest
 
 from ai_lease.observe.events import Event
 from ai_lease.observe.loop_watchdog import LoopWatchdog, watch_loop
-from tests.test_log_json_whole import STARTUP_S, CliWorker
+from tests.test_log_json_whole import STARTUP_S, CliWorker, submit_detached
 
 
 def test_a_stall_is_reported_once_and_its_end_once() -> None:
@@ -117,13 +114,7 @@ def test_the_worker_reports_a_provider_that_blocks_its_loop(tmp_path: Path) -> N
         'key = "job-1"\nprompt = "summarize"\ninput_file = "in.txt"\n'
     )
     extra = {"PYTHONPATH": str(plugins), "AI_LEASE_PROVIDER__NAME": "sleepy"}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    submitted = subprocess.run(
-        [sys.executable, "-m", "ai_lease", "--store", url, "submit", "job.toml", "--detach"],
-        cwd=tmp_path, env=env | extra, capture_output=True,
-    )  # fmt: skip
-    assert submitted.returncode == 0, submitted.stderr
+    url = submit_detached(tmp_path, extra)
     args = ("--isolation", "task", "--blocked-loop-after", "1.0")
     worker = CliWorker(url, *args, cwd=tmp_path, extra=extra)
     try:
