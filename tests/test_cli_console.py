@@ -13,6 +13,7 @@ from ai_lease.cli.console import TAIL_CHARS, JobView
 from ai_lease.errors import JobFailed
 from ai_lease.job import JobState, Status
 from ai_lease.observe.events import Event
+from ai_lease.testing.clock import VirtualClock
 from ai_lease.timeouts import StreamTimeouts
 
 
@@ -57,17 +58,7 @@ def test_a_new_stream_starts_an_empty_tail() -> None:
 # -- the live panel, on an injected clock and a terminal console writing to a StringIO --------
 
 
-class FakeClock:
-    """Monotonic seconds that move only when a test says so."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def live_view(clock: FakeClock, *, auto_refresh: bool = False) -> tuple[JobView, io.StringIO]:
+def live_view(clock: VirtualClock, *, auto_refresh: bool = False) -> tuple[JobView, io.StringIO]:
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=120, color_system=None)
     view = JobView(
@@ -94,7 +85,7 @@ def stage_event(stage: str, budget: float) -> Event:
 def test_since_progress_grows_between_redraws_without_events() -> None:
     """A stall shows as a growing idle counter: each redraw reads the clock, and no event
     (or chunk) is needed for it to move; the stage budget's time left shrinks with it."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     view, screen = live_view(clock)
     with view:
         view.on_event(stage_event("load", 5))
@@ -113,7 +104,7 @@ def test_since_progress_grows_between_redraws_without_events() -> None:
 def test_the_timer_redraws_the_panel_by_itself() -> None:
     """With rich's refresh thread on, the idle counter moves on screen while nothing calls
     the view at all (a panel redrawn only on events would freeze during a stall)."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     view, screen = live_view(clock, auto_refresh=True)
     with view:
         view.on_event(stage_event("call_ai", 90))
@@ -127,7 +118,7 @@ def test_the_timer_redraws_the_panel_by_itself() -> None:
 def test_budget_shown_is_first_token_then_idle() -> None:
     """While a stream waits for its first content the first-token budget applies (counted
     from the stream's start); from the first content on, the idle budget (from the last)."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     view, screen = live_view(clock)
     with view:
         view.on_event(stage_event("call_ai", 90))
@@ -156,7 +147,7 @@ def done_record(token: int = 1796128723140076) -> JobState:
 def test_final_line_and_the_answer_is_not_left_on_screen() -> None:
     """The last frame ends with the summary line (time, chunks, tokens, lease token,
     attempt) instead of the streamed text: the answer is printed once, after the panel."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     view, screen = live_view(clock)
     answer = "UNIQUE-ANSWER-TEXT"
     with view:
@@ -177,7 +168,7 @@ def test_final_line_and_the_answer_is_not_left_on_screen() -> None:
 
 def test_a_failed_run_ends_with_a_failure_line() -> None:
     """A run that raises ends the panel (or the log) with what ended it and the attempt."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     out = io.StringIO()
     view = JobView("k", live=False, out=out, clock=clock)
     try:

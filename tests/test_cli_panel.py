@@ -19,8 +19,9 @@ from ai_lease.cli.console import JobView
 from ai_lease.cli.interrupt import Interrupted
 from ai_lease.errors import InputError, JobFailed
 from ai_lease.observe.events import Event
+from ai_lease.testing.clock import VirtualClock
 from ai_lease.timeouts import StreamTimeouts
-from tests.test_cli_console import FakeClock, last_frame, live_view, stage_event
+from tests.test_cli_console import last_frame, live_view, stage_event
 
 
 def acquired(attempt: int) -> Event:
@@ -30,7 +31,7 @@ def acquired(attempt: int) -> Event:
 def test_the_backoff_between_attempts_shows_no_owner_and_counts_down() -> None:
     """After a failed attempt the panel shows no owner, no stage and no stage budget, but
     "retrying in N s (attempt k/3)" counting down; the next attempt's chunks start at 0."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     view, screen = live_view(clock)
     view.attempts = 3
     with view:
@@ -64,7 +65,7 @@ def test_the_tightest_budget_is_shown_total_included() -> None:
     """With chunks flowing, the idle budget would have plenty left, but the stream's total
     budget has less: that one is shown (and before the first chunk, whichever is less of
     first-token and total)."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     view, screen = live_view(clock)
     view.stream = StreamTimeouts(first_token=20, idle=7, total=8)
     with view:
@@ -84,7 +85,7 @@ def test_the_tightest_budget_is_shown_total_included() -> None:
 
 def plain_end(raised: BaseException, *events: Event) -> str:
     out = io.StringIO()
-    view = JobView("k", live=False, out=out, clock=FakeClock())
+    view = JobView("k", live=False, out=out, clock=VirtualClock(100.0))
     with pytest.raises(type(raised)), view:
         for event in events:
             view.on_event(event)

@@ -23,15 +23,7 @@ from ai_lease.lease.keeper import LeaseKeeper, alongside
 from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.observe.events import Event
 from ai_lease.run.progress import Progress
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from ai_lease.testing.clock import VirtualClock
 
 TIMINGS = LeaseTimings(ttl=30, renew_interval=5, op_timeout=1, self_fence_margin=2)
 
@@ -45,10 +37,10 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
 
 async def _keeper(
     store: SQLiteStore, policy: StallPolicy = StallPolicy.EXPIRE, misses: int = 1
-) -> tuple[LeaseKeeper, Progress, FakeClock, list[Event]]:
+) -> tuple[LeaseKeeper, Progress, VirtualClock, list[Event]]:
     won = await store.acquire("job", "A", ttl=30, max_no_progress=5, stall_policy=policy.value)
     assert isinstance(won, Acquired)
-    clock = FakeClock()
+    clock = VirtualClock(1000.0)
     progress = Progress(clock)
     progress.enter("call_ai", StageBudget(max_no_progress=20))
     events: list[Event] = []

@@ -15,24 +15,15 @@ from ai_lease.observe.phi import (
     normal_fit,
     phi_value,
 )
+from ai_lease.testing.clock import VirtualClock
 
 # The one-sided normal tail with P = 1e-8 lies 5.6120 standard deviations out (tables).
 Z8 = 5.6120
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def fed(gaps: list[float], **kwargs: float) -> tuple[PhiAccrual, Clock]:
+def fed(gaps: list[float], **kwargs: float) -> tuple[PhiAccrual, VirtualClock]:
     """A detector that saw arrivals separated by ``gaps`` (the clock at the last one)."""
-    clock = Clock()
+    clock = VirtualClock()
     detector = PhiAccrual(clock=clock, **kwargs)  # type: ignore[arg-type]
     detector.heartbeat()
     for gap in gaps:
@@ -82,7 +73,7 @@ def test_sudden_stop_crosses_8_at_the_computed_time() -> None:
 def test_slow_but_steady_series_never_crosses() -> None:
     """Paragraphs 20 s ± 2 s apart: φ, read just before each arrival, stays under 8."""
     rng = random.Random(3)
-    clock = Clock()
+    clock = VirtualClock()
     detector = PhiAccrual(clock=clock)
     worst = 0.0
     for _ in range(300):
@@ -110,7 +101,7 @@ def test_running_sums_do_not_drift() -> None:
 
 def test_one_arrival_or_none_is_never_suspect() -> None:
     """With no gap known φ is 0 however long the silence, and no crossing is due."""
-    clock = Clock()
+    clock = VirtualClock()
     detector = PhiAccrual(clock=clock)
     assert detector.phi(1e9) == 0.0
     detector.heartbeat()

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 from ai_lease.run.progress import Progress
+from ai_lease.testing.clock import VirtualClock
 from ai_lease.timeouts import StageBudget
-
-
-class FakeClock:
-    """A monotonic clock that moves only when told to."""
-
-    def __init__(self, now: float = 100.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def test_same_marker_repeated_is_not_progress() -> None:
     """Calling progress() again with the last marker records nothing."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     p = Progress(clock)
     assert p.progress("batch-1") is True
     version, last_at = p.version, p.last_at
@@ -34,7 +22,7 @@ def test_same_marker_repeated_is_not_progress() -> None:
 
 def test_new_marker_is_progress() -> None:
     """A marker different from the last one counts and moves last_at."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     p = Progress(clock)
     p.progress("batch-1")
     clock.advance(3)
@@ -46,14 +34,14 @@ def test_new_marker_is_progress() -> None:
 
 def test_a_marker_seen_before_but_not_last_counts_again() -> None:
     """Only the immediately preceding marker is deduplicated (A, B, A is three steps)."""
-    p = Progress(FakeClock())
+    p = Progress(VirtualClock(100.0))
     assert [p.progress(m) for m in ("a", "b", "a")] == [True, True, True]
     assert p.version == 3
 
 
 def test_none_marker_always_counts() -> None:
     """Without a marker every call is progress."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     p = Progress(clock)
     for _ in range(4):
         clock.advance(1)
@@ -64,7 +52,7 @@ def test_none_marker_always_counts() -> None:
 
 def test_entering_a_stage_is_progress() -> None:
     """enter() bumps the version, sets stage and budget, and resets the idle time."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     p = Progress(clock)
     clock.advance(7)
     assert p.idle() == 7
@@ -76,7 +64,7 @@ def test_entering_a_stage_is_progress() -> None:
 
 def test_entering_a_stage_resets_the_marker() -> None:
     """The marker of the previous stage does not suppress the same marker in the next stage."""
-    p = Progress(FakeClock())
+    p = Progress(VirtualClock(100.0))
     p.enter("load", StageBudget(5))
     assert p.progress(0) is True
     p.enter("parse", StageBudget(5))
@@ -87,7 +75,7 @@ def test_entering_a_stage_resets_the_marker() -> None:
 
 def test_entering_the_same_stage_again_is_progress() -> None:
     """enter() always counts, even for the stage already running."""
-    p = Progress(FakeClock())
+    p = Progress(VirtualClock(100.0))
     p.enter("load", StageBudget(5))
     p.enter("load", StageBudget(5))
     assert p.version == 2
@@ -95,7 +83,7 @@ def test_entering_the_same_stage_again_is_progress() -> None:
 
 def test_version_starts_at_zero_and_idle_counts_from_creation() -> None:
     """A fresh tracker has version 0, no stage, and idles from its creation time."""
-    clock = FakeClock(50.0)
+    clock = VirtualClock(50.0)
     p = Progress(clock)
     assert (p.version, p.stage, p.thread_ident) == (0, None, None)
     clock.advance(2.5)
@@ -104,7 +92,7 @@ def test_version_starts_at_zero_and_idle_counts_from_creation() -> None:
 
 def test_idle_accepts_an_explicit_now() -> None:
     """idle(now) measures against the given time instead of reading the clock."""
-    clock = FakeClock(10.0)
+    clock = VirtualClock(10.0)
     p = Progress(clock)
     p.progress()
     assert p.idle(now=14.0) == 4.0
@@ -113,7 +101,7 @@ def test_idle_accepts_an_explicit_now() -> None:
 
 def test_repr_names_stage_and_version() -> None:
     """The repr shows the stage, version and idle time."""
-    clock = FakeClock()
+    clock = VirtualClock(100.0)
     p = Progress(clock)
     p.enter("call_ai", StageBudget(90))
     clock.advance(1.5)

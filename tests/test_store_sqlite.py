@@ -11,14 +11,7 @@ import pytest
 from ai_lease import CorruptRecord, Fence, Following, StoreUnavailable
 from ai_lease.lease import Acquired
 from ai_lease.lease.sqlite import SQLiteStore
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from ai_lease.testing.clock import VirtualClock
 
 
 @pytest.mark.parametrize(
@@ -90,7 +83,7 @@ async def test_held_write_lock_times_out_as_unavailable(tmp_path: Path) -> None:
 
 async def test_lease_expiry_follows_the_store_clock(tmp_path: Path) -> None:
     """Expiry is judged by the store's clock: advancing it lapses the lease, no sleep needed."""
-    clock = FakeClock()
+    clock = VirtualClock(1_800_000_000.0)
     store = SQLiteStore(tmp_path / "s.db", clock=clock)
     try:
         first = await store.acquire("k", "A", ttl=30, max_no_progress=5)
@@ -106,7 +99,7 @@ async def test_lease_expiry_follows_the_store_clock(tmp_path: Path) -> None:
 
 async def test_store_refuses_blind_renewal_by_its_clock(tmp_path: Path) -> None:
     """No progress for budget + grace on the store's clock: the renewal is refused."""
-    clock = FakeClock()
+    clock = VirtualClock(1_800_000_000.0)
     store = SQLiteStore(tmp_path / "s.db", clock=clock)
     try:
         won = await store.acquire("k", "A", ttl=30, max_no_progress=20)
@@ -249,7 +242,7 @@ async def test_record_written_before_the_new_fields_loads_and_runs_on(tmp_path: 
     )
     conn.commit()
     conn.close()
-    clock = FakeClock(1_800_000_010.0)
+    clock = VirtualClock(1_800_000_010.0)
     store = SQLiteStore(tmp_path / "old.db", clock=clock)
     try:
         job = await store.get("old")
