@@ -41,7 +41,8 @@ def test_demo_shows_takeover_and_rejected_late_write(tmp_path: Path) -> None:
 
 def test_demo_piped_takes_what_its_help_says_and_cuts_no_line(tmp_path: Path) -> None:
     """`ai-lease demo` piped to a file: its lines whole (the late write's full refusal), and
-    it takes the time `demo --help` says (within 40 %; every figure in the help agrees)."""
+    it takes the time `demo --help` says (within 40 %; every figure in the help and the README
+    agrees)."""
     shown = (
         subprocess.run(
             [sys.executable, "-m", "ai_lease", "--help"], capture_output=True, text=True, timeout=60
@@ -56,6 +57,9 @@ def test_demo_piped_takes_what_its_help_says_and_cuts_no_line(tmp_path: Path) ->
     demo_lines = [line for line in shown.splitlines() if "zombie owner lose" in line]
     claims = {int(n) for n in re.findall(r"[Aa]bout (\d+) (?:s\b|seconds)", shown)}
     assert len(claims) == 1, (claims, shown)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme_says = re.findall(r"zombie owner lose its job \(about (\d+) seconds\)", readme)
+    assert readme_says and {int(n) for n in readme_says} == claims, (readme_says, claims)
     assert demo_lines, shown
     started = time.monotonic()
     out = subprocess.run(
