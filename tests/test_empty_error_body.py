@@ -10,14 +10,24 @@ from collections.abc import Callable
 import pytest
 
 from ai_lease.errors import ProviderError
+from ai_lease.providers.anthropic import AnthropicProvider
 from ai_lease.providers.base import ChatRequest, Provider
+from ai_lease.providers.gemini import GeminiProvider
 from ai_lease.providers.ollama import OllamaProvider
 from ai_lease.providers.openai_compat import OpenAICompatProvider
+from ai_lease.providers.openai_responses import OpenAIResponsesProvider
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
 from tests.harness.ollama_server import ollama_url
 from tests.harness.sse_server import SSEServer, raw
 
 KEY = "sk-hush-0123456789"
+
+
+def _root(server: SSEServer) -> str:
+    """The server's root (its ``base_url`` ends in ``/v1``)."""
+    return server.base_url.removesuffix("/v1")
+
+
 REQUEST = ChatRequest(
     [{"role": "user", "content": "hi"}], request_id="not-a-uuid", client_request_id="k:1:1"
 )
@@ -28,7 +38,14 @@ PATHS: dict[str, Callable[[SSEServer], Provider]] = {
     ),
     "sdk": lambda s: OpenAISDKProvider(base_url=s.base_url, api_key=KEY, model="m"),
     "ollama": lambda s: OllamaProvider(base_url=ollama_url(s), api_key=KEY, model="m"),
+    "anthropic": lambda s: AnthropicProvider(base_url=_root(s), api_key=KEY, model="m"),
+    "gemini": lambda s: GeminiProvider(base_url=_root(s) + "/v1beta", api_key=KEY, model="m"),
+    "openai-responses": lambda s: OpenAIResponsesProvider(
+        base_url=s.base_url, api_key=KEY, model="m"
+    ),
 }
+# The header each adapter carries its key in: named in the message, its value never.
+KEY_HEADER = {"anthropic": "x-api-key", "gemini": "x-goog-api-key"}
 EMPTY_400 = raw(400, b"", "text/plain")
 
 
@@ -48,8 +65,9 @@ async def _error(provider: Provider, stream: bool) -> ProviderError:
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "complete"])
 async def test_an_empty_error_body_names_the_headers_and_size_sent(path: str, stream: bool) -> None:
-    """HTTP 400 with no body: the message has the status, 'empty body', the header names
-    sent (X-Request-Id, Authorization) and the body's size; never the key."""
+    """HTTP 400 with no body, on every HTTP adapter: the message has the status, 'empty
+    body', the header names sent (X-Request-Id, the key's header) and the body's size;
+    never the key."""
     async with SSEServer() as server:
         server.enqueue(EMPTY_400)
         error = await _error(PATHS[path](server), stream)
@@ -57,7 +75,9 @@ async def test_an_empty_error_body_names_the_headers_and_size_sent(path: str, st
     text = str(error)
     assert error.status == 400 and not error.retryable, text
     assert "HTTP 400: an empty body" in text, text
-    assert re.search(r"(?i)\bx-request-id\b", text) and re.search(r"(?i)\bauthorization\b", text)
+    key_header = KEY_HEADER.get(path, "authorization")
+    assert re.search(r"(?i)\bx-request-id\b", text), text
+    assert re.search(rf"(?i)(?<![\w-]){re.escape(key_header)}\b", text), text
     assert f"a {size}-byte body" in text, text
     assert KEY not in text and "not-a-uuid" not in text, text
 
