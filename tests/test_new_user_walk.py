@@ -67,20 +67,25 @@ def new_user_dir(tmp_path: Path) -> Path:
     return home
 
 
-def paste(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def paste(
+    command: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     line = command.replace("JOB_FILE", "job.toml").replace("KEY", KEY)
+    env = clean_env() | (env or {})
     if line.split()[1] == "worker":
-        return _run_until_sigterm(line, cwd)
+        return _run_until_sigterm(line, cwd, env)
     return subprocess.run(
-        ["bash", "-c", line], cwd=cwd, env=clean_env(), capture_output=True, text=True,
+        ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True,
         timeout=120, stdin=subprocess.DEVNULL,
     )  # fmt: skip
 
 
-def _run_until_sigterm(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run_until_sigterm(
+    line: str, cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     """A worker runs until it is told to stop: up for a few seconds, then SIGTERM."""
     proc = subprocess.Popen(
-        ["bash", "-c", f"exec {line}"], cwd=cwd, env=clean_env(), text=True,
+        ["bash", "-c", f"exec {line}"], cwd=cwd, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     time.sleep(4)
@@ -94,12 +99,27 @@ def test_the_synopsis_lists_every_command_the_walk_expects() -> None:
     assert [c.split()[1] for c in synopsis()] == list(DOCUMENTED)
 
 
-def test_a_new_user_walks_the_cli_list(tmp_path: Path) -> None:
-    """Each command of the README's CLI list, pasted in order, exits as the README says."""
+@pytest.mark.parametrize("backend", ["sqlite", "redis", "postgres"])
+def test_a_new_user_walks_the_cli_list(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Each command of the README's CLI list, pasted in order, exits as the README says: on
+    the default SQLite store, and with every command pointed at Redis or PostgreSQL the way
+    the README says (``AI_LEASE_STORE__URL``)."""
     home = new_user_dir(tmp_path)
+    env: dict[str, str] = {}
+    if backend == "redis":
+        redis = request.getfixturevalue("redis_server")
+        redis.flushall()
+        env["AI_LEASE_STORE__URL"] = redis.url
+    elif backend == "postgres":
+        pg = request.getfixturevalue("pg_server")
+        pg.terminate_backends()
+        pg.reset_all()
+        env["AI_LEASE_STORE__URL"] = pg.url
     seen = []
     for command in synopsis():
-        ran = paste(command, home)
+        ran = paste(command, home, env)
         name = command.split()[1]
         seen.append((command, ran.returncode))
         assert ran.returncode == DOCUMENTED[name], (
@@ -110,6 +130,8 @@ def test_a_new_user_walks_the_cli_list(tmp_path: Path) -> None:
             json.loads(ran.stdout)  # the effective settings: JSON a user can read back
         if name == "ls":
             assert KEY in ran.stdout, ran.stdout
+    if env:  # every command went to the store it was pointed at, none made the default one
+        assert not (home / ".ai-lease").exists(), sorted(p.name for p in home.iterdir())
 
 
 @pytest.mark.parametrize("look", LOOKS)
