@@ -21,7 +21,7 @@ from httpx_sse import aconnect_sse
 from ai_lease import Acquired
 from ai_lease.job import Job, Status
 from ai_lease.lease import LeaseStore
-from ai_lease.lease.base import WorkerInfo
+from ai_lease.lease.base import MAX_REPORTED_JOBS, WorkerInfo
 from ai_lease.run.worker import Worker
 from ai_lease.testing.scripted import Pause, ScriptedProvider
 from ai_lease.ui.app import create_app
@@ -263,3 +263,66 @@ async def test_every_page_with_failed_cancelled_and_corrupt_records(
     assert 'data-id="good-worker"' in workers
     for bad in ("bad-worker", "typed-worker"):
         assert "CORRUPT" in row_of(workers, f'data-id="{bad}"')
+
+
+MANY = 10_000
+MIXED = 100  # jobs of each status but PENDING among the 10,000
+MANY_WORKER = "worker-10k"
+
+
+async def seed_10000_mixed(store: LeaseStore) -> dict[str, str]:
+    """10,000 submitted jobs ``many-00000``…, the newest ``MIXED`` each then made DONE,
+    FAILED, CANCELLED and RUNNING by store operations (owned by ``MANY_WORKER``'s node), and
+    the live ``MANY_WORKER`` reporting the first of its running ones. Returns one key per
+    status but PENDING."""
+    submit = store.submit  # type: ignore[attr-defined]
+    # In batches: 10,000 calls at once would each start their op_timeout together.
+    for start in range(0, MANY, 500):
+        await asyncio.gather(
+            *(submit(f"many-{i:05d}", "{}", "fp") for i in range(start, start + 500))
+        )
+    owner = f"{MANY_WORKER}#1.seed"
+    done, failed, cancelled, running = (
+        [f"many-{i:05d}" for i in range(MANY - (n + 1) * MIXED, MANY - n * MIXED)] for n in range(4)
+    )
+
+    async def end(key: str, how: str) -> None:
+        got = await store.acquire(key, owner, ttl=300, max_no_progress=300)
+        assert isinstance(got, Acquired), (key, got)
+        if how == "done":
+            await store.commit(got.fence, '"the summary"')
+        elif how == "failed":
+            await store.fail(got.fence, "ProviderFailed: the model said no")
+
+    await asyncio.gather(*(end(k, "done") for k in done), *(end(k, "failed") for k in failed))
+    await asyncio.gather(*(end(k, "running") for k in running))
+    await asyncio.gather(*(store.cancel(k, "cancelled by a test") for k in cancelled))
+    now = time.time()
+    reported = tuple(running[:MAX_REPORTED_JOBS])
+    info = WorkerInfo(MANY_WORKER, "host", 1, len(running), MIXED, now, now, reported)
+    await store.worker_beat(info, 300)  # type: ignore[attr-defined]
+    return {"DONE": done[0], "FAILED": failed[0], "CANCELLED": cancelled[0], "RUNNING": running[0]}
+
+
+async def test_every_page_with_10000_mixed_jobs(store: LeaseStore) -> None:
+    """10,000 jobs, some DONE, FAILED, CANCELLED and RUNNING: the jobs page counts each
+    status, a job page of each status renders it, the workers page shows the worker's
+    running jobs and what it finished, /metrics counts the jobs by status."""
+    keys = await seed_10000_mixed(store)
+    async with client_of(store) as client:
+        jobs = assert_page(await client.get("/jobs"))
+        shown = {s: assert_page(await client.get(job_url(k))) for s, k in keys.items()}
+        workers = assert_page(await client.get("/workers"))
+        metrics = await client.get("/metrics")
+    counts = f"PENDING {MANY - 4 * MIXED}"
+    assert counts in jobs and all(f"{s} {MIXED}" in jobs for s in keys), jobs[:3000]
+    for status, page in shown.items():
+        assert f'data-status="{status}"' in page, (status, page[:3000])
+    assert "the model said no" in shown["FAILED"]
+    row = row_of(workers, f'data-id="{MANY_WORKER}"')
+    assert f'<a href="/jobs/{keys["RUNNING"]}">' in row, row
+    assert row.count('class="running-job"') == MAX_REPORTED_JOBS, row
+    assert f'data-done="{MIXED}" data-failed="{MIXED}"' in row, row
+    assert metrics.status_code == 200 and "owner_takeover_total" in metrics.text
+    if not store.__class__.__name__.startswith("Redis"):  # Redis keeps no count by status
+        assert f'status="DONE"}} {MIXED}' in metrics.text, metrics.text[:3000]

@@ -14,24 +14,40 @@ import time
 from pathlib import Path
 
 import pytest
+from selenium.common.exceptions import NoSuchElementException
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
-from ai_lease import open_store
+from ai_lease import Acquired, open_store
 from ai_lease.job import Job
+from ai_lease.lease.base import MAX_REPORTED_JOBS, WorkerInfo
 from ai_lease.run.runner import Runner
 from tests.browser.support import StartUI, console_errors, finish, run_takeover, wait_for
 from tests.browser.test_dashboard import assert_not_reloaded, mark_window
 from tests.harness.worker_proc import Workers
-from tests.test_ui_states import seed_ended_and_corrupt
+from tests.test_ui_states import (
+    MANY,
+    MANY_WORKER,
+    MIXED,
+    seed_10000_mixed,
+    seed_ended_and_corrupt,
+)
 
 pytestmark = pytest.mark.slow
 
 PAGE_BOUND_S = 10.0  # a page of 10,000 jobs renders in well under a second here
 
 
+TEXT_JS = "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;"
+
+
 def text_of(page: WebDriver, css: str) -> str:
-    return str(page.find_element(By.CSS_SELECTOR, css).text)
+    """The text ``css`` shows, read in one script (a live update replacing the element in
+    between cannot make it stale); NoSuchElementException if it is not there."""
+    found = page.execute_script(TEXT_JS, css)
+    if found is None:
+        raise NoSuchElementException(css)
+    return str(found).strip()
 
 
 def visit(page: WebDriver, url: str, css: str, what: str) -> None:
@@ -40,6 +56,22 @@ def visit(page: WebDriver, url: str, css: str, what: str) -> None:
     wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, css), what)
     errors = console_errors(page)
     assert not errors, (url, errors)
+
+
+def visit_metrics(page: WebDriver, url: str, *lines: str) -> str:
+    """Load /metrics (Prometheus text, which Chromium shows as a page), wait for the
+    registry's ``owner_takeover_total`` and every one of ``lines`` in it, and fail on any
+    console error. Returns the text."""
+    page.get(url)
+
+    def shown(d: WebDriver) -> str | None:
+        text = text_of(d, "body")
+        return text if "owner_takeover_total" in text and all(x in text for x in lines) else None
+
+    text = wait_for(page, shown, f"the metrics with {lines}")
+    errors = console_errors(page)
+    assert not errors, (url, errors)
+    return text
 
 
 async def _reported(store_url: str, worker_id: str, key: str) -> bool:
@@ -122,7 +154,8 @@ async def test_ended_and_corrupt_records_on_every_page(
 ) -> None:
     """FAILED, CANCELLED and DONE jobs beside a corrupt record and corrupt worker entries:
     the jobs page lists them all, the corrupt one marked; its link opens a page saying what
-    is wrong; the FAILED job shows its error; the workers page marks the bad entries."""
+    is wrong; the FAILED job shows its error; the workers page marks the bad entries beside
+    the good worker; /metrics counts the FAILED and CANCELLED jobs."""
     store = open_store(sqlite_url)
     try:
         keys = await seed_ended_and_corrupt(store, sqlite_url)
@@ -151,6 +184,9 @@ async def test_ended_and_corrupt_records_on_every_page(
     visit(page, ui.url("/workers"), 'tr.worker[data-id="good-worker"]', "the workers")
     for bad in ("bad-worker", "typed-worker"):
         assert "CORRUPT" in text_of(page, f'tr.worker.corrupt[data-id="{bad}"]')
+    assert text_of(page, 'tr.worker[data-id="good-worker"] td.jobs') == "0/4"
+    counts = ('jobs{status="FAILED"} 1.0', 'jobs{status="CANCELLED"} 1.0')
+    visit_metrics(page, ui.url("/metrics"), *counts)
 
 
 def test_an_empty_store_on_every_page(sqlite_url: str, start_ui: StartUI, page: WebDriver) -> None:
@@ -191,6 +227,113 @@ async def test_10000_jobs_page_by_page(sqlite_url: str, start_ui: StartUI, page:
     assert len(set(second)) == 50 and not set(first) & set(second)
     page.find_element(By.ID, "first-page").click()
     wait_for(page, lambda d: keys_shown(d) == first, "the first page again")
+    assert not console_errors(page)
+
+
+async def test_a_job_taken_over_on_every_page(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver
+) -> None:
+    """A lease that lapsed and was acquired by worker-b with a higher token (worker-b live,
+    reporting it), and one lapsed but not yet taken: the jobs page shows the new owner,
+    token and one takeover; the job's page says the same and why (expired); the workers
+    page links the taken job under worker-b; /metrics counts one live and one lapsed lease."""
+    store = open_store(sqlite_url)
+    try:
+        first = await store.acquire("taken", "worker-a#1.a", ttl=0.5, max_no_progress=5)
+        await store.acquire("lapsed", "worker-a#1.a", ttl=0.5, max_no_progress=5)
+        assert isinstance(first, Acquired)
+        await asyncio.sleep(1.0)  # both leases lapse (store clock)
+        second = await store.acquire("taken", "worker-b#1.b", ttl=300, max_no_progress=300)
+        assert isinstance(second, Acquired) and second.takeover
+        token = second.fence.token
+        assert token > first.fence.token
+        info = WorkerInfo("worker-b", "host", 1, 1, 2, time.time(), time.time(), ("taken",))
+        await store.worker_beat(info, 300)  # type: ignore[attr-defined]
+    finally:
+        await store.aclose()
+    ui = start_ui(sqlite_url)
+    visit(page, ui.url("/jobs"), 'tr.job[data-key="taken"]', "the taken job's row")
+    taken = page.execute_script(ROW_CELLS_JS, "taken")
+    assert (taken["status"], taken["token"], taken["takeovers"]) == ("RUNNING", str(token), "1")
+    assert "worker-b" in taken["owner"], taken
+    lapsed = page.execute_script(ROW_CELLS_JS, "lapsed")
+    assert "worker-a" in lapsed["owner"] and lapsed["takeovers"] == "0", lapsed
+    visit(page, ui.url("/jobs/taken"), "#record", "the taken job's record")
+    assert text_of(page, "#job-key") == "taken"
+    record = text_of(page, "#record")
+    assert "worker-b#1.b" in record and str(token) in record and "expired" in record, record
+    worker = 'tr.worker[data-id="worker-b"]'
+    visit(page, ui.url("/workers"), f'{worker} span.running-job[data-key="taken"]', "worker-b")
+    assert text_of(page, f"{worker} td.jobs") == "1/2"
+    assert page.find_elements(By.CSS_SELECTOR, f'{worker} td.keys a[href="/jobs/taken"]')
+    visit_metrics(page, ui.url("/metrics"), "leases_live 1.0", "leases_lapsed 1.0")
+
+
+async def test_10000_mixed_jobs_on_every_page(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver
+) -> None:
+    """10,000 jobs, the newest 100 each DONE, FAILED, CANCELLED and RUNNING under a live
+    worker: the jobs page counts every status within a generous bound; the page of a job of
+    each status shows that status; the workers page shows the worker's running jobs (as
+    many as it reports) and what it finished; /metrics counts the jobs by status."""
+    store = open_store(sqlite_url)
+    try:
+        keys = await seed_10000_mixed(store)
+    finally:
+        await store.aclose()
+    ui = start_ui(sqlite_url)
+    started = time.monotonic()
+    visit(page, ui.url("/jobs"), "main #jobs-body tr.job", "the first page")
+    assert time.monotonic() - started < PAGE_BOUND_S
+    counts = text_of(page, ".counts")
+    assert f"PENDING {MANY - 4 * MIXED}" in counts, counts
+    assert all(f"{status} {MIXED}" in counts for status in keys), counts
+    assert len(set(keys_shown(page))) == 50
+    for status, key in keys.items():
+        started = time.monotonic()
+        visit(page, ui.url(f"/jobs/{key}"), f'main #job-status[data-status="{status}"]', key)
+        assert time.monotonic() - started < PAGE_BOUND_S
+        record = text_of(page, "#record")
+        assert text_of(page, "#job-key") == key and status in record, record
+        assert status != "FAILED" or "the model said no" in record, record
+    worker = f'tr.worker[data-id="{MANY_WORKER}"]'
+    started = time.monotonic()
+    visit(page, ui.url("/workers"), f"main {worker}", "the worker's row")
+    assert time.monotonic() - started < PAGE_BOUND_S
+    running = page.find_elements(By.CSS_SELECTOR, f"{worker} span.running-job")
+    assert len(running) == MAX_REPORTED_JOBS
+    assert page.find_elements(By.CSS_SELECTOR, f'{worker} a[href="/jobs/{keys["RUNNING"]}"]')
+    assert text_of(page, f"{worker} td.throughput") == f"{MIXED} done · {MIXED} failed"
+    lines = [f'jobs{{status="PENDING"}} {MANY - 4 * MIXED}.0']
+    lines += [f'jobs{{status="{status}"}} {MIXED}.0' for status in keys]
+    visit_metrics(page, ui.url("/metrics"), *lines)
+
+
+async def test_page_after_page_each_loads_and_a_page_gone_back_to_is_live(
+    sqlite_url: str, start_ui: StartUI, page: WebDriver
+) -> None:
+    """Eight job pages opened one after another in one tab all load (each page left stayed
+    in the back/forward cache with its stream open, holding one of Chromium's six
+    connections to the dashboard: the seventh never loaded), and the page gone back to
+    gets live updates again."""
+    store = open_store(sqlite_url)
+    try:
+        for i in range(8):
+            await store.submit(f"walk-{i}", "{}", "fp")  # type: ignore[attr-defined]
+    finally:
+        await store.aclose()
+    ui = start_ui(sqlite_url)
+    for i in range(8):
+        visit(page, ui.url(f"/jobs/walk-{i}"), "#record", f"job page {i + 1} of 8")
+        assert text_of(page, "#job-key") == f"walk-{i}"
+    left_at = page.execute_script("return Date.now()")
+    page.back()
+
+    def live_again(d: WebDriver) -> bool:
+        updated = d.execute_script("return document.body.getAttribute('data-updated')")
+        return text_of(d, "#job-key") == "walk-6" and updated and int(updated) > left_at
+
+    wait_for(page, live_again, "the page gone back to to be updated by its stream")
     assert not console_errors(page)
 
 

@@ -31,7 +31,7 @@
   if (!url || !target || !window.EventSource) {
     return;
   }
-  var events = new EventSource(url);
+  var events = null;
   function replace(event) {
     var element = document.getElementById(target);
     if (!element) {
@@ -79,7 +79,27 @@
       forms[i].hidden = forms[i].getAttribute("data-when").split(" ").indexOf(now) < 0;
     }
   }
-  events.addEventListener("rows", replace);
-  events.addEventListener("job", replace);
-  events.addEventListener("workers", replace);
+  function listen() {
+    events = new EventSource(url);
+    events.addEventListener("rows", replace);
+    events.addEventListener("job", replace);
+    events.addEventListener("workers", replace);
+  }
+
+  // A page left for another may be kept (the back/forward cache) with its stream open:
+  // Chromium then holds one of its six connections to the dashboard per page left, and the
+  // seventh page never loads. So the stream closes when the page is hidden and opens again
+  // if it is shown from that cache.
+  window.addEventListener("pagehide", function () {
+    if (events) {
+      events.close();
+      events = null;
+    }
+  });
+  window.addEventListener("pageshow", function (event) {
+    if (event.persisted && !events) {
+      listen();
+    }
+  });
+  listen();
 })();
