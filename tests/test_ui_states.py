@@ -206,16 +206,24 @@ async def _reports(store: LeaseStore, worker_id: str, key: str) -> bool:
     return any(w.worker_id == worker_id and key in w.jobs for w in found)
 
 
+async def take_over(store: LeaseStore, old: str, new: str, ttl: float) -> Acquired:
+    """``taken`` and ``lapsed`` acquired by ``old`` with a 0.5 s lease that lapses (store
+    clock); ``taken`` then acquired by ``new`` (lease ``ttl``) as a takeover with a higher
+    token; ``lapsed`` left lapsed. Returns the new owner's acquisition."""
+    first = await store.acquire("taken", old, ttl=0.5, max_no_progress=5)
+    await store.acquire("lapsed", old, ttl=0.5, max_no_progress=5)
+    assert isinstance(first, Acquired)
+    await asyncio.sleep(1.0)  # both leases lapse (store clock)
+    second = await store.acquire("taken", new, ttl=ttl, max_no_progress=ttl)
+    assert isinstance(second, Acquired) and second.takeover
+    assert second.fence.token > first.fence.token
+    return second
+
+
 async def test_every_page_while_a_job_is_taken_over(store: LeaseStore) -> None:
     """A lease that lapsed and was acquired by another owner with a higher token, and one
     lapsed but not yet taken: every page renders; the rows show the new owner and token."""
-    first = await store.acquire("taken", "owner-a", ttl=0.5, max_no_progress=5)
-    await store.acquire("lapsed", "owner-a", ttl=0.5, max_no_progress=5)
-    assert isinstance(first, Acquired)
-    await asyncio.sleep(1.0)  # both leases lapse (store clock)
-    second = await store.acquire("taken", "owner-b", ttl=30, max_no_progress=5)
-    assert isinstance(second, Acquired) and second.takeover
-    assert second.fence.token > first.fence.token
+    second = await take_over(store, "owner-a", "owner-b", ttl=30)
     async with client_of(store) as client:
         pages = await visit_every_route(client, ["taken", "lapsed"])
     row = jobs_row(pages["/jobs"], "taken")

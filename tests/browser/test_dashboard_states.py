@@ -18,7 +18,7 @@ from selenium.common.exceptions import NoSuchElementException
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
-from ai_lease import Acquired, open_store
+from ai_lease import open_store
 from ai_lease.job import Job
 from ai_lease.lease.base import MAX_REPORTED_JOBS, WorkerInfo
 from ai_lease.run.runner import Runner
@@ -31,6 +31,7 @@ from tests.test_ui_states import (
     MIXED,
     seed_10000_mixed,
     seed_ended_and_corrupt,
+    take_over,
 )
 
 pytestmark = pytest.mark.slow
@@ -239,14 +240,7 @@ async def test_a_job_taken_over_on_every_page(
     page links the taken job under worker-b; /metrics counts one live and one lapsed lease."""
     store = open_store(sqlite_url)
     try:
-        first = await store.acquire("taken", "worker-a#1.a", ttl=0.5, max_no_progress=5)
-        await store.acquire("lapsed", "worker-a#1.a", ttl=0.5, max_no_progress=5)
-        assert isinstance(first, Acquired)
-        await asyncio.sleep(1.0)  # both leases lapse (store clock)
-        second = await store.acquire("taken", "worker-b#1.b", ttl=300, max_no_progress=300)
-        assert isinstance(second, Acquired) and second.takeover
-        token = second.fence.token
-        assert token > first.fence.token
+        token = (await take_over(store, "worker-a#1.a", "worker-b#1.b", ttl=300)).fence.token
         info = WorkerInfo("worker-b", "host", 1, 1, 2, time.time(), time.time(), ("taken",))
         await store.worker_beat(info, 300)  # type: ignore[attr-defined]
     finally:
