@@ -81,6 +81,7 @@ from ai_lease import (  # noqa: E402
     StreamTimeouts,
     open_store,
 )
+from ai_lease.errors import StoreUnavailable  # noqa: E402
 from ai_lease.job import Job  # noqa: E402
 from ai_lease.observe.events import Event  # noqa: E402
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider  # noqa: E402
@@ -317,9 +318,25 @@ class ChaosNode:
             raise
         self.history.write({"kind": "exit", "key": key, "result": record.output, "error": None})
 
+    async def warm_up(self, key: str, tries: int = 5) -> None:
+        """Connect (and load the scripts) before the race. A store that answers unavailable
+        is asked again, as a worker would ask it again: once in ~3,000 CI tests a fresh
+        PostgreSQL connection's migration statement was cancelled from outside the node
+        ("canceling statement due to user request"), and the scenario is about the race,
+        not the warm-up. Each retry is in the history."""
+        for left in range(tries - 1, -1, -1):
+            try:
+                await self.store.get(key)
+                return
+            except StoreUnavailable as exc:
+                if not left:
+                    raise
+                self.history.write({"kind": "warm_up_retry", "error": str(exc)})
+                await asyncio.sleep(0.2)
+
     async def run(self) -> int:
         keys = self.options.key_list
-        await self.store.get(keys[0])  # connect (and load the scripts) before the race
+        await self.warm_up(keys[0])
         self.history.write({"kind": "ready"})
         await wait_for_go(self.options.go_file)
         self.history.write({"kind": "go"})
