@@ -55,13 +55,12 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         Following,
         LeaseStore,
         Renewal,
-        mask_url,
         open_store,
     )
-    from .lease.handle import JobLease
+    from .lease.events import Event
+    from .lease.progress import Progress
     from .lease.redis import RedisStore
     from .lease.sqlite import SQLiteStore
-    from .observe.events import Event
     from .observe.logs import JobLogger, configure_logging, fan_out
     from .observe.metrics import Metrics, serve_metrics
     from .prompts import PromptLibrary
@@ -74,10 +73,11 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         available_providers,
         create_provider,
     )
+    from .redaction import mask_url
     from .retry import RetryPolicy
     from .run.config import RunConfig, RunHooks
+    from .run.job_lease import JobLease
     from .run.pipeline import Pipeline, Stage, StageContext
-    from .run.progress import Progress
     from .run.runner import Runner
     from .run.stream_guard import StreamGuard
     from .run.worker import Worker
@@ -104,7 +104,7 @@ _LAZY: dict[str, str] = {
     "Delta": ".providers",
     "EmptyAnswer": ".errors",
     "EmptyEventStream": ".errors",
-    "Event": ".observe.events",
+    "Event": ".lease.events",
     "Fence": ".lease",
     "FencingRejected": ".errors",
     "Finished": ".lease",
@@ -117,7 +117,7 @@ _LAZY: dict[str, str] = {
     "JobConflict": ".errors",
     "JobDeadlineExceeded": ".errors",
     "JobFailed": ".errors",
-    "JobLease": ".lease.handle",
+    "JobLease": ".run.job_lease",
     "JobLogger": ".observe.logs",
     "JobSpecError": ".errors",
     "JobState": ".job",
@@ -128,7 +128,7 @@ _LAZY: dict[str, str] = {
     "Metrics": ".observe.metrics",
     "OutcomeUnknown": ".errors",
     "Pipeline": ".run.pipeline",
-    "Progress": ".run.progress",
+    "Progress": ".lease.progress",
     "PromptLibrary": ".prompts",
     "Provider": ".providers",
     "ProviderError": ".errors",
@@ -167,7 +167,7 @@ _LAZY: dict[str, str] = {
     "create_provider": ".providers",
     "fan_out": ".observe.logs",
     "load_settings": ".settings",
-    "mask_url": ".lease",
+    "mask_url": ".redaction",
     "open_store": ".lease",
     "run_sync": ".client",
     "serve_metrics": ".observe.metrics",

@@ -28,14 +28,14 @@ from typing import Any, Self, TypeVar
 from ai_lease.errors import ConfigError, InputError, JobCancelled, JobFailed
 from ai_lease.job import Job, JobState, Status, validate_key
 from ai_lease.lease.base import TERMINAL_STATUSES, JobAdmin, LeaseStore, Removal
-from ai_lease.lease.handle import JobLease, LeaseOptions
+from ai_lease.lease.events import EventSink
 from ai_lease.lease.urls import open_store
-from ai_lease.observe.events import EventSink
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers import Provider, create_provider
 from ai_lease.resource import AsyncResource
 from ai_lease.retry import JOB_ATTEMPTS, MODEL_CALL
 from ai_lease.run.config import RunConfig, RunHooks
+from ai_lease.run.job_lease import JobLease, LeaseOptions
 from ai_lease.run.pipeline import PersistHook, Pipeline
 from ai_lease.run.provider_pick import ProviderResolver
 from ai_lease.run.runner import Runner

@@ -38,12 +38,11 @@ Messages say what happened and what to do; they never carry secrets.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ai_lease.redaction import redact
 
-if TYPE_CHECKING:  # not imported at run time: the lease room imports this module
-    from ai_lease.lease.base import Fence
+if TYPE_CHECKING:  # not imported at run time (refusal.py imports nothing of ours)
     from ai_lease.lease.refusal import Refusal
 
 __all__ = [
@@ -79,6 +78,18 @@ __all__ = [
 ]
 
 
+class FenceLike(Protocol):
+    """What an error says of a fence: :class:`ai_lease.lease.Fence` is the one that is
+    passed (the lease room imports this module, so it is named by its shape here)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def owner_id(self) -> str: ...
+    @property
+    def token(self) -> int: ...
+
+
 class AiLeaseError(Exception):
     """The root of every error ai_lease raises."""
 
@@ -112,7 +123,12 @@ class LeaseLost(LeaseError):
     """
 
     def __init__(
-        self, key: str, reason: str, held: Fence | None = None, *, refusal: Refusal | None = None
+        self,
+        key: str,
+        reason: str,
+        held: FenceLike | None = None,
+        *,
+        refusal: Refusal | None = None,
     ) -> None:
         self.key, self.reason, self.held, self.refusal = key, reason, held, refusal
         self.code: str = "local" if refusal is None else refusal.value
@@ -120,7 +136,7 @@ class LeaseLost(LeaseError):
         super().__init__(f"lease for job {key!r}{token} lost: {reason}")
 
     @classmethod
-    def refused(cls, held: Fence, refusal: Refusal | None) -> LeaseLost:
+    def refused(cls, held: FenceLike, refusal: Refusal | None) -> LeaseLost:
         """The store refused ``held``'s renewal for ``refusal`` (None: a store gave none).
 
         >>> from ai_lease.lease import Fence, Refusal
@@ -145,7 +161,9 @@ class FencingRejected(LeaseError):
     job 'job-1': fence token 11 of 'a' is stale, the store holds token 12 of 'b' (a newer...
     """
 
-    def __init__(self, key: str, held: Fence, current: Fence | None, refusal: Refusal) -> None:
+    def __init__(
+        self, key: str, held: FenceLike, current: FenceLike | None, refusal: Refusal
+    ) -> None:
         self.key, self.held, self.current, self.refusal = key, held, current, refusal
         self.code: str = refusal.value
         self.reason = refusal.message

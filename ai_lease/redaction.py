@@ -24,7 +24,7 @@ import re
 import threading
 from urllib.parse import quote, unquote, urlsplit
 
-__all__ = ["redact", "register_secret", "register_url_secrets"]
+__all__ = ["mask_url", "redact", "register_secret", "register_url_secrets"]
 
 MASK = "***"
 _MIN_SECRET_CHARS = 5  # shorter values would mask ordinary words; the shapes still apply
@@ -122,3 +122,23 @@ def redact(text: str) -> str:
     for shape, replacement in _SHAPES:
         text = shape.sub(replacement, text)
     return text
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (safe for logs and errors).
+
+    >>> mask_url("redis://:hunter2@cache:6379/0")
+    'redis://:***@cache:6379/0'
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # a libpq keyword string: host=h password=x (quoted values may hold spaces)
+        return _PASSWORD_KEYWORD.sub(r"\1***", url)
+    # The last "@" ends the user info: a password may itself hold "@", "/" or "?".
+    userinfo, at, host = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    return _PASSWORD_PARAM.sub(r"\1***", f"{scheme}{sep}{rest}")
+
+
+_PASSWORD_PARAM = re.compile(r"(?i)([?&](?:ssl)?password=)[^&#]*")  # libpq's sslpassword too
+_PASSWORD_KEYWORD = re.compile(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")

@@ -34,8 +34,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from ai_lease import settings_sources as sources
 from ai_lease.errors import ConfigError
 from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES
-from ai_lease.lease.urls import SCHEMES, mask_url
+from ai_lease.lease.urls import SCHEMES
 from ai_lease.prompts import DEFAULT_MAX_PROMPT_CHARS
+from ai_lease.redaction import mask_url
 from ai_lease.run.config import RunConfig
 from ai_lease.settings_errors import Loc, Origins, allowed, report, rule, where
 from ai_lease.settings_provider import EndpointSettings, ProviderSettings, _Section

@@ -14,10 +14,9 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, field_validator
 
 from ai_lease.job import MAX_TEMPERATURE, MAX_TOKENS
-from ai_lease.lease.urls import mask_url
 from ai_lease.providers.headers import check_headers, masked_headers, secret_values
 from ai_lease.providers.keys import check_api_key
-from ai_lease.redaction import register_secret
+from ai_lease.redaction import mask_url, register_secret
 
 __all__ = ["EndpointSettings", "ProviderSettings"]
 

@@ -32,12 +32,12 @@ from typing import Any
 import aiohttp
 import orjson
 
+from ai_lease.lease.progress import Progress
 from ai_lease.providers.anthropic import AnthropicProvider
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.gemini import GeminiProvider
 from ai_lease.providers.ollama import OllamaProvider
 from ai_lease.providers.openai_responses import OpenAIResponsesProvider
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
 

@@ -62,9 +62,9 @@ import stream_adapters  # bench/stream_adapters.py: the other lean adapters, sid
 import stream_paced  # bench/stream_paced.py, beside this file (on sys.path when run as a script)
 
 import ai_lease.providers.openai_compat as compat
+from ai_lease.lease.progress import Progress
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
 

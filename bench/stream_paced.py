@@ -40,11 +40,11 @@ import aiohttp
 import openai
 import orjson
 
+from ai_lease.lease.progress import Progress
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.http_paths import Read
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
 

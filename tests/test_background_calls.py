@@ -22,8 +22,8 @@ import pytest
 from ai_lease import LeaseTimings, RetryPolicy, StageBudget
 from ai_lease.errors import JobFailed
 from ai_lease.job import Job, Status
+from ai_lease.lease.events import Event
 from ai_lease.lease.sqlite import SQLiteStore
-from ai_lease.observe.events import Event
 from ai_lease.providers.openai_responses import OpenAIResponsesProvider
 from ai_lease.run import background
 from ai_lease.run.config import RunConfig, RunHooks

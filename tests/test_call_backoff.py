@@ -17,8 +17,8 @@ import pytest
 from ai_lease import LeaseTimings, RetryPolicy, StageBudget
 from ai_lease.errors import ConfigError, JobFailed, ProviderError, StreamInterrupted
 from ai_lease.job import Job, Status
+from ai_lease.lease.events import Event
 from ai_lease.lease.sqlite import SQLiteStore
-from ai_lease.observe.events import Event
 from ai_lease.providers import create_provider
 from ai_lease.providers.base import Provider
 from ai_lease.providers.concurrency import LimitedProvider, limit_calls

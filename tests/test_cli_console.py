@@ -12,7 +12,7 @@ from rich.console import Console
 from ai_lease.cli.console import TAIL_CHARS, JobView
 from ai_lease.errors import JobFailed
 from ai_lease.job import JobState, Status
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.testing.clock import VirtualClock
 from ai_lease.timeouts import StreamTimeouts
 

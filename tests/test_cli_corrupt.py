@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from ai_lease import Acquired, open_store
 from ai_lease.cli.app import main
 from ai_lease.lease.base import WorkerInfo
-from ai_lease.observe.history import bucket_of
+from ai_lease.lease.histogram import bucket_of
 
 NS = "ai_lease"
 

@@ -18,7 +18,7 @@ from ai_lease import Acquired, open_store
 from ai_lease.cli.console import JobView
 from ai_lease.cli.interrupt import Interrupted
 from ai_lease.errors import InputError, JobFailed
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.testing.clock import VirtualClock
 from ai_lease.timeouts import StreamTimeouts
 from tests.test_cli_console import last_frame, live_view, stage_event

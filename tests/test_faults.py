@@ -8,7 +8,7 @@ import pytest
 
 from ai_lease import LeaseStore, LeaseTimings, StageBudget, Status
 from ai_lease.job import Job
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.testing.faults import FaultPlan

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ai_lease import Job, LeaseStore, LeaseTimings, Runner
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.observe.history import HistoryRecorder
 from ai_lease.observe.tuning import render_table
 from ai_lease.providers.base import Delta

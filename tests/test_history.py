@@ -14,8 +14,9 @@ import pytest
 
 from ai_lease import LeaseStore, LeaseTimings, StageBudget
 from ai_lease.job import Job
-from ai_lease.observe.events import Event
-from ai_lease.observe.history import Histogram, HistoryRecorder, bucket_of, bucket_upper, suggest
+from ai_lease.lease.events import Event
+from ai_lease.lease.histogram import Histogram, bucket_of, bucket_upper
+from ai_lease.observe.history import HistoryRecorder, suggest
 from ai_lease.run.budgets import learned_timings
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
@@ -217,7 +218,7 @@ def test_checked_histogram_refuses_what_add_durations_never_writes(
 ) -> None:
     """A stored series that is not ours is a CorruptRecord naming it, never a crash later."""
     from ai_lease.errors import CorruptRecord
-    from ai_lease.observe.history import checked_histogram
+    from ai_lease.lease.histogram import checked_histogram
 
     with pytest.raises(CorruptRecord) as caught:
         checked_histogram("the-name", series, buckets)
@@ -226,7 +227,7 @@ def test_checked_histogram_refuses_what_add_durations_never_writes(
 
 def test_checked_histogram_reads_both_stores_shapes() -> None:
     """Redis's string buckets and counts and SQLite's integers read the same."""
-    from ai_lease.observe.history import checked_histogram
+    from ai_lease.lease.histogram import checked_histogram
 
     assert checked_histogram("n", ["p", "stage", "load"], [("3", "7"), (4, 1)]) == (
         ("p", "stage", "load"),

@@ -24,8 +24,8 @@ import pytest
 
 from ai_lease import LeaseStore, LeaseTimings, Status, open_store
 from ai_lease.job import Job
+from ai_lease.lease.events import Event
 from ai_lease.observe.cpu_idle import STUCK_WAIT_PCT, cpu_idle_of
-from ai_lease.observe.events import Event
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
 from ai_lease.run.runner import Runner

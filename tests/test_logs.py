@@ -20,7 +20,7 @@ import pytest
 
 from ai_lease import JobFailed, LeaseStore, ProviderError, StoreUnavailable, open_store
 from ai_lease.job import Job
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.observe.logs import JobLogger, configure_logging, fan_out, redact, remove_handlers
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner

@@ -19,7 +19,7 @@ from click.testing import Result
 
 from ai_lease import open_store
 from ai_lease.errors import StoreMissing
-from ai_lease.lease import mask_url
+from ai_lease.redaction import mask_url
 from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import RedisServer
 from tests.test_cli_views import LOOKS as CLI_LOOKS

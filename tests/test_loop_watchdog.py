@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.observe.loop_watchdog import LoopWatchdog, watch_loop
 from tests.test_log_json_whole import STARTUP_S, CliWorker, submit_detached
 

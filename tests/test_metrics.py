@@ -23,8 +23,8 @@ from ai_lease.errors import FencingRejected
 from ai_lease.job import Job
 from ai_lease.lease import refusal as refusal_module
 from ai_lease.lease.base import Acquired, Fence
+from ai_lease.lease.events import Event, EventSink
 from ai_lease.lease.refusal import WRITE_REFUSALS, Refusal
-from ai_lease.observe.events import Event, EventSink
 from ai_lease.observe.logs import fan_out
 from ai_lease.observe.metrics import DEFAULT_STAGES, MAX_LABEL_VALUES, Metrics, serve_metrics
 from ai_lease.run.config import RunConfig, RunHooks

@@ -15,7 +15,7 @@ import pytest
 from ai_lease.errors import ProviderError
 from ai_lease.job import Job, Status
 from ai_lease.lease import LeaseStore
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.retry import RetryPolicy
 from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner

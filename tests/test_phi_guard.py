@@ -9,7 +9,7 @@ import pytest
 
 from ai_lease import Job, LeaseStore, LeaseTimings, Runner
 from ai_lease.errors import ConfigError, StreamIdleTimeout
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.observe.metrics import Metrics
 from ai_lease.providers.base import ChatRequest
 from ai_lease.run.config import RunConfig, RunHooks

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ai_lease.run.progress import Progress
+from ai_lease.lease.progress import Progress
 from ai_lease.testing.clock import VirtualClock
 from ai_lease.timeouts import StageBudget
 

@@ -18,11 +18,11 @@ from ai_lease.errors import (
     ProviderError,
     StreamIdleTimeout,
 )
+from ai_lease.lease.progress import Progress
 from ai_lease.providers.anthropic import AnthropicProvider
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall, Usage
 from ai_lease.providers.sse import EventTooLarge, SSEFramer
 from ai_lease.retry import MODEL_CALL, RetryPolicy, call_with_retries, is_transient
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
 from tests.harness.anthropic_server import (

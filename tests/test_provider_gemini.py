@@ -22,12 +22,12 @@ from ai_lease.errors import (
     ProviderError,
     StreamIdleTimeout,
 )
+from ai_lease.lease.progress import Progress
 from ai_lease.providers import create_provider
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall, Usage
 from ai_lease.providers.gemini import SKIP_SIGNATURE, GeminiProvider, request_body
 from ai_lease.providers.sse import EventTooLarge, SSEFramer
 from ai_lease.retry import MODEL_CALL, call_with_retries
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
 from tests.harness.gemini_server import (

@@ -24,11 +24,11 @@ from ai_lease.errors import (
     StreamIdleTimeout,
     StreamTotalTimeout,
 )
+from ai_lease.lease.progress import Progress
 from ai_lease.providers.base import ChatRequest, Completion, Provider, Usage
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
 from ai_lease.retry import call_with_retries
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import RetryPolicy, StreamTimeouts
 from tests.harness.sse_server import (

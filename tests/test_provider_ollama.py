@@ -20,11 +20,11 @@ from ai_lease.errors import (
     StreamIdleTimeout,
     StreamLimitExceeded,
 )
+from ai_lease.lease.progress import Progress
 from ai_lease.providers.base import ChatRequest, Completion, ToolCall, Usage
 from ai_lease.providers.ndjson import EventTooLarge, NDJSONFramer
 from ai_lease.providers.ollama import OllamaProvider, ollama_base_url
 from ai_lease.retry import MODEL_CALL, call_with_retries
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import RetryPolicy, StreamTimeouts
 from tests.harness.ollama_server import (

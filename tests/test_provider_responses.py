@@ -19,12 +19,12 @@ from ai_lease.errors import (
     ProviderError,
     StreamIdleTimeout,
 )
+from ai_lease.lease.progress import Progress
 from ai_lease.providers import create_provider
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, ToolCall, Usage
 from ai_lease.providers.openai_responses import OpenAIResponsesProvider
 from ai_lease.providers.responses_events import ResponseNotResumable, ResponsesParser
 from ai_lease.retry import MODEL_CALL, call_with_retries
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
 from tests.harness.responses_server import (

@@ -16,9 +16,9 @@ import orjson
 import pytest
 
 from ai_lease.errors import ConfigError, PoolTimeout, ProviderError, StreamLimitExceeded
+from ai_lease.lease.progress import Progress
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.openai_compat import OpenAICompatProvider
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamTimeouts
 from tests.harness.sse_server import Hang, Sleep, SSEServer, chat_chunks, raw, sse

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from ai_lease.errors import FirstTokenTimeout, StreamIdleTimeout, StreamLimitExceeded
+from ai_lease.lease.progress import Progress
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider, ToolCall
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamLimits, StreamTimeouts
 from tests.harness.sse_server import Event, Hang, Sleep, SSEServer, sse

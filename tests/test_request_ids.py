@@ -18,8 +18,8 @@ import pytest
 
 from ai_lease import LeaseStore, LeaseTimings, RetryPolicy, StageBudget
 from ai_lease.job import Job
+from ai_lease.lease.events import Event
 from ai_lease.lease.sqlite import SQLiteStore
-from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Provider
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.providers.openai_sdk import OpenAISDKProvider

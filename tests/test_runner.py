@@ -21,7 +21,7 @@ from ai_lease import (
     Status,
 )
 from ai_lease.job import Job
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
 from ai_lease.run.runner import Runner

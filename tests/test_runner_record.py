@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ai_lease import LeaseStore, LeaseTimings, ProviderError, RetryPolicy, StageBudget
 from ai_lease.job import Job
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.observe.logs import fan_out
 from ai_lease.observe.metrics import Metrics
 from ai_lease.run.config import RunConfig, RunHooks

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ai_lease.observe.snapshot import MAX_CHARS, MAX_FRAMES, snapshot
+from ai_lease.lease.snapshot import MAX_CHARS, MAX_FRAMES, snapshot
 
 
 def functions(text: str) -> list[str]:

@@ -15,8 +15,8 @@ from ai_lease.errors import (
     StreamIdleTimeout,
     StreamTotalTimeout,
 )
+from ai_lease.lease.progress import Progress
 from ai_lease.providers.base import ChatRequest, Delta, Usage
-from ai_lease.run.progress import Progress
 from ai_lease.run.stream_guard import StreamGuard, guarded_completion
 from ai_lease.testing.scripted import Pause, Raise, ScriptedProvider, Stall, Step
 from ai_lease.timeouts import StreamTimeouts

@@ -32,15 +32,15 @@ from ai_lease.errors import (
     StreamLimitExceeded,
 )
 from ai_lease.job import Job
+from ai_lease.lease.events import Event
+from ai_lease.lease.progress import Progress
 from ai_lease.lease.sqlite import SQLiteStore
-from ai_lease.observe.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Provider
 from ai_lease.providers.errors import MAX_RETRY_AFTER_S, parse_retry_after
 from ai_lease.providers.openai_compat import OpenAICompatProvider, _sse_batches
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
 from ai_lease.retry import call_with_retries
 from ai_lease.run.config import RunConfig, RunHooks
-from ai_lease.run.progress import Progress
 from ai_lease.run.runner import Runner
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.settings import load_settings

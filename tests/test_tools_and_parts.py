@@ -17,7 +17,7 @@ from ai_lease.cli.jobfile import load_job_file
 from ai_lease.errors import ProviderError
 from ai_lease.job import Job, RunFacts
 from ai_lease.job_shapes import MAX_IMAGE_BYTES, MAX_IMAGES, MAX_TOOLS, MAX_TOOLS_BYTES
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.observe.metrics import Metrics
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import ChatRequest, Provider, ToolCall

@@ -15,7 +15,7 @@ from opentelemetry.trace import StatusCode
 
 from ai_lease import LeaseStore, LeaseTimings, StoreUnavailable
 from ai_lease.job import Job
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.observe.tracing import tracing_sink
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ai_lease.run.progress import Progress
+from ai_lease.lease.progress import Progress
 from ai_lease.testing.clock import VirtualClock
 
 

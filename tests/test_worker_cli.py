@@ -14,7 +14,7 @@ import pytest
 
 from ai_lease import Status, open_store
 from ai_lease.job import Job
-from ai_lease.observe.history import bucket_of
+from ai_lease.lease.histogram import bucket_of
 from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
 

@@ -126,7 +126,7 @@ def _masked(value: Any) -> Any:
 def _masked_url(url: str) -> str:
     """``url`` with its password masked, as written otherwise (``sqlite:///rel.db`` stays
     that: urlunsplit made it ``sqlite:/rel.db``); an unparseable one shows only its scheme."""
-    from ai_lease.lease import mask_url
+    from ai_lease.redaction import mask_url
 
     try:
         urlsplit(url).password  # noqa: B018 -- raises ValueError for an unparseable netloc
@@ -184,7 +184,8 @@ def tune(
 ) -> None:
     """Suggest budgets from recorded stage durations: max_no_progress = max(floor, P99 x
     factor) per stage, first_token and idle from the streams' own histograms."""
-    from ai_lease.observe.history import DurationHistory, suggest
+    from ai_lease.lease.histogram import DurationHistory
+    from ai_lease.observe.history import suggest
     from ai_lease.observe.tuning import render_table, render_toml
 
     corrupt: list[CorruptRecord] = []

@@ -27,7 +27,7 @@ from rich.text import Text
 
 from ai_lease.cli.console_text import ended_by, figures, seconds, short_token, tokens_text
 from ai_lease.cli.terminal import raw
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider
 from ai_lease.text_safety import inert
 from ai_lease.timeouts import LeaseTimings, StreamTimeouts

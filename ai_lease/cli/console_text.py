@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 
 if TYPE_CHECKING:
     from ai_lease.job import JobState

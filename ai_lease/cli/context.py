@@ -42,7 +42,7 @@ class Context:
 
     @property
     def where(self) -> str:
-        from ai_lease.lease import mask_url
+        from ai_lease.redaction import mask_url
 
         return mask_url(self.settings.store.url)
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ai_lease.job import Job, JobState
     from ai_lease.job_provider import ProviderChoice
     from ai_lease.lease import LeaseStore
-    from ai_lease.observe.events import Event, EventSink
+    from ai_lease.lease.events import Event, EventSink
     from ai_lease.prompts import PromptLibrary
     from ai_lease.providers import Provider
     from ai_lease.run.provider_pick import ProviderResolver

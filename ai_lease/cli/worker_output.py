@@ -13,7 +13,7 @@ from ai_lease.redaction import redact
 
 if TYPE_CHECKING:
     from ai_lease.lease import LeaseStore
-    from ai_lease.observe.events import Event
+    from ai_lease.lease.events import Event
     from ai_lease.observe.metrics import Metrics
 
 __all__ = ["log_job_event", "log_worker_event", "new_metrics", "serving", "watching"]

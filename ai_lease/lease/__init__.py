@@ -12,7 +12,7 @@ from ai_lease.lease.base import (
     Renewal,
 )
 from ai_lease.lease.refusal import Refusal
-from ai_lease.lease.urls import mask_url, open_store
+from ai_lease.lease.urls import open_store
 
 __all__ = [
     "AcquireOutcome",
@@ -25,6 +25,5 @@ __all__ = [
     "LeaseStore",
     "Refusal",
     "Renewal",
-    "mask_url",
     "open_store",
 ]

@@ -37,7 +37,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from ai_lease.errors import FencingRejected, LeaseLost, StoreUnavailable
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease.base import Fence, LeaseStore
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.retry import COMMIT_RESEND, RetryPolicy, resend
 
 __all__ = [

@@ -35,10 +35,10 @@ from typing import Any, NoReturn, TypeVar
 
 from ai_lease.errors import LeaseLost, Stalled, StoreUnavailable
 from ai_lease.lease.base import Fence, LeaseStore, checkpoint_problem, due_now
+from ai_lease.lease.events import Event, EventSink
 from ai_lease.lease.fence import SelfFence
-from ai_lease.observe.events import Event, EventSink
-from ai_lease.observe.snapshot import snapshot
-from ai_lease.run.progress import Progress
+from ai_lease.lease.progress import Progress
+from ai_lease.lease.snapshot import snapshot
 from ai_lease.timeouts import LeaseTimings, StallPolicy
 
 __all__ = ["LeaseKeeper", "Renewals", "alongside"]

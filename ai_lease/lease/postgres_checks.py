@@ -14,7 +14,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ai_lease.errors import ConfigError, JobSpecError
 from ai_lease.job import validate_key
-from ai_lease.lease.urls import mask_url
+from ai_lease.redaction import mask_url
 
 __all__ = ["NAME_LIMIT", "check_namespace", "check_url", "job_key", "with_bounds"]
 

@@ -46,7 +46,7 @@ from ai_lease.lease import postgres_schema as schema_
 from ai_lease.lease.postgres_checks import check_namespace, check_url, job_key, with_bounds
 from ai_lease.lease.postgres_schema import JOB_COLUMNS
 from ai_lease.lease.redis_wire import Tasks, within  # the bounded wait both stores share
-from ai_lease.lease.urls import mask_url
+from ai_lease.redaction import mask_url
 from ai_lease.resource import AsyncResource
 
 __all__ = ["PostgresConn", "check_url", "job_key"]

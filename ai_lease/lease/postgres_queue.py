@@ -21,10 +21,10 @@ import orjson
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
 from ai_lease.job import JobState
 from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
+from ai_lease.lease.histogram import checked_histogram
 from ai_lease.lease.postgres_conn import PostgresConn, job_key
 from ai_lease.lease.postgres_schema import JOB_COLUMNS
 from ai_lease.lease.storable import exact
-from ai_lease.observe.history import checked_histogram
 
 __all__ = ["CLAIM_HOLD", "PRUNE_BATCH", "PostgresQueue"]
 

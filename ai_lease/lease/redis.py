@@ -45,7 +45,7 @@ from ai_lease.lease.redis_listing import RedisListing
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
-from ai_lease.lease.urls import mask_url
+from ai_lease.redaction import mask_url
 from ai_lease.resource import AsyncResource
 
 __all__ = ["RedisStore", "hash_tag"]

@@ -19,10 +19,10 @@ from redis.exceptions import ResponseError
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
 from ai_lease.job import JobState, Status, validate_key
 from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
+from ai_lease.lease.histogram import checked_histogram
 from ai_lease.lease.redis_calls import RedisCalls
 from ai_lease.lease.redis_keys import decode, us
 from ai_lease.lease.storable import exact
-from ai_lease.observe.history import checked_histogram
 
 __all__ = ["RedisQueue"]
 

@@ -18,9 +18,9 @@ from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
 from ai_lease.job import JobState, validate_key
 from ai_lease.lease import rules
 from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
+from ai_lease.lease.histogram import checked_histogram
 from ai_lease.lease.sqlite_file import SQLiteFile
 from ai_lease.lease.storable import exact
-from ai_lease.observe.history import checked_histogram
 
 __all__ = ["SQLiteQueue"]
 

@@ -1,8 +1,5 @@
-"""Store URLs: open a store from one, and show one without its password.
-
->>> mask_url("redis://:hunter2@cache:6379/0")
-'redis://:***@cache:6379/0'
-"""
+"""Store URLs: open a store from one (a URL without its password is
+:func:`ai_lease.redaction.mask_url`)."""
 
 from __future__ import annotations
 
@@ -10,29 +7,14 @@ import re
 
 from ai_lease.errors import ConfigError
 from ai_lease.lease.base import LeaseStore
+from ai_lease.redaction import mask_url
 
-__all__ = ["SCHEMES", "mask_url", "open_store"]
+__all__ = ["SCHEMES", "open_store"]
 
 SCHEMES = (
     *("sqlite", "redis", "rediss", "unix", "redis+cluster", "rediss+cluster"),
     *("postgresql", "postgres"),
 )
-
-
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (safe for logs and errors)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:  # a libpq keyword string: host=h password=x (quoted values may hold spaces)
-        return _PASSWORD_KEYWORD.sub(r"\1***", url)
-    # The last "@" ends the user info: a password may itself hold "@", "/" or "?".
-    userinfo, at, host = rest.rpartition("@")
-    if at and ":" in userinfo:
-        rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
-    return _PASSWORD_PARAM.sub(r"\1***", f"{scheme}{sep}{rest}")
-
-
-_PASSWORD_PARAM = re.compile(r"(?i)([?&](?:ssl)?password=)[^&#]*")  # libpq's sslpassword too
-_PASSWORD_KEYWORD = re.compile(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 
 
 def sqlite_path(url: str) -> str:

@@ -1,11 +1,12 @@
-"""Duration history: compact, mergeable histograms of how long stages really take.
+"""Duration history: what a node records of how long stages really take, and what
+``ai-lease tune`` suggests from it.
 
 Budgets can only be set well from measurements (the first seed, sections 10 and 15). Every
-node aggregates durations locally in log-scale buckets (4 per doubling, 1 ms to ~70 min:
-~19 % relative error, 88 integers per histogram) and adds them to the store now and then;
-histograms from many nodes merge by adding counts. ``ai-lease tune`` reads them back and
-suggests ``max_no_progress = max(floor, P99 x factor)`` per stage, and the stream budgets
-from the first-token and longest-gap histograms.
+node aggregates durations locally (:class:`HistoryRecorder`, in the histograms of
+:mod:`ai_lease.lease.histogram`) and adds them to the store now and then; histograms from
+many nodes merge by adding counts. ``ai-lease tune`` reads them back and suggests
+``max_no_progress = max(floor, P99 x factor)`` per stage, and the stream budgets from the
+first-token and longest-gap histograms.
 
 Kinds: ``stage`` (each stage's duration), ``first_token`` (time to the first progress: text,
 reasoning or a tool call's arguments), ``first_visible`` (time to the first answer text,
@@ -16,131 +17,15 @@ stage finished after all: budgets that are too tight).
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from ai_lease.errors import CorruptRecord, CorruptSink
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
+from ai_lease.lease.histogram import DurationHistory, Histogram, Series, bucket_of
 
-__all__ = [
-    "DurationHistory",
-    "Histogram",
-    "HistoryRecorder",
-    "Suggestion",
-    "bucket_of",
-    "checked_histogram",
-    "suggest",
-]
-
-BASE_S = 0.001
-STEPS_PER_DOUBLING = 4
-BUCKETS = 88
-_LOG_STEP = math.log(2) / STEPS_PER_DOUBLING
-
-Series = tuple[str, str, str]
-"""(pipeline, kind, stage)"""
-
-
-def bucket_of(seconds: float) -> int:
-    """The bucket holding ``seconds`` (bucket ``i`` ends at ``1 ms x 2^(i/4)``)."""
-    if seconds <= BASE_S:
-        return 0
-    return min(BUCKETS - 1, math.ceil(math.log(seconds / BASE_S) / _LOG_STEP))
-
-
-def bucket_upper(index: int) -> float:
-    return float(BASE_S * math.exp(index * _LOG_STEP))
-
-
-@dataclass
-class Histogram:
-    """Counts per bucket; merge by adding."""
-
-    counts: Counter[int] = field(default_factory=Counter)
-
-    def add(self, seconds: float, n: int = 1) -> None:
-        self.counts[bucket_of(seconds)] += n
-
-    def merge(self, other: Mapping[int, int]) -> None:
-        self.counts.update(other)
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def quantile(self, q: float) -> float | None:
-        """The upper edge of the bucket holding quantile ``q`` (None when empty)."""
-        total = self.total
-        if total == 0:
-            return None
-        rank = q * total
-        seen = 0
-        for index in sorted(self.counts):
-            seen += self.counts[index]
-            if seen >= rank:
-                return bucket_upper(index)
-        return bucket_upper(max(self.counts))
-
-
-_MAX_COUNT = 2**62  # counts are added across nodes: leave head-room below 64 bits
-
-
-def checked_histogram(
-    name: str, series: Any, buckets: Iterable[tuple[Any, Any]]
-) -> tuple[Series, dict[int, int]]:
-    """A stored series and its (bucket, count) pairs, checked; :class:`CorruptRecord`
-    naming the series (``name``, as stored) when anything is not what ``add_durations``
-    writes: three strings, buckets 0..87, counts 0..2^62."""
-
-    def corrupt(detail: str) -> CorruptRecord:
-        return CorruptRecord(name, detail, kind="duration histogram")
-
-    if not (
-        isinstance(series, list | tuple)
-        and len(series) == 3
-        and all(isinstance(part, str) for part in series)
-    ):
-        raise corrupt("the name is not [pipeline, kind, stage]")
-    counts: dict[int, int] = {}
-    for bucket, n in buckets:
-        b, c = _small_int(bucket), _small_int(n)
-        if b is None or not 0 <= b < BUCKETS:
-            raise corrupt(f"bucket {str(bucket)[:20]!r} is not 0..{BUCKETS - 1}")
-        if c is None or not 0 <= c <= _MAX_COUNT:
-            raise corrupt(f"count {str(n)[:20]!r} of bucket {b} is not a count")
-        counts[b] = c
-    return (series[0], series[1], series[2]), counts
-
-
-def _small_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str | bytes) and len(value) <= 20:
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None
-
-
-@runtime_checkable
-class DurationHistory(Protocol):
-    """Where histograms are kept (both built-in stores).
-
-    ``load_durations`` raises :class:`CorruptRecord` on a series that is not ours, unless
-    ``on_corrupt`` is given: then that series is skipped and reported to it."""
-
-    async def add_durations(self, counts: Mapping[Series, Mapping[int, int]]) -> None: ...
-
-    async def load_durations(
-        self, *, on_corrupt: CorruptSink | None = None
-    ) -> dict[Series, dict[int, int]]: ...
+__all__ = ["HistoryRecorder", "Suggestion", "suggest"]
 
 
 class HistoryRecorder:
@@ -226,12 +111,3 @@ def suggest(
             )
         )
     return out
-
-
-def merge_all(items: Iterable[Mapping[Series, Mapping[int, int]]]) -> dict[Series, dict[int, int]]:
-    """Add several nodes' histograms together."""
-    total: dict[Series, Counter[int]] = defaultdict(Counter)
-    for item in items:
-        for series, counts in item.items():
-            total[series].update(counts)
-    return {series: dict(counts) for series, counts in total.items()}

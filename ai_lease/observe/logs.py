@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from ai_lease.observe.events import Event, EventSink
+from ai_lease.lease.events import Event, EventSink
 from ai_lease.redaction import redact
 
 __all__ = [
@@ -158,7 +158,7 @@ def json_line(fields: dict[str, Any], level: int, at: float) -> str:
 
 
 class JobLogger:
-    """An event sink writing one line per event to ``logger`` (default ``ai_lease.observe.events``).
+    """An event sink writing one line per event to ``logger`` (default ``ai_lease.lease.events``).
 
     >>> log = JobLogger(json=True)
     >>> runner = Runner(store, hooks=RunHooks(on_event=log))          # doctest: +SKIP

@@ -28,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 
-from ai_lease.observe.events import Event, EventSink
+from ai_lease.lease.events import Event, EventSink
 
 __all__ = ["DEFAULT_AFTER_S", "LoopWatchdog", "watch_loop"]
 

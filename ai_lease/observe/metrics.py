@@ -1,7 +1,7 @@
 """Prometheus metrics with the seed's names, fed by the runner's events.
 
 :class:`Metrics` is an event sink: pass it as ``on_event`` and it turns each
-:class:`~ai_lease.observe.events.Event` into the seed's counters and histograms on its own
+:class:`~ai_lease.lease.events.Event` into the seed's counters and histograms on its own
 ``CollectorRegistry`` (never the global one), which you can serve or mount:
 
 >>> metrics = Metrics()
@@ -28,8 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.exposition import start_http_server
 
 from ai_lease.errors import ConfigError
+from ai_lease.lease.events import Event, EventSink
 from ai_lease.lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS
-from ai_lease.observe.events import Event, EventSink
 from ai_lease.redaction import redact
 
 __all__ = ["DEFAULT_STAGES", "MAX_LABEL_VALUES", "Metrics", "MetricsServer", "serve_metrics"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ai_lease.observe.events import Event, EventSink
+from ai_lease.lease.events import Event, EventSink
 
 __all__ = ["tracing_sink"]
 

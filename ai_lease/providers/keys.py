@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from ai_lease.errors import ConfigError
-from ai_lease.lease.urls import mask_url
+from ai_lease.redaction import mask_url
 
 __all__ = [
     "DEFAULT_BASE_URL",

@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from ai_lease.errors import ConfigError
-from ai_lease.lease.urls import mask_url
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Usage
+from ai_lease.redaction import mask_url
 from ai_lease.resource import AsyncResource
 
 __all__ = ["LocalExtractiveProvider", "extractive_summary"]

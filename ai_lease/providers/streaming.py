@@ -33,7 +33,6 @@ import httpx
 
 from ai_lease.errors import ConfigError, PoolTimeout, ProviderError, StreamLimitExceeded
 from ai_lease.job import sampling_problem
-from ai_lease.lease.urls import mask_url
 from ai_lease.providers.base import ChatRequest, Delta
 from ai_lease.providers.chunks import stream_error
 from ai_lease.providers.errors import describe_sent
@@ -47,6 +46,7 @@ from ai_lease.providers.http_paths import (
     new_session,
 )
 from ai_lease.providers.sse import EventTooLarge, SSEFramer
+from ai_lease.redaction import mask_url
 from ai_lease.resource import AsyncResource
 from ai_lease.timeouts import StreamLimits
 

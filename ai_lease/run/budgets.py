@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from ai_lease.errors import CorruptSink, StoreUnavailable
 from ai_lease.lease.base import LeaseStore
-from ai_lease.observe.history import DurationHistory, Histogram
+from ai_lease.lease.histogram import DurationHistory, Histogram
 from ai_lease.timeouts import AdaptiveBudgets, LeaseTimings, StageBudget
 
 __all__ = ["BudgetLearner", "learned_timings"]

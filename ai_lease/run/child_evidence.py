@@ -126,7 +126,7 @@ def _tasks_text() -> str:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return "asyncio tasks: no event loop running in the main thread\n"
-    from ai_lease.observe.snapshot import snapshot  # only when asked: keep start-up light
+    from ai_lease.lease.snapshot import snapshot  # only when asked: keep start-up light
 
     found = sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name())
     parts = [f"asyncio tasks ({len(found)}, await chain innermost last):"]

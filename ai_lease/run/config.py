@@ -26,7 +26,7 @@ from ai_lease.timeouts import (
 )
 
 if TYPE_CHECKING:
-    from ai_lease.observe.events import EventSink
+    from ai_lease.lease.events import EventSink
     from ai_lease.run.pipeline import PersistHook
 
 __all__ = ["FaultHook", "RunConfig", "RunHooks"]

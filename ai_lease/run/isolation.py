@@ -4,7 +4,7 @@
 on Linux, ``spawn`` elsewhere; each imports ai_lease and waits on a pipe), so a short job
 pays a pipe round trip, not an interpreter start. The lease, the keeper and the fenced
 commit stay in the worker: the child writes its progress marks into shared memory, which
-the parent copies into the attempt's :class:`~ai_lease.run.progress.Progress` (so the
+the parent copies into the attempt's :class:`~ai_lease.lease.progress.Progress` (so the
 keeper's and the store's progress gates work unchanged), and sends back the parsed result,
 which the parent's ``persist`` commits, fenced.
 

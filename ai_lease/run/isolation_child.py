@@ -34,17 +34,17 @@ from typing import Any, cast
 from ai_lease.errors import JobSpecError, ProviderError
 from ai_lease.job import Job
 from ai_lease.lease.base import Fence, LeaseStore
+from ai_lease.lease.classify import describe, retryable
+from ai_lease.lease.events import Event
 from ai_lease.lease.keeper import LeaseKeeper
-from ai_lease.observe.events import Event
+from ai_lease.lease.progress import Progress
 from ai_lease.observe.logs import configure_logging
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
 from ai_lease.run.child_env import trim_environ
-from ai_lease.run.classify import describe, retryable
 from ai_lease.run.ladder import install_child_handlers
 from ai_lease.run.pipeline import Pipeline, StageContext
-from ai_lease.run.progress import Progress
 from ai_lease.run.provider_pick import MAX_BUILT
 from ai_lease.timeouts import LeaseTimings, StageBudget, StreamLimits, StreamTimeouts
 

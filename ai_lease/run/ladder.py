@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.run.child_evidence import (
     PROC_ROOT,
     ChildSnapshot,

@@ -36,14 +36,14 @@ import orjson
 from ai_lease.errors import JobSpecError, LeaseLost, StageDeadlineExceeded
 from ai_lease.job import Job, JobState, RunFacts
 from ai_lease.lease.base import Fence, LeaseStore
+from ai_lease.lease.events import Event, EventSink
 from ai_lease.lease.fence import fenced_commit
 from ai_lease.lease.keeper import LeaseKeeper
-from ai_lease.observe.events import Event, EventSink
+from ai_lease.lease.progress import Progress
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
 from ai_lease.run.config import FaultHook
-from ai_lease.run.progress import Progress
 from ai_lease.run.stages import (
     build_prompt,
     call_ai,

@@ -38,10 +38,11 @@ from ai_lease.inputs import resolve_input
 from ai_lease.job import Job, JobState, Status
 from ai_lease.job_provider import ProviderChoice
 from ai_lease.lease.base import Acquired, Fence, Finished, Following, JobQueue, LeaseStore
+from ai_lease.lease.events import Event
 from ai_lease.lease.fence import UnansweredCommits, default_node_id, new_owner_id
 from ai_lease.lease.follow import acquire_or_follow
-from ai_lease.observe.events import Event
-from ai_lease.observe.history import DurationHistory, HistoryRecorder
+from ai_lease.lease.histogram import DurationHistory
+from ai_lease.observe.history import HistoryRecorder
 from ai_lease.observe.tracing import tracing_sink
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import Provider

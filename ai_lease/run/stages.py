@@ -21,13 +21,13 @@ from ai_lease.errors import EmptyAnswer, JobSpecError, ProviderError, StageTimeo
 from ai_lease.job import Job
 from ai_lease.job_shapes import image_parts
 from ai_lease.lease.base import CHECKPOINT_LIMIT
+from ai_lease.lease.classify import describe
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Provider
 from ai_lease.providers.request_ids import client_request_id, new_request_id
 from ai_lease.retry import call_with_retries
 from ai_lease.run.background import cancel_left, cancelling_abandoned, retry_point
 from ai_lease.run.call_notes import call_detail, noting_call
-from ai_lease.run.classify import describe
 from ai_lease.run.empty_answer import capped, empty_answer_why
 from ai_lease.run.stream_guard import StreamGuard
 

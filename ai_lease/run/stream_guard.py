@@ -62,6 +62,7 @@ from ai_lease.errors import (
     StreamLimitExceeded,
     StreamTotalTimeout,
 )
+from ai_lease.lease.progress import Progress
 from ai_lease.observe.phi import crossing_s, normal_fit, phi_value
 from ai_lease.providers.base import (
     ChatRequest,
@@ -72,7 +73,6 @@ from ai_lease.providers.base import (
     Usage,
     assemble_tool_calls,
 )
-from ai_lease.run.progress import Progress
 from ai_lease.timeouts import StreamLimits, StreamTimeouts
 
 __all__ = ["PHI_MIN_GAPS", "PHI_WINDOW", "StreamGuard", "guarded_completion"]

@@ -67,7 +67,7 @@ from ai_lease.lease.base import (
     LeaseStore,
     WorkerInfo,
 )
-from ai_lease.observe.events import Event, EventSink
+from ai_lease.lease.events import Event, EventSink
 from ai_lease.providers.base import Provider
 from ai_lease.run.isolation import ChildPool, check_isolation, isolated
 from ai_lease.run.outage import StoreOutage

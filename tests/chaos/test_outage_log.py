@@ -13,7 +13,7 @@ from ai_lease import LeaseTimings
 from ai_lease.job import Job, Status
 from ai_lease.lease import LeaseStore, open_store
 from ai_lease.lease.base import Acquired
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.outage import StoreOutage
 from ai_lease.run.runner import Runner

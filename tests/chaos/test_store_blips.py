@@ -22,7 +22,7 @@ from ai_lease import (
     StoreUnavailable,
 )
 from ai_lease.job import Job
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, Raise, ScriptedProvider

@@ -21,7 +21,7 @@ import pytest
 
 from ai_lease import LeaseStore, LeaseTimings, StageBudget, StreamTimeouts, open_store
 from ai_lease.job import Job
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.run.config import RunConfig, RunHooks

@@ -13,7 +13,7 @@ Environment (read once, before ai_lease is imported):
   processes stay comparable.
 * ``CHAOS_API_KEY``: the API key of the OpenAI-compatible provider (``--sse-url``).
 
-The history file gets every runner :class:`~ai_lease.observe.events.Event` (``at`` is the real time
+The history file gets every runner :class:`~ai_lease.lease.events.Event` (``at`` is the real time
 the line was written; ``event_at`` the event's own, possibly shifted, time) and the node's
 own lines: ``started``, ``ready`` (store reached, waiting for the go file), ``go``, ``call``
 (the model was called for ``key``: count these to prove a follower did not call it again),
@@ -83,7 +83,7 @@ from ai_lease import (  # noqa: E402
 )
 from ai_lease.errors import StoreUnavailable  # noqa: E402
 from ai_lease.job import Job  # noqa: E402
-from ai_lease.observe.events import Event  # noqa: E402
+from ai_lease.lease.events import Event  # noqa: E402
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider  # noqa: E402
 from ai_lease.providers.openai_compat import OpenAICompatProvider  # noqa: E402
 from ai_lease.run.config import RunConfig, RunHooks  # noqa: E402

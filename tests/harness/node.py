@@ -5,7 +5,7 @@
         [--ttl 2 --renew 0.5 --mnp 1 --policy expire|release|alert --go-file PATH]
         [--isolation task|process]
 
-Every :class:`~ai_lease.observe.events.Event` the runner emits is appended to the history file as
+Every :class:`~ai_lease.lease.events.Event` the runner emits is appended to the history file as
 one JSON line (flushed at once, so a SIGKILL loses at most the line being written), plus
 the node's own lines: ``started``, ``chunk`` (a content delta the provider streamed: real
 progress), ``late_commit_rejected`` / ``late_commit_accepted`` (a zombie's write with its
@@ -72,7 +72,7 @@ from ai_lease import (
     open_store,
 )
 from ai_lease.job import Job
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.isolation import isolated

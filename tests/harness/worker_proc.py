@@ -8,7 +8,7 @@ It builds a :class:`~ai_lease.run.runner.Runner` with fast lease timings (TTL 2 
 0.5 s, store operations bounded at 0.4 s, polls every 0.1 s, self-fence 0.5 s ahead, call_ai
 may go ``--mnp`` seconds without progress) and a :class:`~ai_lease.run.worker.Worker` with its
 signal handlers installed, exactly as ``ai-lease worker`` does, and runs until the worker
-stops. Every runner and worker :class:`~ai_lease.observe.events.Event` is appended to the history
+stops. Every runner and worker :class:`~ai_lease.lease.events.Event` is appended to the history
 file as one JSON line (``event.to_dict()`` plus ``node``: the worker id), flushed at once,
 plus the process's own lines: ``started`` (pid, timings), ``call`` (the provider was called
 for ``key``), ``hang`` (this call hangs) and ``exit``.
@@ -45,7 +45,7 @@ from typing import Any
 
 from ai_lease import LeaseTimings, StageBudget, open_store
 from ai_lease.job import Job
-from ai_lease.observe.events import Event
+from ai_lease.lease.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.run.config import RunConfig, RunHooks
