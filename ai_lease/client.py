@@ -27,7 +27,8 @@ from typing import Any, Self, TypeVar
 
 from ai_lease.errors import ConfigError, InputError, JobCancelled, JobFailed
 from ai_lease.job import Job, JobState, Status, validate_key
-from ai_lease.lease.base import TERMINAL_STATUSES, JobAdmin, LeaseStore, Removal
+from ai_lease.lease.admin import TERMINAL_STATUSES, JobAdmin, Removal
+from ai_lease.lease.base import LeaseStore
 from ai_lease.lease.events import EventSink
 from ai_lease.lease.urls import open_store
 from ai_lease.prompts import PromptLibrary

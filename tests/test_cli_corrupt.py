@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from ai_lease import Acquired, open_store
 from ai_lease.cli.app import main
-from ai_lease.lease.base import WorkerInfo
 from ai_lease.lease.histogram import bucket_of
+from ai_lease.lease.queue import WorkerInfo
 
 NS = "ai_lease"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import orjson
 
 from ai_lease import Acquired, open_store
-from ai_lease.lease.base import WorkerInfo
 from ai_lease.lease.fence import Fence
+from ai_lease.lease.queue import WorkerInfo
 from tests.test_cli_basics import run_cli
 
 

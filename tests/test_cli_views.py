@@ -268,7 +268,7 @@ def test_workers_leaves_out_jobs_that_have_ended(url: str) -> None:
     the one still RUNNING, and counts it alone."""
     import time
 
-    from ai_lease.lease.base import WorkerInfo
+    from ai_lease.lease.queue import WorkerInfo
 
     acquire(url, "still-running")
     done(url, "ended", "ok")

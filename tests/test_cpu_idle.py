@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from ai_lease import Acquired, open_store
-from ai_lease.lease.base import JobTimeline
+from ai_lease.lease.timeline import JobTimeline
 from ai_lease.observe.cpu_idle import cpu_idle_of, cpu_idle_text
 from ai_lease.run.child_evidence import ChildSnapshot
 from ai_lease.ui.render import Templates, job_context

@@ -15,7 +15,7 @@ import pytest
 
 from ai_lease import open_store
 from ai_lease.job import Job, Status
-from ai_lease.lease.base import JobQueue
+from ai_lease.lease.queue import JobQueue
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.local import LocalExtractiveProvider
 from ai_lease.run.config import RunConfig

@@ -10,8 +10,9 @@ import orjson
 
 from ai_lease import Acquired, open_store
 from ai_lease.job import Health
-from ai_lease.lease.base import JobTimeline, LeaseStore
+from ai_lease.lease.base import LeaseStore
 from ai_lease.lease.fence import Fence
+from ai_lease.lease.timeline import JobTimeline
 from ai_lease.observe.phi import is_suspect, renewal_phi
 from ai_lease.ui.render import Templates, job_context
 from tests.test_cli_basics import run_cli

@@ -15,8 +15,9 @@ import pytest
 from ai_lease import LeaseTimings, StageBudget, StoreUnavailable
 from ai_lease.job import Job
 from ai_lease.lease import LeaseStore, open_store
-from ai_lease.lease.base import Acquired, JobQueue
+from ai_lease.lease.base import Acquired
 from ai_lease.lease.events import Event
+from ai_lease.lease.queue import JobQueue
 from ai_lease.providers.base import ChatRequest, Delta
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from ai_lease.errors import FencingRejected, LeaseLost
-from ai_lease.lease import redis_scripts
+from ai_lease.lease import redis_admin_scripts, redis_prelude, redis_scripts
 from ai_lease.lease.base import Fence
 from ai_lease.lease.refusal import MESSAGES, RENEWAL_REFUSALS, WRITE_REFUSALS, Refusal
 
@@ -16,11 +16,19 @@ from ai_lease.lease.refusal import MESSAGES, RENEWAL_REFUSALS, WRITE_REFUSALS, R
 _REPLY_KINDS = {"ok", "written", "acquired", "following", "finished", "conflict", "rejected"}
 
 
+_MODULES = (redis_scripts, redis_admin_scripts)  # the job scripts, the lifecycle scripts
+
+
 def _scripts() -> dict[str, str]:
     return {
         name: text
-        for name, text in vars(redis_scripts).items()
-        if name.isupper() and not name.startswith("_") and isinstance(text, str) and "\n" in text
+        for module in _MODULES
+        for name, text in vars(module).items()
+        if name.isupper()
+        and not name.startswith("_")
+        and isinstance(text, str)
+        and "\n" in text
+        and not hasattr(redis_prelude, name)  # the prelude each one starts with, imported
     }
 
 
@@ -35,7 +43,7 @@ def _returned_codes(text: str) -> set[str]:
 
 def _header_codes(name: str) -> set[str]:
     """The codes a script's header comment lists (``# refusals (…Refusal): a, b, …``)."""
-    source = inspect.getsource(redis_scripts)
+    source = "\n".join(inspect.getsource(module) for module in _MODULES)
     header = re.search(rf"((?:^#.*\n)+){name} = ", source, re.MULTILINE)
     assert header is not None, f"{name} has no header comment"
     listed = re.search(r"# refusals \([\w.]+\): ((?:[a-z_]+,?\s*(?:# )?)+)", header[1])

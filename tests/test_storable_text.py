@@ -11,17 +11,11 @@ import pytest
 from ai_lease.errors import InputError, JobSpecError
 from ai_lease.job import RunFacts, Status, validate_key
 from ai_lease.lease import LeaseStore
-from ai_lease.lease.base import (
-    Acquired,
-    Fence,
-    JobListing,
-    JobNotes,
-    JobQueue,
-    JobTimeline,
-    WorkerInfo,
-)
+from ai_lease.lease.base import Acquired, Fence, JobListing
 from ai_lease.lease.listing import encode_cursor
+from ai_lease.lease.queue import JobQueue, WorkerInfo
 from ai_lease.lease.storable import diagnostic, exact, key_can_start
+from ai_lease.lease.timeline import JobNotes, JobTimeline
 
 NUL, LONE = "bad \x00 request", "bad \ud800 request"
 NUL_SAID, LONE_SAID = "bad \\u0000 request", "bad \\ud800 request"

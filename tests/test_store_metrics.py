@@ -18,8 +18,9 @@ import pytest
 import redis
 
 from ai_lease.lease import LeaseStore, open_store
-from ai_lease.lease.base import Acquired, JobQueue, WorkerInfo
+from ai_lease.lease.base import Acquired
 from ai_lease.lease.postgres import PostgresStore
+from ai_lease.lease.queue import JobQueue, WorkerInfo
 from ai_lease.lease.redis_queue import RedisQueue
 from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.observe.metrics import MAX_LABEL_VALUES, Metrics, MetricsServer, serve_metrics

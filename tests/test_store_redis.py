@@ -26,7 +26,7 @@ from ai_lease import (
 from ai_lease.job import Status
 from ai_lease.lease import Acquired, open_store
 from ai_lease.lease import redis_scripts as lua
-from ai_lease.lease.base import WorkerInfo
+from ai_lease.lease.queue import WorkerInfo
 from ai_lease.lease.redis import RedisStore
 from tests.harness.chaos_proxy import ChaosProxy, script_sha
 from tests.harness.redis_server import RedisServer, free_port

@@ -16,7 +16,8 @@ from httpx_sse import aconnect_sse
 
 from ai_lease.job import JobState, Status
 from ai_lease.lease import LeaseStore
-from ai_lease.lease.base import Acquired, WorkerInfo
+from ai_lease.lease.base import Acquired
+from ai_lease.lease.queue import WorkerInfo
 from ai_lease.ui.overview import RUNNING_READ, per_minute, queue_depth
 from tests.test_ui_app import serving
 from tests.test_ui_states import row_of

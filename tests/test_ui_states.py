@@ -21,7 +21,7 @@ from httpx_sse import aconnect_sse
 from ai_lease import Acquired
 from ai_lease.job import Job, Status
 from ai_lease.lease import LeaseStore
-from ai_lease.lease.base import MAX_REPORTED_JOBS, WorkerInfo
+from ai_lease.lease.queue import MAX_REPORTED_JOBS, WorkerInfo
 from ai_lease.run.worker import Worker
 from ai_lease.testing.scripted import Pause, ScriptedProvider
 from ai_lease.ui.app import create_app

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ai_lease.errors import CorruptRecord
-from ai_lease.lease.base import MAX_REPORTED_JOBS, JobQueue, LeaseStore, WorkerInfo
+from ai_lease.lease.base import LeaseStore
+from ai_lease.lease.queue import MAX_REPORTED_JOBS, JobQueue, WorkerInfo
 
 
 def _info(jobs: tuple[str, ...]) -> WorkerInfo:

@@ -20,8 +20,9 @@ import redis
 
 from ai_lease import LeaseStore, LeaseTimings, Status
 from ai_lease.job import Job
-from ai_lease.lease.base import Acquired, JobQueue
+from ai_lease.lease.base import Acquired
 from ai_lease.lease.events import Event
+from ai_lease.lease.queue import JobQueue
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker

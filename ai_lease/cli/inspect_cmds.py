@@ -95,7 +95,7 @@ def _raise_unless_done(job: JobState) -> None:
 async def job_and_phi(store: LeaseStore, key: str) -> tuple[JobState | None, OwnerPhi | None]:
     """Job ``key``'s record, and φ of its owner's renewals (None: not RUNNING, or a store
     that keeps no timeline; its ``value`` None: unknown)."""
-    from ai_lease.lease.base import JobTimeline
+    from ai_lease.lease.timeline import JobTimeline
 
     job = await store.get(key)
     if job is None or not isinstance(store, JobTimeline):
@@ -239,7 +239,7 @@ def workers(obj: Context, as_json: bool) -> None:
     by its own record, read now."""
     from dataclasses import asdict
 
-    from ai_lease.lease.base import JobQueue
+    from ai_lease.lease.queue import JobQueue
     from ai_lease.ui.listing import Workers, read_workers  # shared with the dashboard
 
     async def fetch(store: LeaseStore) -> Workers:

@@ -1,5 +1,5 @@
 """Commands that tidy jobs up: ``retry`` a failed or cancelled one, ``rm`` one, ``prune``
-old ones. Each is one atomic store operation (:class:`~ai_lease.lease.base.JobAdmin`)."""
+old ones. Each is one atomic store operation (:class:`~ai_lease.lease.admin.JobAdmin`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ai_lease.errors import InputError
 if TYPE_CHECKING:
     from ai_lease.job import JobState
     from ai_lease.lease import LeaseStore
-    from ai_lease.lease.base import JobAdmin
+    from ai_lease.lease.admin import JobAdmin
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -45,7 +45,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
 
 def admin(store: LeaseStore, where: str) -> JobAdmin:
     """The store's :class:`JobAdmin` side, or bad input saying it has none."""
-    from ai_lease.lease.base import JobAdmin
+    from ai_lease.lease.admin import JobAdmin
 
     if not isinstance(store, JobAdmin):
         raise InputError(f"{where} cannot retry, remove or prune jobs")
@@ -120,7 +120,7 @@ def remove(obj: Context, key: str, force: bool) -> None:
             await store.cancel(key, "removed with ai-lease rm --force")
         return await jobs.remove(key, force=force)
 
-    from ai_lease.lease.base import Removal
+    from ai_lease.lease.admin import Removal
 
     removal = obj.run(work, create=False)
     assert isinstance(removal, Removal)

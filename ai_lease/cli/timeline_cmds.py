@@ -23,7 +23,7 @@ from ai_lease.errors import InputError
 
 if TYPE_CHECKING:
     from ai_lease.lease import LeaseStore
-    from ai_lease.lease.base import JobTimeline, TimelineEntry
+    from ai_lease.lease.timeline import JobTimeline, TimelineEntry
 
 EXIT_INTERRUPTED = 130
 FOLLOW_INTERVAL = 0.5
@@ -32,7 +32,7 @@ FOLLOW_INTERVAL = 0.5
 
 def timeline_of(store: LeaseStore, where: str) -> JobTimeline:
     """The store's timeline side, or bad input saying it keeps none."""
-    from ai_lease.lease.base import JobTimeline
+    from ai_lease.lease.timeline import JobTimeline
 
     if not isinstance(store, JobTimeline):
         raise InputError(f"{where} keeps no job timelines")

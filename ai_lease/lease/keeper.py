@@ -34,10 +34,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 from ai_lease.errors import LeaseLost, Stalled, StoreUnavailable
-from ai_lease.lease.base import Fence, LeaseStore, checkpoint_problem, due_now
+from ai_lease.lease.base import Fence, LeaseStore, checkpoint_problem
 from ai_lease.lease.events import Event, EventSink
 from ai_lease.lease.fence import SelfFence
 from ai_lease.lease.progress import Progress
+from ai_lease.lease.queue import due_now
 from ai_lease.lease.snapshot import snapshot
 from ai_lease.timeouts import LeaseTimings, StallPolicy
 

@@ -20,16 +20,14 @@ from typing import Any
 
 from ai_lease.errors import FencingRejected, JobConflict
 from ai_lease.job import JobState, RunFacts
-from ai_lease.lease import base
+from ai_lease.lease import timeline
 from ai_lease.lease.base import (
-    TIMELINE_CAP,
     Acquired,
     AcquireOutcome,
     Fence,
     Finished,
     Following,
     Renewal,
-    TimelineEntry,
     check_checkpoint,
 )
 from ai_lease.lease.postgres_conn import check_url, job_key
@@ -39,6 +37,7 @@ from ai_lease.lease.postgres_schema import channel_name
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
+from ai_lease.lease.timeline import TIMELINE_CAP, TimelineEntry
 
 __all__ = ["PostgresStore"]
 
@@ -218,7 +217,7 @@ class PostgresStore(PostgresListing):
     async def timeline(
         self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
     ) -> tuple[list[TimelineEntry], int]:
-        """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.base.JobTimeline`):
+        """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.timeline.JobTimeline`):
         one statement, and how many entries the cap dropped."""
         key, bounded = job_key(key), max(0, min(limit, TIMELINE_CAP))
         rows = await self._fetch("timeline", _TIMELINE, (key, key, after_seq, bounded))
@@ -238,9 +237,9 @@ class PostgresStore(PostgresListing):
     ) -> bool:
         """Append one entry to the job's timeline (the termination ladder's steps): not
         fenced, written only for an existing job (False for an unknown key)."""
-        detail = base.check_note(kind, detail)
+        detail = timeline.check_note(kind, detail)
         owner_id, stage = diagnostic(owner_id) or "", diagnostic(stage)
-        args = (job_key(key), kind, detail, owner_id, token, stage, base.NOTE_LIMIT)
+        args = (job_key(key), kind, detail, owner_id, token, stage, timeline.NOTE_LIMIT)
         row = await self._fetchone("note", _NOTE, args, resend=False)  # twice: two entries
         return bool(row and row[0])
 

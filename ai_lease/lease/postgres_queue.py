@@ -20,10 +20,11 @@ import orjson
 
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
 from ai_lease.job import JobState
-from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
+from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.histogram import checked_histogram
 from ai_lease.lease.postgres_conn import PostgresConn, job_key
 from ai_lease.lease.postgres_schema import JOB_COLUMNS
+from ai_lease.lease.queue import WorkerInfo, storable_worker
 from ai_lease.lease.storable import exact
 
 __all__ = ["CLAIM_HOLD", "PRUNE_BATCH", "PostgresQueue"]
@@ -53,8 +54,8 @@ JOB = ", ".join(f"(o_job).{name}" for name in JOB_COLUMNS)
 
 
 class PostgresQueue(PostgresConn):
-    """The :class:`~ai_lease.lease.base.JobQueue` and
-    :class:`~ai_lease.lease.base.JobAdmin` parts of the PostgreSQL store, and its history."""
+    """The :class:`~ai_lease.lease.queue.JobQueue` and
+    :class:`~ai_lease.lease.admin.JobAdmin` parts of the PostgreSQL store, and its history."""
 
     _claims: dict[str, tuple[float, float]] | None = None  # see _live_claims
 

@@ -29,8 +29,8 @@ the Redis scripts do.
 
 from __future__ import annotations
 
-from ai_lease.lease.base import TIMELINE_CAP
 from ai_lease.lease.storable import SNAPSHOT_LIMIT
+from ai_lease.lease.timeline import TIMELINE_CAP
 
 __all__ = ["FUNCTIONS"]
 

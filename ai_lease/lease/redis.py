@@ -26,25 +26,23 @@ from ai_lease.errors import (
     skip_corrupt,
 )
 from ai_lease.job import JobState, RunFacts, validate_key
-from ai_lease.lease import redis_scripts as lua
 from ai_lease.lease.base import (
-    TIMELINE_CAP,
     Acquired,
     AcquireOutcome,
     Fence,
     Finished,
     Following,
     Renewal,
-    TimelineEntry,
     check_checkpoint,
-    check_note,
 )
 from ai_lease.lease.redis_calls import connect
 from ai_lease.lease.redis_keys import decode, hash_tag, timeline_entry, us
 from ai_lease.lease.redis_listing import RedisListing
+from ai_lease.lease.redis_prelude import LEAN_FIELDS
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
+from ai_lease.lease.timeline import TIMELINE_CAP, TimelineEntry, check_note
 from ai_lease.redaction import mask_url
 from ai_lease.resource import AsyncResource
 
@@ -170,7 +168,7 @@ class RedisStore(RedisListing, AsyncResource):
         # A fresh write's reply is lean (no result): the record holds the value just written.
         extra = {"result": value} if field == "result" else None
         self._forget(fence.key)
-        names = lua.LEAN_FIELDS if reply[0] == "written" else None  # values only, in order
+        names = LEAN_FIELDS if reply[0] == "written" else None  # values only, in order
         return decode(fence.key, reply[2:], reply[1], extra, names)
 
     async def commit(
@@ -203,7 +201,7 @@ class RedisStore(RedisListing, AsyncResource):
         token: int,
         stage: str | None = None,
     ) -> bool:
-        """One entry in an existing job's timeline (:class:`~ai_lease.lease.base.JobNotes`)."""
+        """One entry in an existing job's timeline (:class:`~ai_lease.lease.timeline.JobNotes`)."""
         detail = check_note(kind, detail)
         args = [kind, diagnostic(owner_id) or "", token, diagnostic(stage) or "", detail]
         return bool(await self._call("note", key, "NOTE", args))
@@ -262,7 +260,7 @@ class RedisStore(RedisListing, AsyncResource):
     async def timeline(
         self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
     ) -> tuple[list[TimelineEntry], int]:
-        """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.base.JobTimeline`):
+        """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.timeline.JobTimeline`):
         one LRANGE of at most ``TIMELINE_CAP`` entries."""
         raw = await self._cmd("timeline", "LRANGE", self.keys(key)[2], 0, -1)
         try:

@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ai_lease import retry
 from ai_lease.errors import CorruptRecord, OutcomeUnknown, StoreDataLost, StoreUnavailable
+from ai_lease.lease import redis_admin_scripts as admin_lua
 from ai_lease.lease import redis_listing_scripts as list_lua
 from ai_lease.lease import redis_queue_scripts as ns_lua
 from ai_lease.lease import redis_scripts as lua
@@ -42,7 +43,7 @@ log = logging.getLogger("ai_lease.store")
 _SCRIPTS = {  # each script by name, from the module that holds its text
     **{name: lua for name in ("ACQUIRE", "RENEW", "RELEASE", "FINISH", "REPORT_STALL")},
     **{name: lua for name in ("CANCEL", "GET", "SUBMIT", "NOTE")},
-    **{name: lua for name in ("RETRY", "REMOVE", "PRUNE")},
+    **{name: admin_lua for name in ("RETRY", "REMOVE", "PRUNE")},
     **{name: ns_lua for name in ("EPOCH", "DUE", "RESCHEDULE", "RECOVER_AT", "DUE_RECOVERIES")},
     **{name: ns_lua for name in ("BEAT", "WORKER_GONE", "LIST_WORKERS")},
     **{name: list_lua for name in ("LIST_PAGE", "BACKFILL", "COUNT_JOBS")},

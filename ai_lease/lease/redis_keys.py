@@ -13,7 +13,7 @@ from typing import Any
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import JobState
-from ai_lease.lease.base import TimelineEntry
+from ai_lease.lease.timeline import TimelineEntry
 
 __all__ = ["decode", "hash_tag", "job_keys", "timeline_entry", "untag", "us"]
 

@@ -10,7 +10,7 @@ standalone server. These read them; the backfill indexes the jobs stored before 
 
 from __future__ import annotations
 
-from ai_lease.lease.redis_scripts import _PRELUDE
+from ai_lease.lease.redis_prelude import PRELUDE
 
 LIST_CHUNK = 200
 """Index entries one ZREVRANGEBYSCORE of LIST_PAGE reads."""
@@ -27,7 +27,7 @@ LIST_CHUNK = 200
 # when a job beyond it matched, or the last entry read when the bound was reached first; none
 # when the entries ran out.
 LIST_PAGE = (
-    _PRELUDE
+    PRELUDE
     + r"""
 local idx, names, limit, status, pre = KEYS[1], KEYS[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local bound, top, after = tonumber(ARGV[6]), ARGV[1], ARGV[2]
@@ -115,7 +115,7 @@ return out
 # hash of ours not yet in the index goes in under its created_at (0 when it has none), counted
 # under its status, and into the name index; a hash not ours (or gone) is left out.
 BACKFILL = (
-    _PRELUDE
+    PRELUDE
     + r"""
 local added = 0
 for i = 4, #KEYS do

@@ -18,8 +18,9 @@ from redis.exceptions import ResponseError
 
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
 from ai_lease.job import JobState, Status, validate_key
-from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
+from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.histogram import checked_histogram
+from ai_lease.lease.queue import WorkerInfo, storable_worker
 from ai_lease.lease.redis_calls import RedisCalls
 from ai_lease.lease.redis_keys import decode, us
 from ai_lease.lease.storable import exact
@@ -31,7 +32,7 @@ PRUNE_BATCH = 100
 
 
 class RedisQueue(RedisCalls):
-    """The :class:`~ai_lease.lease.base.JobQueue` part of the Redis store, and its history."""
+    """The :class:`~ai_lease.lease.queue.JobQueue` part of the Redis store, and its history."""
 
     async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
         """Record the job and its queue entry in one script (standalone): a lost reply is

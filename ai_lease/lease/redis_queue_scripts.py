@@ -7,7 +7,7 @@ share ``{<ns>:workers}``). Each is safe to run twice.
 
 from __future__ import annotations
 
-from ai_lease.lease.redis_scripts import _PRELUDE
+from ai_lease.lease.redis_prelude import PRELUDE
 
 _EPOCH = r"""
 -- The data-loss marker: KEYS[e] holds this store's epoch id, written at first contact. A
@@ -34,7 +34,7 @@ end
 # KEYS: epoch, loss note · ARGV: expected epoch ('' none yet), fresh epoch id ('' a look:
 # nothing written) · returns {epoch ('' none), note ('' none)}
 EPOCH = (
-    _PRELUDE
+    PRELUDE
     + _EPOCH
     + r"""
 return epoch(KEYS[1], KEYS[2], ARGV[1], ARGV[2], now_us())
@@ -46,7 +46,7 @@ return epoch(KEYS[1], KEYS[2], ARGV[1], ARGV[2], now_us())
 # lapsed first (at most limit, oldest lapse first; found even without a queue entry), then
 # the queue's due keys.
 DUE = (
-    _PRELUDE
+    PRELUDE
     + _EPOCH
     + r"""
 local now, limit = now_us(), tonumber(ARGV[1])
@@ -85,7 +85,7 @@ return 1
 
 # KEYS: recovery looks · ARGV: limit · returns the due recovery looks, longest-due first
 DUE_RECOVERIES = (
-    _PRELUDE
+    PRELUDE
     + r"""
 return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now_us() / 1000000),
   'LIMIT', 0, tonumber(ARGV[1]))
@@ -95,7 +95,7 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now_us
 # KEYS: worker, worker index · ARGV: worker id, info JSON (without last_seen), ttl_ms
 # returns 1; last_seen is the server's clock
 BEAT = (
-    _PRELUDE
+    PRELUDE
     + r"""
 local seen = now_us() / 1000000
 local blob = string.sub(ARGV[2], 1, -2) .. ',"last_seen":' .. string.format('%.6f', seen) .. '}'
@@ -115,7 +115,7 @@ return 1
 # KEYS: worker index · ARGV: worker key prefix · returns id, info JSON, id, info JSON, ... of
 # the live workers
 LIST_WORKERS = (
-    _PRELUDE
+    PRELUDE
     + r"""
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now_us() / 1000000))
 local out = {}
@@ -135,7 +135,7 @@ return out
 # lapsed leases are judged by the server's clock, as DUE judges them; a lapsed lease is one
 # that expired or was handed back, not yet taken again.
 COUNTS = (
-    _PRELUDE
+    PRELUDE
     + r"""
 local now = now_us()
 local at, us = string.format('%.6f', now / 1000000), fmt(now)

@@ -27,133 +27,11 @@ tests/test_refusal.py holds the script text to that list and to the enum.
 
 from __future__ import annotations
 
-from ai_lease.lease.base import NOTE_LIMIT, TIMELINE_CAP
+from ai_lease.lease.redis_prelude import PRELUDE
+from ai_lease.lease.timeline import NOTE_LIMIT
 
 SCHEMA = "1"
 
-# The record without its big fields (spec, result, stall_snapshot), in the order FINISH
-# returns their values: the fence's five first (the order every fenced script reads them in).
-LEAN_FIELDS = (
-    *("status", "owner_id", "token", "lease_expires_at", "schema"),
-    *("stage", "progress_version", "heartbeat_at", "last_progress_at", "max_no_progress"),
-    *("stall_policy", "attempts", "takeovers", "missed_renewals", "last_error"),
-    *("fingerprint", "created_at", "updated_at", "started_at", "finish_reason"),
-    *("renew_interval", "takeover_cause", "stalled_attempt", "last_error_attempt"),
-    *("last_error_owner", "finished_at", "provider", "model", "prompt_tokens"),
-    *("completion_tokens", "first_token_s", "stage_durations", "reasoning_tokens"),
-    "first_visible_s",
-)
-
-
-def _lean_lua() -> str:
-    """``LEAN`` (the names) and ``AT_<FIELD>`` (each one's position) as Lua locals."""
-    names = ", ".join(f"'{name}'" for name in LEAN_FIELDS)
-    ats = ", ".join(f"AT_{name.upper()}" for name in LEAN_FIELDS)
-    places = ", ".join(str(i) for i in range(1, len(LEAN_FIELDS) + 1))
-    return f"local LEAN = {{{names}}}\nlocal {ats} =\n  {places}"
-
-
-_PRELUDE = r"""
-local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local function fmt(n) return string.format('%d', n) end
-local function num(v)
-  if v == false or v == nil or v == '' then return 0 end
-  local n = tonumber(v)
-  if n == nil then error('AILEASE_CORRUPT a number field holds ' .. string.sub(v, 1, 40)) end
-  return n
-end
--- Every field but the big ones (spec, result, stall_snapshot): what acquire sends back, so
--- an input or a result never crosses the network twice. LEAN and the AT_<FIELD> positions
--- are written from LEAN_FIELDS (the Python side, above).
-%LEAN%
-local function lean(k)
-  local v = redis.call('HMGET', k, unpack(LEAN))
-  local out = {}
-  for i, name in ipairs(LEAN) do
-    out[#out + 1] = name
-    out[#out + 1] = v[i] or ''
-  end
-  return out
-end
-local function add(t, name, value)  -- one field of an HSET's argument list
-  t[#t + 1] = name
-  t[#t + 1] = value
-end
-local function with_checkpoint(k)  -- lean(k) and the checkpoint: for the lease's owner
-  local out = lean(k)
-  add(out, 'checkpoint', redis.call('HGET', k, 'checkpoint') or '')
-  return out
-end
--- The lease index (standalone only): where DUE finds leases that lapsed.
-local function index_lease(k, expires_us)
-  if KEYS[4] then redis.call('ZADD', KEYS[4], fmt(expires_us), k) end
-end
-local function unindex(k)
-  if KEYS[4] then redis.call('ZREM', KEYS[4], k) end
-end
--- The creation index (ci), its per-status counts (cc) and the name index (cn: job hashes at
--- score 0, in byte order), standalone only: a job counts under its status while it is in
--- the index (a job from before the index is counted when the backfill indexes it).
-local function created(ci, cc, k, at, status, cn)  -- a new job
-  if ci and redis.call('ZADD', ci, fmt(at), k) == 1 then
-    redis.call('ZINCRBY', cc, 1, status)
-    redis.call('ZADD', cn, 0, k)
-  end
-end
-local function recount(ci, cc, k, from, to)  -- an indexed job's status moved
-  if not ci or from == to or not redis.call('ZSCORE', ci, k) then return end
-  if from and from ~= '' then redis.call('ZINCRBY', cc, -1, from) end
-  redis.call('ZINCRBY', cc, 1, to)
-end
-local function uncreated(ci, cc, k, status, cn)  -- a deleted job
-  if not ci then return end
-  redis.call('ZREM', cn, k)
-  if redis.call('ZREM', ci, k) == 1 and status and status ~= '' then
-    redis.call('ZINCRBY', cc, -1, status)
-  end
-end
--- The job's timeline (KEYS[3], a list): one entry per event, written by the script that
--- caused it: seq, time (us), kind, owner, token, stage, detail, tab-separated. The last
--- TIMELINE_CAP are kept; the first one's seq says how many were dropped.
-local function flat(s, n)  -- a field of an entry: one line, no tabs, bounded (n, or 200)
-  s, n = s or '', n or 200
-  if #s > n then s = string.sub(s, 1, n) end
-  if string.find(s, '[\t\r\n]') then s = (string.gsub(s, '[\t\r\n]', ' ')) end
-  return s
-end
-local function note(now, kind, owner, token, stage, detail, n)
-  local t, seq = KEYS[3], 1
-  local last = redis.call('LINDEX', t, -1)
-  if last then seq = (tonumber(string.match(last, '^%d+')) or 0) + 1 end
-  redis.call('RPUSH', t, fmt(seq) .. '\t' .. fmt(now) .. '\t' .. kind .. '\t' .. flat(owner)
-    .. '\t' .. (token or '') .. '\t' .. flat(stage) .. '\t' .. flat(detail, n))
-  if seq > %CAP% then redis.call('LTRIM', t, -%CAP%, -1) end
-end
-local function node_of(o)  -- an owner id's node: the part before its last '#'
-  local n = string.match(o, '^(.*)#[^#]*$')
-  if n == nil or n == '' then return o end
-  return n
-end
-local function ended(status)  -- a terminal status: DONE, FAILED or CANCELLED
-  return status == 'DONE' or status == 'FAILED' or status == 'CANCELLED'
-end
-local function check(k)
-  if redis.call('EXISTS', k) == 0 then return false end
-  local s = redis.call('HGET', k, 'schema')
-  if s ~= '1' then return redis.error_reply('AILEASE_CORRUPT schema marker is ' .. tostring(s)) end
-  return true
-end
--- check() for a hash whose schema field was already read (with the fields a script needs):
--- EXISTS only when the field is missing.
-local function ours(k, schema)
-  if schema == '1' then return true end
-  if not schema and redis.call('EXISTS', k) == 0 then return false end
-  return redis.error_reply('AILEASE_CORRUPT schema marker is ' .. tostring(schema))
-end
-""".replace("%LEAN%", _lean_lua()).replace("%CAP%", str(TIMELINE_CAP))
 
 # KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: owner, ttl_us, max_no_progress_us, stall_policy,
@@ -166,7 +44,7 @@ end
 # returns {'acquired', now, takeover(0|1), fields...} | {'following', now, fields...}
 #       | {'finished', now, fields...} | {'conflict'} | error AILEASE_CORRUPT
 ACQUIRE = (
-    _PRELUDE
+    PRELUDE
     + r"""
 local k, owner = KEYS[1], ARGV[1]
 local ttl, fp, maxatt = tonumber(ARGV[2]), ARGV[5], tonumber(ARGV[6])
@@ -262,7 +140,7 @@ local mine = num(v[3]) == token and ok and v[2] == owner
 #       | {refusal, lease_remaining_us, current_token, current_owner}
 # refusals (ai_lease.lease.refusal.Refusal): missing, not_owner, not_running, expired, no_progress
 RENEW = (
-    _PRELUDE
+    PRELUDE
     + "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema',\n"
     + "  'progress_version', 'last_progress_at', 'stall_policy', 'attempts'}\n"
     + _FENCE_CHECK
@@ -315,7 +193,7 @@ return {'ok', ARGV[3], stalled and 1 or 0}
 # interrupted ('1': give the attempt back) · an error names its attempt and owner
 # (last_error_attempt, last_error_owner); a snapshot marks the attempt stalled · returns 1 | 0
 RELEASE = (
-    _PRELUDE
+    PRELUDE
     + "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema',\n"
     + "  'attempts', 'stage'}\n"
     + _FENCE_CHECK
@@ -359,7 +237,7 @@ return 1
 # (what ran goes on: ARGV[13] is reasoning_tokens, part of completion_tokens, told apart;
 # ARGV[14] first_visible_us, to the first answer text)
 FINISH = (
-    _PRELUDE
+    PRELUDE
     + "local READ = LEAN\n"
     + _FENCE_CHECK
     + r"""
@@ -427,7 +305,7 @@ return {'written', at, unpack(v)}  -- the record's LEAN_FIELDS values, as writte
 # ARGV: owner, token, stage, snapshot (its first line becomes last_error,
 # named by attempt and owner; the attempt is marked stalled) · returns 1 | 0
 REPORT_STALL = (
-    _PRELUDE
+    PRELUDE
     + _FENCE
     + _FENCE_CHECK
     + r"""
@@ -448,7 +326,7 @@ return 1
 # | 0 (no such job: nothing written). Not fenced: the entry says what happened to an old
 # owner's process (a ladder step), often after its lease was lost; nothing is published.
 NOTE = (
-    _PRELUDE
+    PRELUDE
     + r"""
 local ok = check(KEYS[1])
 if type(ok) == 'table' then return ok end
@@ -464,7 +342,7 @@ return 1
 # RENEW answers not_running, its FINISH is rejected; its checkpoint is cleared); an ended one
 # is returned unchanged.
 CANCEL = (
-    _PRELUDE
+    PRELUDE
     + r"""
 local k = KEYS[1]
 local ok = check(k)
@@ -487,7 +365,7 @@ return {fmt(now), unpack(redis.call('HGETALL', k))}
 
 # KEYS: job · returns {now, fields...} (no fields when the job is unknown)
 GET = (
-    _PRELUDE
+    PRELUDE
     + r"""
 local ok = check(KEYS[1])
 if type(ok) == 'table' then return ok end
@@ -500,7 +378,7 @@ return {fmt(now_us()), unpack(redis.call('HGETALL', KEYS[1]))}
 # returns {'ok', now, fields...} | {'conflict'}. The record and its queue entry are written
 # together: a job is never stored without the entry that makes a worker look at it.
 SUBMIT = (
-    _PRELUDE
+    PRELUDE
     + r"""
 local k = KEYS[1]
 local ok = check(k)
@@ -522,110 +400,5 @@ if KEYS[5] and not ended(status) then  -- add, or bring forward
   redis.call('ZADD', KEYS[5], 'LT', string.format('%.6f', now / 1000000), ARGV[3])
 end
 return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
-"""
-)
-
-# -- the jobs' lifecycle for people (ai-lease retry / rm / prune) ------------------------------
-
-# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
-# ARGV: job key (the queue's member)
-# returns {now, fields...} (no fields when the job is unknown). A FAILED or CANCELLED job goes
-# back to PENDING with a fresh attempt budget (rules.retry): attempts 0, no owner, no lease,
-# its deadlines restarted, no checkpoint, due for workers at once; any other job is returned
-# unchanged.
-RETRY = (
-    _PRELUDE
-    + r"""
-local k = KEYS[1]
-local ok = check(k)
-if type(ok) == 'table' then return ok end
-local now = now_us()
-if not ok then return {fmt(now)} end
-local status = redis.call('HGET', k, 'status')
-if status == 'FAILED' or status == 'CANCELLED' then
-  redis.call('HSET', k, 'status', 'PENDING', 'attempts', '0', 'owner_id', '',
-    'lease_expires_at', '', 'started_at', '', 'created_at', fmt(now), 'updated_at', fmt(now))
-  redis.call('HDEL', k, 'checkpoint')
-  unindex(k)
-  recount(KEYS[7], KEYS[8], k, status, 'PENDING')
-  if KEYS[7] then redis.call('ZADD', KEYS[7], 'XX', fmt(now), k) end  -- created again: now
-  if KEYS[5] then
-    redis.call('ZADD', KEYS[5], string.format('%.6f', now / 1000000), ARGV[1])
-    redis.call('ZREM', KEYS[6], ARGV[1])
-  end
-  redis.call('PUBLISH', KEYS[2], 'PENDING')
-end
-return {fmt(now), unpack(redis.call('HGETALL', k))}
-"""
-)
-
-# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
-# ARGV: job key (the queue's member),
-# force ('1': even a RUNNING job under a live lease)
-# returns {now} (no such job) | {now, 'removed' | 'kept', fields...}: the record as it was.
-# A removed job's hash and its entries in the lease index, queue, recovery looks and creation
-# index (and its count) go in one step (rules.removable); its followers wake (they find no job).
-REMOVE = (
-    _PRELUDE
-    + r"""
-local k = KEYS[1]
-local v = redis.call('HMGET', k, 'schema', 'status', 'lease_expires_at')
-local ok = ours(k, v[1])
-if type(ok) == 'table' then return ok end
-local now = now_us()
-local function forget()
-  unindex(k)
-  uncreated(KEYS[7], KEYS[8], k, v[2], KEYS[9])
-  if KEYS[5] then
-    redis.call('ZREM', KEYS[5], ARGV[1])
-    redis.call('ZREM', KEYS[6], ARGV[1])
-  end
-end
-if not ok then
-  forget()
-  redis.call('DEL', KEYS[3])
-  return {fmt(now)}
-end
-local was = redis.call('HGETALL', k)
-if ARGV[2] ~= '1' and v[2] == 'RUNNING' and num(v[3]) > now then
-  return {fmt(now), 'kept', unpack(was)}
-end
-redis.call('DEL', k, KEYS[3])
-forget()
-redis.call('PUBLISH', KEYS[2], 'REMOVED')
-return {fmt(now), 'removed', unpack(was)}
-"""
-)
-
-# KEYS: job hashes... (n of them), their timelines (n, in the same order)[, lease index,
-# queue, recovery looks, created, counts, names] (standalone: a batch and the namespace's
-# keys; on Cluster one job hash and its timeline alone) · ARGV: older than (microseconds),
-# statuses (',' between), n, job keys... (the queue's members, in the order of the hashes)
-# returns the number removed: each job one of the statuses (terminal ones) and last written
-# more than ARGV[1] ago by the server's clock (rules.prunable); a hash not ours is left alone.
-PRUNE = (
-    _PRELUDE
-    + r"""
-local cutoff, n, wanted = now_us() - tonumber(ARGV[1]), tonumber(ARGV[3]), {}
-for s in string.gmatch(ARGV[2], '[^,]+') do wanted[s] = true end
-local leases, queue, looks = KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3]
-local ci, cc, cn = KEYS[2 * n + 4], KEYS[2 * n + 5], KEYS[2 * n + 6]
-local removed = 0
-for i = 1, n do
-  local k = KEYS[i]
-  local v = redis.call('HMGET', k, 'schema', 'status', 'updated_at', 'created_at')
-  local written = tonumber((v[3] and v[3] ~= '') and v[3] or (v[4] or ''))
-  if v[1] == '1' and ended(v[2]) and wanted[v[2]] and written and written < cutoff then
-    redis.call('DEL', k, KEYS[n + i])
-    if leases then
-      redis.call('ZREM', leases, k)
-      redis.call('ZREM', queue, ARGV[3 + i])
-      redis.call('ZREM', looks, ARGV[3 + i])
-      uncreated(ci, cc, k, v[2], cn)
-    end
-    removed = removed + 1
-  end
-end
-return removed
 """
 )

@@ -21,10 +21,11 @@ from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
 from ai_lease.job import JobState, RunFacts, validate_key
 from ai_lease.lease import rules
 from ai_lease.lease import sqlite_timeline as timeline
-from ai_lease.lease.base import AcquireOutcome, Fence, Renewal, check_checkpoint, check_note
+from ai_lease.lease.base import AcquireOutcome, Fence, Renewal, check_checkpoint
 from ai_lease.lease.sqlite_listing import SQLiteListing
 from ai_lease.lease.sqlite_queue import SQLiteQueue
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
+from ai_lease.lease.timeline import check_note
 from ai_lease.resource import AsyncResource
 
 __all__ = ["SQLiteStore"]
@@ -179,7 +180,7 @@ class SQLiteStore(SQLiteListing, SQLiteQueue, AsyncResource):
         token: int,
         stage: str | None = None,
     ) -> bool:
-        """One entry in an existing job's timeline (:class:`~ai_lease.lease.base.JobNotes`)."""
+        """One entry in an existing job's timeline (:class:`~ai_lease.lease.timeline.JobNotes`)."""
         detail = check_note(kind, detail)
         owner_id, stage = diagnostic(owner_id) or "", diagnostic(stage)
 

@@ -22,8 +22,8 @@ import orjson
 from ai_lease.errors import CorruptRecord, FencingRejected, StoreMissing, StoreUnavailable
 from ai_lease.job import JobState
 from ai_lease.lease import sqlite_timeline as timeline
-from ai_lease.lease.base import TIMELINE_CAP, TimelineEntry
 from ai_lease.lease.listing import created_us
+from ai_lease.lease.timeline import TIMELINE_CAP, TimelineEntry
 from ai_lease.retry import while_locked
 
 __all__ = ["SQLiteFile"]
@@ -297,7 +297,7 @@ class SQLiteFile:
     async def timeline(
         self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
     ) -> tuple[list[TimelineEntry], int]:
-        """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.base.JobTimeline`)."""
+        """The job's timeline after ``after_seq`` (see :class:`.JobTimeline`)."""
         return await self._run("timeline", lambda conn: timeline.read(conn, key, after_seq, limit))
 
     async def aclose(self) -> None:

@@ -17,8 +17,9 @@ import orjson
 from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
 from ai_lease.job import JobState, validate_key
 from ai_lease.lease import rules
-from ai_lease.lease.base import TERMINAL_STATUSES, Removal, WorkerInfo, storable_worker
+from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.histogram import checked_histogram
+from ai_lease.lease.queue import WorkerInfo, storable_worker
 from ai_lease.lease.sqlite_file import SQLiteFile
 from ai_lease.lease.storable import exact
 
@@ -26,7 +27,7 @@ __all__ = ["SQLiteQueue"]
 
 
 class SQLiteQueue(SQLiteFile):
-    """The :class:`~ai_lease.lease.base.JobQueue` part of the SQLite store, and its history."""
+    """The :class:`~ai_lease.lease.queue.JobQueue` part of the SQLite store, and its history."""
 
     async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
         spec = exact("submit", validate_key(key), "spec", spec)

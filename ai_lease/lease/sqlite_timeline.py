@@ -2,11 +2,11 @@
 
 Each lease operation that changes or refuses a job notes one entry in ``ai_lease_timeline``
 (key, seq, at, kind, owner_id, token, stage, detail) inside the transaction that did it; the
-last :data:`~ai_lease.lease.base.TIMELINE_CAP` entries per key are kept, and the first kept
+last :data:`~ai_lease.lease.timeline.TIMELINE_CAP` entries per key are kept, and the first kept
 one's ``seq`` says how many were dropped. The entries say what the Redis scripts say
 (lease/redis_scripts.py): the same kinds, the same details, one line of at most 200
 characters each. The functions here are pure: a record before, the record after (None: not
-written) and the answer give the note. A :data:`~ai_lease.lease.base.NOTE_KINDS` entry (a
+written) and the answer give the note. A :data:`~ai_lease.lease.timeline.NOTE_KINDS` entry (a
 ladder step, from ``SQLiteStore.note``) keeps up to ``NOTE_LIMIT`` characters of detail.
 """
 
@@ -17,15 +17,8 @@ import sqlite3
 
 from ai_lease.errors import FencingRejected
 from ai_lease.job import JobState
-from ai_lease.lease.base import (
-    NOTE_KINDS,
-    NOTE_LIMIT,
-    TIMELINE_CAP,
-    Acquired,
-    Fence,
-    Renewal,
-    TimelineEntry,
-)
+from ai_lease.lease.base import Acquired, Fence, Renewal
+from ai_lease.lease.timeline import NOTE_KINDS, NOTE_LIMIT, TIMELINE_CAP, TimelineEntry
 
 __all__ = ["Note", "append", "read"]
 

@@ -18,7 +18,7 @@ from a URL — reaches the stores through three doors, each with its rule:
 * **names** (job keys, owner ids, key prefixes): refused, never altered — an altered name
   would be another job's, or fail the fence. Keys are checked by
   :func:`ai_lease.job.validate_key`, owner ids by :func:`check_owner`, worker ids by
-  :func:`ai_lease.lease.base.storable_worker` (which escapes the host name); a prefix that
+  :func:`ai_lease.lease.queue.storable_worker` (which escapes the host name); a prefix that
   no key can start (:func:`key_can_start`) simply matches nothing.
 
 >>> diagnostic("bad \\x00 request")

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ai_lease.job import Health, JobState
-    from ai_lease.lease.base import TimelineEntry
+    from ai_lease.lease.timeline import TimelineEntry
 
 __all__ = [
     "DEFAULT_MIN_STD_S",

@@ -19,7 +19,7 @@ What each store answers, from the indexes it keeps (never a scan of the job reco
   round trip. On Redis Cluster the lease index is not kept, so ``leases_*`` are left out too.
 * PostgreSQL: all of SQLite's, in one statement (``PostgresQueue.queue_counts``: counts on
   the status, queue and expiry indexes).
-* Any other :class:`~ai_lease.lease.base.JobQueue`: the workers.
+* Any other :class:`~ai_lease.lease.queue.JobQueue`: the workers.
 
 Every worker reports the same store-wide values: aggregate them with ``max``, not ``sum``.
 """
@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import Status
-from ai_lease.lease.base import JobQueue, WorkerInfo
+from ai_lease.lease.queue import JobQueue, WorkerInfo
 from ai_lease.observe.metrics import MAX_LABEL_VALUES, OTHER
 from ai_lease.redaction import redact
 

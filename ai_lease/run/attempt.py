@@ -32,12 +32,13 @@ from ai_lease.errors import (
     StoreUnavailable,
 )
 from ai_lease.job import Job, JobState, RunFacts
-from ai_lease.lease.base import Acquired, Fence, due_now
+from ai_lease.lease.base import Acquired, Fence
 from ai_lease.lease.classify import describe, retryable
 from ai_lease.lease.events import Event
 from ai_lease.lease.fence import fenced_event
 from ai_lease.lease.keeper import LeaseKeeper, alongside
 from ai_lease.lease.progress import Progress
+from ai_lease.lease.queue import due_now
 from ai_lease.lease.refusal import Refusal
 from ai_lease.redaction import redact
 from ai_lease.run.pipeline import StageContext

@@ -3,7 +3,7 @@
 A call sends a fresh UUID as ``X-Request-Id`` and the job's correlation
 (``<key>:<token>:<n>``) as ``X-Client-Request-Id`` (:mod:`ai_lease.providers.request_ids`).
 :func:`noting_call` writes both into the job's stored timeline (the store's
-:meth:`~ai_lease.lease.base.JobNotes.note`), so ``ai-lease events KEY`` finds the id a
+:meth:`~ai_lease.lease.timeline.JobNotes.note`), so ``ai-lease events KEY`` finds the id a
 provider logged. The note is written *beside* the call, never before it (no round trip
 delays the first token), and waited for when the call ends, at most :data:`CALL_NOTE_WAIT_S`;
 a store without notes (a third-party one, an isolated job's child) is skipped, and a note

@@ -37,12 +37,13 @@ from typing import Any, Self
 
 from ai_lease.errors import JobCancelled, JobFailed, LeaseError, LeaseLost, StoreUnavailable
 from ai_lease.job import Job, JobState, Status
-from ai_lease.lease.base import Acquired, LeaseStore, due_now
+from ai_lease.lease.base import Acquired, LeaseStore
 from ai_lease.lease.classify import describe, retryable
 from ai_lease.lease.events import EventSink
 from ai_lease.lease.follow import acquire_or_follow
 from ai_lease.lease.keeper import LeaseKeeper, Renewals
 from ai_lease.lease.progress import Progress
+from ai_lease.lease.queue import due_now
 from ai_lease.redaction import redact
 from ai_lease.run.pipeline import StageContext
 from ai_lease.timeouts import LeaseTimings, RetryPolicy, StageBudget, StallPolicy

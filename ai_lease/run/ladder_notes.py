@@ -1,7 +1,7 @@
 """The termination ladder's steps, written into the job's stored timeline as they happen.
 
 The ladder (:mod:`ai_lease.run.ladder`) reports each step to a plain callback, inside its own
-loop; the store's :meth:`~ai_lease.lease.base.JobNotes.note` is a round trip. :func:`noting`
+loop; the store's :meth:`~ai_lease.lease.timeline.JobNotes.note` is a round trip. :func:`noting`
 joins the two: its sink only queues the step, and a writer task beside the ladder (one task
 group: it never outlives the ladder) notes each one in turn, so the entry's time is close to
 the step's and a slow store never holds a SIGKILL back. A store without ``note`` (a

@@ -37,11 +37,12 @@ from ai_lease.errors import (
 from ai_lease.inputs import resolve_input
 from ai_lease.job import Job, JobState, Status
 from ai_lease.job_provider import ProviderChoice
-from ai_lease.lease.base import Acquired, Fence, Finished, Following, JobQueue, LeaseStore
+from ai_lease.lease.base import Acquired, Fence, Finished, Following, LeaseStore
 from ai_lease.lease.events import Event
 from ai_lease.lease.fence import UnansweredCommits, default_node_id, new_owner_id
 from ai_lease.lease.follow import acquire_or_follow
 from ai_lease.lease.histogram import DurationHistory
+from ai_lease.lease.queue import JobQueue
 from ai_lease.observe.history import HistoryRecorder
 from ai_lease.observe.tracing import tracing_sink
 from ai_lease.prompts import PromptLibrary
@@ -205,7 +206,7 @@ class Runner:
     async def submit(self, job: Job) -> JobState:
         """Record ``job`` for workers (``ai-lease worker``) without running it here.
 
-        The store must be a :class:`~ai_lease.lease.base.JobQueue` (both built-ins are).
+        The store must be a :class:`~ai_lease.lease.queue.JobQueue` (both built-ins are).
         """
         job = await self._read_input(job)
         await self.pipeline.preflight(job, self.prompts)

@@ -59,15 +59,9 @@ from ai_lease.errors import (
     StoreUnavailable,
 )
 from ai_lease.job import Job, Status
-from ai_lease.lease.base import (
-    MAX_REPORTED_JOBS,
-    Acquired,
-    Following,
-    JobQueue,
-    LeaseStore,
-    WorkerInfo,
-)
+from ai_lease.lease.base import Acquired, Following, LeaseStore
 from ai_lease.lease.events import Event, EventSink
+from ai_lease.lease.queue import MAX_REPORTED_JOBS, JobQueue, WorkerInfo
 from ai_lease.providers.base import Provider
 from ai_lease.run.isolation import ChildPool, check_isolation, isolated
 from ai_lease.run.outage import StoreOutage

@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 from ai_lease.errors import FencingRejected, InputError
-from ai_lease.lease.base import CHECKPOINT_LIMIT, Acquired, Fence, JobAdmin, LeaseStore
+from ai_lease.lease.admin import JobAdmin
+from ai_lease.lease.base import CHECKPOINT_LIMIT, Acquired, Fence, LeaseStore
 from ai_lease.testing.contract_support import key_for, own
 
 CHECKPOINT = '{"provider":"p","response_id":"resp_1","sequence":7,"text":"half an ans\\u00e9wer"}'

@@ -14,7 +14,7 @@ from ai_lease.testing.contract_support import key_for, own, renew
 
 
 class JobQueueContract:
-    """The job queue every built-in store also keeps (``ai_lease.lease.base.JobQueue``)."""
+    """The job queue every built-in store also keeps (``ai_lease.lease.queue.JobQueue``)."""
 
     async def test_submit_records_pending_job_and_makes_it_due(self, store: Any) -> None:
         """A submitted job is PENDING with its spec, and due at once."""
@@ -85,7 +85,7 @@ class JobQueueContract:
 
     async def test_workers_are_listed_until_gone_or_expired(self, store: Any) -> None:
         """A beating worker is listed; it disappears when gone or when its beat expires."""
-        from ai_lease.lease.base import WorkerInfo
+        from ai_lease.lease.queue import WorkerInfo
 
         alive = WorkerInfo(key_for("w1"), "host", 1, 2, 4, 0.0, 0.0)
         brief = WorkerInfo(key_for("w2"), "host", 2, 0, 4, 0.0, 0.0)
@@ -120,7 +120,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class JobAdminContract:
-    """retry, remove and prune (``ai_lease.lease.base.JobAdmin``): each one atomic step."""
+    """retry, remove and prune (``ai_lease.lease.admin.JobAdmin``): each one atomic step."""
 
     async def test_retry_sends_a_failed_job_back_with_a_fresh_budget(self, store: Any) -> None:
         """A FAILED job is PENDING again with attempts 0 and due at once; the next acquire

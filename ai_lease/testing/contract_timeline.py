@@ -14,15 +14,9 @@ from typing import Any
 import pytest
 
 from ai_lease.errors import FencingRejected
-from ai_lease.lease.base import (
-    NOTE_LIMIT,
-    TIMELINE_CAP,
-    Acquired,
-    JobAdmin,
-    JobNotes,
-    JobTimeline,
-    TimelineEntry,
-)
+from ai_lease.lease.admin import JobAdmin
+from ai_lease.lease.base import Acquired
+from ai_lease.lease.timeline import NOTE_LIMIT, TIMELINE_CAP, JobNotes, JobTimeline, TimelineEntry
 from ai_lease.testing.contract_support import key_for, own, renew
 
 __all__ = ["TimelineContract"]

@@ -16,7 +16,7 @@ from typing import Any
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import Health, JobState, Status
-from ai_lease.lease.base import JobQueue, WorkerInfo
+from ai_lease.lease.queue import JobQueue, WorkerInfo
 
 __all__ = [
     "HEALTHS",

@@ -26,7 +26,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from ai_lease.errors import AiLeaseError, CorruptRecord
 from ai_lease.job import JobState
-from ai_lease.lease.base import JobTimeline
+from ai_lease.lease.timeline import JobTimeline
 from ai_lease.ui.listing import Filters, read_page
 from ai_lease.ui.present import corrupt_row, job_row
 from ai_lease.ui.render import job_context

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import JobState
-from ai_lease.lease.base import WorkerInfo
+from ai_lease.lease.queue import WorkerInfo
 from ai_lease.lease.rules import node_of
 from ai_lease.redaction import redact
 

@@ -16,7 +16,7 @@ import orjson
 from markupsafe import Markup
 
 from ai_lease.job import JobState
-from ai_lease.lease.base import TimelineEntry
+from ai_lease.lease.timeline import TimelineEntry
 from ai_lease.observe.cpu_idle import cpu_idle_of, cpu_idle_text
 from ai_lease.observe.phi import DEFAULT_THRESHOLD, owner_phi
 from ai_lease.redaction import redact

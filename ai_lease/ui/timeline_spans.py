@@ -20,7 +20,7 @@ from typing import Protocol
 from markupsafe import escape
 
 from ai_lease.job import JobState
-from ai_lease.lease.base import TimelineEntry
+from ai_lease.lease.timeline import TimelineEntry
 
 __all__ = [
     "Call",

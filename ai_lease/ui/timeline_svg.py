@@ -1,6 +1,6 @@
 """A job's timeline drawn as an inline SVG on the server (the first seed's section 6).
 
-:func:`render_timeline` turns the store's entries (:class:`~ai_lease.lease.base.TimelineEntry`,
+:func:`render_timeline` turns the store's entries (:class:`~ai_lease.lease.timeline.TimelineEntry`,
 oldest first) into one ``<svg id="timeline">``: one lane per owner in order of first
 appearance, time on the x axis in seconds since the first entry, one mark per entry —
 progress-carrying renewals filled, renewals without progress hollow, refused renewals,
@@ -19,7 +19,7 @@ its ``<title>``, which always holds the exact time.
 The DOM follows the UI contract of issue 16 (ids, classes, ``data-*``); styling is by class,
 with just enough stroke/fill attributes to read standalone. No script, no external resource;
 every text from the store is escaped with :func:`markupsafe.escape` and cut to a bounded
-length; at most :data:`~ai_lease.lease.base.TIMELINE_CAP` entries are drawn.
+length; at most :data:`~ai_lease.lease.timeline.TIMELINE_CAP` entries are drawn.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from markupsafe import Markup, escape
 
 from ai_lease.job import JobState
-from ai_lease.lease.base import TIMELINE_CAP, TIMELINE_KINDS, TimelineEntry
+from ai_lease.lease.timeline import TIMELINE_CAP, TIMELINE_KINDS, TimelineEntry
 from ai_lease.ui.timeline_spans import (
     Call,
     calls,

@@ -19,9 +19,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from ai_lease.errors import CorruptRecord, JobSpecError
 from ai_lease.job import JobState, Status, validate_key
-from ai_lease.lease.base import JobQueue, JobTimeline, TimelineEntry
+from ai_lease.lease.queue import JobQueue
 from ai_lease.lease.rules import RETRYABLE
 from ai_lease.lease.storable import key_can_start
+from ai_lease.lease.timeline import JobTimeline, TimelineEntry
 from ai_lease.observe.phi import DEFAULT_THRESHOLD
 from ai_lease.ui.auth import COOKIE, Guard, Session
 from ai_lease.ui.charts import bar_chart

@@ -20,7 +20,7 @@ from selenium.webdriver.common.by import By
 
 from ai_lease import open_store
 from ai_lease.job import Job
-from ai_lease.lease.base import MAX_REPORTED_JOBS, WorkerInfo
+from ai_lease.lease.queue import MAX_REPORTED_JOBS, WorkerInfo
 from ai_lease.run.runner import Runner
 from tests.browser.support import StartUI, console_errors, finish, run_takeover, wait_for
 from tests.browser.test_dashboard import assert_not_reloaded, mark_window
