@@ -55,12 +55,11 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         Following,
         LeaseStore,
         Renewal,
-        open_store,
     )
+    from .lease.admin import Removal
     from .lease.events import Event
     from .lease.progress import Progress
-    from .lease.redis import RedisStore
-    from .lease.sqlite import SQLiteStore
+    from .lease.refusal import Refusal
     from .observe.logs import JobLogger, configure_logging, fan_out
     from .observe.metrics import Metrics, serve_metrics
     from .prompts import PromptLibrary
@@ -82,6 +81,10 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
     from .run.stream_guard import StreamGuard
     from .run.worker import Worker
     from .settings import Settings, load_settings
+    from .stores import open_store
+    from .stores.postgres import PostgresStore
+    from .stores.redis import RedisStore
+    from .stores.sqlite import SQLiteStore
     from .timeouts import (
         AdaptiveBudgets,
         LeaseTimings,
@@ -132,13 +135,16 @@ _LAZY: dict[str, str] = {
     "PromptLibrary": ".prompts",
     "Provider": ".providers",
     "ProviderError": ".errors",
-    "RedisStore": ".lease.redis",
+    "PostgresStore": ".stores.postgres",
+    "RedisStore": ".stores.redis",
+    "Refusal": ".lease.refusal",
+    "Removal": ".lease.admin",
     "Renewal": ".lease",
     "RetryPolicy": ".retry",
     "RunConfig": ".run.config",
     "RunHooks": ".run.config",
     "Runner": ".run.runner",
-    "SQLiteStore": ".lease.sqlite",
+    "SQLiteStore": ".stores.sqlite",
     "Settings": ".settings",
     "Stage": ".run.pipeline",
     "StageBudget": ".timeouts",
@@ -168,7 +174,7 @@ _LAZY: dict[str, str] = {
     "fan_out": ".observe.logs",
     "load_settings": ".settings",
     "mask_url": ".redaction",
-    "open_store": ".lease",
+    "open_store": ".stores",
     "run_sync": ".client",
     "serve_metrics": ".observe.metrics",
 }
@@ -211,11 +217,14 @@ __all__ = [
     "Metrics",
     "OutcomeUnknown",
     "Pipeline",
+    "PostgresStore",
     "Progress",
     "PromptLibrary",
     "Provider",
     "ProviderError",
     "RedisStore",
+    "Refusal",
+    "Removal",
     "Renewal",
     "RetryPolicy",
     "RunConfig",

@@ -30,7 +30,6 @@ from ai_lease.job import Job, JobState, Status, validate_key
 from ai_lease.lease.admin import TERMINAL_STATUSES, JobAdmin, Removal
 from ai_lease.lease.base import LeaseStore
 from ai_lease.lease.events import EventSink
-from ai_lease.lease.urls import open_store
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers import Provider, create_provider
 from ai_lease.resource import AsyncResource
@@ -41,6 +40,7 @@ from ai_lease.run.pipeline import PersistHook, Pipeline
 from ai_lease.run.provider_pick import ProviderResolver
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
+from ai_lease.stores.urls import open_store
 from ai_lease.timeouts import LeaseTimings, RetryPolicy, StallPolicy, StreamLimits, StreamTimeouts
 
 __all__ = ["Client", "SyncClient", "connect", "run_sync"]

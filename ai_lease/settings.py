@@ -34,7 +34,6 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from ai_lease import settings_sources as sources
 from ai_lease.errors import ConfigError
 from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES
-from ai_lease.lease.urls import SCHEMES
 from ai_lease.prompts import DEFAULT_MAX_PROMPT_CHARS
 from ai_lease.redaction import mask_url
 from ai_lease.run.config import RunConfig
@@ -43,6 +42,7 @@ from ai_lease.settings_provider import EndpointSettings, ProviderSettings, _Sect
 from ai_lease.settings_sources import CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENV_DELIMITER, ENV_PREFIX
 from ai_lease.settings_ui import UiSettings
 from ai_lease.settings_worker import WorkerSettings
+from ai_lease.stores.urls import SCHEMES
 from ai_lease.timeouts import (
     DEFAULT_STAGE_BUDGETS,
     AdaptiveBudgets,

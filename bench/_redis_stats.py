@@ -19,8 +19,8 @@ __all__ = ["INNER", "Calls", "snapshot"]
 INNER = frozenset({"exists", "hget", "hgetall", "hmget", "hset", "publish", "time", "zadd"})
 INNER |= {"zrem", "zrangebyscore", "get", "set", "incr", "pexpire", "del"}
 INNER |= {"rpush", "lindex", "ltrim"}  # the job timeline's entry, written inside each script
-INNER |= {"zscore", "zincrby"}  # the creation index and its counts (lease/redis_listing.py)
-INNER |= {"hdel"}  # the checkpoint's removal, inside ACQUIRE / FINISH (lease/redis_scripts.py)
+INNER |= {"zscore", "zincrby"}  # the creation index and its counts (stores/redis/listing.py)
+INNER |= {"hdel"}  # the checkpoint's removal, inside ACQUIRE / FINISH (stores/redis/scripts.py)
 OWN = frozenset({"info", "config|resetstat"})  # the benchmark's own: never counted
 
 

@@ -66,10 +66,10 @@ from _pair import RESULT, Pair, client_for
 from _redis_stats import Calls, snapshot
 
 from ai_lease import Acquired, Job, LeaseStore, Pipeline, Runner
-from ai_lease.lease import redis_scripts as lua
-from ai_lease.lease.postgres import PostgresStore
-from ai_lease.lease.redis import RedisStore
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.postgres.store import PostgresStore
+from ai_lease.stores.redis import scripts as lua
+from ai_lease.stores.redis.store import RedisStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.testing.scripted import ScriptedProvider
 from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import RedisServer

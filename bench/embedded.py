@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ai_lease import Job, Runner
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.run.config import RunConfig
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.testing.scripted import ScriptedProvider
 
 SCALING_TARGET = 1.0

@@ -50,8 +50,8 @@ from _pair import Pair, client_for
 from _redis_stats import Calls, snapshot
 
 from ai_lease.lease.base import Acquired
-from ai_lease.lease.redis import RedisStore
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.redis.store import RedisStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.redis_server import RedisServer
 
 TTL_S = 30.0

@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harnes
 
 from ai_lease.lease import rules
 from ai_lease.lease.listing import created_us, encode_cursor
-from ai_lease.lease.redis import RedisStore
-from ai_lease.lease.redis_keys import us
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.redis.keys import us
+from ai_lease.stores.redis.store import RedisStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.redis_server import RedisServer
 
 BATCH = 5000

@@ -42,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harnes
 
 from ai_lease import Job, LeaseTimings, Runner, StageBudget, StallPolicy
 from ai_lease.lease.events import Event
-from ai_lease.lease.redis import RedisStore
 from ai_lease.providers.base import ChatRequest, Completion, Delta
 from ai_lease.run.config import RunConfig, RunHooks
+from ai_lease.stores.redis.store import RedisStore
 from ai_lease.testing.faults import FaultPlan
 from ai_lease.testing.scripted import Pause, ScriptedProvider
 from tests.harness.redis_server import RedisServer

@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for list_jobs (besid
 
 import list_jobs
 
-from ai_lease.lease.redis import RedisStore
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.redis.store import RedisStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.ui.app import create_app
 from tests.harness.redis_server import RedisServer
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from ai_lease.lease import LeaseStore, open_store
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.lease import LeaseStore
+from ai_lease.stores import open_store
+from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import RedisServer
 

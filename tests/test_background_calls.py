@@ -23,11 +23,11 @@ from ai_lease import LeaseTimings, RetryPolicy, StageBudget
 from ai_lease.errors import JobFailed
 from ai_lease.job import Job, Status
 from ai_lease.lease.events import Event
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.providers.openai_responses import OpenAIResponsesProvider
 from ai_lease.run import background
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.timeouts import StreamTimeouts
 from tests.harness.background_responses import BackgroundResponsesServer
 from tests.harness.responses_server import text_events

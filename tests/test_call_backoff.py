@@ -18,7 +18,6 @@ from ai_lease import LeaseTimings, RetryPolicy, StageBudget
 from ai_lease.errors import ConfigError, JobFailed, ProviderError, StreamInterrupted
 from ai_lease.job import Job, Status
 from ai_lease.lease.events import Event
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.providers import create_provider
 from ai_lease.providers.base import Provider
 from ai_lease.providers.concurrency import LimitedProvider, limit_calls
@@ -29,6 +28,7 @@ from ai_lease.retry import INTERRUPTED_CALLS, MODEL_CALL, call_with_retries
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.settings import load_settings
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.timeouts import StreamTimeouts
 from tests.harness.sse_server import (
     Request,

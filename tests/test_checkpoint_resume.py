@@ -24,12 +24,12 @@ from ai_lease.job import Job
 from ai_lease.lease.base import CHECKPOINT_LIMIT, Acquired, Fence, Renewal
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.lease.progress import Progress
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.providers.base import ChatRequest, Checkpoint, Completion, Delta, Usage
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.providers.request_ids import client_request_id
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.testing.scripted import ScriptedProvider, Stall
 from tests.harness.sse_server import SSEServer, chat_chunks, json_response, sse
 

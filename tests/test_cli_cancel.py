@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from ai_lease.cli.app import main
 from ai_lease.job import Status
 from ai_lease.lease import Acquired
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 
 
 async def _prepare(path: Path) -> None:

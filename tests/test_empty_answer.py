@@ -13,11 +13,11 @@ import pytest
 import ai_lease.errors as errors
 from ai_lease.errors import AiLeaseError, EmptyAnswer, JobFailed, ProviderError
 from ai_lease.job import Job, Status
-from ai_lease.lease import open_store
 from ai_lease.lease.base import LeaseStore
 from ai_lease.providers.base import Delta, ToolCallDelta
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.run.runner import Runner
+from ai_lease.stores import open_store
 from ai_lease.testing.scripted import ScriptedProvider
 from tests.harness.sse_server import SSEServer, sse
 

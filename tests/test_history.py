@@ -240,7 +240,7 @@ async def test_load_durations_raises_or_reports_a_corrupt_series(tmp_path: Path)
     import sqlite3
 
     from ai_lease.errors import CorruptRecord
-    from ai_lease.lease.sqlite import SQLiteStore
+    from ai_lease.stores.sqlite.store import SQLiteStore
 
     store = SQLiteStore(tmp_path / "h.db")
     try:

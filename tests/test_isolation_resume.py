@@ -20,9 +20,9 @@ import pytest
 
 from ai_lease import Status
 from ai_lease.job import Job
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
+from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.responses_server import ResponsesServer, text_events
 from tests.test_isolation import descendants, gone
 from tests.test_resume_takeover import ANSWER, PIECES, _checkpointed

@@ -22,7 +22,7 @@ from ai_lease.lease import Acquired, Following, Renewal
 from ai_lease.lease.events import Event
 from ai_lease.lease.keeper import LeaseKeeper, alongside
 from ai_lease.lease.progress import Progress
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.testing.clock import VirtualClock
 
 TIMINGS = LeaseTimings(ttl=30, renew_interval=5, op_timeout=1, self_fence_margin=2)

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from ai_lease.lease.base import Acquired, Fence
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.run.ladder_notes import noting, step_note
+from ai_lease.stores.sqlite.store import SQLiteStore
 
 STEPS: list[tuple[str, dict[str, Any]]] = [
     ("term", {"pid": 42, "signal": "term", "grace_s": 10.0}),

@@ -21,8 +21,9 @@ import pytest
 
 from ai_lease.errors import FencingRejected
 from ai_lease.job import Status
-from ai_lease.lease import LeaseStore, open_store
+from ai_lease.lease import LeaseStore
 from ai_lease.lease.base import Acquired, Fence, Finished
+from ai_lease.stores import open_store
 from tests.harness.pg_pair import SyncPair
 
 pytestmark = pytest.mark.postgres

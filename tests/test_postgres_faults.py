@@ -23,7 +23,7 @@ import pytest
 from ai_lease.errors import FencingRejected, StoreUnavailable
 from ai_lease.job import Status
 from ai_lease.lease.base import Acquired, Fence, Following, Renewal
-from ai_lease.lease.postgres import PostgresStore
+from ai_lease.stores.postgres.store import PostgresStore
 from tests.harness.chaos_cluster import PROFILE, ChaosCluster, check_job, report
 from tests.harness.history import of_kind, read_record
 from tests.harness.pg_server import PostgresServer

@@ -17,9 +17,11 @@ import pytest
 
 from ai_lease import ConfigError, InputError, JobSpecError, StoreUnavailable
 from ai_lease.job import Status
-from ai_lease.lease import Acquired, open_store, postgres_schema
-from ai_lease.lease.postgres import PostgresStore
-from ai_lease.lease.postgres_schema import channel_name
+from ai_lease.lease import Acquired
+from ai_lease.stores import open_store
+from ai_lease.stores.postgres import schema as postgres_schema
+from ai_lease.stores.postgres.schema import channel_name
+from ai_lease.stores.postgres.store import PostgresStore
 from tests.harness.pg_server import PostgresServer
 
 pytestmark = pytest.mark.postgres

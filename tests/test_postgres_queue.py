@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from ai_lease.errors import CorruptRecord
-from ai_lease.lease import postgres_queue
-from ai_lease.lease.postgres_listing import PostgresListing
+from ai_lease.stores.postgres import queue as postgres_queue
+from ai_lease.stores.postgres.listing import PostgresListing
 from tests.harness.pg_server import PostgresServer
 
 PROCESSES, JOBS, LIMIT = 4, 40, 16

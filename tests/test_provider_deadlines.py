@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from ai_lease import Job, JobFailed, LeaseTimings, Runner
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.providers.anthropic import AnthropicProvider
 from ai_lease.providers.base import Provider
 from ai_lease.providers.gemini import GeminiProvider
 from ai_lease.providers.ollama import OllamaProvider
 from ai_lease.providers.openai_responses import OpenAIResponsesProvider
 from ai_lease.run.config import RunConfig
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.timeouts import RetryPolicy, StageBudget
 from tests.harness.sse_server import Hang, Response, SSEServer, json_response, sse
 

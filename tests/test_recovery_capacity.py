@@ -14,7 +14,7 @@ import pytest
 
 from ai_lease import LeaseTimings, StageBudget, StoreUnavailable
 from ai_lease.job import Job
-from ai_lease.lease import LeaseStore, open_store
+from ai_lease.lease import LeaseStore
 from ai_lease.lease.base import Acquired
 from ai_lease.lease.events import Event
 from ai_lease.lease.queue import JobQueue
@@ -22,6 +22,7 @@ from ai_lease.providers.base import ChatRequest, Delta
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
+from ai_lease.stores import open_store
 from ai_lease.testing.scripted import Pause, ScriptedProvider
 from ai_lease.timeouts import RetryPolicy
 

@@ -1,4 +1,4 @@
-"""How the Redis store talks to Redis (ai_lease/lease/redis_wire.py): redis-py for every URL,
+"""How the Redis store talks to Redis (ai_lease/stores/redis/wire.py): redis-py for every URL,
 retries off, a timeout that keeps its connection, the script cache refilled, set-up on connect.
 (These replace the tests of the own connection, lease/resp.py, now deleted.)"""
 
@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 
 from ai_lease import CorruptRecord, StoreUnavailable
 from ai_lease.lease import Acquired
-from ai_lease.lease.redis import RedisStore
-from ai_lease.lease.redis_wire import WARM_CONNECTIONS, WarmPool
+from ai_lease.stores.redis.store import RedisStore
+from ai_lease.stores.redis.wire import WARM_CONNECTIONS, WarmPool
 from tests.harness.redis_server import RedisServer
 from tests.harness.tcp_proxy import FaultProxy
 

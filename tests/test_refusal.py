@@ -8,9 +8,11 @@ import re
 import pytest
 
 from ai_lease.errors import FencingRejected, LeaseLost
-from ai_lease.lease import redis_admin_scripts, redis_prelude, redis_scripts
 from ai_lease.lease.base import Fence
 from ai_lease.lease.refusal import MESSAGES, RENEWAL_REFUSALS, WRITE_REFUSALS, Refusal
+from ai_lease.stores.redis import admin_scripts as redis_admin_scripts
+from ai_lease.stores.redis import prelude as redis_prelude
+from ai_lease.stores.redis import scripts as redis_scripts
 
 # The first element of a script's reply table that is a kind of answer, not a refusal.
 _REPLY_KINDS = {"ok", "written", "acquired", "following", "finished", "conflict", "rejected"}

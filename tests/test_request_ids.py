@@ -19,13 +19,13 @@ import pytest
 from ai_lease import LeaseStore, LeaseTimings, RetryPolicy, StageBudget
 from ai_lease.job import Job
 from ai_lease.lease.events import Event
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.providers.base import ChatRequest, Provider
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
 from ai_lease.providers.request_ids import CLIENT_ID_MAX, client_id_header
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
+from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.sse_server import Request, Response, SSEServer, chat_chunks, json_response, sse
 from tests.test_cli_submit import run_cli
 

@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 import pytest
 
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.responses_server import ResponsesServer, text_events
 
 PIECES = [f"w{i:02d}," for i in range(40)]

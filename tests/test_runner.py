@@ -409,7 +409,7 @@ async def test_a_follower_whose_notification_is_lost_returns_within_a_poll(
     """A follower whose wake-up is lost (and whose wait's cancellation is swallowed by the
     Redis client) still re-reads the record every poll_interval: it returns the DONE result
     within one poll (+ slack) of the commit, never hangs."""
-    from ai_lease.lease import open_store
+    from ai_lease.stores import open_store
 
     redis_server.flushall()
     owner_store = open_store(redis_server.url, op_timeout=0.5)
@@ -453,7 +453,7 @@ async def test_three_ctrl_c_submits_leave_the_job_pending_not_failed(tmp_path: A
     import subprocess
     import sys
 
-    from ai_lease.lease import open_store
+    from ai_lease.stores import open_store
     from tests.harness.sse_server import Hang, SSEServer, chat_chunks, sse
 
     (tmp_path / "job.toml").write_text('key = "ctrl-c"\ninput = "One. Two."\n')

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from ai_lease.job import Job, Status
-from ai_lease.lease import open_store
 from ai_lease.lease.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
+from ai_lease.stores import open_store
 from ai_lease.timeouts import LeaseTimings, RetryPolicy, StreamTimeouts
 
 TIMINGS = LeaseTimings(

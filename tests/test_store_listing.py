@@ -11,11 +11,12 @@ import orjson
 import pytest
 
 from ai_lease.errors import CorruptRecord
-from ai_lease.lease import redis_listing, sqlite_listing
 from ai_lease.lease.listing import decode_cursor
-from ai_lease.lease.redis import RedisStore
-from ai_lease.lease.sqlite import SQLiteStore
-from ai_lease.lease.sqlite_listing import _page_query
+from ai_lease.stores.redis import listing as redis_listing
+from ai_lease.stores.redis.store import RedisStore
+from ai_lease.stores.sqlite import listing as sqlite_listing
+from ai_lease.stores.sqlite.listing import _page_query
+from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.redis_server import RedisServer
 
 

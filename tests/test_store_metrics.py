@@ -17,14 +17,15 @@ import httpx
 import pytest
 import redis
 
-from ai_lease.lease import LeaseStore, open_store
+from ai_lease.lease import LeaseStore
 from ai_lease.lease.base import Acquired
-from ai_lease.lease.postgres import PostgresStore
 from ai_lease.lease.queue import JobQueue, WorkerInfo
-from ai_lease.lease.redis_queue import RedisQueue
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.observe.metrics import MAX_LABEL_VALUES, Metrics, MetricsServer, serve_metrics
 from ai_lease.observe.store_metrics import StoreCollector, watch_store
+from ai_lease.stores import open_store
+from ai_lease.stores.postgres.store import PostgresStore
+from ai_lease.stores.redis.queue import RedisQueue
+from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.redis_server import RedisServer, free_port
 from tests.test_metrics import parse, start_worker, stop, submit, total
 

@@ -24,10 +24,11 @@ from ai_lease import (
     StoreUnavailable,
 )
 from ai_lease.job import Status
-from ai_lease.lease import Acquired, open_store
-from ai_lease.lease import redis_scripts as lua
+from ai_lease.lease import Acquired
 from ai_lease.lease.queue import WorkerInfo
-from ai_lease.lease.redis import RedisStore
+from ai_lease.stores import open_store
+from ai_lease.stores.redis import scripts as lua
+from ai_lease.stores.redis.store import RedisStore
 from tests.harness.chaos_proxy import ChaosProxy, script_sha
 from tests.harness.redis_server import RedisServer, free_port
 from tests.harness.tcp_proxy import FaultProxy

@@ -10,7 +10,7 @@ import pytest
 
 from ai_lease import CorruptRecord, Fence, Following, StoreUnavailable
 from ai_lease.lease import Acquired
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.testing.clock import VirtualClock
 
 
@@ -119,7 +119,7 @@ async def test_store_refuses_blind_renewal_by_its_clock(tmp_path: Path) -> None:
 
 _READ_ONLY_PROBE = """
 import asyncio, os, sys
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.errors import StoreUnavailable
 if os.geteuid() == 0:  # root writes anything: become nobody (after the imports)
     os.setgid(65534)

@@ -14,9 +14,10 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from ai_lease.lease import Acquired, sqlite_timeline
-from ai_lease.lease.redis import RedisStore
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.lease import Acquired
+from ai_lease.stores.redis.store import RedisStore
+from ai_lease.stores.sqlite import timeline as sqlite_timeline
+from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.redis_server import RedisServer
 
 

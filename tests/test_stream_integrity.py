@@ -34,7 +34,6 @@ from ai_lease.errors import (
 from ai_lease.job import Job
 from ai_lease.lease.events import Event
 from ai_lease.lease.progress import Progress
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.providers.base import ChatRequest, Completion, Provider
 from ai_lease.providers.errors import MAX_RETRY_AFTER_S, parse_retry_after
 from ai_lease.providers.openai_compat import OpenAICompatProvider, _sse_batches
@@ -44,6 +43,7 @@ from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.settings import load_settings
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.testing.scripted import ScriptedProvider
 from ai_lease.timeouts import RetryPolicy, StreamLimits, StreamTimeouts
 from tests.harness.sse_server import (

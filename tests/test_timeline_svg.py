@@ -17,10 +17,10 @@ from ai_lease import LeaseTimings, StageBudget
 from ai_lease.errors import FencingRejected
 from ai_lease.job import Job, JobState, Status
 from ai_lease.lease.base import Fence
-from ai_lease.lease.sqlite import SQLiteStore
 from ai_lease.lease.timeline import TIMELINE_CAP, TIMELINE_KINDS, TimelineEntry
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.testing.scripted import ScriptedProvider, Stall
 from ai_lease.ui.timeline_svg import render_timeline
 

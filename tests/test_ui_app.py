@@ -23,9 +23,10 @@ from httpx_sse import aconnect_sse
 
 from ai_lease.errors import AiLeaseError
 from ai_lease.job import Job, Status
-from ai_lease.lease import LeaseStore, open_store
+from ai_lease.lease import LeaseStore
 from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
+from ai_lease.stores import open_store
 from ai_lease.testing.scripted import Pause, ScriptedProvider
 from ai_lease.timeouts import LeaseTimings, StageBudget
 from ai_lease.ui.app import CSP, create_app

@@ -15,7 +15,7 @@ from httpx_sse import aconnect_sse
 
 from ai_lease.job import Status
 from ai_lease.lease import LeaseStore
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.ui.present import job_url, live_url
 from tests.test_ui_app import csrf_of, run_job, serving
 

@@ -20,7 +20,6 @@ import pytest
 
 from ai_lease.errors import JobFailed
 from ai_lease.job import Job, Status
-from ai_lease.lease import open_store
 from ai_lease.lease.base import LeaseStore
 from ai_lease.providers.anthropic import AnthropicProvider
 from ai_lease.providers.base import Provider
@@ -31,6 +30,7 @@ from ai_lease.providers.openai_responses import OpenAIResponsesProvider
 from ai_lease.providers.openai_sdk import OpenAISDKProvider
 from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
+from ai_lease.stores import open_store
 from ai_lease.timeouts import RetryPolicy, StreamTimeouts
 from tests.harness.anthropic_server import (
     message_end,

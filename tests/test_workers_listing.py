@@ -13,7 +13,7 @@ import orjson
 from ai_lease import Acquired
 from ai_lease.lease import LeaseStore
 from ai_lease.lease.queue import WorkerInfo
-from ai_lease.lease.sqlite import SQLiteStore
+from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.ui.listing import read_workers
 from tests.test_ui_app import serving
 

@@ -57,7 +57,7 @@ def migrate(obj: Context) -> None:
 
     Exit 0 applied or up to date, 2 refused (no right to create the schema, a table of
     ours that ai_lease did not make, a bad URL or credentials), 4 store unreachable."""
-    from ai_lease.lease.postgres_schema import VERSION
+    from ai_lease.stores.postgres.schema import VERSION
 
     url = obj.settings.store.url
     if not url.startswith(("postgresql://", "postgres://")):

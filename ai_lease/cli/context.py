@@ -48,7 +48,7 @@ class Context:
 
     def open_store(self, *, create: bool = True) -> LeaseStore:
         """The configured store; ``create=False`` for a look (it never makes one)."""
-        from ai_lease.lease import open_store
+        from ai_lease.stores import open_store
 
         store = self.settings.store
         return open_store(

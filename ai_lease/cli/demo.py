@@ -27,12 +27,13 @@ import orjson
 
 from ai_lease.errors import FencingRejected
 from ai_lease.job import Job
-from ai_lease.lease import Fence, open_store
+from ai_lease.lease import Fence
 from ai_lease.lease.events import Event
 from ai_lease.providers.base import Completion
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.pipeline import Pipeline, Stage, StageContext
 from ai_lease.run.runner import Runner
+from ai_lease.stores import open_store
 from ai_lease.timeouts import LeaseTimings, StageBudget
 
 __all__ = ["DEMO_TIMINGS", "run", "run_demo"]

@@ -1,4 +1,5 @@
-"""Leases: the store protocol, refusal codes, the SQLite and Redis stores, and store URLs."""
+"""Leases: the store protocols and their answers, the rules, refusal codes, fencing and
+renewal. The stores that keep them are in :mod:`ai_lease.stores`."""
 
 from ai_lease.lease.base import (
     Acquired,
@@ -12,7 +13,6 @@ from ai_lease.lease.base import (
     Renewal,
 )
 from ai_lease.lease.refusal import Refusal
-from ai_lease.lease.urls import open_store
 
 __all__ = [
     "AcquireOutcome",
@@ -25,5 +25,4 @@ __all__ = [
     "LeaseStore",
     "Refusal",
     "Renewal",
-    "open_store",
 ]

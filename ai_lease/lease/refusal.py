@@ -1,6 +1,6 @@
 """Why a store refused a renewal or a fenced write: one code per reason, one message each.
 
-The codes are what the Lua scripts return (``redis_scripts.py``), what the pure rules return
+The codes are what the Lua scripts return (``stores/redis/scripts.py``), what the pure rules return
 (``rules.py``, run by SQLite), what :class:`~ai_lease.errors.FencingRejected` and
 :class:`~ai_lease.errors.LeaseLost` carry, and what the metrics use as label values. The
 English text comes from :data:`MESSAGES` alone, so rewording a message never changes a code.

@@ -1,7 +1,7 @@
 """The lease rules as pure functions: (record, store time, request) -> (new record, answer).
 
 The SQLite store runs these inside one transaction; the Redis store's Lua scripts
-(``redis_scripts.py``) are the same rules, line for line, and the contract suite holds both
+(``stores/redis/scripts.py``) are the same rules, line for line, and the contract suite holds both
 to them. ``None`` as the new record means "write nothing". A refusal is a
 :class:`~ai_lease.lease.refusal.Refusal` member, the code the scripts return for it.
 

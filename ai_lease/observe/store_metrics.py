@@ -80,7 +80,7 @@ class StoreReading:
 
 async def read_store(store: object) -> StoreReading:
     """What ``store`` can tell from its indexes (see the module docstring), and its workers."""
-    from ai_lease.lease.sqlite_queue import SQLiteQueue
+    from ai_lease.stores.sqlite.queue import SQLiteQueue
 
     counts = StoreReading()
     if isinstance(store, SQLiteQueue):
@@ -107,14 +107,14 @@ def _skip(exc: CorruptRecord) -> None:
 
 
 def _is_redis(store: object) -> bool:
-    from ai_lease.lease.redis_queue import RedisQueue
+    from ai_lease.stores.redis.queue import RedisQueue
 
     return isinstance(store, RedisQueue)
 
 
 def _is_postgres(store: object) -> bool:
     try:
-        from ai_lease.lease.postgres_queue import PostgresQueue
+        from ai_lease.stores.postgres.queue import PostgresQueue
     except ImportError:  # psycopg is an optional extra
         return False
     return isinstance(store, PostgresQueue)
@@ -169,7 +169,7 @@ def _count(conn: sqlite3.Connection, sql: str, *args: object) -> int:
 
 
 async def _read_redis(store: Any) -> StoreReading:
-    from ai_lease.lease.redis_queue_scripts import COUNTS
+    from ai_lease.stores.redis.queue_scripts import COUNTS
 
     keys = [store._queue, store._leases]
     due, later, live, lapsed = map(int, await store._cmd("metrics", "EVAL", COUNTS, 2, *keys))

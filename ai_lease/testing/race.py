@@ -13,7 +13,8 @@ import time
 
 import orjson
 
-from ai_lease.lease import Acquired, open_store
+from ai_lease.lease import Acquired
+from ai_lease.stores import open_store
 
 
 async def race(url: str, start_at: float, owner: str, keys: list[str]) -> list[dict[str, object]]:

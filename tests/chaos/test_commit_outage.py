@@ -19,10 +19,10 @@ import pytest
 
 from ai_lease import LeaseTimings, StageBudget
 from ai_lease.job import Job, Status
-from ai_lease.lease import open_store
 from ai_lease.lease.events import Event
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
+from ai_lease.stores import open_store
 from ai_lease.testing.scripted import ScriptedProvider
 from ai_lease.timeouts import RetryPolicy
 from tests.harness.pg_server import PostgresServer

@@ -11,13 +11,14 @@ import pytest
 
 from ai_lease import LeaseTimings
 from ai_lease.job import Job, Status
-from ai_lease.lease import LeaseStore, open_store
+from ai_lease.lease import LeaseStore
 from ai_lease.lease.base import Acquired
 from ai_lease.lease.events import Event
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.outage import StoreOutage
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
+from ai_lease.stores import open_store
 from ai_lease.testing.scripted import ScriptedProvider
 from tests.harness.redis_server import RedisServer
 from tests.harness.refusing_proxy import RefusingProxy

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ai_lease.lease import redis_scripts as lua
+from ai_lease.stores.redis import scripts as lua
 from tests.harness.chaos_cluster import PROFILE, ChaosCluster, check_job, report
 from tests.harness.chaos_proxy import ChaosProxy, script_sha
 from tests.harness.history import of_kind, read_record
@@ -32,7 +32,7 @@ DEAD_OWNER_BOUND = TTL + POLL + SLACK
 KEY = "net-job"
 
 BUG_PREPARE_IN_OP_DEADLINE = (
-    "ai_lease/lease/redis.py RedisStore._call: the first operation loads all 7 scripts one "
+    "ai_lease/stores/redis/store.py RedisStore._call: the first operation loads all 7 scripts one "
     "SCRIPT LOAD at a time inside the same op_timeout deadline, so at ~100 ms RTT (or 300 ms "
     "with the default 2 s op_timeout) no operation can ever succeed"
 )

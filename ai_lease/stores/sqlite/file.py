@@ -3,7 +3,7 @@
 All SQLite work runs on one thread per store, keeping the event loop free while another
 process holds the write lock (closing too). A file this user cannot write is opened
 read-only: reads work, a write fails saying why. :class:`SQLiteFile` is the base the
-store's parts share (:mod:`ai_lease.lease.sqlite_queue`, :mod:`ai_lease.lease.sqlite`).
+store's parts share (:mod:`ai_lease.stores.sqlite.queue`, :mod:`ai_lease.stores.sqlite.store`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import orjson
 
 from ai_lease.errors import CorruptRecord, FencingRejected, StoreMissing, StoreUnavailable
 from ai_lease.job import JobState
-from ai_lease.lease import sqlite_timeline as timeline
 from ai_lease.lease.listing import created_us
 from ai_lease.lease.timeline import TIMELINE_CAP, TimelineEntry
 from ai_lease.retry import while_locked
+from ai_lease.stores.sqlite import timeline
 
 __all__ = ["SQLiteFile"]
 
@@ -77,7 +77,7 @@ CREATE TABLE IF NOT EXISTS ai_lease_workers (
 """
 
 
-# The listing's indexes (lease/sqlite_listing.py): pages newest first, with or without a
+# The listing's indexes (stores/sqlite/listing.py): pages newest first, with or without a
 # status. Made after _migrate, which gives a file from before them its created_us column.
 _LISTING_SCHEMA = """
 CREATE INDEX IF NOT EXISTS ai_lease_jobs_by_created ON ai_lease_jobs (created_us, key);

@@ -3,11 +3,11 @@
 The client is built with redis-py's own retries **off** (redis-py 8 retries by default: a
 black-holed PING took 8-9 s to fail here, and a resent ``INCRBY`` was applied twice), and
 every operation is bounded by ``op_timeout`` without losing its connection
-(lease/redis_wire.py). Lost replies are handled a level up: every script is safe to run
+(stores/redis/wire.py). Lost replies are handled a level up: every script is safe to run
 twice. The data-loss marker (an epoch id the store keeps) is checked on every new
 connection, and the specs of jobs this process may run are kept to re-create a record lost
 with the data. :class:`RedisCalls` is the base the store's parts share
-(:mod:`ai_lease.lease.redis_queue`, :mod:`ai_lease.lease.redis`).
+(:mod:`ai_lease.stores.redis.queue`, :mod:`ai_lease.stores.redis.store`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ai_lease import retry
 from ai_lease.errors import CorruptRecord, OutcomeUnknown, StoreDataLost, StoreUnavailable
-from ai_lease.lease import redis_admin_scripts as admin_lua
-from ai_lease.lease import redis_listing_scripts as list_lua
-from ai_lease.lease import redis_queue_scripts as ns_lua
-from ai_lease.lease import redis_scripts as lua
-from ai_lease.lease.redis_keys import job_keys, untag
-from ai_lease.lease.redis_wire import WARM_CONNECTIONS, Tasks, WarmPool, within
+from ai_lease.stores.redis import admin_scripts as admin_lua
+from ai_lease.stores.redis import listing_scripts as list_lua
+from ai_lease.stores.redis import queue_scripts as ns_lua
+from ai_lease.stores.redis import scripts as lua
+from ai_lease.stores.redis.keys import job_keys, untag
+from ai_lease.stores.redis.wire import WARM_CONNECTIONS, Tasks, WarmPool, within
 
 __all__ = ["RedisCalls", "connect"]
 
@@ -143,7 +143,7 @@ class RedisCalls:
         self._queue, self._leases = f"{namespace}:queue", f"{tag}:leases"
         self._marks = [f"{tag}:epoch", f"{tag}:data_lost"]
         self._recovery = f"{tag}:recovery"  # the looks at RUNNING jobs, asked for first
-        # The creation index and its per-status counts (lease/redis_listing.py).
+        # The creation index and its per-status counts (stores/redis/listing.py).
         self._created, self._counts = f"{tag}:created", f"{tag}:counts"
         self._names = f"{tag}:names"
         self._epoch: str | None = None  # the epoch this process saw first
@@ -151,7 +151,7 @@ class RedisCalls:
         """Set once this process has seen the store lose its data (or a recent note of it)."""
         self._specs: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._spec_chars = 0
-        # Commands still reading a late reply, and the pool's re-warming (lease/redis_wire.py).
+        # Commands still reading a late reply, and the pool's re-warming (stores/redis/wire.py).
         self._tasks, self._rewarming = Tasks(), False
         pool = getattr(client, "connection_pool", None)
         self._pool = pool if isinstance(pool, WarmPool) else None
@@ -320,7 +320,7 @@ class RedisCalls:
 
         try:
             # The deadline ends the wait, not the command: it reads its late reply and
-            # gives its connection back (lease/redis_wire.py).
+            # gives its connection back (stores/redis/wire.py).
             return await within(self._tasks.start(attempt(), self._failed), self._op_timeout)
         except UnicodeDecodeError:  # replies are decoded strictly
             raise CorruptRecord(key, "a field is not valid UTF-8") from None

@@ -29,7 +29,7 @@ from ai_lease.lease.listing import (
     prefix_end,
     report_corrupt,
 )
-from ai_lease.lease.sqlite_file import CREATED_FROM_RECORD, SQLiteFile
+from ai_lease.stores.sqlite.file import CREATED_FROM_RECORD, SQLiteFile
 
 __all__ = ["SQLiteListing"]
 

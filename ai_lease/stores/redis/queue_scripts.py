@@ -1,13 +1,13 @@
 """The Redis store's namespace scripts: the queue, the lease index, the epoch marker, workers.
 
-The job scripts (one per lease operation) are in :mod:`ai_lease.lease.redis_scripts`; these
+The job scripts (one per lease operation) are in :mod:`ai_lease.stores.redis.scripts`; these
 touch the namespace's own keys, which share the hash tag ``{<ns>:queue}`` (a worker's keys
 share ``{<ns>:workers}``). Each is safe to run twice.
 """
 
 from __future__ import annotations
 
-from ai_lease.lease.redis_prelude import PRELUDE
+from ai_lease.stores.redis.prelude import PRELUDE
 
 _EPOCH = r"""
 -- The data-loss marker: KEYS[e] holds this store's epoch id, written at first contact. A

@@ -18,7 +18,7 @@ it first).
 
 The first call of a store object connects once on its own, so that a refusal reads as
 libpq's own message, and applies the migration unless the schema is at its version
-(lease/postgres_schema.py) — or, for a store opened with ``create=False`` (a look), changes
+(stores/postgres/schema.py) — or, for a store opened with ``create=False`` (a look), changes
 nothing: no schema is :class:`StoreMissing`, one at another version a :class:`ConfigError`.
 """
 
@@ -42,12 +42,12 @@ from ai_lease.errors import (
     StoreUnavailable,
 )
 from ai_lease.job import JobState
-from ai_lease.lease import postgres_schema as schema_
-from ai_lease.lease.postgres_checks import check_namespace, check_url, job_key, with_bounds
-from ai_lease.lease.postgres_schema import JOB_COLUMNS
-from ai_lease.lease.redis_wire import Tasks, within  # the bounded wait both stores share
 from ai_lease.redaction import mask_url
 from ai_lease.resource import AsyncResource
+from ai_lease.stores.postgres import schema as schema_
+from ai_lease.stores.postgres.checks import check_namespace, check_url, job_key, with_bounds
+from ai_lease.stores.postgres.schema import JOB_COLUMNS
+from ai_lease.stores.redis.wire import Tasks, within  # the bounded wait both stores share
 
 __all__ = ["PostgresConn", "check_url", "job_key"]
 
@@ -75,7 +75,7 @@ class _Stale(Exception):
 
 class PostgresConn(AsyncResource):
     """The pool, the bounded calls and the record decoding the store's parts share
-    (lease/postgres_queue.py, lease/postgres_listing.py, lease/postgres.py)."""
+    (stores/postgres/queue.py, stores/postgres/listing.py, stores/postgres/store.py)."""
 
     def __init__(
         self,
@@ -195,8 +195,9 @@ class PostgresConn(AsyncResource):
             await conn.close()
 
     def _not_installed(self, version: int | None) -> StoreMissing | ConfigError:
-        """What a look says of a schema not at :data:`~.postgres_schema.VERSION` (it changes
-        nothing: no schema, or one another ai_lease made)."""
+        """What a look says of a schema not at
+        :data:`~ai_lease.stores.postgres.schema.VERSION` (it changes nothing: no schema, or
+        one another ai_lease made)."""
         if version is None:
             return StoreMissing(
                 self.where,

@@ -1,9 +1,9 @@
 """The Redis store's scripts for the jobs' lifecycle for people (``ai-lease retry`` / ``rm``
-/ ``prune``): one round trip each, keys and replies as in :mod:`ai_lease.lease.redis_scripts`."""
+/ ``prune``): one round trip each, keys and replies as in :mod:`ai_lease.stores.redis.scripts`."""
 
 from __future__ import annotations
 
-from ai_lease.lease.redis_prelude import PRELUDE
+from ai_lease.stores.redis.prelude import PRELUDE
 
 __all__ = ["PRUNE", "REMOVE", "RETRY"]
 

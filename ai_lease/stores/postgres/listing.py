@@ -31,8 +31,8 @@ from ai_lease.lease.listing import (
     prefix_end,
     report_corrupt,
 )
-from ai_lease.lease.postgres_queue import PostgresQueue
-from ai_lease.lease.postgres_schema import JOB_COLUMNS
+from ai_lease.stores.postgres.queue import PostgresQueue
+from ai_lease.stores.postgres.schema import JOB_COLUMNS
 
 __all__ = ["PostgresListing"]
 

@@ -4,13 +4,13 @@ The creation index ``{<ns>:queue}:created`` (a sorted set: job hash -> ``created
 microseconds), the name index ``{<ns>:queue}:names`` (the same job hashes, all at score 0:
 in byte order, for a prefix's range) and the counts ``{<ns>:queue}:counts`` (a sorted set: status
 -> jobs) are kept by
-the job scripts that create, re-date, end or delete a job (lease/redis_scripts.py), on a
+the job scripts that create, re-date, end or delete a job (stores/redis/scripts.py), on a
 standalone server. These read them; the backfill indexes the jobs stored before them.
 """
 
 from __future__ import annotations
 
-from ai_lease.lease.redis_prelude import PRELUDE
+from ai_lease.stores.redis.prelude import PRELUDE
 
 LIST_CHUNK = 200
 """Index entries one ZREVRANGEBYSCORE of LIST_PAGE reads."""

@@ -2,9 +2,9 @@
 
 Every call goes through redis-py (hiredis parses), one code path for ``redis://``,
 ``rediss://``, ``unix://`` and Cluster, bounded by ``op_timeout`` with redis-py's retries off
-(lease/redis_calls.py). Followers wait on a pub/sub channel per job, falling back to sleeping
+(stores/redis/calls.py). Followers wait on a pub/sub channel per job, falling back to sleeping
 out the poll interval when pub/sub is unavailable. The job queue, workers and history are
-in lease/redis_queue.py; keys and decoding in lease/redis_keys.py.
+in stores/redis/queue.py; keys and decoding in stores/redis/keys.py.
 
 >>> store = RedisStore.from_url("redis://127.0.0.1:6379/0")   # doctest: +SKIP
 """
@@ -35,16 +35,16 @@ from ai_lease.lease.base import (
     Renewal,
     check_checkpoint,
 )
-from ai_lease.lease.redis_calls import connect
-from ai_lease.lease.redis_keys import decode, hash_tag, timeline_entry, us
-from ai_lease.lease.redis_listing import RedisListing
-from ai_lease.lease.redis_prelude import LEAN_FIELDS
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
 from ai_lease.lease.timeline import TIMELINE_CAP, TimelineEntry, check_note
 from ai_lease.redaction import mask_url
 from ai_lease.resource import AsyncResource
+from ai_lease.stores.redis.calls import connect
+from ai_lease.stores.redis.keys import decode, hash_tag, timeline_entry, us
+from ai_lease.stores.redis.listing import RedisListing
+from ai_lease.stores.redis.prelude import LEAN_FIELDS
 
 __all__ = ["RedisStore", "hash_tag"]
 

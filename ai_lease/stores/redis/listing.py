@@ -9,7 +9,7 @@ that move a job's status keep ``{<ns>:queue}:counts`` (a sorted set: status -> j
 ZINCRBY). ``count_jobs`` is one ZRANGE of a few members.
 
 **Bounds.** One page is one ``LIST_PAGE`` script: ZREVRANGEBYSCORE from the cursor in chunks
-of :data:`~ai_lease.lease.redis_listing_scripts.LIST_CHUNK`, reading at most
+of :data:`~ai_lease.stores.redis.listing_scripts.LIST_CHUNK`, reading at most
 :data:`LIST_BOUND` index entries (or ``limit + 1`` if more): unfiltered that is
 ``limit + 1`` entries, O(log n + limit); with a status filter it stops after ``limit``
 matches or the bound, whichever comes first, and returns a cursor to go on from (a page may
@@ -47,8 +47,8 @@ from ai_lease.lease.listing import (
     no_key_starts,
     report_corrupt,
 )
-from ai_lease.lease.redis_keys import decode, hash_tag
-from ai_lease.lease.redis_queue import RedisQueue
+from ai_lease.stores.redis.keys import decode, hash_tag
+from ai_lease.stores.redis.queue import RedisQueue
 
 __all__ = ["LIST_BOUND", "RedisListing"]
 

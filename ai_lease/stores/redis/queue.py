@@ -21,9 +21,9 @@ from ai_lease.job import JobState, Status, validate_key
 from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.histogram import checked_histogram
 from ai_lease.lease.queue import WorkerInfo, storable_worker
-from ai_lease.lease.redis_calls import RedisCalls
-from ai_lease.lease.redis_keys import decode, us
 from ai_lease.lease.storable import exact
+from ai_lease.stores.redis.calls import RedisCalls
+from ai_lease.stores.redis.keys import decode, us
 
 __all__ = ["RedisQueue"]
 

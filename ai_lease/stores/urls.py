@@ -64,12 +64,12 @@ def open_store(
     (SQLite, PostgreSQL; on Redis an empty namespace is an empty store)."""
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme == "sqlite":
-        from ai_lease.lease.sqlite import SQLiteStore
+        from ai_lease.stores.sqlite.store import SQLiteStore
 
         path = sqlite_path(url)
         return SQLiteStore(path, op_timeout=op_timeout, poll_interval=poll_interval, create=create)
     if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
-        from ai_lease.lease.redis import RedisStore
+        from ai_lease.stores.redis.store import RedisStore
 
         check_redis_db(url)
         return RedisStore.from_url(url, namespace=namespace, op_timeout=op_timeout, create=create)
@@ -86,7 +86,7 @@ def _postgres(
 ) -> LeaseStore:
     """The PostgreSQL store (the optional extra: a clear error when psycopg is missing)."""
     try:
-        from ai_lease.lease.postgres import PostgresStore
+        from ai_lease.stores.postgres.store import PostgresStore
     except ImportError as exc:
         raise ConfigError(
             f"store.url {mask_url(url)!r}: the PostgreSQL store needs psycopg ({exc.name} is "

@@ -2,7 +2,7 @@
 
 The queue is a table of "look again at" times beside the jobs (plus the recovery looks
 asked for first); workers and duration buckets have a table each. Every operation is one
-statement, most a call of a function in lease/postgres_queue_sql.py. The schedule is a hint
+statement, most a call of a function in stores/postgres/queue_sql.py. The schedule is a hint
 that workers correct, never the judge: ``due`` claims the keys it hands out with ``FOR
 UPDATE SKIP LOCKED`` and hides them from other stores for :data:`CLAIM_HOLD` seconds, so
 workers asking at the same instant look at different jobs, and the lease still decides who
@@ -22,10 +22,10 @@ from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrup
 from ai_lease.job import JobState
 from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.histogram import checked_histogram
-from ai_lease.lease.postgres_conn import PostgresConn, job_key
-from ai_lease.lease.postgres_schema import JOB_COLUMNS
 from ai_lease.lease.queue import WorkerInfo, storable_worker
 from ai_lease.lease.storable import exact
+from ai_lease.stores.postgres.conn import PostgresConn, job_key
+from ai_lease.stores.postgres.schema import JOB_COLUMNS
 
 __all__ = ["CLAIM_HOLD", "PRUNE_BATCH", "PostgresQueue"]
 

@@ -20,8 +20,8 @@ from ai_lease.lease import rules
 from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.histogram import checked_histogram
 from ai_lease.lease.queue import WorkerInfo, storable_worker
-from ai_lease.lease.sqlite_file import SQLiteFile
 from ai_lease.lease.storable import exact
+from ai_lease.stores.sqlite.file import SQLiteFile
 
 __all__ = ["SQLiteQueue"]
 

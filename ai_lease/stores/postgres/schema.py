@@ -1,8 +1,8 @@
 """The PostgreSQL store's schema and its versioned migration.
 
 Everything lives in one PostgreSQL schema named after the store's namespace: the tables
-below, the fencing-token sequence and the lease functions (lease/postgres_sql.py, the
-queue's in lease/postgres_queue_sql.py). A migration version table says what is installed;
+below, the fencing-token sequence and the lease functions (stores/postgres/lease_sql.py, the
+queue's in stores/postgres/queue_sql.py). A migration version table says what is installed;
 the store applies the migration on first use and ``ai-lease migrate`` applies it explicitly,
 both in one transaction under an advisory lock, so processes starting at once wait for the
 first one and then find it done. A schema that already holds a table of our name but no
@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 
 from ai_lease.errors import ConfigError
-from ai_lease.lease import postgres_queue_sql, postgres_sql
+from ai_lease.stores.postgres import lease_sql, queue_sql
 
 __all__ = [
     "DDL",
@@ -104,7 +104,7 @@ PAYLOAD_LIMIT = 1000
 
 DDL = DDL.replace("%PAYLOAD_LIMIT%", str(PAYLOAD_LIMIT))
 
-PARTS = [DDL, postgres_sql.FUNCTIONS, postgres_queue_sql.FUNCTIONS]
+PARTS = [DDL, lease_sql.FUNCTIONS, queue_sql.FUNCTIONS]
 """The migration's SQL, run in this order in one transaction."""
 
 

@@ -1,6 +1,6 @@
 """The PostgreSQL store's queue, workers and admin functions (plpgsql), one call per operation.
 
-The migration (lease/postgres_schema.py) installs :data:`FUNCTIONS` in the store's schema
+The migration (stores/postgres/schema.py) installs :data:`FUNCTIONS` in the store's schema
 with ``SET search_path FROM CURRENT``, so tables are named unqualified here. Each function
 judges time by the server's clock (``clock_timestamp()``) and is one transaction; a function
 that returns a job returns it as ``o_job`` (a row of ``ail_jobs``), read at ``o_now``.

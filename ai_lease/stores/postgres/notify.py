@@ -10,7 +10,7 @@ it is tried again once per second, by the listener itself. Each (re)connect wake
 waiter once: a NOTIFY sent while nobody listened was lost, so they read the record again.
 A connection quiet for :data:`CHECK_EVERY` seconds is checked with one bounded statement
 (a frozen server answers no keepalive-free question), and libpq's TCP keepalives (set by
-lease/postgres_conn.py) catch a peer that vanished.
+stores/postgres/conn.py) catch a peer that vanished.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from ai_lease.errors import AiLeaseError, StoreError
-from ai_lease.lease.postgres_schema import notify_payload
+from ai_lease.stores.postgres.schema import notify_payload
 
 __all__ = ["CHECK_EVERY", "Listener"]
 

@@ -3,9 +3,9 @@
 Each operation is one ``BEGIN IMMEDIATE`` transaction that reads the record, applies the
 pure rule from :mod:`ai_lease.lease.rules` and writes the result, so racing processes are
 serialised by SQLite's write lock. The store's clock is this machine's clock, read inside the
-transaction (lease/sqlite_file.py). A file this user cannot write is opened read-only:
+transaction (stores/sqlite/file.py). A file this user cannot write is opened read-only:
 ``status``, ``ls`` and ``result`` work, a write fails saying why. The job queue, workers and
-history are in lease/sqlite_queue.py.
+history are in stores/sqlite/queue.py.
 
 >>> store = SQLiteStore(".ai-lease/ai-lease.db")          # doctest: +SKIP
 >>> outcome = await store.acquire("job-1", "node-a", ttl=30, max_no_progress=5)  # doctest: +SKIP
@@ -20,13 +20,13 @@ from typing import Any
 from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
 from ai_lease.job import JobState, RunFacts, validate_key
 from ai_lease.lease import rules
-from ai_lease.lease import sqlite_timeline as timeline
 from ai_lease.lease.base import AcquireOutcome, Fence, Renewal, check_checkpoint
-from ai_lease.lease.sqlite_listing import SQLiteListing
-from ai_lease.lease.sqlite_queue import SQLiteQueue
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
 from ai_lease.lease.timeline import check_note
 from ai_lease.resource import AsyncResource
+from ai_lease.stores.sqlite import timeline
+from ai_lease.stores.sqlite.listing import SQLiteListing
+from ai_lease.stores.sqlite.queue import SQLiteQueue
 
 __all__ = ["SQLiteStore"]
 

@@ -9,7 +9,7 @@ valid on Redis Cluster. On a standalone server they also keep ``KEYS[4]``, the l
 leases even when a job has no queue entry; ``SUBMIT`` writes the queue entry (``KEYS[5]``)
 with the record. The scripts that create, re-date, end or delete a job also keep
 ``KEYS[7]`` (created: a sorted set of job hash -> ``created_at`` in microseconds, the
-dashboard's pages, lease/redis_listing.py), ``KEYS[8]`` (counts: indexed jobs per status, a
+dashboard's pages, stores/redis/listing.py), ``KEYS[8]`` (counts: indexed jobs per status, a
 sorted set) and ``KEYS[9]`` (names: the job hashes at score 0, for a key prefix's range), so that
 a listing never scans the namespace; ``KEYS[5]`` and ``KEYS[6]`` are the queue and the
 recovery looks. On Cluster those keys live in another slot and are left out (``KEYS[4]``
@@ -27,8 +27,8 @@ tests/test_refusal.py holds the script text to that list and to the enum.
 
 from __future__ import annotations
 
-from ai_lease.lease.redis_prelude import PRELUDE
 from ai_lease.lease.timeline import NOTE_LIMIT
+from ai_lease.stores.redis.prelude import PRELUDE
 
 SCHEMA = "1"
 

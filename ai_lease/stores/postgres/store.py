@@ -1,14 +1,14 @@
 """The PostgreSQL store: leases, fencing and the queue on a database teams already run.
 
 Every lease operation is one round trip: one ``SELECT`` of a plpgsql function
-(lease/postgres_sql.py) that locks the job's row, judges by the database's clock, writes
+(stores/postgres/lease_sql.py) that locks the job's row, judges by the database's clock, writes
 the record and its timeline entry and, when a lease or a job ends, NOTIFYs its followers —
 one transaction. A committed result is as durable as the database makes it: with a
 synchronous standby, a failover does not lose an acknowledged commit. Fencing tokens come
 from a sequence (WAL-logged), so they keep increasing across restarts and promotions.
 Followers wait on LISTEN/NOTIFY through one listening connection per store
-(lease/postgres_notify.py). The connection layer is lease/postgres_conn.py, the schema and
-its migration lease/postgres_schema.py.
+(stores/postgres/notify.py). The connection layer is stores/postgres/conn.py, the schema and
+its migration stores/postgres/schema.py.
 
 >>> store = PostgresStore.from_url("postgresql://app@db:5432/jobs")   # doctest: +SKIP
 """
@@ -30,14 +30,14 @@ from ai_lease.lease.base import (
     Renewal,
     check_checkpoint,
 )
-from ai_lease.lease.postgres_conn import check_url, job_key
-from ai_lease.lease.postgres_listing import PostgresListing
-from ai_lease.lease.postgres_notify import Listener
-from ai_lease.lease.postgres_schema import channel_name
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
 from ai_lease.lease.timeline import TIMELINE_CAP, TimelineEntry
+from ai_lease.stores.postgres.conn import check_url, job_key
+from ai_lease.stores.postgres.listing import PostgresListing
+from ai_lease.stores.postgres.notify import Listener
+from ai_lease.stores.postgres.schema import channel_name
 
 __all__ = ["PostgresStore"]
 

@@ -413,4 +413,4 @@ FUNCTIONS = (
     .replace("%CAP%", str(TIMELINE_CAP))
     .replace("%SNAP%", str(SNAPSHOT_LIMIT))
 )
-"""The lease functions' DDL (one part of the migration, lease/postgres_schema.py)."""
+"""The lease functions' DDL (one part of the migration, stores/postgres/schema.py)."""

@@ -4,7 +4,7 @@ Each lease operation that changes or refuses a job notes one entry in ``ai_lease
 (key, seq, at, kind, owner_id, token, stage, detail) inside the transaction that did it; the
 last :data:`~ai_lease.lease.timeline.TIMELINE_CAP` entries per key are kept, and the first kept
 one's ``seq`` says how many were dropped. The entries say what the Redis scripts say
-(lease/redis_scripts.py): the same kinds, the same details, one line of at most 200
+(stores/redis/scripts.py): the same kinds, the same details, one line of at most 200
 characters each. The functions here are pure: a record before, the record after (None: not
 written) and the answer give the note. A :data:`~ai_lease.lease.timeline.NOTE_KINDS` entry (a
 ladder step, from ``SQLiteStore.note``) keeps up to ``NOTE_LIMIT`` characters of detail.
