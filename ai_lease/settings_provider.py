@@ -85,8 +85,8 @@ class ProviderSettings(_Section):
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     # The lean adapters (openai-compatible, openai-responses, anthropic, gemini, ollama):
     # how streams travel: "aiohttp", "httpx", or "auto" (aiohttp,
-    # httpx when a caller passes its own httpx client). "fast" is the old name of "aiohttp".
-    http: Literal["auto", "aiohttp", "httpx", "fast"] = "auto"
+    # httpx when a caller passes its own httpx client).
+    http: Literal["auto", "aiohttp", "httpx"] = "auto"
     # openai-responses only: run each response in the background (stored by OpenAI), with
     # its id and position checkpointed in the job record, so a new owner resumes the stream
     # instead of paying for the answer twice.

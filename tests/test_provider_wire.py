@@ -152,14 +152,13 @@ async def test_pool_wait_has_its_own_bound_and_error(server: SSEServer, http: st
     ("setting", "path", "own_client"),
     [
         ("auto", "aiohttp", False),
-        ("fast", "aiohttp", False),  # the old name, so existing config files keep working
         ("aiohttp", "aiohttp", False),
         ("httpx", "httpx", False),
         ("auto", "httpx", True),  # a caller's own httpx client always means httpx
     ],
 )
 async def test_http_setting_picks_the_path(setting: str, path: str, own_client: bool) -> None:
-    """``provider.http`` names the HTTP path; "fast" is an alias of "aiohttp"."""
+    """``provider.http`` names the HTTP path."""
     import httpx
 
     client = httpx.AsyncClient() if own_client else None

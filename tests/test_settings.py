@@ -173,7 +173,11 @@ def test_unknown_environment_variable_is_an_error(name: str) -> None:
         ({"AI_LEASE_RETRY__ATTEMPTS": "0"}, "retry.attempts: must be at least 1"),
         (
             {"AI_LEASE_PROVIDER__HTTP": "h2"},
-            "provider.http: must be one of auto, aiohttp, httpx, fast",
+            "provider.http: must be one of auto, aiohttp, httpx",
+        ),
+        (  # the old name of aiohttp is gone: a 0.1 package keeps no aliases
+            {"AI_LEASE_PROVIDER__HTTP": "fast"},
+            "provider.http: must be one of auto, aiohttp, httpx",
         ),
         (
             {"AI_LEASE_STORE__URL": "ftp://host/x"},

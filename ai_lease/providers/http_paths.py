@@ -146,12 +146,9 @@ def new_session(max_connections: int, connect_timeout: float) -> aiohttp.ClientS
 
 
 def http_path(http: str, client: httpx.AsyncClient | None) -> str:
-    """``"aiohttp"`` or ``"httpx"``, from the ``http`` setting (``"fast"`` = ``"aiohttp"``)."""
-    if http not in ("auto", "aiohttp", "httpx", "fast"):
-        raise ConfigError(
-            f"provider.http: {http!r} is not one of auto, aiohttp, httpx "
-            '("fast" is accepted as the old name of aiohttp)'
-        )
+    """``"aiohttp"`` or ``"httpx"``, from the ``http`` setting."""
+    if http not in ("auto", "aiohttp", "httpx"):
+        raise ConfigError(f"provider.http: {http!r} is not one of auto, aiohttp, httpx")
     if http == "auto":
         return "httpx" if client is not None else "aiohttp"
     return "httpx" if http == "httpx" else "aiohttp"

@@ -11,8 +11,7 @@ in C: TLS, proxies from the environment, decompression, keep-alive and connect t
 are aiohttp's; the read timeout is one lazy timer per stream, not one re-armed per read);
 ``http="httpx"`` streams through httpx. ``"auto"`` (the default)
 is aiohttp unless a caller passes its own httpx ``client=``, which always means httpx; a call
-that is not streamed always goes through httpx. ``"fast"`` (the name of a hand-written
-HTTP/1.1 reader this replaced) is accepted as an alias of ``"aiohttp"``.
+that is not streamed always goes through httpx.
 
 Both paths hold at most ``max_connections`` streams at once; a stream that finds them all
 busy waits at most ``pool_timeout`` (default: the connect timeout) and then fails with
@@ -37,7 +36,7 @@ one async generator between the socket and the stream guard, shared by every lea
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Unpack
+from typing import Any, Unpack
 
 import orjson
 from pydantic import SecretStr
@@ -55,8 +54,6 @@ from ai_lease.providers.streaming import (
     sampling_defaults,
     sampling_fields,
 )
-
-HTTPPath = Literal["auto", "aiohttp", "httpx", "fast"]  # "fast": the old name of "aiohttp"
 
 __all__ = [
     "OpenAICompatProvider",
