@@ -6,10 +6,11 @@
 
 :func:`connect` takes a store URL (``sqlite:///…``, ``redis://…``, ``rediss://…``,
 ``redis+cluster://…``) or a store object, a provider name or object (default the offline
-``local-extractive``), and plain value objects (:class:`LeaseTimings`, :class:`RetryPolicy`,
-:class:`StreamTimeouts` …). It never reads the environment or a config file: settings are
-the CLI's business. Leaving the block closes what ``connect`` opened — never an object the
-caller passed in — also when the body raised.
+``local-extractive``), and the run configuration as one value (:class:`RunConfig`: its
+:class:`LeaseTimings`, :class:`RetryPolicy`, :class:`StreamTimeouts`, :class:`AdaptiveBudgets`
+…; ``timings=`` and ``retry=`` are short for the first two). It never reads the
+environment or a config file: settings are the CLI's business. Leaving the block closes what
+``connect`` opened — never an object the caller passed in — also when the body raised.
 
 For code that is not async, :meth:`Client.sync` (or :func:`run_sync` for one job) runs
 the same client on an event loop of its own, in a thread.
@@ -28,12 +29,12 @@ from typing import Any, Self, TypeVar
 from ai_lease.errors import ConfigError, InputError, JobCancelled, JobFailed
 from ai_lease.job import Job, JobState, Status, validate_key
 from ai_lease.lease.admin import TERMINAL_STATUSES, JobAdmin, Removal
-from ai_lease.lease.base import LeaseStore
+from ai_lease.lease.base import LeaseStore, require_store
 from ai_lease.lease.events import EventSink
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers import Provider, create_provider
 from ai_lease.resource import AsyncResource
-from ai_lease.retry import JOB_ATTEMPTS, MODEL_CALL
+from ai_lease.retry import JOB_ATTEMPTS
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.job_lease import JobLease, LeaseOptions
 from ai_lease.run.pipeline import PersistHook, Pipeline
@@ -41,7 +42,7 @@ from ai_lease.run.provider_pick import ProviderResolver
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
 from ai_lease.stores.urls import open_store
-from ai_lease.timeouts import LeaseTimings, RetryPolicy, StallPolicy, StreamLimits, StreamTimeouts
+from ai_lease.timeouts import LeaseTimings, RetryPolicy
 
 __all__ = ["Client", "SyncClient", "connect", "run_sync"]
 
@@ -76,22 +77,22 @@ class Client(AsyncResource):
         """Run ``job`` single-flight (see :meth:`Runner.run`); return its DONE record.
 
         Raises :class:`JobFailed` (:class:`JobCancelled` if it was cancelled)."""
-        return await self.runner.run(job)
+        return await self._open().runner.run(job)
 
     async def submit(self, job: Job) -> JobState:
         """Record ``job`` for workers without running it here; return its record."""
-        return await self.runner.submit(job)
+        return await self._open().runner.submit(job)
 
     async def status(self, key: str) -> JobState | None:
         """Job ``key``'s record as the store holds it (None: no such job)."""
-        return await self.store.get(validate_key(key))
+        return await self._open().store.get(validate_key(key))
 
     async def result(self, key: str, *, timeout: float | None = None) -> Any:
         """Wait until job ``key`` ends and return its result (decoded).
 
         Raises :class:`JobFailed` / :class:`JobCancelled` if it ended without one,
         :class:`InputError` for an unknown key, ``TimeoutError`` after ``timeout`` seconds."""
-        poll = self.runner.timings.poll_interval
+        poll = self._open().runner.timings.poll_interval
         async with asyncio.timeout(timeout):
             while True:
                 record = await self.store.get(validate_key(key))
@@ -110,7 +111,7 @@ class Client(AsyncResource):
         one renew interval (its renewal is refused, its commit rejected) and everyone
         waiting for it gets :class:`JobCancelled`. Returns the record — still DONE or
         FAILED if it had already ended — or None for an unknown key."""
-        return await self.store.cancel(validate_key(key), reason)
+        return await self._open().store.cancel(validate_key(key), reason)
 
     async def retry(self, key: str) -> JobState | None:
         """Send job ``key``, FAILED or CANCELLED, back to PENDING with a fresh attempt budget,
@@ -123,7 +124,7 @@ class Client(AsyncResource):
         is kept (``removed`` false) unless ``force``, which cancels it first."""
         key = validate_key(key)
         if force:
-            await self.store.cancel(key, "removed")
+            await self._open().store.cancel(key, "removed")
         return await self._admin().remove(key, force=force)
 
     async def prune(self, older_than: float, statuses: Iterable[str] = TERMINAL_STATUSES) -> int:
@@ -135,14 +136,16 @@ class Client(AsyncResource):
         return await self._admin().prune(older_than, wanted)
 
     def _admin(self) -> JobAdmin:
-        if not isinstance(self.store, JobAdmin):
-            raise ConfigError(f"{self.store!r} cannot retry, remove or prune jobs")
-        return self.store
+        store = self._open().store
+        if not isinstance(store, JobAdmin):
+            raise ConfigError(f"{store!r} cannot retry, remove or prune jobs")
+        return store
 
     def worker(self, *, concurrency: int = 4, **options: Any) -> Worker:
         """A :class:`Worker` on this client's store and runner: ``async with
         client.worker(concurrency=8):`` runs it until the block ends. ``options``:
         ``sweep_interval``, ``grace``, ``worker_id``, ``on_event``."""
+        self._open()
         return Worker(self.store, self.runner, concurrency=concurrency, **options)
 
     def lease(
@@ -157,7 +160,7 @@ class Client(AsyncResource):
             ...
             await job.commit(value)
         """
-        runner = self.runner
+        runner = self._open().runner
         options = LeaseOptions(
             runner.timings, runner.retry, runner.stall_policy, runner.hooks.on_event
         )
@@ -171,7 +174,20 @@ class Client(AsyncResource):
             max_no_progress=max_no_progress,
         )
 
-    # -- closing ----------------------------------------------------------------------------
+    # -- opening and closing ----------------------------------------------------------------
+
+    def _open(self) -> Self:
+        """This client, unless it was closed (then a RuntimeError that says so)."""
+        if self._closed:
+            raise RuntimeError(f"this client is closed ({self!r}): open another with connect()")
+        return self
+
+    async def __aenter__(self) -> Self:
+        if self._closed:
+            raise RuntimeError(
+                f"a closed client cannot be entered again ({self!r}): open another with connect()"
+            )
+        return self
 
     @classmethod
     def sync(cls, store: str | LeaseStore, **options: Any) -> SyncClient:
@@ -213,48 +229,42 @@ def connect(
     *,
     provider: str | Provider = "local-extractive",
     provider_options: Mapping[str, Any] | None = None,
+    config: RunConfig | None = None,
     timings: LeaseTimings | None = None,
     retry: RetryPolicy | None = None,
-    stream_timeouts: StreamTimeouts | None = None,
-    stream_limits: StreamLimits | None = None,
-    call_retry: RetryPolicy | None = None,
-    stall_policy: StallPolicy | None = None,
     prompts: PromptLibrary | None = None,
     pipeline: Pipeline | None = None,
     persist_hook: PersistHook | None = None,
     namespace: str = "ai_lease",
-    node_id: str | None = None,
     on_event: EventSink | None = None,
     provider_resolver: ProviderResolver | None = None,
 ) -> Client:
     """The client for ``store`` (a URL or a store object) and ``provider`` (a name, built
     with ``provider_options``, or a provider object). Use it as ``async with``.
 
-    A job naming another provider than ``provider``'s name needs ``provider_resolver``
-    (a job's choice -> its provider's factory; :mod:`ai_lease.run.provider_pick`).
+    ``config`` is the whole run configuration (:class:`RunConfig`: timings, retries,
+    stream budgets and limits, stall policy, adaptive budgets, node id…); ``timings`` and
+    ``retry`` are short for the two most often set, for a call without ``config`` (both at
+    once is refused: say each value once). A job naming another provider than
+    ``provider``'s name needs ``provider_resolver`` (a job's choice -> its provider's
+    factory; :mod:`ai_lease.run.provider_pick`).
 
     >>> async with connect("redis://127.0.0.1:6379/0", provider="openai-compatible",
     ...                    provider_options={"base_url": "http://127.0.0.1:8080/v1"},
-    ...                    timings=LeaseTimings(ttl=30, renew_interval=5)) as client:
+    ...                    config=RunConfig(timings=LeaseTimings(ttl=30, renew_interval=5),
+    ...                                     adaptive=AdaptiveBudgets())) as client:
     ...     await client.run(Job("k", input="…"))                      # doctest: +SKIP
     """
-    timings = timings or LeaseTimings()
+    if not isinstance(store, str):
+        store = require_store(store, "connect()", takes_url=True)
+    config = _run_config(config, timings, retry)
     provider, opened = _provider(provider, provider_options)
     if isinstance(store, str):
-        poll = min(0.05, timings.poll_interval)
+        poll = min(0.05, config.timings.poll_interval)
         store = open_store(
-            store, namespace=namespace, op_timeout=timings.op_timeout, poll_interval=poll
+            store, namespace=namespace, op_timeout=config.timings.op_timeout, poll_interval=poll
         )
         opened.append(store)
-    config = RunConfig(
-        timings=timings,
-        retry=retry or JOB_ATTEMPTS,
-        stream_timeouts=stream_timeouts or StreamTimeouts(),
-        stream_limits=stream_limits or StreamLimits(),
-        call_retry=call_retry or MODEL_CALL,
-        stall_policy=stall_policy,
-        node_id=node_id,
-    )
     hooks = RunHooks(on_event=on_event, persist_hook=persist_hook)
     runner = Runner(
         store,
@@ -266,6 +276,23 @@ def connect(
         provider_resolver=provider_resolver,
     )
     return Client(store, runner, closes=tuple(opened))
+
+
+def _run_config(
+    config: RunConfig | None, timings: LeaseTimings | None, retry: RetryPolicy | None
+) -> RunConfig:
+    """``config``, or one built from the short ``timings`` and ``retry``; both is refused."""
+    if config is None:
+        return RunConfig(timings=timings or LeaseTimings(), retry=retry or JOB_ATTEMPTS)
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"connect(): config is a {type(config).__name__}, not a RunConfig")
+    given = [name for name, value in (("timings", timings), ("retry", retry)) if value]
+    if given:
+        raise InputError(
+            f"connect(): {' and '.join(given)} given beside config=: put "
+            f"{' and '.join(given)} inside the RunConfig (RunConfig({given[0]}=…))"
+        )
+    return config
 
 
 def _provider(
@@ -292,6 +319,8 @@ class SyncClient:
     """
 
     def __init__(self, opener: Callable[[], Client]) -> None:
+        _refuse_inside_a_loop("SyncClient.connect()")
+        self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="ai-lease sync client", daemon=True
@@ -309,8 +338,15 @@ class SyncClient:
         return cls(lambda: connect(store, **options))
 
     def _call(self, work: Coroutine[Any, Any, T]) -> T:
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("a SyncClient method was called from its own event loop")
+        try:
+            if self._closed:
+                raise RuntimeError("this SyncClient is closed: open another with connect()")
+            if threading.current_thread() is self._thread:
+                raise RuntimeError("a SyncClient method was called from its own event loop")
+            _refuse_inside_a_loop("a SyncClient method")
+        except RuntimeError:
+            work.close()  # never started: no "coroutine was never awaited" warning
+            raise
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
         try:
             return future.result()
@@ -349,13 +385,15 @@ class SyncClient:
         return self._call(self._client.prune(older_than, statuses))
 
     def close(self) -> None:
-        """Close the client (what it opened) and stop its loop and thread."""
-        if not self._loop.is_running():
+        """Close the client (what it opened) and stop its loop and thread; safe to call
+        twice. A closed SyncClient refuses every method, and ``with`` again."""
+        if self._closed or not self._loop.is_running():
             return
         try:
             self._call(self._client.aclose())
         finally:
             self._stop()
+            self._closed = True
 
     def _stop(self) -> None:
         # The loop's default executor (asyncio.to_thread, e.g. a store's close) keeps its
@@ -367,6 +405,8 @@ class SyncClient:
         self._loop.close()
 
     def __enter__(self) -> Self:
+        if self._closed:
+            raise RuntimeError("a closed SyncClient cannot be entered again: open another")
         return self
 
     def __exit__(
@@ -390,16 +430,21 @@ def run_sync(job: Job, store: str | LeaseStore, **options: Any) -> JobState:
 
     ``options`` are :func:`connect`'s. Inside a running event loop use ``await client.run``.
     """
+    _refuse_inside_a_loop("ai_lease.run_sync()")
+    return asyncio.run(_run_once(job, store, options))
+
+
+def _refuse_inside_a_loop(what: str) -> None:
+    """A blocking call made on a running event loop would stop that loop until it returned:
+    refused, saying what to use instead."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        pass
-    else:
-        raise RuntimeError(
-            "ai_lease.run_sync() was called inside a running event loop: "
-            "use 'async with ai_lease.connect(...) as client: await client.run(job)'"
-        )
-    return asyncio.run(_run_once(job, store, options))
+        return
+    raise RuntimeError(
+        f"{what} was called inside a running event loop, which it would block: "
+        "use 'async with ai_lease.connect(...) as client: await client.run(job)'"
+    )
 
 
 async def _run_once(job: Job, store: str | LeaseStore, options: Mapping[str, Any]) -> JobState:

@@ -190,6 +190,120 @@ async def test_run_sync_inside_a_loop_says_what_to_use(sqlite_url: str) -> None:
         ai_lease.run_sync(Job("x"), store=sqlite_url)
 
 
+async def test_a_closed_client_says_so_and_cannot_be_entered_again(sqlite_url: str) -> None:
+    """Like httpx: every method of a closed client raises "this client is closed" (never an
+    executor's "cannot schedule new futures"), and ``async with`` on it again is refused."""
+    client = connect(sqlite_url, provider=ScriptedProvider(["ok"]))
+    async with client:
+        assert (await client.run(Job("c1", input="x"))).output == "ok"
+    calls = {
+        "run": lambda: client.run(Job("c2", input="x")),
+        "submit": lambda: client.submit(Job("c2", input="x")),
+        "status": lambda: client.status("c1"),
+        "result": lambda: client.result("c1"),
+        "cancel": lambda: client.cancel("c1"),
+        "retry": lambda: client.retry("c1"),
+        "remove": lambda: client.remove("c1", force=True),
+        "prune": lambda: client.prune(0),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match="this client is closed"):
+            await call()
+        assert name  # each one refused
+    with pytest.raises(RuntimeError, match="this client is closed"):
+        client.worker()
+    with pytest.raises(RuntimeError, match="this client is closed"):
+        client.lease("c1")
+    with pytest.raises(RuntimeError, match="cannot be entered again"):
+        async with client:
+            pass
+    await client.aclose()  # closing twice is fine
+
+
+def test_a_closed_sync_client_says_so(sqlite_url: str) -> None:
+    """A closed SyncClient refuses each method with a clear error (and no coroutine left
+    unawaited), refuses ``with`` again, and closes twice without complaint."""
+    import warnings
+
+    client = ai_lease.SyncClient.connect(sqlite_url, provider=ScriptedProvider(["ok"]))
+    with client:
+        assert client.run(Job("s1", input="x")).output == "ok"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a "never awaited" RuntimeWarning would fail here
+        for call in (
+            lambda: client.run(Job("s2", input="x")),
+            lambda: client.status("s1"),
+            lambda: client.result("s1"),
+            lambda: client.cancel("s1"),
+            lambda: client.prune(0),
+        ):
+            with pytest.raises(RuntimeError, match="this SyncClient is closed"):
+                call()
+    with pytest.raises(RuntimeError, match="cannot be entered again"), client:
+        pass
+    client.close()
+
+
+async def test_a_sync_client_inside_a_running_loop_is_refused(sqlite_url: str) -> None:
+    """A SyncClient would block the running loop it is called on: opening one there is
+    refused, and so is calling one opened elsewhere, with the async spelling to use."""
+    with pytest.raises(RuntimeError, match=r"running event loop.*await client\.run"):
+        ai_lease.SyncClient.connect(sqlite_url)
+    opened = await asyncio.to_thread(
+        ai_lease.SyncClient.connect, sqlite_url, provider=ScriptedProvider(["ok"])
+    )
+    try:
+        with pytest.raises(RuntimeError, match="a SyncClient method was called inside a running"):
+            opened.status("k")
+        assert await asyncio.to_thread(opened.status, "k") is None  # from a plain thread: fine
+    finally:
+        await asyncio.to_thread(opened.close)
+
+
+def test_every_door_refuses_a_missing_store_with_one_error() -> None:
+    """No store (None, or a thing that is not one) is the same TypeError at every door,
+    naming the door, before anything is opened; a URL that names no store is ConfigError."""
+    doors = {
+        "connect()": lambda store: connect(store),
+        "Runner()": lambda store: ai_lease.Runner(store),
+        "open_store()": lambda store: ai_lease.open_store(store),
+        "run_sync()": lambda store: ai_lease.run_sync(Job("k", input="x"), store),
+        "SyncClient.connect()": lambda store: ai_lease.SyncClient.connect(store),
+    }
+    for name, door in doors.items():
+        for missing in (None, 42):
+            with pytest.raises(TypeError, match=r"store|URL") as caught:
+                door(missing)
+            assert "connect()" in str(caught.value) or name in str(caught.value), name
+    with pytest.raises(TypeError, match=r"Worker\(\): store is None"):
+        ai_lease.Worker(None, None)  # type: ignore[arg-type]
+    with pytest.raises(ai_lease.ConfigError, match="unknown scheme"):
+        connect("")
+
+
+async def test_connect_takes_the_run_configuration_as_one_value(sqlite_url: str) -> None:
+    """``config=RunConfig(…)`` reaches the runner whole (AdaptiveBudgets, a node id, call
+    retries: fields connect() has no keyword for); ``timings=`` / ``retry=`` beside it is
+    refused, saying to put them inside; anything but a RunConfig is a TypeError."""
+    config = ai_lease.RunConfig(
+        timings=FAST,
+        retry=RetryPolicy(attempts=2),
+        adaptive=ai_lease.AdaptiveBudgets(),
+        node_id="api-7",
+        call_retry=RetryPolicy(attempts=1),
+    )
+    async with connect(sqlite_url, provider=ScriptedProvider(["ok"]), config=config) as client:
+        assert client.runner.config is config
+        record = await client.run(Job("cfg", input="x"))
+        assert record.output == "ok" and record.owner_id.startswith("api-7")
+    with pytest.raises(InputError, match=r"timings given beside config=.*inside the RunConfig"):
+        connect(sqlite_url, config=config, timings=FAST)
+    with pytest.raises(InputError, match="timings and retry given beside config="):
+        connect(sqlite_url, config=config, timings=FAST, retry=RetryPolicy(attempts=3))
+    with pytest.raises(TypeError, match="not a RunConfig"):
+        connect(sqlite_url, config={"timings": FAST})  # type: ignore[arg-type]
+
+
 # -- the lease context manager --------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ The records that ``acquire`` (when it grants or refuses a lease) and ``commit``/
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ai_lease.errors import CorruptSink, InputError
 from ai_lease.job import JobState, RunFacts
@@ -45,6 +45,7 @@ __all__ = [
     "JobPage",
     "LeaseStore",
     "Renewal",
+    "require_store",
 ]
 
 CHECKPOINT_LIMIT = StreamLimits().max_answer_bytes + 64 * 1024
@@ -290,3 +291,24 @@ class JobListing(Protocol):
     async def count_jobs(self) -> dict[str, int]:
         """How many jobs the store holds per status (statuses with none left out)."""
         ...
+
+
+def require_store(store: Any, door: str, *, takes_url: bool = False) -> LeaseStore:
+    """``store``, if it is one; else the error every door gives for a missing or wrong store
+    (``connect()``, ``Runner``, ``Worker``, ``open_store()``): a :class:`TypeError` naming the
+    door and what it takes (``takes_url``: a store URL too). A URL that names no store is a
+    :class:`~ai_lease.errors.ConfigError` instead (:func:`~ai_lease.stores.open_store`).
+
+    >>> require_store(None, "Runner()")
+    Traceback (most recent call last):
+    TypeError: Runner(): store is None: pass a store object (ai_lease.open_store(url) opens one)
+    """
+    if store is None or isinstance(store, str | bytes) or not hasattr(store, "acquire"):
+        what = "None" if store is None else f"a {type(store).__name__}"
+        wanted = (
+            "a store URL (sqlite:///jobs.db, redis://…, postgresql://…) or a store object"
+            if takes_url
+            else "a store object (ai_lease.open_store(url) opens one)"
+        )
+        raise TypeError(f"{door}: store is {what}: pass {wanted}")
+    return store  # type: ignore[no-any-return]

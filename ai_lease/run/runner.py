@@ -37,7 +37,7 @@ from ai_lease.errors import (
 from ai_lease.inputs import resolve_input
 from ai_lease.job import Job, JobState, Status
 from ai_lease.job_provider import ProviderChoice
-from ai_lease.lease.base import Acquired, Fence, Finished, Following, LeaseStore
+from ai_lease.lease.base import Acquired, Fence, Finished, Following, LeaseStore, require_store
 from ai_lease.lease.events import Event
 from ai_lease.lease.fence import UnansweredCommits, default_node_id, new_owner_id
 from ai_lease.lease.follow import acquire_or_follow
@@ -116,6 +116,7 @@ class Runner:
         provider_resolver: ProviderResolver | None = None,
         provider_serves: ProviderChoice | None = None,
     ) -> None:
+        store = require_store(store, "Runner()")
         config, hooks = config or RunConfig(), hooks or RunHooks()
         self.store, self.provider, self.config, self.hooks = store, provider, config, hooks
         self.providers = ProviderPicker(provider_resolver, serves=provider_serves)

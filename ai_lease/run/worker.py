@@ -59,7 +59,7 @@ from ai_lease.errors import (
     StoreUnavailable,
 )
 from ai_lease.job import Job, Status
-from ai_lease.lease.base import Acquired, Following, LeaseStore
+from ai_lease.lease.base import Acquired, Following, LeaseStore, require_store
 from ai_lease.lease.events import Event, EventSink
 from ai_lease.lease.queue import MAX_REPORTED_JOBS, JobQueue, WorkerInfo
 from ai_lease.providers.base import Provider
@@ -98,8 +98,9 @@ class Worker:
         terminate_grace: float = 10.0,
         recovery_reserve: int | None = None,
     ) -> None:
+        store = require_store(store, "Worker()")
         if not isinstance(store, JobQueue):
-            raise TypeError(f"{store!r} keeps no job queue")
+            raise TypeError(f"Worker(): {store!r} keeps no job queue")
         # A process worker's reserve costs warm children: none unless asked for.
         default = 0 if isolation == "process" else concurrency
         reserve = default if recovery_reserve is None else recovery_reserve

@@ -62,6 +62,11 @@ def open_store(
     ``create=False`` (a look: status, ls, the dashboard) nothing is ever created: an
     operation on a store that does not exist raises :class:`~ai_lease.errors.StoreMissing`
     (SQLite, PostgreSQL; on Redis an empty namespace is an empty store)."""
+    if not isinstance(url, str):
+        raise TypeError(
+            f"open_store(): the URL is {'None' if url is None else f'a {type(url).__name__}'}: "
+            "pass a store URL (sqlite:///jobs.db, redis://…, postgresql://…)"
+        )
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme == "sqlite":
         from ai_lease.stores.sqlite.store import SQLiteStore

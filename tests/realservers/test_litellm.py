@@ -12,6 +12,7 @@ import pytest
 
 import ai_lease
 from ai_lease.retry import RetryPolicy
+from ai_lease.run.config import RunConfig
 from ai_lease.timeouts import StreamTimeouts
 from tests.realservers.conftest import N_CTX
 from tests.realservers.direct import ask, chat_body, run_job
@@ -130,8 +131,8 @@ async def test_total_timeout_reaches_the_upstream(
             f"{litellm.base_url}/v1",
             openai_path,
             job,
-            stream_timeouts=StreamTimeouts(total=0.5),
-            retry=ONCE,
-            call_retry=ONCE,
+            config=RunConfig(
+                stream_timeouts=StreamTimeouts(total=0.5), retry=ONCE, call_retry=ONCE
+            ),
         )
     llama.wait_log(r"Disconnected from client", since=mark, timeout=20)

@@ -16,6 +16,7 @@ import pytest
 
 import ai_lease
 from ai_lease.retry import RetryPolicy
+from ai_lease.run.config import RunConfig
 from ai_lease.timeouts import StreamTimeouts
 from tests.realservers.conftest import N_CTX, OPENAI_PATHS
 from tests.realservers.direct import run_job
@@ -43,9 +44,9 @@ async def test_total_timeout_makes_the_server_stop(
             llama.base_url,
             openai_path,
             job,
-            stream_timeouts=StreamTimeouts(total=0.5),
-            retry=ONCE,
-            call_retry=ONCE,
+            config=RunConfig(
+                stream_timeouts=StreamTimeouts(total=0.5), retry=ONCE, call_retry=ONCE
+            ),
         )
     assert "total" in str(failed.value), failed.value
     llama.wait_log(DISCONNECTED, since=mark, timeout=15)
