@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from ai_lease.errors import CorruptRecord
+from ai_lease.job import Status
 from ai_lease.stores.postgres import queue as postgres_queue
 from ai_lease.stores.postgres.listing import PostgresListing
 from tests.harness.pg_server import PostgresServer
@@ -243,7 +244,7 @@ async def test_durations_added_at_once_by_many_tasks_add_up(queue: PostgresListi
     assert all(loaded[s] == {1: 20, 7: 40} for s in series)
 
 
-async def test_queue_counts_for_the_gauges(
+async def test_gauges_count_in_one_statement(
     pg_server: PostgresServer, namespace: str, queue: PostgresListing
 ) -> None:
     """One statement counts jobs per status, due and later entries, live and lapsed leases."""
@@ -255,10 +256,9 @@ async def test_queue_counts_for_the_gauges(
         f"UPDATE \"{namespace}\".ail_jobs SET status = 'RUNNING', lease_expires_at = 1e12"
         " WHERE key = 'd'"
     )
-    assert await queue.queue_counts() == {
-        "jobs": {"PENDING": 2, "RUNNING": 2},
-        "queue_due": 3,
-        "queue_scheduled": 1,
-        "leases_live": 1,
-        "leases_lapsed": 1,
-    }
+    gauges = await queue.gauges()
+    assert gauges.jobs is not None
+    assert {s: n for s, n in gauges.jobs.items() if n} == {"PENDING": 2, "RUNNING": 2}
+    assert set(gauges.jobs) == {s.value for s in Status}  # every status, 0 where none
+    assert (gauges.queue_due, gauges.queue_scheduled) == (3, 1)
+    assert (gauges.leases_live, gauges.leases_lapsed) == (1, 1)

@@ -3,6 +3,7 @@ again, who is working) and a worker's heartbeat entry, :class:`WorkerInfo`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -12,7 +13,15 @@ from ai_lease.errors import CorruptRecord, CorruptSink, InputError
 from ai_lease.job import JobState
 from ai_lease.lease.storable import diagnostic, storable
 
-__all__ = ["MAX_REPORTED_JOBS", "JobQueue", "WorkerInfo", "due_now", "storable_worker"]
+__all__ = [
+    "MAX_REPORTED_JOBS",
+    "GaugedStore",
+    "JobQueue",
+    "QueueGauges",
+    "WorkerInfo",
+    "due_now",
+    "storable_worker",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +137,23 @@ async def due_now(store: object, key: str) -> None:
     released job is then taken after one sweep, not when it was next due."""
     if isinstance(store, JobQueue):
         await store.reschedule(key, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGauges:
+    """What a store tells of itself from its own indexes, for the store-wide gauges (never a
+    scan of the job records): ``jobs`` per status, queue entries due now and later, live
+    and lapsed leases. None: this store does not keep that count."""
+
+    jobs: Mapping[str, int] | None = None
+    queue_due: int | None = None
+    queue_scheduled: int | None = None
+    leases_live: int | None = None
+    leases_lapsed: int | None = None
+
+
+@runtime_checkable
+class GaugedStore(Protocol):
+    """A store that reads its gauges in one bounded call (every built-in store does)."""
+
+    async def gauges(self) -> QueueGauges: ...

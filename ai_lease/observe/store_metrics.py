@@ -17,8 +17,10 @@ What each store answers, from the indexes it keeps (never a scan of the job reco
   reading every job hash (``SCAN`` over 100,000 records per scrape), so it is not exported.
   The queue and the lease index are sorted sets: one script of four ``ZCOUNT`` calls, one
   round trip. On Redis Cluster the lease index is not kept, so ``leases_*`` are left out too.
-* PostgreSQL: all of SQLite's, in one statement (``PostgresQueue.queue_counts``: counts on
-  the status, queue and expiry indexes).
+* PostgreSQL: all of SQLite's, in one statement (counts on the status, queue and expiry
+  indexes).
+Each store reads its own (``store.gauges()``, :class:`~ai_lease.lease.queue.GaugedStore`):
+this module knows no schema and no key.
 * Any other :class:`~ai_lease.lease.queue.JobQueue`: the workers.
 
 Every worker reports the same store-wide values: aggregate them with ``max``, not ``sum``.
@@ -30,12 +32,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import Status
-from ai_lease.lease.queue import JobQueue, WorkerInfo
+from ai_lease.lease.queue import GaugedStore, JobQueue, QueueGauges, WorkerInfo
 from ai_lease.observe.metrics import MAX_LABEL_VALUES, OTHER
 from ai_lease.redaction import redact
 
@@ -79,16 +79,9 @@ class StoreReading:
 
 
 async def read_store(store: object) -> StoreReading:
-    """What ``store`` can tell from its indexes (see the module docstring), and its workers."""
-    from ai_lease.stores.sqlite.queue import SQLiteQueue
-
-    counts = StoreReading()
-    if isinstance(store, SQLiteQueue):
-        counts = await _read_sqlite(store)
-    elif _is_redis(store):
-        counts = await _read_redis(store)
-    elif _is_postgres(store):
-        counts = await _read_postgres(store)
+    """What ``store`` can tell from its indexes (:meth:`GaugedStore.gauges`), and its
+    workers."""
+    counts = await store.gauges() if isinstance(store, GaugedStore) else QueueGauges()
     workers: tuple[WorkerInfo, ...] = ()
     if isinstance(store, JobQueue):
         workers = tuple(await store.list_workers(on_corrupt=_skip))
@@ -104,78 +97,6 @@ async def read_store(store: object) -> StoreReading:
 
 def _skip(exc: CorruptRecord) -> None:
     log.debug("metrics: skipped %s", exc)
-
-
-def _is_redis(store: object) -> bool:
-    from ai_lease.stores.redis.queue import RedisQueue
-
-    return isinstance(store, RedisQueue)
-
-
-def _is_postgres(store: object) -> bool:
-    try:
-        from ai_lease.stores.postgres.queue import PostgresQueue
-    except ImportError:  # psycopg is an optional extra
-        return False
-    return isinstance(store, PostgresQueue)
-
-
-async def _read_postgres(store: Any) -> StoreReading:
-    counts = await store.queue_counts()
-    jobs = dict.fromkeys(STATUSES, 0)
-    jobs.update((s, int(n)) for s, n in counts["jobs"].items() if s in jobs)
-    return StoreReading(
-        jobs,
-        counts["queue_due"],
-        counts["queue_scheduled"],
-        counts["leases_live"],
-        counts["leases_lapsed"],
-    )
-
-
-# The stores are read through their own bounded calls (``_run``: the store's SQLite
-# thread; ``_cmd``: one command under op_timeout). tests/test_store_metrics.py holds both to
-# real stores, so a change of schema or key shows there.
-
-
-async def _read_sqlite(store: Any) -> StoreReading:
-    def work(conn: sqlite3.Connection) -> StoreReading:
-        now = store._clock()
-        jobs = dict.fromkeys(STATUSES, 0)
-        for status, n in conn.execute("SELECT status, count(*) FROM ai_lease_jobs GROUP BY 1"):
-            if status in jobs:
-                jobs[status] = int(n)
-        queued = "SELECT count(*) FROM ai_lease_queue WHERE due_at "
-        due, later = _count(conn, queued + "<= ?", now), _count(conn, queued + "> ?", now)
-        live = _count(
-            conn,
-            "SELECT count(*) FROM ai_lease_jobs WHERE status = 'RUNNING' AND lease_expires_at > ?",
-            now,
-        )
-        lapsed = _count(
-            conn,
-            "SELECT count(*) FROM ai_lease_jobs WHERE status IN ('RUNNING', 'PENDING')"
-            " AND lease_expires_at <= ?",
-            now,
-        )
-        return StoreReading(jobs, due, later, live, lapsed)
-
-    reading: StoreReading = await store._run("metrics", work)
-    return reading
-
-
-def _count(conn: sqlite3.Connection, sql: str, *args: object) -> int:
-    return int(conn.execute(sql, args).fetchone()[0])
-
-
-async def _read_redis(store: Any) -> StoreReading:
-    from ai_lease.stores.redis.queue_scripts import COUNTS
-
-    keys = [store._queue, store._leases]
-    due, later, live, lapsed = map(int, await store._cmd("metrics", "EVAL", COUNTS, 2, *keys))
-    if store._cluster:  # the lease index is not kept on Cluster
-        return StoreReading(queue_due=due, queue_scheduled=later)
-    return StoreReading(None, due, later, live, lapsed)
 
 
 # -- the collector ----------------------------------------------------------------------------

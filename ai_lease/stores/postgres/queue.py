@@ -19,10 +19,10 @@ from typing import Any
 import orjson
 
 from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrupt
-from ai_lease.job import JobState
+from ai_lease.job import JobState, Status
 from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.histogram import checked_histogram
-from ai_lease.lease.queue import WorkerInfo, storable_worker
+from ai_lease.lease.queue import QueueGauges, WorkerInfo, storable_worker
 from ai_lease.lease.storable import exact
 from ai_lease.stores.postgres.conn import PostgresConn, job_key
 from ai_lease.stores.postgres.schema import JOB_COLUMNS
@@ -125,15 +125,15 @@ class PostgresQueue(PostgresConn):
         )
         return [key for (key,) in rows]
 
-    async def queue_counts(self) -> dict[str, Any]:
-        """What the store-wide gauges read (ai_lease/observe/store_metrics.py), in one
-        statement off the indexes: ``jobs`` (per status), ``queue_due``,
-        ``queue_scheduled`` (a claimed entry counts as scheduled for its hold),
-        ``leases_live`` and ``leases_lapsed`` (lapsed or handed back, not taken again)."""
+    async def gauges(self) -> QueueGauges:
+        """What the store-wide gauges read, in one statement off the indexes: jobs per
+        status, queue entries due and later (a claimed entry counts as scheduled for its
+        hold), live and lapsed leases (lapsed or handed back, not taken again)."""
         row = await self._fetchone("metrics", _COUNTS) or (None, 0, 0, 0, 0)
-        jobs = orjson.loads(row[0]) if row[0] else {}
-        names = ("queue_due", "queue_scheduled", "leases_live", "leases_lapsed")
-        return {"jobs": jobs, **{name: int(n) for name, n in zip(names, row[1:], strict=True)}}
+        counted = orjson.loads(row[0]) if row[0] else {}
+        jobs = {s.value: int(counted.get(s.value, 0)) for s in Status}
+        due, later, live, lapsed = (int(n) for n in row[1:])
+        return QueueGauges(jobs, due, later, live, lapsed)
 
     # -- workers ---------------------------------------------------------------------------
 

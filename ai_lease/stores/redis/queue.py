@@ -20,10 +20,11 @@ from ai_lease.errors import CorruptRecord, CorruptSink, JobConflict, skip_corrup
 from ai_lease.job import JobState, Status, validate_key
 from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.histogram import checked_histogram
-from ai_lease.lease.queue import WorkerInfo, storable_worker
+from ai_lease.lease.queue import QueueGauges, WorkerInfo, storable_worker
 from ai_lease.lease.storable import exact
 from ai_lease.stores.redis.calls import RedisCalls
 from ai_lease.stores.redis.keys import decode, us
+from ai_lease.stores.redis.queue_scripts import COUNTS
 
 __all__ = ["RedisQueue"]
 
@@ -74,6 +75,17 @@ class RedisQueue(RedisCalls):
     def _worker_keys(self, worker_id: str) -> list[str]:
         index = f"{self._ns}:workers"
         return [f"{{{index}}}:worker:{worker_id}", index]
+
+    async def gauges(self) -> QueueGauges:
+        """Queue entries due now and later, live and lapsed leases: one script of four
+        ``ZCOUNT`` calls, one round trip. Redis keeps no count by status (counting means
+        reading every job hash), so ``jobs`` is None; on Cluster the lease index is not
+        kept, so neither are the lease counts."""
+        keys = [self._queue, self._leases]
+        due, later, live, lapsed = map(int, await self._cmd("metrics", "EVAL", COUNTS, 2, *keys))
+        if self._cluster:
+            return QueueGauges(queue_due=due, queue_scheduled=later)
+        return QueueGauges(None, due, later, live, lapsed)
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
         info = storable_worker(info)

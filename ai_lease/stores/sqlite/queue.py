@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 
 from ai_lease.errors import CorruptRecord, CorruptSink, skip_corrupt
-from ai_lease.job import JobState, validate_key
+from ai_lease.job import JobState, Status, validate_key
 from ai_lease.lease import rules
 from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.histogram import checked_histogram
-from ai_lease.lease.queue import WorkerInfo, storable_worker
+from ai_lease.lease.queue import QueueGauges, WorkerInfo, storable_worker
 from ai_lease.lease.storable import exact
 from ai_lease.stores.sqlite.file import SQLiteFile
 
@@ -103,6 +103,31 @@ class SQLiteQueue(SQLiteFile):
             return [key for (key,) in rows]
 
         return await self._run("due_recoveries", work)
+
+    async def gauges(self) -> QueueGauges:
+        """Jobs per status (one ``GROUP BY`` on the status index), queue entries due now and
+        later (range counts on the due index), live and lapsed leases (the status/expiry
+        index): one read on the store's thread."""
+
+        def work(conn: sqlite3.Connection) -> QueueGauges:
+            now = self._clock()
+            jobs = dict.fromkeys((s.value for s in Status), 0)
+            for status, n in conn.execute("SELECT status, count(*) FROM ai_lease_jobs GROUP BY 1"):
+                if status in jobs:
+                    jobs[status] = int(n)
+            queued = "SELECT count(*) FROM ai_lease_queue WHERE due_at "
+            due, later = _count(conn, queued + "<= ?", now), _count(conn, queued + "> ?", now)
+            running = "SELECT count(*) FROM ai_lease_jobs WHERE status = 'RUNNING'"
+            live = _count(conn, running + " AND lease_expires_at > ?", now)
+            lapsed = _count(
+                conn,
+                "SELECT count(*) FROM ai_lease_jobs WHERE status IN ('RUNNING', 'PENDING')"
+                " AND lease_expires_at <= ?",
+                now,
+            )
+            return QueueGauges(jobs, due, later, live, lapsed)
+
+        return await self._run("metrics", work)
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
         info = storable_worker(info)
@@ -245,3 +270,7 @@ def _delete(conn: sqlite3.Connection, keys: list[str]) -> None:
     """Every trace of ``keys``: the records, queue entries, recovery looks and timelines."""
     for table in ("ai_lease_jobs", "ai_lease_queue", "ai_lease_recovery", "ai_lease_timeline"):
         conn.executemany(f"DELETE FROM {table} WHERE key = ?", [(key,) for key in keys])
+
+
+def _count(conn: sqlite3.Connection, sql: str, *args: object) -> int:
+    return int(conn.execute(sql, args).fetchone()[0])
