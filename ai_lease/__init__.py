@@ -17,7 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves them at run time
-    from .client import Client, SyncClient, connect, run_sync
+    from .client import Client, connect
     from .errors import (
         AiLeaseError,
         ConfigError,
@@ -85,6 +85,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
     from .stores.postgres import PostgresStore
     from .stores.redis import RedisStore
     from .stores.sqlite import SQLiteStore
+    from .sync_client import SyncClient, run_sync
     from .timeouts import (
         AdaptiveBudgets,
         LeaseTimings,
@@ -164,7 +165,7 @@ _LAZY: dict[str, str] = {
     "StreamLimits": ".timeouts",
     "StreamTimeouts": ".timeouts",
     "StreamTotalTimeout": ".errors",
-    "SyncClient": ".client",
+    "SyncClient": ".sync_client",
     "Usage": ".providers",
     "Worker": ".run.worker",
     "available_providers": ".providers",
@@ -175,7 +176,7 @@ _LAZY: dict[str, str] = {
     "load_settings": ".settings",
     "mask_url": ".redaction",
     "open_store": ".stores",
-    "run_sync": ".client",
+    "run_sync": ".sync_client",
     "serve_metrics": ".observe.metrics",
 }
 

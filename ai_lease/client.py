@@ -12,25 +12,24 @@
 environment or a config file: settings are the CLI's business. Leaving the block closes what
 ``connect`` opened — never an object the caller passed in — also when the body raised.
 
-For code that is not async, :meth:`Client.sync` (or :func:`run_sync` for one job) runs
-the same client on an event loop of its own, in a thread.
+For code that is not async, :class:`~ai_lease.sync_client.SyncClient` (or
+:func:`~ai_lease.sync_client.run_sync` for one job) runs the same client on an event loop of
+its own, in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
-from types import TracebackType
+from collections.abc import Iterable, Mapping
 from typing import Any, Self, TypeVar
 
 from ai_lease.errors import ConfigError, InputError, JobCancelled, JobFailed
 from ai_lease.job import Job, JobState, Status, validate_key
 from ai_lease.lease.admin import TERMINAL_STATUSES, JobAdmin, Removal
-from ai_lease.lease.base import LeaseStore, require_store
+from ai_lease.lease.base import JobListing, JobPage, LeaseStore, require_store
 from ai_lease.lease.events import EventSink
+from ai_lease.lease.queue import JobQueue, WorkerInfo
+from ai_lease.lease.timeline import TIMELINE_CAP, JobTimeline, TimelineEntry
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers import Provider, create_provider
 from ai_lease.resource import AsyncResource
@@ -44,7 +43,7 @@ from ai_lease.run.worker import Worker
 from ai_lease.stores.urls import open_store
 from ai_lease.timeouts import LeaseTimings, RetryPolicy
 
-__all__ = ["Client", "SyncClient", "connect", "run_sync"]
+__all__ = ["Client", "connect"]
 
 T = TypeVar("T")
 
@@ -55,8 +54,10 @@ class Client(AsyncResource):
     ``run(job)`` runs a job here (or follows whoever runs it) and returns its DONE record;
     ``submit(job)`` records it for workers; ``status(key)`` reads its record; ``result(key)``
     waits for its value; ``cancel(key)`` cancels it; ``retry(key)``, ``remove(key)`` and
-    ``prune(older_than)`` tidy up finished ones; ``worker()`` makes a worker; and
-    ``lease(key)`` holds a job's lease around your own code (:class:`JobLease`).
+    ``prune(older_than)`` tidy up finished ones; ``jobs()``, ``counts()``, ``events(key)``
+    and ``workers()`` look (what ``ai-lease ls``, ``events`` and ``workers`` show);
+    ``worker()`` makes a worker; and ``lease(key)`` holds a job's lease around your own code
+    (:class:`JobLease`).
     """
 
     def __init__(
@@ -135,11 +136,63 @@ class Client(AsyncResource):
             raise InputError(f"prune takes terminal statuses only, not {sorted(unknown)}")
         return await self._admin().prune(older_than, wanted)
 
+    # -- looking --------------------------------------------------------------------------
+
+    async def jobs(
+        self,
+        *,
+        status: Status | str | None = None,
+        prefix: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> JobPage:
+        """One page of jobs, newest first, off the store's own indexes (``ai-lease ls``, the
+        dashboard's list): of one ``status``, whose key starts with ``prefix``; pass
+        ``after=page.next_cursor`` for the next page. ``limit`` is 1..500."""
+        wanted = status.value if isinstance(status, Status) else status
+        return await self._listing().list_page(
+            status=wanted, prefix=prefix, after=after, limit=limit
+        )
+
+    async def counts(self) -> dict[str, int]:
+        """How many jobs the store holds per status (statuses with none left out)."""
+        return await self._listing().count_jobs()
+
+    async def events(
+        self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
+    ) -> tuple[list[TimelineEntry], int]:
+        """Job ``key``'s timeline as the store wrote it (``ai-lease events``): up to
+        ``limit`` entries after ``after_seq``, oldest first, and how many the cap dropped
+        from the front."""
+        return await self._timeline().timeline(validate_key(key), after_seq=after_seq, limit=limit)
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The live workers as each last reported itself (``ai-lease workers``)."""
+        return await self._queue().list_workers()
+
+    def _listing(self) -> JobListing:
+        store = self._open().store
+        if isinstance(store, JobListing):
+            return store
+        raise ConfigError(f"{store!r} cannot list jobs")
+
+    def _timeline(self) -> JobTimeline:
+        store = self._open().store
+        if isinstance(store, JobTimeline):
+            return store
+        raise ConfigError(f"{store!r} keeps no timeline")
+
+    def _queue(self) -> JobQueue:
+        store = self._open().store
+        if isinstance(store, JobQueue):
+            return store
+        raise ConfigError(f"{store!r} keeps no job queue")
+
     def _admin(self) -> JobAdmin:
         store = self._open().store
-        if not isinstance(store, JobAdmin):
-            raise ConfigError(f"{store!r} cannot retry, remove or prune jobs")
-        return store
+        if isinstance(store, JobAdmin):
+            return store
+        raise ConfigError(f"{store!r} cannot retry, remove or prune jobs")
 
     def worker(self, *, concurrency: int = 4, **options: Any) -> Worker:
         """A :class:`Worker` on this client's store and runner: ``async with
@@ -188,12 +241,6 @@ class Client(AsyncResource):
                 f"a closed client cannot be entered again ({self!r}): open another with connect()"
             )
         return self
-
-    @classmethod
-    def sync(cls, store: str | LeaseStore, **options: Any) -> SyncClient:
-        """A blocking client for code that is not async (:class:`SyncClient`); the same
-        arguments as :func:`connect`: ``with Client.sync("sqlite:///jobs.db") as client:``."""
-        return SyncClient.connect(store, **options)
 
     async def aclose(self) -> None:
         """Save recorded durations, then close what :func:`connect` opened (provider, store,
@@ -306,147 +353,3 @@ def _provider(
     if options:
         raise InputError("connect(): provider_options go with a provider name, not an object")
     return provider, []
-
-
-class SyncClient:
-    """A blocking :class:`Client` for code that is not async: it runs its own event loop in
-    a thread, and every method waits for the answer.
-
-    >>> with ai_lease.SyncClient.connect("sqlite:///jobs.db") as client:   # doctest: +SKIP
-    ...     print(client.run(Job("report-42", input="…")).output)
-
-    Methods: ``run``, ``submit``, ``status``, ``result``, ``cancel`` (as on :class:`Client`).
-    """
-
-    def __init__(self, opener: Callable[[], Client]) -> None:
-        _refuse_inside_a_loop("SyncClient.connect()")
-        self._closed = False
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="ai-lease sync client", daemon=True
-        )
-        self._thread.start()
-        try:
-            self._client = self._call(_opened(opener))
-        except BaseException:
-            self._stop()
-            raise
-
-    @classmethod
-    def connect(cls, store: str | LeaseStore, **options: Any) -> SyncClient:
-        """Like :func:`connect` (same arguments), blocking."""
-        return cls(lambda: connect(store, **options))
-
-    def _call(self, work: Coroutine[Any, Any, T]) -> T:
-        try:
-            if self._closed:
-                raise RuntimeError("this SyncClient is closed: open another with connect()")
-            if threading.current_thread() is self._thread:
-                raise RuntimeError("a SyncClient method was called from its own event loop")
-            _refuse_inside_a_loop("a SyncClient method")
-        except RuntimeError:
-            work.close()  # never started: no "coroutine was never awaited" warning
-            raise
-        future = asyncio.run_coroutine_threadsafe(work, self._loop)
-        try:
-            return future.result()
-        except KeyboardInterrupt:  # Ctrl-C: cancel the work (an owner steps down), then go
-            future.cancel()
-            concurrent.futures.wait([future], timeout=10)
-            raise
-
-    @property
-    def client(self) -> Client:
-        """The async client underneath (use it only on this client's loop)."""
-        return self._client
-
-    def run(self, job: Job) -> JobState:
-        return self._call(self._client.run(job))
-
-    def submit(self, job: Job) -> JobState:
-        return self._call(self._client.submit(job))
-
-    def status(self, key: str) -> JobState | None:
-        return self._call(self._client.status(key))
-
-    def result(self, key: str, *, timeout: float | None = None) -> Any:
-        return self._call(self._client.result(key, timeout=timeout))
-
-    def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
-        return self._call(self._client.cancel(key, reason))
-
-    def retry(self, key: str) -> JobState | None:
-        return self._call(self._client.retry(key))
-
-    def remove(self, key: str, *, force: bool = False) -> Removal:
-        return self._call(self._client.remove(key, force=force))
-
-    def prune(self, older_than: float, statuses: Iterable[str] = TERMINAL_STATUSES) -> int:
-        return self._call(self._client.prune(older_than, statuses))
-
-    def close(self) -> None:
-        """Close the client (what it opened) and stop its loop and thread; safe to call
-        twice. A closed SyncClient refuses every method, and ``with`` again."""
-        if self._closed or not self._loop.is_running():
-            return
-        try:
-            self._call(self._client.aclose())
-        finally:
-            self._stop()
-            self._closed = True
-
-    def _stop(self) -> None:
-        # The loop's default executor (asyncio.to_thread, e.g. a store's close) keeps its
-        # threads until shut down: join them, so closing leaves no thread behind.
-        with contextlib.suppress(Exception):
-            self._call(self._loop.shutdown_default_executor())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-    def __enter__(self) -> Self:
-        if self._closed:
-            raise RuntimeError("a closed SyncClient cannot be entered again: open another")
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-async def _opened(opener: Callable[[], Client]) -> Client:
-    return opener()  # built on the loop it will run on
-
-
-def run_sync(job: Job, store: str | LeaseStore, **options: Any) -> JobState:
-    """Run one job from code that is not async; return its DONE record (blocking).
-
-    >>> record = ai_lease.run_sync(Job("report-42", input="…"),
-    ...                            store="sqlite:///.ai-lease/jobs.db")  # doctest: +SKIP
-
-    ``options`` are :func:`connect`'s. Inside a running event loop use ``await client.run``.
-    """
-    _refuse_inside_a_loop("ai_lease.run_sync()")
-    return asyncio.run(_run_once(job, store, options))
-
-
-def _refuse_inside_a_loop(what: str) -> None:
-    """A blocking call made on a running event loop would stop that loop until it returned:
-    refused, saying what to use instead."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise RuntimeError(
-        f"{what} was called inside a running event loop, which it would block: "
-        "use 'async with ai_lease.connect(...) as client: await client.run(job)'"
-    )
-
-
-async def _run_once(job: Job, store: str | LeaseStore, options: Mapping[str, Any]) -> JobState:
-    async with connect(store, **options) as client:
-        return await client.run(job)

@@ -18,8 +18,8 @@ record = ai_lease.run_sync(
 )
 print(f"run_sync: {record.output!r}")
 
-with ai_lease.Client.sync(URL) as client:
+with ai_lease.SyncClient.connect(URL) as client:
     key = f"sync-client-{time.time_ns()}"
-    print(f"Client.sync: {client.run(Job(key, input='Blocking calls. Own event loop.')).output!r}")
+    print(f"SyncClient: {client.run(Job(key, input='Blocking calls. Own event loop.')).output!r}")
     status = client.status(key)
     print(f"status: {status.status if status else 'unknown'}")

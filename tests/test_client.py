@@ -168,10 +168,10 @@ def test_run_sync_from_plain_code(sqlite_url: str) -> None:
 
 
 def test_sync_client_from_plain_code(sqlite_url: str) -> None:
-    """Client.sync() gives a blocking client: run, submit, status, cancel, result; its
+    """SyncClient.connect() gives a blocking client: run, submit, status, cancel, result; its
     loop thread stops on close."""
     before = threading.active_count()
-    with ai_lease.Client.sync(sqlite_url, provider=ScriptedProvider(["sync"])) as client:
+    with ai_lease.SyncClient.connect(sqlite_url, provider=ScriptedProvider(["sync"])) as client:
         assert client.run(Job("a", input="x")).output == "sync"
         assert client.result("a") == "sync"
         client.submit(Job("b", input="x"))
@@ -302,6 +302,41 @@ async def test_connect_takes_the_run_configuration_as_one_value(sqlite_url: str)
         connect(sqlite_url, config=config, timings=FAST, retry=RetryPolicy(attempts=3))
     with pytest.raises(TypeError, match="not a RunConfig"):
         connect(sqlite_url, config={"timings": FAST})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("store_url", ["sqlite", "redis", "postgres"], indirect=True)
+async def test_a_script_can_look_as_the_cli_does(store_url: str) -> None:
+    """jobs(), counts(), events() and workers() answer what `ai-lease ls`, `events` and
+    `workers` show, on every store; the SyncClient has them too."""
+    async with connect(store_url, provider=ScriptedProvider(["ok"]), timings=FAST) as client:
+        await client.run(Job("look-1", input="x"))
+        await client.submit(Job("look-2", input="x"))
+        page = await client.jobs()
+        assert [job.key for job in page.jobs] == ["look-2", "look-1"]
+        pending = await client.jobs(status=Status.PENDING)
+        assert [job.key for job in pending.jobs] == ["look-2"]
+        assert [job.key for job in (await client.jobs(prefix="look-1")).jobs] == ["look-1"]
+        assert await client.counts() == {"DONE": 1, "PENDING": 1}
+        entries, dropped = await client.events("look-1")
+        assert entries[0].kind == "acquired" and entries[-1].kind == "committed"
+        assert dropped == 0
+        assert await client.workers() == []
+        async with client.worker(concurrency=1, worker_id="looker"):
+            for _ in range(100):
+                if [w.worker_id for w in await client.workers()] == ["looker"]:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the worker never showed in client.workers()")
+
+
+def test_the_sync_client_looks_too(sqlite_url: str) -> None:
+    with ai_lease.SyncClient.connect(sqlite_url, provider=ScriptedProvider(["ok"])) as client:
+        client.run(Job("s-look", input="x"))
+        assert [job.key for job in client.jobs().jobs] == ["s-look"]
+        assert client.counts() == {"DONE": 1}
+        assert client.events("s-look")[0][-1].kind == "committed"
+        assert client.workers() == []
 
 
 # -- the lease context manager --------------------------------------------------------------------
