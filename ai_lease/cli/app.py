@@ -7,7 +7,8 @@ it), 4 store unavailable, missing (a command that only looks never creates one) 
 corrupt. Errors print one line; ``--debug`` shows the traceback. A cancelled job is a
 failed one (1).
 
-The commands live by what they do: :mod:`~ai_lease.cli.run_cmds` (submit, worker, demo),
+The commands live by what they do: :mod:`~ai_lease.cli.run_cmds` (submit, demo),
+:mod:`~ai_lease.cli.worker_cmd` (worker),
 :mod:`~ai_lease.cli.inspect_cmds` (status, ls, result, workers) and
 :mod:`~ai_lease.cli.admin_cmds` (cancel, providers, config, tune),
 :mod:`~ai_lease.cli.lifecycle_cmds` (retry, rm, prune); what they share is in
@@ -32,6 +33,7 @@ from ai_lease.cli import (
     run_cmds,
     timeline_cmds,
     ui_cmd,
+    worker_cmd,
 )
 from ai_lease.cli.context import Context
 from ai_lease.cli.exits import exit_code
@@ -106,6 +108,12 @@ def main(ctx: click.Context, config: Path | None, store_url: str | None, debug: 
     ctx.call_on_close(guard_terminal())  # what reaches a terminal is shown, never obeyed
 
 
-_ALL = (*run_cmds.COMMANDS, *inspect_cmds.COMMANDS, *admin_cmds.COMMANDS, *lifecycle_cmds.COMMANDS)
+_ALL = (
+    *run_cmds.COMMANDS,
+    *worker_cmd.COMMANDS,
+    *inspect_cmds.COMMANDS,
+    *admin_cmds.COMMANDS,
+    *lifecycle_cmds.COMMANDS,
+)
 for _command in (*_ALL, *timeline_cmds.COMMANDS, *ui_cmd.COMMANDS):
     main.add_command(_command)

@@ -1,4 +1,5 @@
-"""What every ``ai-lease`` command shares: the settings, the store, the prompts, the provider.
+"""What every ``ai-lease`` command shares: the settings, the store, the prompts, the provider,
+and :func:`build_runner`, which builds every Runner the CLI uses.
 
 Each is built on first use, so ``--help`` never reads config or imports pydantic-settings,
 Jinja2 or a provider SDK (tests/test_import_discipline.py holds the line).
@@ -15,9 +16,13 @@ from ai_lease.errors import StoreMissing
 if TYPE_CHECKING:
     import asyncio
 
+    from ai_lease.job_provider import ProviderChoice
     from ai_lease.lease import LeaseStore
+    from ai_lease.lease.events import EventSink
     from ai_lease.prompts import PromptLibrary
     from ai_lease.providers import Provider
+    from ai_lease.run.provider_pick import ProviderResolver
+    from ai_lease.run.runner import Runner
     from ai_lease.settings import Settings
 
 T = TypeVar("T")
@@ -101,6 +106,41 @@ class Context:
 
         name, options = provider_options(self.settings, overrides)
         return create_provider(name, **options)
+
+
+def build_runner(
+    store: LeaseStore,
+    settings: Settings,
+    prompts: PromptLibrary,
+    *,
+    provider: Provider | None = None,
+    on_event: EventSink | None = None,
+    max_input_bytes: int | None = None,
+    provider_resolver: ProviderResolver | None = None,
+    provider_serves: ProviderChoice | None = None,
+) -> Runner:
+    """Every Runner the CLI builds. Without a provider it only records jobs for workers
+    (``submit --detach``); with one it runs them under the settings' budgets."""
+    import dataclasses
+
+    from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES
+    from ai_lease.run.config import RunHooks
+    from ai_lease.run.runner import Runner
+
+    limit = DEFAULT_MAX_INPUT_BYTES if max_input_bytes is None else max_input_bytes
+    config = dataclasses.replace(settings.run_config(), max_input_bytes=limit)
+    if provider is None:
+        return Runner(store, prompts=prompts, config=config)
+    hooks = RunHooks(on_event=on_event)
+    return Runner(
+        store,
+        provider=provider,
+        prompts=prompts,
+        config=config,
+        hooks=hooks,
+        provider_resolver=provider_resolver,
+        provider_serves=provider_serves,
+    )
 
 
 class NoStore(StoreMissing):
