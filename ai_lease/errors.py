@@ -38,12 +38,12 @@ Messages say what happened and what to do; they never carry secrets.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ai_lease.redaction import redact
 
 if TYPE_CHECKING:  # not imported at run time (refusal.py imports nothing of ours)
-    from ai_lease.lease.refusal import Refusal
+    from ai_lease.lease.refusal import FenceLike, Refusal
 
 __all__ = [
     "AiLeaseError",
@@ -76,18 +76,6 @@ __all__ = [
     "StreamLimitExceeded",
     "StreamTotalTimeout",
 ]
-
-
-class FenceLike(Protocol):
-    """What an error says of a fence: :class:`ai_lease.lease.Fence` is the one that is
-    passed (the lease room imports this module, so it is named by its shape here)."""
-
-    @property
-    def key(self) -> str: ...
-    @property
-    def owner_id(self) -> str: ...
-    @property
-    def token(self) -> int: ...
 
 
 class AiLeaseError(Exception):

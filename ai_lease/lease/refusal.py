@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Protocol
 
-__all__ = ["MESSAGES", "RENEWAL_REFUSALS", "WRITE_REFUSALS", "Refusal"]
+__all__ = ["MESSAGES", "RENEWAL_REFUSALS", "WRITE_REFUSALS", "FenceLike", "Refusal"]
 
 
 class Refusal(enum.StrEnum):
@@ -76,3 +77,16 @@ WRITE_REFUSALS = (
     Refusal.CANCELLED,
 )
 """Why ``commit``/``fail`` raise FencingRejected (the FINISH script, ``rules.finish``)."""
+
+
+class FenceLike(Protocol):
+    """A fence as a refusal names it (the one held, the one the store holds):
+    :class:`ai_lease.lease.Fence` is the one passed. Named by its shape here, so the
+    error tree (which the lease room imports) needs nothing else of the room."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def owner_id(self) -> str: ...
+    @property
+    def token(self) -> int: ...
