@@ -23,6 +23,7 @@ from pathlib import Path
 __all__ = [
     "BUDGET",
     "CASES",
+    "LONG",
     "OWNERS",
     "SHORT_TTL",
     "STATES",
@@ -31,7 +32,9 @@ __all__ = [
     "RuleCase",
     "State",
     "Step",
+    "case",
     "markdown",
+    "step",
 ]
 
 OWNERS = {"A": "node-a#1.aaaa", "B": "node-b#1.bbbb", "A2": "node-a#2.cccc"}

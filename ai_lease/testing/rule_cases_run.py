@@ -29,7 +29,7 @@ from ai_lease.lease.base import Acquired, AcquireOutcome, Fence, Finished, Follo
 from ai_lease.testing.contract_support import key_for
 from ai_lease.testing.rule_cases import LONG, OWNERS, WAIT, After, RuleCase, Step
 
-__all__ = ["Observed", "RulesTarget", "mismatches", "run_cases"]
+__all__ = ["Observed", "RulesTarget", "SetupFailed", "apply", "mismatches", "run_cases"]
 
 _ALIASES = {owner: alias for alias, owner in OWNERS.items()}
 
