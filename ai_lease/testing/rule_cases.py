@@ -173,6 +173,7 @@ REN = step("renew", "A")
 STALE_RENEW = step("renew", "A", max_no_progress=BUDGET)
 PROGRESS_RENEW = step("renew", "A", max_no_progress=BUDGET, progress_version=1)
 INTERRUPT = step("release", "A", interrupted=True)
+GRACE_RENEW = step("renew", "A", max_no_progress=BUDGET, grace=LONG)
 
 # fmt: off
 CASES: tuple[RuleCase, ...] = (
@@ -214,6 +215,8 @@ CASES: tuple[RuleCase, ...] = (
          "finished FAILED", "FAILED", "A", _U, 1),
     case("CANCELLED is finished", CANCELLED, step("acquire", "B"),
          "finished CANCELLED", "CANCELLED", "A", _U, 1),
+    case("a fingerprint where none is stored follows", RUNNING,
+         step("acquire", "B", fingerprint="fp-2"), "following", _R, "A", _U, 1),
     # -- renew -------------------------------------------------------------------------------
     case("renew without a record", NONE, REN, "refused: missing", None),
     case("renew by one who never owned", PENDING, REN, "refused: not_owner", "PENDING"),
@@ -231,6 +234,7 @@ CASES: tuple[RuleCase, ...] = (
     case("stale fence renews", TAKEN, REN, "refused: not_owner", _R, "B", _U, 2),
     case("renew after commit", DONE, REN, "refused: not_running", "DONE", "A", _U, 1),
     case("renew after cancel", CANCELLED, REN, "refused: not_running", "CANCELLED", "A", _U, 1),
+    case("grace covers stale progress", STALE, GRACE_RENEW, "renewed", _R, "A", _U, 1),
     # -- release -----------------------------------------------------------------------------
     case("owner releases", RUNNING, step("release", "A"), "done", "PENDING", "A", _U, 1),
     case("interrupted owner hands its attempt back", RUNNING, INTERRUPT,
@@ -240,6 +244,7 @@ CASES: tuple[RuleCase, ...] = (
          "done", "PENDING", "A", _U, 1),
     case("stale fence releases", TAKEN, step("release", "A"), "refused", _R, "B", _U, 2),
     case("release after commit", DONE, step("release", "A"), "refused", "DONE", "A", _U, 1),
+    case("release twice", RELEASED, step("release", "A"), "refused", "PENDING", "A", _U, 1),
     # -- commit ------------------------------------------------------------------------------
     case("owner commits", RUNNING, step("commit", "A"), "written DONE", "DONE", "A", _U, 1),
     case("commit without a record", NONE, step("commit", "A"), "rejected: missing", None),
@@ -260,6 +265,8 @@ CASES: tuple[RuleCase, ...] = (
          "rejected: already_finished", "FAILED", "A", _U, 1),
     case("commit after cancel", CANCELLED, step("commit", "A"),
          "rejected: cancelled", "CANCELLED", "A", _U, 1),
+    case("commit by one who never owned", PENDING, step("commit", "A"),
+         "rejected: newer_owner", "PENDING"),
     # -- fail --------------------------------------------------------------------------------
     case("owner fails", RUNNING, step("fail", "A"), "written FAILED", "FAILED", "A", _U, 1),
     case("fail without a record", NONE, step("fail", "A"), "rejected: missing", None),
@@ -278,12 +285,16 @@ CASES: tuple[RuleCase, ...] = (
     case("cancel keeps the owner's pair", RUNNING, step("cancel"),
          "returns CANCELLED", "CANCELLED", "A", _U, 1),
     case("cancel leaves DONE as it is", DONE, step("cancel"), "returns DONE", "DONE", "A", _U, 1),
+    case("cancel leaves CANCELLED as it is", CANCELLED, step("cancel"),
+         "returns CANCELLED", "CANCELLED", "A", _U, 1),
     # -- report_stall ------------------------------------------------------------------------
     case("owner reports a stall", RUNNING, step("report_stall", "A"), "done", _R, "A", _U, 1),
     case("stall report by another owner", RUNNING, step("report_stall", "B"),
          "refused", _R, "A", _U, 1),
     case("stall report after commit", DONE, step("report_stall", "A"),
          "refused", "DONE", "A", _U, 1),
+    case("lapsed owner reports a stall", LAPSED, step("report_stall", "A"),
+         "done", _R, "A", _U, 1),
     # -- submit ------------------------------------------------------------------------------
     case("submit records a job", NONE, step("submit", fingerprint="fp-1"),
          "returns PENDING", "PENDING"),
@@ -293,6 +304,8 @@ CASES: tuple[RuleCase, ...] = (
          "conflict", "PENDING"),
     case("submit gives a running job its spec", RUNNING, step("submit", fingerprint="fp-1"),
          "returns RUNNING", _R, "A", _U, 1),
+    case("submit after the job ended", DONE, step("submit", fingerprint="fp-1"),
+         "returns DONE", "DONE", "A", _U, 1),
     # -- retry -------------------------------------------------------------------------------
     case("retry a failed job", FAILED, step("retry"), "returns PENDING", "PENDING", None, _U, 0),
     case("retry a cancelled job", CANCELLED, step("retry"),
