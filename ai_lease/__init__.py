@@ -76,7 +76,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
     )
     from .retry import RetryPolicy
     from .run.config import RunConfig, RunHooks
-    from .run.pipeline import Pipeline, Stage, StageContext
+    from .run.context import StageContext
+    from .run.pipeline import Pipeline, Stage
     from .run.progress import Progress
     from .run.runner import Runner
     from .run.stream_guard import StreamGuard
@@ -142,7 +143,7 @@ _LAZY: dict[str, str] = {
     "Settings": ".settings",
     "Stage": ".run.pipeline",
     "StageBudget": ".timeouts",
-    "StageContext": ".run.pipeline",
+    "StageContext": ".run.context",
     "StageDeadlineExceeded": ".errors",
     "StageTimeout": ".errors",
     "StallPolicy": ".timeouts",

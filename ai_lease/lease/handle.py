@@ -43,7 +43,7 @@ from ai_lease.lease.keeper import LeaseKeeper, Renewals
 from ai_lease.observe.events import EventSink
 from ai_lease.redaction import redact
 from ai_lease.run.classify import describe, retryable
-from ai_lease.run.pipeline import StageContext
+from ai_lease.run.context import StageContext
 from ai_lease.run.progress import Progress
 from ai_lease.timeouts import LeaseTimings, RetryPolicy, StageBudget, StallPolicy
 

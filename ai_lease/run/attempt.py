@@ -40,8 +40,8 @@ from ai_lease.lease.refusal import Refusal
 from ai_lease.observe.events import Event
 from ai_lease.redaction import redact
 from ai_lease.run.classify import describe, retryable
+from ai_lease.run.context import StageContext
 from ai_lease.run.emitter import Emitter
-from ai_lease.run.pipeline import StageContext
 from ai_lease.run.progress import Progress
 from ai_lease.timeouts import LeaseTimings, StallPolicy
 

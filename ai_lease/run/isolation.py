@@ -46,10 +46,11 @@ from typing import TYPE_CHECKING, Any
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.observe.logs import json_configured
 from ai_lease.run import ladder
+from ai_lease.run.context import StageContext
 from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work
 from ai_lease.run.isolation_pool import Child, ChildPool, receive
 from ai_lease.run.ladder_notes import noting
-from ai_lease.run.pipeline import Pipeline, StageContext
+from ai_lease.run.pipeline import Pipeline
 from ai_lease.timeouts import LeaseTimings
 
 if TYPE_CHECKING:

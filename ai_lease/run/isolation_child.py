@@ -42,8 +42,9 @@ from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
 from ai_lease.run.child_env import trim_environ
 from ai_lease.run.classify import describe, retryable
+from ai_lease.run.context import StageContext
 from ai_lease.run.ladder import install_child_handlers
-from ai_lease.run.pipeline import Pipeline, StageContext
+from ai_lease.run.pipeline import Pipeline
 from ai_lease.run.progress import Progress
 from ai_lease.run.provider_pick import MAX_BUILT
 from ai_lease.timeouts import LeaseTimings, StageBudget, StreamLimits, StreamTimeouts
