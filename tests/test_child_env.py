@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 
 from ai_lease.lease import open_store
-from ai_lease.run.child_env import allowed, only_allowed
+from ai_lease.run.isolation.env import allowed, only_allowed
 from tests.test_log_json_whole import CliWorker, submit_detached
 
 AWS = "canary-aws-7d1e0c9b"

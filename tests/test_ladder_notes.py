@@ -1,4 +1,5 @@
-"""The ladder's steps as timeline notes (ai_lease/run/ladder_notes.py), on a real SQLite store."""
+"""The ladder's steps as timeline notes (ai_lease/run/isolation/ladder_notes.py), on a real
+SQLite store."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from ai_lease.lease.base import Acquired, Fence
 from ai_lease.lease.sqlite import SQLiteStore
-from ai_lease.run.ladder_notes import noting, step_note
+from ai_lease.run.isolation.ladder_notes import noting, step_note
 
 STEPS: list[tuple[str, dict[str, Any]]] = [
     ("term", {"pid": 42, "signal": "term", "grace_s": 10.0}),
