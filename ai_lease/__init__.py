@@ -75,8 +75,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
     from .redaction import mask_url
     from .retry import RetryPolicy
     from .run.config import RunConfig, RunHooks
+    from .run.context import StageContext
     from .run.job_lease import JobLease
-    from .run.pipeline import Pipeline, Stage, StageContext
+    from .run.pipeline import Pipeline, Stage
     from .run.runner import Runner
     from .run.stream_guard import StreamGuard
     from .run.worker import Worker
@@ -149,7 +150,7 @@ _LAZY: dict[str, str] = {
     "Settings": ".settings",
     "Stage": ".run.pipeline",
     "StageBudget": ".timeouts",
-    "StageContext": ".run.pipeline",
+    "StageContext": ".run.context",
     "StageDeadlineExceeded": ".errors",
     "StageTimeout": ".errors",
     "StallPolicy": ".timeouts",

@@ -35,8 +35,9 @@ from ai_lease.providers import Provider, create_provider
 from ai_lease.resource import AsyncResource
 from ai_lease.retry import JOB_ATTEMPTS
 from ai_lease.run.config import RunConfig, RunHooks
+from ai_lease.run.context import PersistHook
 from ai_lease.run.job_lease import JobLease, LeaseOptions
-from ai_lease.run.pipeline import PersistHook, Pipeline
+from ai_lease.run.pipeline import Pipeline
 from ai_lease.run.provider_pick import ProviderResolver
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker

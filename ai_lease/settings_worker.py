@@ -6,7 +6,7 @@
 ``isolation`` (``AI_LEASE_WORKER__ISOLATION``): ``task`` runs a job as a task of the
 worker's event loop; ``process`` runs its stages up to ``parse`` in a warm child process,
 which the worker stops by SIGTERM, ``terminate_grace`` seconds, then SIGKILL when it
-stalls, is cancelled or loses its lease (ai_lease/run/isolation.py). The command's
+stalls, is cancelled or loses its lease (ai_lease/run/isolation/parent.py). The command's
 ``--isolation`` and ``--terminate-grace`` flags override these.
 """
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from ai_lease.run.child_env import allowed, only_allowed
+from ai_lease.run.isolation.env import allowed, only_allowed
 from ai_lease.stores import open_store
 from tests.test_log_json_whole import CliWorker, submit_detached
 

@@ -12,7 +12,7 @@ import pytest
 from ai_lease import Acquired, open_store
 from ai_lease.lease.timeline import JobTimeline
 from ai_lease.observe.cpu_idle import cpu_idle_of, cpu_idle_text
-from ai_lease.run.child_evidence import ChildSnapshot
+from ai_lease.run.isolation.evidence import ChildSnapshot
 from ai_lease.ui.render import Templates, job_context
 from tests.test_cli_basics import run_cli
 

@@ -19,7 +19,8 @@ from ai_lease.lease.histogram import Histogram, bucket_of, bucket_upper
 from ai_lease.observe.history import HistoryRecorder, suggest
 from ai_lease.run.budgets import learned_timings
 from ai_lease.run.config import RunConfig, RunHooks
-from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+from ai_lease.run.context import StageContext
+from ai_lease.run.pipeline import Pipeline, Stage
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import ScriptedProvider
 from ai_lease.timeouts import AdaptiveBudgets

@@ -27,7 +27,8 @@ from ai_lease.job import Job
 from ai_lease.lease.events import Event
 from ai_lease.observe.cpu_idle import STUCK_WAIT_PCT, cpu_idle_of
 from ai_lease.run.config import RunConfig, RunHooks
-from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+from ai_lease.run.context import StageContext
+from ai_lease.run.pipeline import Pipeline, Stage
 from ai_lease.run.runner import Runner
 from ai_lease.run.stages import call_ai
 from ai_lease.run.worker import Worker

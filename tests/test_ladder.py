@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ai_lease.observe.metrics import Metrics
-from ai_lease.run.ladder import (
+from ai_lease.run.isolation.ladder import (
     ChildSnapshot,
     audit,
     cpu_seconds,

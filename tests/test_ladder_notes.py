@@ -1,4 +1,5 @@
-"""The ladder's steps as timeline notes (ai_lease/run/ladder_notes.py), on a real SQLite store."""
+"""The ladder's steps as timeline notes (ai_lease/run/isolation/ladder_notes.py), on a real
+SQLite store."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ai_lease.lease.base import Acquired, Fence
-from ai_lease.run.ladder_notes import noting, step_note
+from ai_lease.run.isolation.ladder_notes import noting, step_note
 from ai_lease.stores.sqlite.store import SQLiteStore
 
 STEPS: list[tuple[str, dict[str, Any]]] = [

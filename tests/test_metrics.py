@@ -28,7 +28,8 @@ from ai_lease.lease.refusal import WRITE_REFUSALS, Refusal
 from ai_lease.observe.logs import fan_out
 from ai_lease.observe.metrics import DEFAULT_STAGES, MAX_LABEL_VALUES, Metrics, serve_metrics
 from ai_lease.run.config import RunConfig, RunHooks
-from ai_lease.run.pipeline import Pipeline, StageContext
+from ai_lease.run.context import StageContext
+from ai_lease.run.pipeline import Pipeline
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall
 from tests.harness.redis_server import free_port

@@ -198,7 +198,7 @@ def test_an_owner_that_never_renewed_has_phi_unknown_everywhere(tmp_path: Path) 
 async def test_text_json_and_page_print_one_phi_value(store_url: str) -> None:
     """From one read, the status rows, the --json object and the page carry the same φ:
     the JSON number is the one the text prints, and the texts are equal."""
-    from ai_lease.cli.inspect_cmds import job_and_phi
+    from ai_lease.cli.look import job_and_phi
     from ai_lease.cli.record_view import describe, job_json
 
     store = open_store(store_url)

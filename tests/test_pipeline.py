@@ -19,7 +19,8 @@ from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.lease.progress import Progress
 from ai_lease.providers.base import Provider
 from ai_lease.providers.local import LocalExtractiveProvider, extractive_summary
-from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+from ai_lease.run.context import StageContext
+from ai_lease.run.pipeline import Pipeline, Stage
 from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.testing.scripted import ScriptedProvider
 from ai_lease.timeouts import LeaseTimings

@@ -23,7 +23,8 @@ from ai_lease import (
 from ai_lease.job import Job
 from ai_lease.lease.events import Event
 from ai_lease.run.config import RunConfig, RunHooks
-from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+from ai_lease.run.context import StageContext
+from ai_lease.run.pipeline import Pipeline, Stage
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall
 

@@ -31,7 +31,8 @@ from ai_lease.lease import Fence
 from ai_lease.lease.events import Event
 from ai_lease.providers.base import Completion
 from ai_lease.run.config import RunConfig, RunHooks
-from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+from ai_lease.run.context import StageContext
+from ai_lease.run.pipeline import Pipeline, Stage
 from ai_lease.run.runner import Runner
 from ai_lease.stores import open_store
 from ai_lease.timeouts import LeaseTimings, StageBudget

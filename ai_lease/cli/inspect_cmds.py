@@ -14,6 +14,7 @@ import orjson
 
 from ai_lease.cli.context import Context
 from ai_lease.cli.exits import EXIT_TIMED_OUT
+from ai_lease.cli.look import job_and_phi
 from ai_lease.cli.output import (
     SINCE_FORMS,
     ago,
@@ -26,11 +27,11 @@ from ai_lease.cli.output import (
 from ai_lease.cli.params import JOB_KEY
 from ai_lease.cli.record_view import LS_HEADER, describe, job_json, ls_row
 from ai_lease.errors import CorruptRecord, InputError, JobCancelled, JobFailed
-from ai_lease.observe.phi import OwnerPhi, owner_phi
 
 if TYPE_CHECKING:
     from ai_lease.job import JobState
     from ai_lease.lease import LeaseStore
+    from ai_lease.observe.phi import OwnerPhi
 
 EXIT_INTERRUPTED = 130
 """Ctrl-C during ``status --watch``: the shell's code for SIGINT, and no traceback."""
@@ -90,18 +91,6 @@ def _raise_unless_done(job: JobState) -> None:
         raise JobCancelled(job.key, job.last_error)
     if job.status is Status.FAILED:
         raise JobFailed(job.key, job.last_error)
-
-
-async def job_and_phi(store: LeaseStore, key: str) -> tuple[JobState | None, OwnerPhi | None]:
-    """Job ``key``'s record, and φ of its owner's renewals (None: not RUNNING, or a store
-    that keeps no timeline; its ``value`` None: unknown)."""
-    from ai_lease.lease.timeline import JobTimeline
-
-    job = await store.get(key)
-    if job is None or not isinstance(store, JobTimeline):
-        return job, None
-    entries, _ = await store.timeline(key)
-    return job, owner_phi(entries, job)
 
 
 def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:

@@ -19,7 +19,7 @@ from ai_lease.errors import ConfigError
 
 if TYPE_CHECKING:
     from ai_lease.job_provider import ProviderChoice
-    from ai_lease.run.isolation_child import ProviderFactory
+    from ai_lease.run.isolation import ProviderFactory
     from ai_lease.settings import Settings
 
 __all__ = ["SettingsProviders", "choice_overrides"]
@@ -49,7 +49,7 @@ class SettingsProviders:
 
         from ai_lease.cli.provider_options import provider_options
         from ai_lease.providers import available_providers
-        from ai_lease.run.isolation_child import ProviderFactory
+        from ai_lease.run.isolation import ProviderFactory
 
         if choice.name is None:
             choice = dataclasses.replace(choice, name=self.default_name)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 
+from ai_lease.cli.look import job_and_phi
 from ai_lease.errors import InputError
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ def watch_job(
     obj: Context, key: str, *, interval: float, as_json: bool, describe: Describe
 ) -> JobState:
     """Show job ``key`` every ``interval`` seconds until it is terminal; its last record."""
-    from ai_lease.cli.inspect_cmds import job_and_phi
-
     grace = obj.settings.lease.renew_interval
     live = not as_json and sys.stdout.isatty()
     show = _Shown(describe, grace, as_json=as_json, live=live)

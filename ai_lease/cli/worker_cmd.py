@@ -237,7 +237,7 @@ def _node(
     from ai_lease.cli.job_providers import SettingsProviders
     from ai_lease.cli.provider_options import provider_options
     from ai_lease.observe.logs import fan_out
-    from ai_lease.run.isolation_child import ProviderFactory
+    from ai_lease.run.isolation import ProviderFactory
     from ai_lease.run.worker import Worker
 
     settings = obj.settings

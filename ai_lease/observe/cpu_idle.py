@@ -1,6 +1,6 @@
 """``cpu_idle_pct``, read back from a stored stall snapshot, for ``status`` and the dashboard.
 
-A process-isolated job's snapshot (:class:`~ai_lease.run.child_evidence.ChildSnapshot`,
+A process-isolated job's snapshot (:class:`~ai_lease.run.isolation.evidence.ChildSnapshot`,
 rendered into ``JobState.stall_snapshot``) ends with its resource figures, one
 ``name: value`` line each; ``cpu_idle_pct`` is the share of the wall time since the job's
 last progress that its child did *not* spend on a CPU. The seed's rule of thumb — CPU under

@@ -58,7 +58,7 @@ TAKEOVER_CAUSES = ("expired", "released", "stalled", OTHER)
 TOKEN_KINDS = ("prompt", "completion", "reasoning")
 # Keeper ticks: one of these per renew interval while a job is owned.
 HEARTBEAT_KINDS = frozenset({"renewed", "renew_skipped", "renew_refused", "renew_failed"})
-# The termination ladder's signals (ai_lease/run/ladder.py): "terminated" events' attrs.
+# The termination ladder's signals (ai_lease/run/isolation/ladder.py): "terminated" events' attrs.
 TERM_SIGNALS = ("term", "kill")
 
 

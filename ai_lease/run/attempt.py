@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ai_lease.errors import (
     FencingRejected,
@@ -32,41 +33,67 @@ from ai_lease.errors import (
     StoreUnavailable,
 )
 from ai_lease.job import Job, JobState, RunFacts
-from ai_lease.lease.base import Acquired, Fence
+from ai_lease.lease.base import Acquired, Fence, LeaseStore
 from ai_lease.lease.classify import describe, retryable
 from ai_lease.lease.events import Event
-from ai_lease.lease.fence import fenced_event
+from ai_lease.lease.fence import UnansweredCommits, fenced_event
 from ai_lease.lease.keeper import LeaseKeeper, alongside
 from ai_lease.lease.progress import Progress
 from ai_lease.lease.queue import due_now
 from ai_lease.lease.refusal import Refusal
 from ai_lease.redaction import redact
-from ai_lease.run.pipeline import StageContext
-from ai_lease.timeouts import StallPolicy
+from ai_lease.run.context import StageContext
+from ai_lease.run.emitter import Emitter
+from ai_lease.timeouts import LeaseTimings, StallPolicy
 
 if TYPE_CHECKING:
+    from ai_lease.prompts import PromptLibrary
     from ai_lease.providers.base import Provider
-    from ai_lease.run.runner import Runner
+    from ai_lease.retry import RetryPolicy
+    from ai_lease.run.config import RunConfig, RunHooks
+    from ai_lease.run.pipeline import Pipeline
 
-__all__ = ["Attempt"]
+__all__ = ["Attempt", "AttemptHost"]
+
+
+class AttemptHost(Protocol):
+    """What an attempt takes from the runner that makes it (a :class:`~ai_lease.Runner` is
+    one): the store, what it runs and under which values, and where its events go."""
+
+    store: LeaseStore
+    pipeline: Pipeline
+    prompts: PromptLibrary
+    config: RunConfig
+    hooks: RunHooks
+    timings: LeaseTimings
+    retry: RetryPolicy
+    stall_policy: StallPolicy
+    commits: UnansweredCommits
+    events: Emitter
+
+    def using_provider(self, job: Job) -> AbstractAsyncContextManager[Provider | None]:
+        """The provider that runs ``job``, held while the attempt runs."""
+        ...
 
 
 class Attempt:
-    """One attempt of ``job`` as the owner of ``acquired`` (see the module docstring).
-    ``sent_at``: when (monotonic clock) the acquire that granted the lease was sent."""
+    """One attempt of ``job`` as the owner of ``acquired`` (see the module docstring), made by
+    ``host`` (the runner). ``sent_at``: when (monotonic clock) the acquire that granted the
+    lease was sent."""
 
     def __init__(
         self,
-        runner: Runner,
+        host: AttemptHost,
         job: Job,
         acquired: Acquired,
         prepared: Mapping[str, Any],
         sent_at: float,
     ) -> None:
-        self.runner, self.job, self.acquired = runner, job, acquired
+        self.host, self.job, self.acquired = host, job, acquired
         self.prepared, self.sent_at = prepared, sent_at
         self.fence = acquired.fence
-        self.timings = runner.timings
+        self.events = host.events
+        self.timings = host.timings
         self.ran: dict[str, Any] = {}  # what this attempt ran (the stage context's ``ran``)
         self.lease_gone = False  # ended without the lease (fenced off, lost, self-fenced)
 
@@ -75,9 +102,9 @@ class Attempt:
         competing again."""
         fence, record, takeover = self.fence, self.acquired.job, self.acquired.takeover
         note = " (takeover)" if takeover else ""
-        self.runner.emit("acquired", fence.key, fence, f"attempt {record.attempts}{note}")
-        if takeover and self.runner.listening:
-            self.runner.emit_event(_takeover(fence, record, self.acquired.cause))
+        self.events.emit("acquired", fence.key, fence, f"attempt {record.attempts}{note}")
+        if takeover and self.events.listening:
+            self.events.emit_event(_takeover(fence, record, self.acquired.cause))
         # The job deadline runs from the first acquisition: queue time has its own bound.
         started = record.read_at if record.started_at is None else record.started_at
         if started - record.created_at > self.timings.queue_deadline:
@@ -89,10 +116,10 @@ class Attempt:
             await self.fail(reason)
             raise JobFailed(fence.key, reason)
         left = self.timings.job_deadline - (record.read_at - started)
-        self.runner.commits.expect(fence)  # until the attempt has its commit's answer
+        self.host.commits.expect(fence)  # until the attempt has its commit's answer
         committed = await self._ended(left)
         if isinstance(committed, JobState):
-            self.runner.commits.answered(fence)
+            self.host.commits.answered(fence)
         return committed
 
     async def _ended(self, left: float) -> JobState | float:
@@ -104,18 +131,18 @@ class Attempt:
             await self.step_down()  # e.g. a worker shutting down: hand over at once
             raise
         except FencingRejected as exc:
-            self.runner.emit_event(fenced_event(fence, exc))
+            self.events.emit_event(fenced_event(fence, exc))
             self.lease_gone = _recorded(exc)
             return 0.0  # someone else owns it now: follow them
         except Stalled as exc:
             # Our work was stuck: let the other nodes take over first, rather than racing
             # them for the lease we are letting lapse (a zombie should not win it back).
-            self.runner.emit("retry", fence.key, fence, str(exc))
-            lapse = timings.ttl if self.runner.stall_policy is StallPolicy.EXPIRE else 0.0
+            self.events.emit("retry", fence.key, fence, str(exc))
+            lapse = timings.ttl if self.host.stall_policy is StallPolicy.EXPIRE else 0.0
             return lapse + 2 * timings.poll_interval + self._backoff()
         except LeaseError as exc:
             self.lease_gone = _recorded(exc)
-            self.runner.emit("retry", fence.key, fence, str(exc))
+            self.events.emit("retry", fence.key, fence, str(exc))
             return timings.poll_interval
         except JobDeadlineExceeded as exc:
             await self.fail(describe(exc))  # named like every other failure
@@ -125,7 +152,7 @@ class Attempt:
 
     def _backoff(self) -> float:
         """How long to wait after this attempt: the job retry policy's backoff."""
-        return self.runner.retry.backoff(self.acquired.job.attempts)
+        return self.host.retry.backoff(self.acquired.job.attempts)
 
     async def _failed(self, exc: Exception) -> float:
         """The attempt's own failure: fail the job (not retryable) or release and retry."""
@@ -134,33 +161,33 @@ class Attempt:
             await self.fail(describe(exc))
             raise JobFailed(fence.key, describe(exc)) from exc
         await self.release(describe(exc))
-        if self.acquired.job.attempts >= self.runner.retry.attempts:
+        if self.acquired.job.attempts >= self.host.retry.attempts:
             return 0.0  # the next acquire ends the job FAILED with this error
         backoff = self._backoff()
-        self.runner.emit("retry", fence.key, fence, f"{describe(exc)}; retrying in {backoff:g}s")
+        self.events.emit("retry", fence.key, fence, f"{describe(exc)}; retrying in {backoff:g}s")
         return backoff
 
     async def _own(self, left: float) -> JobState:
         """Run the pipeline with the keeper beside it, under the job's deadline; commit."""
-        runner, progress = self.runner, Progress()
+        host, events, progress = self.host, self.events, Progress()
         started = progress.clock()
         keeper = self._keeper(progress)
         deadline = asyncio.timeout(max(left, 0.0))
-        async with runner.using_provider(self.job) as provider:  # never evicted while in use
+        async with host.using_provider(self.job) as provider:  # never evicted while in use
             ctx = self._context(progress, keeper, provider)
             keeper.checkpoint = ctx.checkpoint_json  # each renewal stores the checkpoint
             self.ran = ctx.ran
             try:
                 async with deadline:
-                    emit = runner.emit_event if runner.listening else None
-                    value = await alongside(runner.pipeline.run(ctx, self.timings, emit), keeper)
+                    emit = events.emit_event if events.listening else None
+                    value = await alongside(host.pipeline.run(ctx, self.timings, emit), keeper)
             except TimeoutError:
                 if deadline.expired():
                     raise JobDeadlineExceeded(self.job.key, self.timings.job_deadline) from None
                 raise
             committed = ctx.committed or await ctx.commit(value)
-        if runner.listening:
-            runner.emit_event(
+        if events.listening:
+            events.emit_event(
                 Event(
                     "committed",
                     self.job.key,
@@ -177,29 +204,29 @@ class Attempt:
 
     def _keeper(self, progress: Progress) -> LeaseKeeper:
         return LeaseKeeper(
-            self.runner.store,
+            self.host.store,
             self.fence,
             progress,
             self.timings,
             # Counted from when the acquire was sent (the store granted it later): a loop
             # blocked after the reply cannot make us believe in a lease that has lapsed.
             valid_until=self.sent_at + self.acquired.job.lease_remaining,
-            stall_policy=self.runner.stall_policy,
-            on_event=self.runner.emit_event,
+            stall_policy=self.host.stall_policy,
+            on_event=self.events.emit_event,
         )
 
     def _context(
         self, progress: Progress, keeper: LeaseKeeper, provider: Provider | None
     ) -> StageContext:
-        runner, config, hooks = self.runner, self.runner.config, self.runner.hooks
+        host, config, hooks = self.host, self.host.config, self.host.hooks
         return StageContext(
             job=self.job,
             fence=self.fence,
-            store=runner.store,
+            store=host.store,
             tracker=progress,
             keeper=keeper,
             provider=provider,
-            prompts=runner.prompts,
+            prompts=host.prompts,
             stream_timeouts=config.stream_timeouts,
             stream_limits=config.stream_limits,
             persist_hook=hooks.persist_hook,
@@ -214,28 +241,28 @@ class Attempt:
     async def step_down(self) -> None:
         """Release after a cancellation (Ctrl-C, a shutdown), bounded by the store's op
         timeout. An interrupt is not the job's failure: the attempt is handed back."""
-        fence, store = self.fence, self.runner.store
+        fence, store = self.fence, self.host.store
         try:
             async with asyncio.timeout(self.timings.op_timeout * 2):
                 await store.release(fence, interrupted=True)
                 await due_now(store, fence.key)
-            if self.runner.listening:
-                self.runner.emit_event(_stepped_down(fence))
+            if self.events.listening:
+                self.events.emit_event(_stepped_down(fence))
         except (StoreUnavailable, TimeoutError) as exc:
-            self.runner.emit("store_unavailable", fence.key, fence, f"could not step down: {exc}")
+            self.events.emit("store_unavailable", fence.key, fence, f"could not step down: {exc}")
 
     async def release(self, error: str) -> None:
         """Hand the lease back with ``error`` (a failed attempt, counted by the store)."""
-        fence, store = self.fence, self.runner.store
+        fence, store = self.fence, self.host.store
         error = redact(error)  # stored: no secret leaves the process in a record
         try:
             released = await store.release(fence, error=error)
             await due_now(store, fence.key)
             # The log says what the store did: a lease no longer ours was not released.
             note = "" if released else " (not released: the store no longer held this lease)"
-            self.runner.emit("released", fence.key, fence, error + note)
+            self.events.emit("released", fence.key, fence, error + note)
         except StoreUnavailable as exc:  # the lease lapses on its own
-            self.runner.emit("store_unavailable", fence.key, fence, str(exc))
+            self.events.emit("store_unavailable", fence.key, fence, str(exc))
 
     async def fail(self, reason: str) -> None:
         """End the job FAILED with ``reason`` (fenced: a stale owner's verdict is refused)."""
@@ -243,14 +270,14 @@ class Attempt:
         reason = redact(reason)
         try:
             if self.ran:  # what ran, when anything did
-                await self.runner.store.fail(fence, reason, facts=RunFacts(**self.ran))
+                await self.host.store.fail(fence, reason, facts=RunFacts(**self.ran))
             else:
-                await self.runner.store.fail(fence, reason)
-            self.runner.emit("failed", fence.key, fence, reason)
+                await self.host.store.fail(fence, reason)
+            self.events.emit("failed", fence.key, fence, reason)
         except StoreUnavailable as exc:  # the lease lapses; the next attempt records it
-            self.runner.emit("store_unavailable", fence.key, fence, str(exc))
+            self.events.emit("store_unavailable", fence.key, fence, str(exc))
         except FencingRejected as exc:
-            self.runner.emit_event(fenced_event(fence, exc))
+            self.events.emit_event(fenced_event(fence, exc))
 
 
 def _recorded(exc: LeaseError) -> bool:

@@ -35,7 +35,7 @@ from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.run.call_notes import note_call
 
 if TYPE_CHECKING:
-    from ai_lease.run.pipeline import StageContext
+    from ai_lease.run.context import StageContext
 
 __all__ = ["CANCEL_WAIT_S", "cancel_left", "cancelling_abandoned", "retry_point"]
 

@@ -11,7 +11,6 @@ library never reads the environment itself.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,13 +26,9 @@ from ai_lease.timeouts import (
 
 if TYPE_CHECKING:
     from ai_lease.lease.events import EventSink
-    from ai_lease.run.pipeline import PersistHook
+    from ai_lease.run.context import FaultHook, PersistHook
 
-__all__ = ["FaultHook", "RunConfig", "RunHooks"]
-
-FaultHook = Callable[[str], Awaitable[None]]
-"""Called at each named fault point (``before:<stage>``, ``after:<stage>``, ``before_commit``,
-``after_commit``); tests install one (:class:`ai_lease.testing.faults.FaultPlan`)."""
+__all__ = ["RunConfig", "RunHooks"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +63,8 @@ class RunConfig:
 class RunHooks:
     """The runner's callbacks: ``on_event`` sees every event (logs, metrics, a live view);
     ``persist_hook`` runs before the result is committed (fenced: a lost lease stops it);
-    ``fault`` is called at each fault point (tests only: see :data:`FaultHook`)."""
+    ``fault`` is called at each fault point (tests only: see
+    :data:`~ai_lease.run.context.FaultHook`)."""
 
     on_event: EventSink | None = None
     persist_hook: PersistHook | None = None

@@ -45,7 +45,7 @@ from ai_lease.lease.keeper import LeaseKeeper, Renewals
 from ai_lease.lease.progress import Progress
 from ai_lease.lease.queue import due_now
 from ai_lease.redaction import redact
-from ai_lease.run.pipeline import StageContext
+from ai_lease.run.context import StageContext
 from ai_lease.timeouts import LeaseTimings, RetryPolicy, StageBudget, StallPolicy
 
 __all__ = ["JobLease", "LeaseOptions"]

@@ -1,7 +1,8 @@
 """Stages and the pipeline that runs them: load → build_prompt → call_ai → parse → persist.
 
-A :class:`Stage` is a name, a callable taking a :class:`StageContext`, and optional budget
-overrides (``max_no_progress``, hard ``deadline``; otherwise the settings' budget for that
+A :class:`Stage` is a name, a callable taking a
+:class:`~ai_lease.run.context.StageContext`, and optional budget overrides
+(``max_no_progress``, hard ``deadline``; otherwise the settings' budget for that
 stage name). Entering a stage is progress; inside a stage, call ``ctx.progress(marker)`` for
 every real step forward.
 
@@ -26,24 +27,16 @@ import contextvars
 import inspect
 import math
 import threading
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from ai_lease.errors import JobSpecError, LeaseLost, StageDeadlineExceeded
-from ai_lease.job import Job, JobState, RunFacts
-from ai_lease.lease.base import Fence, LeaseStore
-from ai_lease.lease.events import Event, EventSink
-from ai_lease.lease.fence import fenced_commit
-from ai_lease.lease.keeper import LeaseKeeper
-from ai_lease.lease.progress import Progress
+from ai_lease.errors import JobSpecError, StageDeadlineExceeded
+from ai_lease.job import Job
+from ai_lease.lease.events import EventSink
 from ai_lease.prompts import PromptLibrary
-from ai_lease.providers.base import Checkpoint, Provider
-from ai_lease.retry import MODEL_CALL, RetryPolicy
-from ai_lease.run.config import FaultHook
+from ai_lease.run.context import StageContext
 from ai_lease.run.stages import (
     build_prompt,
     call_ai,
@@ -53,13 +46,11 @@ from ai_lease.run.stages import (
     read_input,
     render_request,
 )
-from ai_lease.run.stream_guard import StreamGuard
-from ai_lease.timeouts import LeaseTimings, StageBudget, StreamLimits, StreamTimeouts
+from ai_lease.timeouts import LeaseTimings, StageBudget
 
-__all__ = ["PersistHook", "Pipeline", "Stage", "StageContext"]
+__all__ = ["Pipeline", "Stage"]
 
-StageFn = Callable[["StageContext"], Any]
-PersistHook = Callable[["StageContext", Any], Awaitable[None] | None]
+StageFn = Callable[[StageContext], Any]
 
 
 @dataclass(frozen=True)
@@ -85,148 +76,6 @@ class Stage:
         object.__setattr__(self, "is_async", is_async)  # decided once, not per job
 
     is_async: bool = field(init=False, repr=False, compare=False, default=False)
-
-
-@dataclass
-class StageContext:
-    """What a stage gets: the job, earlier outputs, the progress handle, provider and fence."""
-
-    job: Job
-    fence: Fence
-    store: LeaseStore
-    tracker: Progress
-    keeper: LeaseKeeper
-    provider: Provider | None = None
-    prompts: PromptLibrary = field(default_factory=PromptLibrary)
-    stream_timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
-    stream_limits: StreamLimits = field(default_factory=StreamLimits)
-    persist_hook: PersistHook | None = None
-    call_retry: RetryPolicy = MODEL_CALL
-    outputs: dict[str, Any] = field(default_factory=dict)
-    committed: JobState | None = None
-    finish_reason: str | None = None  # the model call's, kept in the committed record
-    fault_hook: FaultHook | None = None  # tests only: see ai_lease.testing.faults
-    deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
-    emit: EventSink | None = None
-    prepared: Mapping[str, Any] = field(default_factory=dict)  # outputs preflight worked out
-    ran: dict[str, Any] = field(default_factory=dict)  # what ran: RunFacts' fields, recorded
-    # Resuming a stream after a takeover (issue 15): the record's checkpoint as acquired, the
-    # model calls made so far (each one's X-Request-Id ends in its number), and the running
-    # stream's latest checkpoint with the guard collecting its text (the keeper's renewals
-    # store both, serialised by checkpoint_json).
-    resume_from: str | None = None
-    calls: int = 0
-    checkpoint: Checkpoint | None = None
-    guard: StreamGuard | None = None
-    _serialised: tuple[Checkpoint, str] | None = field(default=None, init=False, repr=False)
-
-    def say(
-        self,
-        kind: str,
-        detail: str = "",
-        *,
-        stage: str | None = None,
-        value: float | None = None,
-        attrs: dict[str, float | int | str] | None = None,
-    ) -> None:
-        """Emit an event about this job (for logs, metrics, traces, the live view)."""
-        if self.emit is not None:
-            fence = self.fence
-            self.emit(
-                Event(
-                    kind,
-                    fence.key,
-                    fence.owner_id,
-                    fence.token,
-                    stage or self.tracker.stage,
-                    self.tracker.idle(),
-                    detail,
-                    value=value,
-                    attrs=attrs,
-                )
-            )
-
-    def progress(self, marker: Hashable | None = None) -> bool:
-        """Mark a real step forward (a repeated ``marker`` is not progress)."""
-        return self.tracker.progress(marker)
-
-    def note_checkpoint(self, point: Checkpoint) -> None:
-        """A resumable stream's checkpoint (``ChatRequest.on_checkpoint``): kept, not sent;
-        the keeper's next renewal stores it."""
-        self.checkpoint = point
-
-    def checkpoint_json(self) -> str | None:
-        """The running stream's checkpoint as the record keeps it (the keeper's source):
-        ``{"provider", "response_id", "sequence", "text"}``, the text being all the guard has
-        collected (joined here, at renewal time, never per chunk); None without one."""
-        point, guard = self.checkpoint, self.guard
-        if point is None or guard is None:
-            return None
-        done = self._serialised
-        if done is not None and done[0] is point:  # nothing new since the last renewal
-            return done[1]
-        blob = orjson.dumps(
-            {
-                "provider": point.provider,
-                "response_id": point.response_id,
-                "sequence": point.sequence,
-                "text": "".join(guard.text_parts),
-            }
-        ).decode()
-        self._serialised = (point, blob)
-        return blob
-
-    def output(self, stage: str) -> Any:
-        """The value an earlier stage returned."""
-        try:
-            return self.outputs[stage]
-        except KeyError:
-            raise JobSpecError(f"stage output {stage!r} is not available yet") from None
-
-    async def fault(self, point: str) -> None:
-        """A named fault point (a no-op unless a test installed a fault hook)."""
-        if self.fault_hook is not None:
-            await self.fault_hook(point)
-
-    def ensure_lease(self) -> None:
-        """Raise LeaseLost if our lease may have lapsed: call before any side effect."""
-        self.keeper.ensure_lease()
-
-    def lease_lapsed(self) -> LeaseLost | None:
-        """The lost lease's error if the lease may have lapsed by now (the process was
-        stopped past its self-fence point), else None; quietly: the keeper says it. (A
-        process-isolated child has no self-fence: its parent fences.)"""
-        fence = getattr(self.keeper, "self_fence", None)
-        if fence is None:
-            return None
-        late = fence.overdue()
-        return fence.lost(late) if late >= 0 else None
-
-    async def commit(self, value: Any) -> JobState:
-        """Write the job's one result: fenced and idempotent. Returns the stored record."""
-        self.ensure_lease()
-        if self.persist_hook is not None:
-            pending = self.persist_hook(self, value)
-            if inspect.isawaitable(pending):
-                await pending
-            self.ensure_lease()
-        blob = orjson.dumps(value).decode()
-        await self.fault("before_commit")
-        self.keeper.commit_started()
-        return await fenced_commit(
-            self.store,
-            self.fence,
-            blob,
-            finish_reason=self.finish_reason,
-            facts=RunFacts(**self.ran),
-            after=self._committed,
-            valid_until=lambda: self.keeper.valid_until,  # resent while the lease holds
-            clock=self.keeper.clock,
-        )
-
-    async def _committed(self, record: JobState) -> None:
-        self.committed = record
-        await self.fault("after_commit")
 
 
 class Pipeline:

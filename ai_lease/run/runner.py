@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -51,14 +50,13 @@ from ai_lease.retry import run_rounds
 from ai_lease.run.attempt import Attempt
 from ai_lease.run.budgets import BudgetLearner
 from ai_lease.run.config import RunConfig, RunHooks
+from ai_lease.run.emitter import Emitter
 from ai_lease.run.outage import StoreOutage
 from ai_lease.run.pipeline import Pipeline
 from ai_lease.run.provider_pick import ProviderPicker, ProviderResolver
 from ai_lease.timeouts import StallPolicy
 
 __all__ = ["Runner"]
-
-_log = logging.getLogger("ai_lease.runner")
 
 
 class _Contact:
@@ -126,7 +124,6 @@ class Runner:
         self.retry = config.retry
         self.stall_policy = StallPolicy(config.stall_policy or config.timings.stall_policy)
         self.node_id = config.node_id or default_node_id()
-        self.sink_failures = 0  # events a raising sink (``on_event``) failed to take
         self.commits = UnansweredCommits()
         # Jobs waiting through a store outage retry every poll interval: said once, counted.
         self.outage = StoreOutage(self._say_outage)
@@ -140,15 +137,19 @@ class Runner:
         learned_for = self.history.pipeline if self.history else "default"
         self.budgets = BudgetLearner(store, config.timings, config.adaptive, learned_for)
         self.tracing = tracing_sink() if config.trace else None
+        self.events = Emitter(lambda: (self.history, self.tracing, self.hooks.on_event))
 
     # -- events --------------------------------------------------------------------------------
 
     @property
     def listening(self) -> bool:
         """Whether any sink takes events (none: no Event is built at all)."""
-        return (
-            self.history is not None or self.tracing is not None or self.hooks.on_event is not None
-        )
+        return self.events.listening
+
+    @property
+    def sink_failures(self) -> int:
+        """Events a raising sink (``on_event``) failed to take."""
+        return self.events.failures
 
     def emit(
         self,
@@ -160,27 +161,12 @@ class Runner:
         value: float | None = None,
     ) -> None:
         """Build and hand out one event, if anyone listens."""
-        if not self.listening:
-            return
-        owner, token = (fence.owner_id, fence.token) if fence else (None, None)
-        self.emit_event(Event(kind, key, owner, token, stage, None, detail, value=value))
+        self.events.emit(kind, key, fence, detail, stage, value)
 
     def emit_event(self, event: Event) -> None:
         """Hand ``event`` to every sink. A sink that raises never breaks the job it
         observes: its first failure is logged, every failure counted (``sink_failures``)."""
-        for sink in (self.history, self.tracing, self.hooks.on_event):
-            if sink is None:
-                continue
-            try:
-                sink(event)
-            except Exception:
-                self.sink_failures += 1
-                if self.sink_failures == 1:
-                    _log.exception(
-                        "event sink %r failed on a %r event (logged once; the job goes on)",
-                        sink,
-                        event.kind,
-                    )
+        self.events.emit_event(event)
 
     def _say_outage(self, kind: str, key: str, detail: str, failures: int) -> None:
         self.emit(kind, key, detail=detail, value=float(failures))

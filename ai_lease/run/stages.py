@@ -4,7 +4,7 @@
 job's template into a request, ``call_ai`` calls the model (streamed under the stream guard,
 transient failures retried within the stage's deadline: :data:`~ai_lease.retry.MODEL_CALL`),
 ``parse`` turns the answer into text or JSON, and ``persist`` commits it, fenced. Each is a
-plain ``async`` function of a :class:`~ai_lease.run.pipeline.StageContext`: replace one with
+plain ``async`` function of a :class:`~ai_lease.run.context.StageContext`: replace one with
 ``Pipeline.default().replace(name, Stage(name, fn))``.
 """
 
@@ -33,7 +33,7 @@ from ai_lease.run.stream_guard import StreamGuard
 
 if TYPE_CHECKING:
     from ai_lease.providers.base import ToolCall
-    from ai_lease.run.pipeline import StageContext
+    from ai_lease.run.context import StageContext
 
 __all__ = [
     "CAPPED_NOTE",

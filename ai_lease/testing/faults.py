@@ -3,7 +3,7 @@
 The pipeline passes through named points — ``before:<stage>``, ``after:<stage>``,
 ``before_commit`` (after the owner's own lease check, just before the fenced write) and
 ``after_commit`` (after the write, before the runner returns). A :class:`FaultPlan` is a
-fault hook (:data:`ai_lease.run.config.FaultHook`): installed as
+fault hook (:data:`ai_lease.run.context.FaultHook`): installed as
 ``Runner(..., hooks=RunHooks(fault=plan))`` it acts at the points it names; without one,
 each point is a no-op attribute check. Nothing here runs unless a test installs a plan.
 

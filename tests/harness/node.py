@@ -75,8 +75,9 @@ from ai_lease.job import Job
 from ai_lease.lease.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta
 from ai_lease.run.config import RunConfig, RunHooks
+from ai_lease.run.context import StageContext
 from ai_lease.run.isolation import isolated
-from ai_lease.run.pipeline import Pipeline, Stage, StageContext
+from ai_lease.run.pipeline import Pipeline, Stage
 from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step
 from tests.harness.history import read_history

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from ai_lease.run.ladder import install_child_handlers
+from ai_lease.run.isolation.ladder import install_child_handlers
 
 KEEP: list[object] = []  # open files and sockets, held for the process's life
 

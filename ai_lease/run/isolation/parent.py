@@ -15,7 +15,7 @@ stuck), then climbs the termination ladder: SIGTERM, ``terminate_grace`` seconds
 it audits that the child is gone, starts a fresh child in its place, and the attempt ends
 by the usual release/expire policy. A child that exits at once is not waited for. Each
 signal and the reaping are events and, on a store with ``note`` (both built-in ones),
-entries in the job's timeline (ai_lease/run/ladder_notes.py).
+entries in the job's timeline (ai_lease/run/isolation/ladder_notes.py).
 
 The rule for what crosses: the stage functions before ``persist`` and the provider
 *factory* must be picklable (module-level functions, ``functools.partial`` of them); a
@@ -45,11 +45,19 @@ from typing import TYPE_CHECKING, Any
 
 from ai_lease.lease.keeper import LeaseKeeper
 from ai_lease.observe.logs import json_configured
-from ai_lease.run import ladder
-from ai_lease.run.isolation_child import LAST_AT, STAGE, VERSION, ChildSpec, Work
-from ai_lease.run.isolation_pool import Child, ChildPool, receive
-from ai_lease.run.ladder_notes import noting
-from ai_lease.run.pipeline import Pipeline, StageContext
+from ai_lease.run.context import StageContext
+from ai_lease.run.isolation.child import LAST_AT, STAGE, VERSION, ChildSpec, Work
+from ai_lease.run.isolation.ladder import (
+    ChildSnapshot,
+    audit,
+    cpu_seconds,
+    snapshot_child,
+    step_event,
+    terminate,
+)
+from ai_lease.run.isolation.ladder_notes import noting
+from ai_lease.run.isolation.pool import Child, ChildPool, receive
+from ai_lease.run.pipeline import Pipeline
 from ai_lease.timeouts import LeaseTimings
 
 if TYPE_CHECKING:
@@ -136,7 +144,7 @@ class ChildWatch:
     (:attr:`~ai_lease.lease.keeper.LeaseKeeper.on_stall`, ``checkpoint``) meanwhile."""
 
     child: Child
-    snapshot: ladder.ChildSnapshot | None = None  # the child's, taken for the stall
+    snapshot: ChildSnapshot | None = None  # the child's, taken for the stall
     cpu_at_progress: float | None = None  # the child's CPU seconds at its last progress
     cpu_read_at: float = float("-inf")  # when (monotonic) it was read
     latest_checkpoint: str | None = None  # the last the child sent (the record's JSON)
@@ -145,7 +153,7 @@ class ChildWatch:
         """The stall's snapshot is the child's (every thread's stack, by signal, and its
         figures), under the keeper's first line; taken first, kept for the ladder."""
         child = self.child
-        self.snapshot = snap = await ladder.snapshot_child(
+        self.snapshot = snap = await snapshot_child(
             child.pid,
             child.dump_path,
             since_progress_cpu_s=self.cpu_at_progress,
@@ -260,7 +268,7 @@ class IsolatedPipeline(Pipeline):
             if 0 <= index < len(self.stages):
                 tracker.stage, tracker.budget = self.stages[index].name, budgets[index]
             if tracker.last_at - watch.cpu_read_at > CPU_EVERY_S:
-                watch.cpu_at_progress = ladder.cpu_seconds(watch.child.pid)  # /proc: rare
+                watch.cpu_at_progress = cpu_seconds(watch.child.pid)  # /proc: rare
                 watch.cpu_read_at = tracker.last_at
         return float(version)
 
@@ -270,7 +278,7 @@ class IsolatedPipeline(Pipeline):
         child, pid = watch.child, watch.child.pid
         snap = watch.snapshot
         if why is not None and snap is None:
-            snap = await ladder.snapshot_child(pid, child.dump_path, timeout=1.0)
+            snap = await snapshot_child(pid, child.dump_path, timeout=1.0)
         reason = _why(why, ctx.keeper)
         stacks = f"\n{snap.render(4096)}" if snap is not None and why is not None else ""
         ctx.say("terminating", f"child {pid}: {reason}{stacks}", attrs={"pid": pid})
@@ -282,13 +290,13 @@ class IsolatedPipeline(Pipeline):
                 note(step, facts)  # into the job's stored timeline (a store with note())
                 if ctx.emit is not None:
                     ids = {"owner_id": fence.owner_id, "token": fence.token, "stage": None}
-                    ctx.emit(ladder.step_event(fence.key, step, facts, **ids))
+                    ctx.emit(step_event(fence.key, step, facts, **ids))
 
-            how = await ladder.terminate(
+            how = await terminate(
                 pid, grace=self.terminate_grace, on_step=on_step, reap=_reaper(child)
             )
         inodes = snap.socket_inodes if snap is not None else ()
-        report = ladder.audit(pid, sockets=inodes, hooks_ran=how == "term" or None)
+        report = audit(pid, sockets=inodes, hooks_ran=how == "term" or None)
         ctx.say("audited", f"child {pid}: {how}", attrs=_flat(report))
         await self.pool.replace(child)
 

@@ -15,8 +15,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from ai_lease.errors import ConfigError, ProviderError
-from ai_lease.run.child_env import only_allowed
-from ai_lease.run.isolation_child import ChildSpec, child_main
+from ai_lease.run.isolation.child import ChildSpec, child_main
+from ai_lease.run.isolation.env import only_allowed
 
 __all__ = ["Child", "ChildPool", "receive"]
 
@@ -47,7 +47,7 @@ class ChildPool:
         method = method or ("forkserver" if sys.platform.startswith("linux") else "spawn")
         self.mp = multiprocessing.get_context(method)
         if method == "forkserver":  # the server dies with this process (see the module)
-            self.mp.set_forkserver_preload(["ai_lease.run.isolation_forkserver"])
+            self.mp.set_forkserver_preload(["ai_lease.run.isolation.forkserver"])
         self._idle: asyncio.Queue[Child] = asyncio.Queue()
         self.children: dict[int, Child] = {}  # pid → child, idle or busy
         self._dumps = tempfile.TemporaryDirectory(prefix="ai-lease-children-")

@@ -1,12 +1,13 @@
 """The termination ladder's steps, written into the job's stored timeline as they happen.
 
-The ladder (:mod:`ai_lease.run.ladder`) reports each step to a plain callback, inside its own
-loop; the store's :meth:`~ai_lease.lease.timeline.JobNotes.note` is a round trip. :func:`noting`
-joins the two: its sink only queues the step, and a writer task beside the ladder (one task
-group: it never outlives the ladder) notes each one in turn, so the entry's time is close to
-the step's and a slow store never holds a SIGKILL back. A store without ``note`` (a
-third-party one) is skipped; a note that fails or takes longer than :data:`NOTE_WAIT_S` is
-logged and dropped: a missing entry is better than a child left unkilled.
+The ladder (:mod:`ai_lease.run.isolation.ladder`) reports each step to a plain callback,
+inside its own loop; the store's :meth:`~ai_lease.lease.timeline.JobNotes.note` is a round trip.
+:func:`noting` joins the two: its sink only queues the step, and a writer task beside the
+ladder (one task group: it never outlives the ladder) notes each one in turn, so the entry's
+time is close to the step's and a slow store never holds a SIGKILL back. A store without
+``note`` (a third-party one) is skipped; a note that fails or takes longer than
+:data:`NOTE_WAIT_S` is logged and dropped: a missing entry is better than a child left
+unkilled.
 
 >>> async with noting(store, fence, "call_ai") as sink:                 # doctest: +SKIP
 ...     await ladder.terminate(pid, grace=10, on_step=sink)
@@ -21,7 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ai_lease.lease.base import Fence
-from ai_lease.run.ladder import StepSink
+from ai_lease.run.isolation.ladder import StepSink
 
 __all__ = ["NOTE_WAIT_S", "noting", "step_note"]
 
@@ -53,7 +54,7 @@ def step_note(step: str, facts: dict[str, Any]) -> tuple[str, str]:
 
 @contextlib.asynccontextmanager
 async def noting(store: object, fence: Fence, stage: str | None) -> AsyncIterator[StepSink]:
-    """A step sink for :func:`~ai_lease.run.ladder.terminate` that notes each step in
+    """A step sink for :func:`~ai_lease.run.isolation.ladder.terminate` that notes each step in
     ``fence``'s job timeline (under the stopped owner's id and token), written by a task
     beside the block; on leaving, the notes queued are written (each bounded) first."""
     note = getattr(store, "note", None)

@@ -6,7 +6,7 @@ ambient keys such as ``OPENAI_API_KEY``), the store's (``AI_LEASE_STORE__*``) an
 process basics (``PATH``, ``HOME``, locale, ``PYTHON*``, TLS certificate paths, proxies) —
 and nothing else of the worker's: not a cloud credential (``AWS_SECRET_ACCESS_KEY``), not
 the dashboard's token (``AI_LEASE_UI__TOKEN``). Anything more a plug-in needs is named with
-``keep`` (:attr:`~ai_lease.run.isolation_child.ChildSpec.env_keep`).
+``keep`` (:attr:`~ai_lease.run.isolation.child.ChildSpec.env_keep`).
 
 The fork server the children come from is started with the allowed environment (so even
 ``/proc/<child>/environ``, the block the process was started with, holds nothing else),

@@ -11,7 +11,7 @@ last stage's value (bounded in size) or the error that ended it. It never touche
 store: the lease, the keeper and the fenced commit stay in the parent, which stops the child
 (the termination ladder) when the job stalls, is cancelled or loses its lease. A child
 dies with its worker (:func:`die_with_parent`, also set in the fork server:
-ai_lease/run/isolation_forkserver.py).
+ai_lease/run/isolation/forkserver.py).
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ from ai_lease.observe.logs import configure_logging
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
-from ai_lease.run.child_env import trim_environ
-from ai_lease.run.ladder import install_child_handlers
-from ai_lease.run.pipeline import Pipeline, StageContext
+from ai_lease.run.context import StageContext
+from ai_lease.run.isolation.env import trim_environ
+from ai_lease.run.isolation.ladder import install_child_handlers
+from ai_lease.run.pipeline import Pipeline
 from ai_lease.run.provider_pick import MAX_BUILT
 from ai_lease.timeouts import LeaseTimings, StageBudget, StreamLimits, StreamTimeouts
 
@@ -94,7 +95,7 @@ class ChildSpec:
     call_retry: RetryPolicy = MODEL_CALL
     cut: int = 0  # the stages [0, cut) run in the child
     log_json: bool = False  # the worker logs JSON lines: so do the child's loggers
-    env_keep: tuple[str, ...] = ()  # names (globs) beyond child_env's allow-list
+    env_keep: tuple[str, ...] = ()  # names (globs) beyond env.py's allow-list
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 When a job running in a child process stalls, is cancelled or loses its lease, the owner
 (the worker's parent process) first takes a :func:`snapshot_child` (the stacks and
-figures, see :mod:`ai_lease.run.child_evidence`), then calls :func:`terminate`: ``SIGTERM``
+figures, see :mod:`ai_lease.run.isolation.evidence`), then calls :func:`terminate`: ``SIGTERM``
 lets the child's handler (:func:`install_child_handlers`) cancel its pipeline, run the
 cleanup hooks and close its connections; a child still there after ``grace`` seconds is
 ``SIGKILL``-ed and reaped. :func:`audit` then checks the kill left nothing behind: the
@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ai_lease.lease.events import Event
-from ai_lease.run.child_evidence import (
+from ai_lease.run.isolation.evidence import (
     PROC_ROOT,
     ChildSnapshot,
     cpu_seconds,

@@ -156,8 +156,8 @@ class ChildSnapshot:
     """Where a stuck child is stuck: the stacks of all its threads, and its figures.
 
     A figure is ``None`` where it could not be read (no ``/proc``, the child is gone).
-    ``socket_inodes`` are the inodes of its sockets, for :func:`~ai_lease.run.ladder.audit`
-    to check they were released after the kill.
+    ``socket_inodes`` are the inodes of its sockets, for
+    :func:`~ai_lease.run.isolation.ladder.audit` to check they were released after the kill.
     """
 
     stacks: str

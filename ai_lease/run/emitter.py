@@ -1,0 +1,65 @@
+"""Where a runner's events go: whether any sink listens, and one place that hands them out.
+
+A :class:`~ai_lease.Runner` and each :class:`~ai_lease.run.attempt.Attempt` it makes share one
+:class:`Emitter`. The sinks are asked for on each event, so a sink installed after the
+runner was built (a tracer, say) sees the events that follow.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ai_lease.lease.base import Fence
+from ai_lease.lease.events import Event, EventSink
+
+__all__ = ["Emitter"]
+
+_log = logging.getLogger("ai_lease.runner")
+
+
+class Emitter:
+    """Hands events to the sinks that ``sinks()`` gives (a None there is no sink).
+
+    A sink that raises never breaks the job it observes: its first failure is logged, every
+    failure counted (``failures``)."""
+
+    def __init__(self, sinks: Callable[[], tuple[EventSink | None, ...]]) -> None:
+        self._sinks = sinks
+        self.failures = 0
+
+    @property
+    def listening(self) -> bool:
+        """Whether any sink takes events (none: no Event is built at all)."""
+        return any(sink is not None for sink in self._sinks())
+
+    def emit(
+        self,
+        kind: str,
+        key: str,
+        fence: Fence | None = None,
+        detail: str = "",
+        stage: str | None = None,
+        value: float | None = None,
+    ) -> None:
+        """Build and hand out one event, if anyone listens."""
+        if not self.listening:
+            return
+        owner, token = (fence.owner_id, fence.token) if fence else (None, None)
+        self.emit_event(Event(kind, key, owner, token, stage, None, detail, value=value))
+
+    def emit_event(self, event: Event) -> None:
+        """Hand ``event`` to every sink (see the class docstring for a sink that raises)."""
+        for sink in self._sinks():
+            if sink is None:
+                continue
+            try:
+                sink(event)
+            except Exception:
+                self.failures += 1
+                if self.failures == 1:
+                    _log.exception(
+                        "event sink %r failed on a %r event (logged once; the job goes on)",
+                        sink,
+                        event.kind,
+                    )
