@@ -124,10 +124,17 @@ class Client(AsyncResource):
     async def remove(self, key: str, *, force: bool = False) -> Removal:
         """Delete job ``key`` (record, queue entry, lease). A RUNNING job under a live lease
         is kept (``removed`` false) unless ``force``, which cancels it first."""
-        key = validate_key(key)
+        return await self.remove_from(self._open().store, validate_key(key), force=force)
+
+    @staticmethod
+    async def remove_from(
+        store: LeaseStore, key: str, *, force: bool = False, reason: str = "removed"
+    ) -> Removal:
+        """:meth:`remove` on ``store`` (the one way a job is removed: ``ai-lease rm`` and the
+        dashboard call it too); ``force`` cancels the job first, saying ``reason``."""
         if force:
-            await self._open().store.cancel(key, "removed")
-        return await self._admin().remove(key, force=force)
+            await store.cancel(key, reason)
+        return await _admin_of(store).remove(key, force=force)
 
     async def prune(self, older_than: float, statuses: Iterable[str] = TERMINAL_STATUSES) -> int:
         """Delete the DONE, FAILED and CANCELLED jobs (or only ``statuses``) last written more
@@ -190,10 +197,7 @@ class Client(AsyncResource):
         raise ConfigError(f"{store!r} keeps no job queue")
 
     def _admin(self) -> JobAdmin:
-        store = self._open().store
-        if isinstance(store, JobAdmin):
-            return store
-        raise ConfigError(f"{store!r} cannot retry, remove or prune jobs")
+        return _admin_of(self._open().store)
 
     def worker(self, *, concurrency: int = 4, **options: Any) -> Worker:
         """A :class:`Worker` on this client's store and runner: ``async with
@@ -258,6 +262,13 @@ class Client(AsyncResource):
 
     def __repr__(self) -> str:
         return f"<Client store={self.store!r} provider={getattr(self.provider, 'name', None)!r}>"
+
+
+def _admin_of(store: LeaseStore) -> JobAdmin:
+    """``store``'s :class:`JobAdmin` side, or a :class:`ConfigError` saying it has none."""
+    if not isinstance(store, JobAdmin):
+        raise ConfigError(f"{store!r} cannot retry, remove or prune jobs")
+    return store
 
 
 async def _close_all(resources: tuple[Any, ...]) -> None:

@@ -198,7 +198,7 @@ def tune(
     suggestions = suggest(
         obj.run(fetch, create=False), factor=factor, floor=floor, min_samples=min_samples
     )
-    click.echo(render_table(suggestions, obj.settings))
+    click.echo(render_table(suggestions, obj.settings))  # the budgets in force now
     if write_to is not None:
         if write_to.exists() and not force:
             raise InputError(f"{str(write_to)!r} exists: pass --force to overwrite it")

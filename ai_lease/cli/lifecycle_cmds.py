@@ -115,10 +115,11 @@ def remove(obj: Context, key: str, force: bool) -> None:
     error) and then removes it. Exit 0 removed, 2 for an unknown key or a live job."""
 
     async def work(store: LeaseStore) -> object:
-        jobs = admin(store, obj.where)
-        if force:
-            await store.cancel(key, "removed with ai-lease rm --force")
-        return await jobs.remove(key, force=force)
+        from ai_lease.client import Client
+
+        admin(store, obj.where)  # a store that cannot remove is bad input, said first
+        reason = "removed with ai-lease rm --force"
+        return await Client.remove_from(store, key, force=force, reason=reason)
 
     from ai_lease.lease.admin import Removal
 

@@ -1,13 +1,45 @@
-"""Turning recorded durations into budgets a person can read and adopt (``ai-lease tune``)."""
+"""Turning recorded durations into budgets a person can read and adopt (``ai-lease tune``).
+
+The table shows each suggestion beside the budget in force now, read from what the caller
+passes: anything with the :class:`CurrentBudgets` shape (the CLI passes its settings).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from ai_lease.observe.history import Suggestion
-from ai_lease.settings import Settings
 
-__all__ = ["render_table", "render_toml"]
+__all__ = ["CurrentBudgets", "StageBudgetNow", "StreamBudgetsNow", "render_table", "render_toml"]
+
+
+class StageBudgetNow(Protocol):
+    """One stage's budget in force now."""
+
+    @property
+    def max_no_progress(self) -> float: ...
+
+
+class StreamBudgetsNow(Protocol):
+    """A streamed call's budgets in force now."""
+
+    @property
+    def first_token(self) -> float: ...
+
+    @property
+    def idle(self) -> float: ...
+
+
+class CurrentBudgets(Protocol):
+    """The budgets in force now: per stage name (a stage not named has none of its own), and
+    a stream's."""
+
+    @property
+    def stages(self) -> Mapping[str, StageBudgetNow]: ...
+
+    @property
+    def stream(self) -> StreamBudgetsNow: ...
 
 
 def _s(value: float | None) -> str:
@@ -16,19 +48,20 @@ def _s(value: float | None) -> str:
     return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s"
 
 
-def _current(s: Suggestion, settings: Settings) -> float | None:
+def _current(s: Suggestion, now: CurrentBudgets) -> float | None:
     if s.kind == "stage":
-        stage = settings.stages.get(s.stage)
+        stage = now.stages.get(s.stage)
         return stage.max_no_progress if stage else None
     if s.kind == "first_token":
-        return settings.stream.first_token
+        return now.stream.first_token
     if s.kind == "gap":
-        return settings.stream.idle
+        return now.stream.idle
     return None
 
 
-def render_table(suggestions: Sequence[Suggestion], settings: Settings) -> str:
-    """One row per (pipeline, kind, stage): samples, P50/P95/P99/P99.9, now, suggested."""
+def render_table(suggestions: Sequence[Suggestion], now: CurrentBudgets) -> str:
+    """One row per (pipeline, kind, stage): samples, P50/P95/P99/P99.9, the budget in force
+    now (from ``now``), suggested."""
     if not suggestions:
         return "no recorded durations yet: run some jobs first"
     head = (
@@ -37,7 +70,7 @@ def render_table(suggestions: Sequence[Suggestion], settings: Settings) -> str:
     )
     rows = [head]
     for s in suggestions:
-        now = _current(s, settings)
+        current = _current(s, now)
         note = ""
         if s.kind == "first_visible":
             note = "first answer text, after any reasoning: no budget of its own"
@@ -45,11 +78,11 @@ def render_table(suggestions: Sequence[Suggestion], settings: Settings) -> str:
             note = f"{s.false_takeovers} false takeovers: budget too tight"
         elif s.suggested is None:
             note = "too few samples"
-        elif now is not None and s.suggested > now:
+        elif current is not None and s.suggested > current:
             note = "over the current budget: raise it, or expect takeovers"
         rows.append(
             f"{s.pipeline:<10} {s.kind:<12} {s.stage:<13} {s.samples:>7} {_s(s.p50):>8} "
-            f"{_s(s.p95):>8} {_s(s.p99):>8} {_s(s.p999):>8} {_s(now):>8} "
+            f"{_s(s.p95):>8} {_s(s.p99):>8} {_s(s.p999):>8} {_s(current):>8} "
             f"{_s(s.suggested):>8}  {note}".rstrip()
         )
     return "\n".join(rows)

@@ -16,9 +16,11 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from ai_lease.cli.lifecycle_cmds import admin
-from ai_lease.errors import InputError, StoreError
+from ai_lease.client import Client
+from ai_lease.errors import StoreError
 from ai_lease.job import Status
+from ai_lease.lease.admin import JobAdmin
+from ai_lease.lease.base import LeaseStore
 from ai_lease.lease.rules import RETRYABLE
 from ai_lease.redaction import redact
 from ai_lease.ui.present import job_url
@@ -36,6 +38,11 @@ async def _checked(request: Request) -> dict[str, str] | None:
     if not ui_of(request).guard.csrf_ok(session_of(request), fields.get("csrf")):
         return None
     return fields
+
+
+def _admin(store: LeaseStore) -> JobAdmin | None:
+    """The store's :class:`JobAdmin` side (retry, remove), or None when it has none."""
+    return store if isinstance(store, JobAdmin) else None
 
 
 def _forbidden() -> Response:
@@ -89,9 +96,8 @@ async def retry(request: Request) -> Response:
     if await _checked(request) is None:
         return _forbidden()
     key, store = request.path_params["key"], ui_of(request).store
-    try:
-        jobs = admin(store, "this store")
-    except InputError:
+    jobs = _admin(store)
+    if jobs is None:
         return _back(key, "no-admin")
     before = await store.get(key)
     if before is None:
@@ -111,13 +117,9 @@ async def remove(request: Request) -> Response:
         return _forbidden()
     key, store = request.path_params["key"], ui_of(request).store
     force = fields.get("force") in ("1", "on", "true")
-    try:
-        jobs = admin(store, "this store")
-    except InputError:
+    if _admin(store) is None:
         return _back(key, "no-admin")
-    if force:
-        await store.cancel(key, REMOVE_REASON)
-    removal = await jobs.remove(key, force=force)
+    removal = await Client.remove_from(store, key, force=force, reason=REMOVE_REASON)
     if removal.job is None:
         return _back(key, "unknown", to_list=True)
     if not removal.removed:
