@@ -35,7 +35,7 @@ class Held:
         try:
             for delta in self.deltas:
                 yield delta
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # virtual: held open on the tests' VirtualLoop
         finally:
             self.closed = True
 

@@ -264,7 +264,7 @@ async def test_a_real_takeover_draws_the_zombie_and_its_successor(
         config=RunConfig(timings=FAST, node_id="good"),
     )
     zombie_run = asyncio.create_task(zombie.run(Job("k", input="x")))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # real: a takeover on a real store (its thread, its clock)
     good_run = asyncio.create_task(good.run(Job("k", input="x")))
     await asyncio.wait_for(stalled.wait(), 5)
     zombie_run.cancel()
