@@ -131,7 +131,7 @@ def test_fifo_input_is_refused_at_once(workdir: Path) -> None:
     started = time.monotonic()
     out = run_cli("submit", "job.toml", "--input-file", str(fifo), cwd=workdir)
     assert out.returncode == 2 and "FIFO" in out.stderr, out.stderr
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 30  # real: the CLI is a subprocess
 
 
 def test_input_beyond_max_input_bytes_is_refused(workdir: Path) -> None:
@@ -212,7 +212,7 @@ def test_heavy_templates_are_refused_in_bounded_time(workdir: Path, template: st
     except subprocess.TimeoutExpired:
         pytest.fail("the template rendered past the CLI's 60 s")
     assert out.returncode == 2 and "refused" in out.stderr, out.stderr
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 30  # real: the CLI is a subprocess, rendering for real
 
 
 async def test_local_provider_leaves_the_event_loop_free_on_a_big_input() -> None:
