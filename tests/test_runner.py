@@ -403,7 +403,7 @@ class _SubscribeLosesCancellation:
 
     async def subscribe(self, *channels: str) -> None:
         try:
-            # real: a real store answers (SQLite from its thread, or a server)
+            # real: a slow subscribe beside a real redis-server connection
             await asyncio.sleep(1.0)
         except asyncio.CancelledError:
             pass  # lost

@@ -182,7 +182,7 @@ async def test_the_live_workers_stream_sends_only_changes(store: LeaseStore) -> 
                     events.append(event.data)
 
         listener = asyncio.create_task(listen())
-        # real: progress goes stale on the store's own clock, read over HTTP
+        # real: the live stream comes over a loopback socket from real uvicorn
         await asyncio.sleep(1.5)
         assert len(events) == 1 and 'data-id="worker-q"' in events[0], events
         await store.worker_beat(beat, 30)  # type: ignore[attr-defined]
