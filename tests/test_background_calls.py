@@ -158,6 +158,7 @@ async def test_a_cancel_is_bounded_and_never_fails_the_job_on_its_own(
         finally:
             await provider.aclose()
         took = time.monotonic() - started
+    # real: a loopback HTTP server and a SQLite store
     assert server.cancelled == ["resp_1"] and took < 15, took
     entries, _ = await store.timeline(job.key)
     (note,) = [e.detail for e in entries if e.detail.startswith("cancel")]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 
 import pytest
 
 from ai_lease import FirstTokenTimeout, ProviderError, RetryPolicy, StreamIdleTimeout
 from ai_lease.retry import call_with_retries, is_transient
+from ai_lease.testing.clock import VirtualClock, on_virtual_time
 
 FAST = RetryPolicy(attempts=3, initial=0.01, max_backoff=0.02)
 
@@ -54,12 +55,20 @@ async def test_non_retryable_fails_at_once_with_its_message() -> None:
     assert call.count == 1
 
 
+def loop_clock() -> VirtualClock:
+    """The running VirtualLoop's clock: the retries wait on the loop's timers only."""
+    clock: VirtualClock = asyncio.get_running_loop().clock  # type: ignore[attr-defined]
+    return clock
+
+
+@on_virtual_time
 async def test_retry_after_is_honoured() -> None:
     """A 429's Retry-After sets the wait when it is longer than the backoff."""
     call = Calls(ProviderError("429", retryable=True, status=429, retry_after=0.3))
-    started = time.monotonic()
-    await call_with_retries(call, FAST)
-    assert 0.3 <= time.monotonic() - started < 1.5
+    clock = loop_clock()
+    started = clock()
+    await call_with_retries(call, FAST, clock=clock)
+    assert 0.3 <= clock() - started < 1.5
 
 
 async def test_attempts_are_bounded() -> None:
@@ -70,13 +79,15 @@ async def test_attempts_are_bounded() -> None:
     assert call.count == 3
 
 
+@on_virtual_time
 async def test_no_retry_whose_wait_would_pass_the_deadline() -> None:
     """A retry that could only start after the stage deadline is not made."""
     call = Calls(ProviderError("429", retryable=True, retry_after=5.0))
-    started = time.monotonic()
+    clock = loop_clock()
+    started = clock()
     with pytest.raises(ProviderError):
-        await call_with_retries(call, FAST, deadline_at=time.monotonic() + 1.0)
-    assert call.count == 1 and time.monotonic() - started < 0.5
+        await call_with_retries(call, FAST, deadline_at=clock() + 1.0, clock=clock)
+    assert call.count == 1 and clock() - started < 0.5
 
 
 async def test_on_retry_reports_each_wait() -> None:

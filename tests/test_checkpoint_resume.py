@@ -77,6 +77,7 @@ class ResumableFake:
         for sequence in range(start + 1, len(PARTS) + 1):
             if stall_after is not None and sequence > stall_after:
                 await asyncio.Event().wait()
+            # real: paces a live model beside a real store's renewals
             await asyncio.sleep(0.08)  # a live model: renewals happen while it streams
             if request.on_checkpoint is not None:  # before the delta, as adapters do
                 request.on_checkpoint(Checkpoint(self.name, response_id, sequence))
@@ -188,7 +189,7 @@ async def test_an_unusable_checkpoint_in_the_record_means_a_fresh_call(
         checkpoint=checkpoint,
     )
     assert renewal.ok and (await store.get(key)).checkpoint == checkpoint  # type: ignore[union-attr]
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # real: the lease lapses on the store's own clock
     fake = ResumableFake()
     done = await asyncio.wait_for(_runner(store, fake, "node-b").run(Job(key, input="x")), 15)
     assert done.output == ANSWER and fake.creates == 1 and fake.resumes == []

@@ -16,6 +16,9 @@ from ai_lease.run.isolation.env import allowed, only_allowed
 from ai_lease.stores import open_store
 from tests.test_log_json_whole import CliWorker, submit_detached
 
+REAL_TIME = "the jobs run in child processes; the test polls their store"
+
+
 AWS = "canary-aws-7d1e0c9b"
 UI_TOKEN = "canary-ui-3f5a8e21b6c4d907"
 PROVIDER_KEY = "sk-kept-for-the-provider-0a1b2c"

@@ -111,7 +111,7 @@ def test_the_timer_redraws_the_panel_by_itself() -> None:
         clock.now += 42.0
         deadline = time.monotonic() + 5
         while "since progress  42.0 s" not in screen.getvalue() and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.02)  # real: rich's refresh thread redraws on its own timer
     assert "since progress  42.0 s" in screen.getvalue()
 
 

@@ -26,7 +26,7 @@ async def _taken_over(store: Any) -> None:
 
     old = await store.acquire("job", "node-a#1", ttl=0.2, max_no_progress=30)
     assert isinstance(old, Acquired)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # real: the CLI runs as a subprocess on a real store
     new = await store.acquire("job", "node-b#1", ttl=30, max_no_progress=30)
     assert isinstance(new, Acquired) and new.takeover
     await store.renew(
@@ -111,6 +111,7 @@ def test_ctrl_c_stops_follow_quietly_with_130(store_url: str, tmp_path: Path) ->
     proc = _follow(store_url, tmp_path)
     try:
         assert "acquired" in _first_line(proc)
+        # real: the CLI runs as a subprocess on a real store
         time.sleep(0.3)  # inside the follow's wait
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)

@@ -176,6 +176,7 @@ async def test_an_interrupted_submit_hands_its_job_back(
         )
         async with asyncio.timeout(30):
             while not server.requests:  # noqa: ASYNC110 (the model call started: lease held)
+                # real: the CLI and its nodes run as subprocesses on a real store
                 await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)
         held = await _get(store_url, "held")
@@ -223,6 +224,7 @@ def test_demo_stops_on_ctrl_c(store_url: str, tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("ai-lease demo:")
+        # real: the CLI and its nodes run as subprocesses on a real store
         time.sleep(2.0)  # the nodes are racing
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=30)

@@ -48,7 +48,7 @@ def test_ls_header_age_duration_since_limit_json(store_url: str, tmp_path: Path)
     refuses a bad form naming the good ones, exit 2); --limit is bounded; --json lines carry
     the health and the result decoded once (a JSON result is JSON, not a string of JSON)."""
     acquire(store_url, "old-job")
-    time.sleep(3.5)
+    time.sleep(3.5)  # real: the CLI runs as a subprocess; ages are read off the store's clock
     commit(store_url, acquire(store_url, "done-job"), orjson.dumps({"answer": 42}).decode())
     acquire(store_url, "running-job")
     out = run_cli("--store", store_url, "ls", cwd=tmp_path)
@@ -99,7 +99,7 @@ def test_status_watch_ends_when_the_job_ends(store_url: str, tmp_path: Path) -> 
     proc = watch(store_url, "job-1", tmp_path)
     try:
         assert first_line(proc).split() == ["status", "RUNNING"]
-        time.sleep(0.5)
+        time.sleep(0.5)  # real: the CLI runs as a subprocess; ages are read off the store's clock
         assert proc.poll() is None  # still watching a running job
         commit(store_url, fence, '"ok"')
         out, err = proc.communicate(timeout=30)

@@ -244,7 +244,7 @@ def test_ls_and_status_show_figures_as_of_the_last_heartbeat(url: str) -> None:
     import time
 
     renew_with_progress(url, acquire(url, "streaming"))
-    time.sleep(1.2)
+    time.sleep(1.2)  # real: the CLI runs as a subprocess; figures age on the store's clock
     listed = cli("--store", url, "ls")
     header, row = listed.stdout.splitlines()
     assert header.split()[-2:] == ["IDLE", "BEAT"]

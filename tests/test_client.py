@@ -113,6 +113,7 @@ async def test_cancelled_pending_job_never_runs(sqlite_url: str) -> None:
         cancelled = await client.cancel("p", "changed my mind")
         assert cancelled is not None and cancelled.status is Status.CANCELLED
         async with client.worker(sweep_interval=0.05, grace=1.0):
+            # real: a real store answers (SQLite from its thread, or a server)
             await asyncio.sleep(0.5)
         assert provider.calls == 0
         with pytest.raises(JobCancelled, match="changed my mind"):
@@ -140,6 +141,7 @@ async def test_cancel_stops_a_running_owner_within_one_renew_interval(
     ):
         running = asyncio.create_task(owner.run(job))
         while (rec := await owner.status("long")) is None or rec.status is not Status.RUNNING:  # noqa: ASYNC110
+            # real: a real store answers (SQLite from its thread, or a server)
             await asyncio.sleep(0.02)
         following = asyncio.create_task(follower.run(job))
         await asyncio.sleep(0.3)
@@ -325,6 +327,7 @@ async def test_a_script_can_look_as_the_cli_does(store_url: str) -> None:
             for _ in range(100):
                 if [w.worker_id for w in await client.workers()] == ["looker"]:
                     break
+                # real: a real store answers (SQLite from its thread, or a server)
                 await asyncio.sleep(0.05)
             else:
                 raise AssertionError("the worker never showed in client.workers()")
@@ -350,6 +353,7 @@ async def test_lease_progress_keeps_it_past_the_ttl(sqlite_url: str) -> None:
             assert not job.done and job.token is not None
             started = time.monotonic()
             for n in range(30):  # 1.5 s of work, each step progress
+                # real: a real store answers (SQLite from its thread, or a server)
                 await asyncio.sleep(0.05)
                 job.progress(n)
             assert time.monotonic() - started > FAST.ttl
@@ -376,12 +380,14 @@ async def test_lease_without_progress_lapses_and_another_owner_takes_over(
             async with client.lease("z", stage="call_ai", max_no_progress=0.1) as job:
                 tokens.append(job.token or 0)
                 try:
+                    # real: a real store answers (SQLite from its thread, or a server)
                     await asyncio.sleep(30)  # stuck: no progress
                 except asyncio.CancelledError:
                     body_cancelled.append(True)
                     raise
 
         async def successor() -> None:
+            # real: a real store answers (SQLite from its thread, or a server)
             await asyncio.sleep(0.1)
             async with client.lease("z") as job:
                 tokens.append(job.token or 0)
@@ -452,6 +458,7 @@ async def test_a_cancelled_lease_cancels_the_body(sqlite_url: str) -> None:
             async with client.lease("c", max_no_progress=5) as job:
                 try:
                     for n in range(1000):  # 20 s of live work, unless cancelled
+                        # real: a real store answers (SQLite from its thread, or a server)
                         await asyncio.sleep(0.02)
                         job.progress(n)
                 except asyncio.CancelledError as exc:
@@ -459,6 +466,7 @@ async def test_a_cancelled_lease_cancels_the_body(sqlite_url: str) -> None:
                     raise
 
         task = asyncio.create_task(body())
+        # real: a real store answers (SQLite from its thread, or a server)
         await asyncio.sleep(0.1)
         cancelled_at = time.monotonic()
         await client.cancel("c")
@@ -480,6 +488,7 @@ async def test_a_lease_cancelled_from_outside_steps_down(sqlite_url: str) -> Non
         async def body() -> None:
             async with client.lease("shutdown"):
                 entered.set()
+                # real: a real store answers (SQLite from its thread, or a server)
                 await asyncio.sleep(30)
 
         task = asyncio.create_task(body())
@@ -515,6 +524,7 @@ async def test_a_worker_block_stops_the_worker_and_waits_for_it(sqlite_url: str)
     async with connect(sqlite_url) as client:
         async with client.worker(sweep_interval=0.05, grace=1.0) as worker:
             while not await client.store.list_workers():  # noqa: ASYNC110
+                # real: a real store answers (SQLite from its thread, or a server)
                 await asyncio.sleep(0.02)
         assert await client.store.list_workers() == []
         assert worker._task is None

@@ -72,6 +72,7 @@ def test_demo_piped_takes_what_its_help_says_and_cuts_no_line(tmp_path: Path) ->
     elapsed = time.monotonic() - started
     assert out.returncode == 0, out.stdout + out.stderr
     [claimed] = claims
+    # real: the demo is a subprocess, paced on the wall clock
     assert abs(elapsed - claimed) <= 0.4 * claimed, (elapsed, claimed)
     [late] = [line for line in out.stdout.splitlines() if " late_write " in line]
     assert late.endswith("(another owner already committed its result): result not written"), late

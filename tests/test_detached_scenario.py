@@ -22,6 +22,9 @@ import pytest
 from tests.harness.sse_server import SSEServer, drip, sse
 from tests.harness.ui_server import UIServer, ui_env
 
+REAL_TIME = "a worker, the dashboard and the CLI are real processes"
+
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 ANSWER = "the answer from the job's own provider, streamed slowly"

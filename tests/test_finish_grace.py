@@ -5,7 +5,6 @@ answer kept (usage unknown), never timed out; a cancellation from outside still 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,7 +12,17 @@ import pytest
 from ai_lease.errors import ConfigError
 from ai_lease.providers.base import Completion, Delta, Usage
 from ai_lease.run.stream_guard import StreamGuard
+from ai_lease.testing.clock import VirtualClock, VirtualLoop, on_virtual_time
 from ai_lease.timeouts import StreamTimeouts
+
+
+def loop_clock() -> VirtualClock:
+    """The running loop's clock, handed to every guard here. Every test here runs on virtual
+    time (``on_virtual_time``): the guard waits on the loop's timers only, so the grace is
+    measured exactly, and a stream held open for 60 s takes no real time."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualLoop)
+    return loop.clock
 
 
 class Held:
@@ -26,18 +35,20 @@ class Held:
         try:
             for delta in self.deltas:
                 yield delta
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # virtual: held open on the tests' VirtualLoop
         finally:
             self.closed = True
 
 
 async def _kept(timeouts: StreamTimeouts, *deltas: Delta) -> tuple[float, Held, Completion]:
     held = Held(*deltas)
-    started = time.monotonic()
-    completion = await StreamGuard(timeouts).collect(held.stream())
-    return time.monotonic() - started, held, completion
+    clock = loop_clock()
+    started = clock()
+    completion = await StreamGuard(timeouts, clock=clock).collect(held.stream())
+    return clock() - started, held, completion
 
 
+@on_virtual_time
 async def test_a_finish_then_silence_is_kept_after_the_grace() -> None:
     """Text, a finish, then nothing: the answer comes back after the grace, usage unknown,
     and the stream is closed."""
@@ -48,6 +59,7 @@ async def test_a_finish_then_silence_is_kept_after_the_grace() -> None:
     assert held.closed
 
 
+@on_virtual_time
 async def test_the_grace_is_never_longer_than_the_idle_budget() -> None:
     """finish_grace 10 s but idle 0.2 s: the answer is kept at the idle budget, whole."""
     timeouts = StreamTimeouts(first_token=5, idle=0.2, total=30, finish_grace=10)
@@ -55,6 +67,7 @@ async def test_the_grace_is_never_longer_than_the_idle_budget() -> None:
     assert completion.finish_reason == "length" and took < 2.0, took
 
 
+@on_virtual_time
 async def test_usage_before_the_grace_ends_is_kept() -> None:
     """A usage delta after the finish (within the grace) is part of the answer."""
     timeouts = StreamTimeouts(first_token=5, idle=5, total=30, finish_grace=0.2)
@@ -64,6 +77,7 @@ async def test_usage_before_the_grace_ends_is_kept() -> None:
     assert completion.usage == Usage(3, 1)
 
 
+@on_virtual_time
 async def test_a_finish_with_no_content_is_an_answer_not_a_first_token_timeout() -> None:
     """A finish and no content at all (an empty answer, the runner's to judge), then
     silence: the guard hands it back after the grace, not as FirstTokenTimeout."""
@@ -73,12 +87,13 @@ async def test_a_finish_with_no_content_is_an_answer_not_a_first_token_timeout()
     assert took < 2.0, took
 
 
+@on_virtual_time
 async def test_a_cancellation_from_outside_during_the_grace_wins() -> None:
     """The job is cancelled while the guard waits out the grace: CancelledError, not an
     answer (the guard only keeps what its own watchdog ended)."""
     timeouts = StreamTimeouts(first_token=5, idle=5, total=30, finish_grace=1.0)
     held = Held(Delta("a"), Delta(finish_reason="stop"))
-    task = asyncio.create_task(StreamGuard(timeouts).collect(held.stream()))
+    task = asyncio.create_task(StreamGuard(timeouts, clock=loop_clock()).collect(held.stream()))
     await asyncio.sleep(0.1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

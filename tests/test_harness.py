@@ -19,6 +19,9 @@ from tests.harness import redis_server
 from tests.harness.redis_server import RedisServer, free_port
 from tests.harness.tcp_proxy import FaultProxy
 
+REAL_TIME = "it tests the redis-server process and the fault proxy on real sockets"
+
+
 pytestmark = pytest.mark.redis
 
 SHORT_TIMEOUT_S = 0.3

@@ -21,6 +21,9 @@ from ai_lease.job import Health, JobState
 from ai_lease.lease.base import LeaseStore
 from tests.harness.node import Cluster
 
+REAL_TIME = "the owners are real processes; health is read from a real store"
+
+
 pytestmark = pytest.mark.slow
 
 TTL, RENEW, MNP = 9.0, 0.4, 3.0  # a lease far longer than the judgements below

@@ -158,7 +158,7 @@ async def test_thread_stage_finishing_after_its_stall_is_a_false_takeover(
     for _ in range(100):
         if any(e.kind == "stalled" for e in events):
             break
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # real: the stage is a real thread, stuck and then released
     release.set()  # the "stuck" thread finishes after all: it was slow, not stuck
     for _ in range(100):
         if any(e.kind == "false_takeover" for e in events):

@@ -102,7 +102,7 @@ async def test_worker_never_opens_a_path_from_a_stored_spec(tmp_path: Path) -> N
         )
         worker = Worker(store, runner, sweep_interval=0.05)
         task = asyncio.create_task(worker.run())
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # real: a worker on a real store, given time to (not) open it
         worker.kill()
         await asyncio.wait_for(task, 10)
         record = await store.get("planted")
@@ -131,7 +131,7 @@ def test_fifo_input_is_refused_at_once(workdir: Path) -> None:
     started = time.monotonic()
     out = run_cli("submit", "job.toml", "--input-file", str(fifo), cwd=workdir)
     assert out.returncode == 2 and "FIFO" in out.stderr, out.stderr
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 30  # real: the CLI is a subprocess
 
 
 def test_input_beyond_max_input_bytes_is_refused(workdir: Path) -> None:
@@ -212,7 +212,7 @@ def test_heavy_templates_are_refused_in_bounded_time(workdir: Path, template: st
     except subprocess.TimeoutExpired:
         pytest.fail("the template rendered past the CLI's 60 s")
     assert out.returncode == 2 and "refused" in out.stderr, out.stderr
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 30  # real: the CLI is a subprocess, rendering for real
 
 
 async def test_local_provider_leaves_the_event_loop_free_on_a_big_input() -> None:
@@ -228,11 +228,11 @@ async def test_local_provider_leaves_the_event_loop_free_on_a_big_input() -> Non
     async def ticker() -> None:
         while not stop.is_set():
             before = time.monotonic()
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # real: measures how late the loop's real timers are
             lateness[0] = max(lateness[0], time.monotonic() - before - 0.01)
 
     tick = asyncio.create_task(ticker())
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # real: measures how late the loop's real timers are
     started = time.monotonic()
     completion = await provider.complete(request)
     took = time.monotonic() - started
@@ -334,7 +334,7 @@ async def test_key_echoed_by_a_401_reaches_no_output_record_or_log(workdir: Path
         )
         try:
             for _ in range(200):
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # real: the CLI is a subprocess beside a loopback server
                 code, out, _ = await run_cli_async(
                     "status", "job-2", "--json", cwd=workdir, env=env
                 )

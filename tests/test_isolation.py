@@ -34,6 +34,9 @@ from ai_lease.run.stages import call_ai
 from ai_lease.run.worker import Worker
 from ai_lease.testing.scripted import Pause, ScriptedProvider
 
+REAL_TIME = "the stages run in child processes, stopped by the real ladder"
+
+
 TIMINGS = LeaseTimings(
     ttl=2.0, renew_interval=0.3, op_timeout=0.25, poll_interval=0.1, self_fence_margin=0.5
 )

@@ -28,6 +28,9 @@ from tests.test_isolation import descendants, gone
 from tests.test_resume_takeover import ANSWER, PIECES, _checkpointed
 from tests.test_resume_takeover import _env as responses_env
 
+REAL_TIME = "the stream runs in a child process, which is killed"
+
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc"),

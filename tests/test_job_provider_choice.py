@@ -28,6 +28,9 @@ from tests.harness.ollama_server import chat_lines, ndjson, ollama_url
 from tests.harness.responses_server import ResponsesServer, text_events
 from tests.harness.sse_server import Request, Response, SSEServer, chat_chunks, sse
 
+REAL_TIME = "workers and submits run as subprocesses on a real store"
+
+
 REPO = Path(__file__).resolve().parent.parent
 HOSTED = ("openai", "openai-compatible", "openai-responses", "anthropic", "gemini", "ollama")
 

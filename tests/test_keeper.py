@@ -198,6 +198,7 @@ async def test_after_the_commit_started_the_keeper_sends_no_renewal(store: SQLit
     keeper.commit_started()
     clock.now += 6  # a renewal is due
     run = asyncio.create_task(keeper.run())
+    # real: the keeper's store is SQLite, which answers from a thread (no virtual loop)
     await asyncio.sleep(0.05)
     assert not run.done() and not [e for e in events if e.kind.startswith("renew")]
     run.cancel()
@@ -270,7 +271,7 @@ async def test_keeper_failure_wins_even_if_the_work_swallows_its_cancellation(
     keeper = await _short_lived_keeper(store)
 
     async def stubborn() -> str:
-        try:
+        try:  # real, never waited out: the keeper on the SQLite store (a thread) stops it
             await asyncio.sleep(5)
             return "full answer"
         except asyncio.CancelledError:
@@ -296,7 +297,7 @@ async def test_a_keeper_ended_by_a_stray_cancellation_stops_the_work(store: SQLi
     keeper = await _short_lived_keeper(store, StrayCancel(), valid_for=5.0)
     started = asyncio.get_running_loop().time()
     with pytest.raises(LeaseLost, match="keeper stopped"):
-        await alongside(asyncio.sleep(5), keeper)
+        await alongside(asyncio.sleep(5), keeper)  # real, cut short: SQLite answers from a thread
     assert asyncio.get_running_loop().time() - started < 1.0
 
 
@@ -353,7 +354,7 @@ async def test_after_a_stall_the_self_fence_not_the_stream_timeout_ends_the_work
         # Self-fence at 0.8 s (renewals fail from 0.4 s on); the idle timeout at 0.85 s.
         keeper = await _short_lived_keeper(store, _RenewalsFail(store), valid_for=1.0)
 
-        async def stream() -> str:
+        async def stream() -> str:  # real: the stall below is a real time.sleep of the loop
             await asyncio.sleep(0.85)
             raise StreamIdleTimeout(0.85)
 
@@ -364,7 +365,7 @@ async def test_after_a_stall_the_self_fence_not_the_stream_timeout_ends_the_work
         task = asyncio.current_task()
         assert task is not None and task.cancelling() == 0
         del raised, keeper
-        await asyncio.sleep(0.05)  # let every done callback run
+        await asyncio.sleep(0.05)  # let every done callback run (real: SQLite's thread)
         gc.collect()
         await asyncio.sleep(0)
     finally:

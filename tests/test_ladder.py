@@ -25,6 +25,9 @@ from ai_lease.run.isolation.ladder import (
     terminate,
 )
 
+REAL_TIME = "the ladder stops real stuck child processes"
+
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 
 import pytest
 
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import ChatRequest, Delta, Provider
 from ai_lease.providers.local import LocalExtractiveProvider, extractive_summary
+from ai_lease.testing.clock import on_virtual_time
 
 TEXT = (
     "Solar panels turn sunlight into electricity. "
@@ -92,12 +93,15 @@ async def test_stream_joins_to_complete_for_awkward_whitespace(text: str) -> Non
     assert streamed == (await provider.complete(request(text))).text
 
 
+@on_virtual_time
 async def test_stream_paces_its_words() -> None:
-    """With a pace set, the words arrive no faster than one per pace_s."""
+    """With a pace set, the words arrive no faster than one per pace_s (it paces on the
+    loop's timers, so the loop's virtual clock measures it)."""
     provider = LocalExtractiveProvider(pace_s=0.01, sentences=1)
-    started = time.monotonic()
+    clock = asyncio.get_running_loop().time
+    started = clock()
     words = [d.text async for d in provider.stream(request("Alpha beta gamma delta epsilon."))]
-    assert time.monotonic() - started >= 0.01 * 5 * 0.9
+    assert clock() - started >= 0.01 * 5 * 0.9
     assert "".join(words) == "Alpha beta gamma delta epsilon."
 
 

@@ -18,6 +18,9 @@ import pytest
 
 from tests.harness.pg_server import PostgresServer
 
+REAL_TIME = "the worker is a subprocess; PostgreSQL is stopped and started under it"
+
+
 STARTUP_S = 60.0  # generous: two CPUs shared with other test runs
 
 

@@ -305,7 +305,7 @@ def test_worker_log_json(tmp_path: Path) -> None:
     assert worker.stderr is not None
     lines, deadline = [], time.monotonic() + 30
     while not any(line.get("event") == "committed" for line in lines):
-        assert time.monotonic() < deadline, lines
+        assert time.monotonic() < deadline, lines  # real: the worker is a subprocess
         text = worker.stderr.readline()
         assert text, "the worker exited early"
         lines.append(orjson.loads(text))

@@ -52,7 +52,7 @@ async def test_a_real_blocked_loop_is_reported_with_the_blocking_frame() -> None
     names the blocking function, then loop_resumed."""
     seen: list[Event] = []
     with watch_loop(seen.append, after_s=0.5):
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # real: the watchdog is a thread watching a really blocked loop
         _blocking_provider_call(2.0)
         for _ in range(100):  # generous: the watchdog reports within a beat of a beat
             await asyncio.sleep(0.05)

@@ -363,7 +363,7 @@ async def zombie_taken_over(store: LeaseStore, sink: EventSink) -> None:
         hooks=RunHooks(on_event=on_event),
     )
     zombie_run = asyncio.create_task(zombie.run(Job("zombie", input="x")))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # real: a takeover on the SQLite store (its thread, its clock)
     good_run = asyncio.create_task(good.run(Job("zombie", input="x")))
     await asyncio.wait_for(stalled.wait(), 5)
     zombie_run.cancel()  # the zombie's node stays out of the race from here on
@@ -482,7 +482,7 @@ def test_worker_serves_metrics(tmp_path: Path) -> None:
         while total(got, "owner_task_total_duration_count") < 1:
             assert worker.poll() is None, worker.communicate()[1]
             assert time.monotonic() < deadline, "the job never showed up in /metrics"
-            time.sleep(0.1)
+            time.sleep(0.1)  # real: the worker is a subprocess serving real HTTP
             try:
                 got = parse(httpx.get(f"http://127.0.0.1:{port}/metrics").text)
             except httpx.TransportError:

@@ -17,6 +17,9 @@ import pytest
 
 from tests.harness.doc_blocks import ROOT, clean_env, doc_blocks
 
+REAL_TIME = "every command runs as a subprocess, as a new user runs it"
+
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 KEY = "example-summary"  # examples/summarize.toml's key

@@ -111,6 +111,7 @@ async def test_under_a_worker_the_job_fails_with_the_real_cause_not_a_lapse(
 
     started = time.monotonic()
     await run_until(worker, failed, 3 * TTL)
+    # real: a worker on a real store, whose lease lapses on its clock
     assert time.monotonic() - started < TTL, "an attempt waited out its lease"
     job = await store.get("nul-w")
     assert job is not None and job.last_error is not None

@@ -18,6 +18,9 @@ from ai_lease import Status, open_store
 from ai_lease.errors import ConfigError
 from ai_lease.providers import create_provider
 
+REAL_TIME = "the worker runs as a subprocess"
+
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -89,7 +89,7 @@ def test_pause_freezes_and_resume_thaws(up: PostgresServer) -> None:
     started = time.monotonic()
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(up.url, connect_timeout=2)
-    assert time.monotonic() - started >= 1.5
+    assert time.monotonic() - started >= 1.5  # real: a real PostgreSQL server process is paused
     up.resume()
     assert up.execute("SELECT 1") == [(1,)]
 
@@ -99,7 +99,7 @@ def test_a_timed_pause_ends_by_itself(up: PostgresServer) -> None:
     up.pause(for_s=0.5)
     started = time.monotonic()
     assert up.execute("SELECT 1") == [(1,)]
-    assert time.monotonic() - started >= 0.3
+    assert time.monotonic() - started >= 0.3  # real: a real PostgreSQL server process is paused
     up.resume()
 
 

@@ -1,9 +1,13 @@
-"""φ-accrual suspicion in the stream guard: real streams, real time, generous bounds."""
+"""φ-accrual suspicion in the stream guard: scripted streams, generous bounds.
+
+Where they can, the guard's tests run on virtual time (``on_virtual_time``, the loop's
+clock handed to the guard): it waits on the loop's timers only, so pauses take no real
+time. The run at the end stays real: its keeper renews on a real store."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -14,6 +18,7 @@ from ai_lease.observe.metrics import Metrics
 from ai_lease.providers.base import ChatRequest
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.stream_guard import StreamGuard
+from ai_lease.testing.clock import on_virtual_time
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step
 from ai_lease.timeouts import StageBudget, StreamTimeouts
 
@@ -26,9 +31,16 @@ def every_50ms(chunks: int) -> list[Step]:
     return [s for _ in range(chunks) for s in ("x", Pause(0.05))]
 
 
+def loop_clock() -> Callable[[], float]:
+    """The running loop's clock, handed to every guard here: the virtual one on a
+    VirtualLoop, ``time.monotonic`` on any other loop."""
+    return asyncio.get_running_loop().time
+
+
 def guard(policy: str, seen: list[tuple[float, float]]) -> StreamGuard:
     timeouts = StreamTimeouts(first_token=5, idle=FIXED_IDLE, total=60, idle_policy=policy)  # type: ignore[arg-type]
-    return StreamGuard(timeouts, on_suspected=lambda phi, s: seen.append((phi, s)))
+    on_suspected = lambda phi, s: seen.append((phi, s))  # noqa: E731
+    return StreamGuard(timeouts, on_suspected=on_suspected, clock=loop_clock())
 
 
 async def silence_before_timeout(g: StreamGuard, steps: Sequence[Step]) -> float:
@@ -37,11 +49,13 @@ async def silence_before_timeout(g: StreamGuard, steps: Sequence[Step]) -> float
         await g.collect(ScriptedProvider(steps).stream(REQUEST))
     assert g.last_content_at is not None
     assert "φ" in str(info.value)
-    return time.monotonic() - g.last_content_at
+    return loop_clock()() - g.last_content_at
 
 
 async def test_a_50ms_stream_gone_silent_is_idle_by_phi_long_before_the_fixed_budget() -> None:
     """idle_policy phi: a 50 ms stream that stops is timed out after ~2 s, not 8 s."""
+    # real: on virtual time the alert comes at the exact instant φ reaches 8, and φ read
+    # there rounds to 7.999999999999997, under the threshold this asserts
     seen: list[tuple[float, float]] = []
     silence = await silence_before_timeout(guard("phi", seen), [*every_50ms(30), Stall()])
     assert 1.0 < silence < FIXED_IDLE / 2  # expected 0.05 + 5.61 x 0.35 ≈ 2.0 s
@@ -50,6 +64,7 @@ async def test_a_50ms_stream_gone_silent_is_idle_by_phi_long_before_the_fixed_bu
 
 async def test_the_alert_alone_leaves_the_stream_running() -> None:
     """idle_policy fixed: φ crossing is said once, and the stream that resumes completes."""
+    # real: on virtual time φ at its exact crossing instant rounds to just under 8
     seen: list[tuple[float, float]] = []
     g = guard("fixed", seen)
     steps = [*every_50ms(20), Pause(3.0), *every_50ms(20), Pause(3.0), "end"]
@@ -60,6 +75,7 @@ async def test_the_alert_alone_leaves_the_stream_running() -> None:
     assert g.suspected_phi == seen[0][0]
 
 
+@on_virtual_time
 async def test_regular_long_pauses_between_bursts_are_not_suspected() -> None:
     """Bursts of 5 chunks 20 ms apart with 0.8 s pauses: φ never reaches 8."""
     burst: list[Step] = [s for _ in range(5) for s in ("x", Pause(0.02))]
@@ -70,15 +86,17 @@ async def test_regular_long_pauses_between_bursts_are_not_suspected() -> None:
     assert seen == []
 
 
+@on_virtual_time
 async def test_with_few_gaps_only_the_fixed_budget_applies() -> None:
     """Three chunks then silence: too few gaps for φ; the fixed idle budget fires."""
     timeouts = StreamTimeouts(first_token=5, idle=0.5, total=60, idle_policy="phi")
     seen: list[float] = []
-    g = StreamGuard(timeouts, on_suspected=lambda phi, s: seen.append(phi))
-    started = time.monotonic()
+    clock = loop_clock()
+    g = StreamGuard(timeouts, on_suspected=lambda phi, s: seen.append(phi), clock=clock)
+    started = clock()
     with pytest.raises(StreamIdleTimeout) as info:
         await g.collect(ScriptedProvider(["a", "b", "c", Stall()]).stream(REQUEST))
-    assert time.monotonic() - started < 5
+    assert clock() - started < 5
     assert "φ" not in str(info.value) and info.value.budget_s == 0.5
     assert seen == []
 

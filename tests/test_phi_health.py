@@ -50,7 +50,7 @@ async def test_silent_owner_is_suspect_before_its_heartbeat_reads_lost(store_url
         await renewing_owner(store, beats=12)
         phi, health = await phi_now(store)
         assert phi is not None and phi < 8 and not is_suspect(phi, health)
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(1.5)  # real: renewals are timed by the real store's clock
         phi, health = await phi_now(store)
         assert health is Health.HEALTHY  # the heartbeat rule waits for 5 s + grace
         assert phi is not None and phi >= 8 and is_suspect(phi, health)
@@ -82,7 +82,7 @@ def test_status_text_json_and_page_show_the_suspicion(tmp_path: Path) -> None:
         store = open_store(url)
         try:
             await renewing_owner(store, beats=10)
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(1.5)  # real: renewals are timed by the real store's clock
             job = await store.get(KEY)
             assert job is not None and isinstance(store, JobTimeline)
             entries, dropped = await store.timeline(KEY)
@@ -162,7 +162,7 @@ async def test_the_ui_command_passes_the_lease_phi_threshold(tmp_path: Path) -> 
                     break
                 except httpx.TransportError:
                     assert time.monotonic() < deadline and server.returncode is None
-                    await asyncio.sleep(0.1)
+                    await asyncio.sleep(0.1)  # real: the dashboard is a subprocess on a socket
     finally:
         server.terminate()
         await server.wait()
@@ -204,6 +204,7 @@ async def test_text_json_and_page_print_one_phi_value(store_url: str) -> None:
     store = open_store(store_url)
     try:
         await renewing_owner(store, beats=6)
+        # real: renewals are timed by the real store's clock
         await asyncio.sleep(0.5)  # φ somewhere between calm and far past the threshold
         job, phi = await job_and_phi(store, KEY)
         assert job is not None and phi is not None and isinstance(store, JobTimeline)

@@ -74,6 +74,7 @@ async def test_stage_past_its_deadline_raises_naming_stage_and_deadline(harness:
     """An async stage that outruns its hard deadline raises StageDeadlineExceeded."""
 
     async def slow(ctx: StageContext) -> None:
+        # real: beside a SQLite store (its thread); never waited out, a deadline cuts it
         await asyncio.sleep(10)
 
     ctx = await harness.context()
@@ -90,6 +91,7 @@ async def test_stage_own_timeout_error_is_not_a_deadline(harness: Harness) -> No
 
     async def own_timeout(ctx: StageContext) -> None:
         async with asyncio.timeout(0.05):
+            # real: beside a SQLite store (its thread); never waited out, a deadline cuts it
             await asyncio.sleep(10)
 
     ctx = await harness.context()

@@ -28,6 +28,9 @@ from tests.harness.chaos_cluster import PROFILE, ChaosCluster, check_job, report
 from tests.harness.history import of_kind, read_record
 from tests.harness.pg_server import PostgresServer
 
+REAL_TIME = "a PostgreSQL server of its own, killed and restarted"
+
+
 pytestmark = pytest.mark.postgres
 
 OP = 1.0  # the in-process stores' op_timeout

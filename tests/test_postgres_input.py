@@ -24,6 +24,9 @@ from ai_lease.stores.postgres.schema import channel_name
 from ai_lease.stores.postgres.store import PostgresStore
 from tests.harness.pg_server import PostgresServer
 
+REAL_TIME = "a socket to a real PostgreSQL server and its LISTEN/NOTIFY"
+
+
 pytestmark = pytest.mark.postgres
 
 

@@ -71,6 +71,7 @@ async def test_a_hung_non_streaming_call_ends_at_the_stage_deadline(
         finally:
             await provider.aclose()
         elapsed = time.monotonic() - started
+        # real: a socket to the loopback test server
         assert DEADLINE_S * 0.9 <= elapsed < DEADLINE_S + 5, elapsed
         assert "call_ai" in str(caught.value), caught.value
         assert len(server.requests) == 1

@@ -119,6 +119,7 @@ async def timed_guard(
 
 def assert_fired_near(elapsed: float, budget: float) -> None:
     slack = max(0.1, budget * 0.1)
+    # real: a socket to the loopback test server
     assert budget - 0.02 <= elapsed <= budget + slack, f"fired at {elapsed:.3f}s, budget {budget}s"
 
 
@@ -404,7 +405,7 @@ async def test_429_retry_after_is_honoured_then_success(
     errors: list[BaseException] = []
     started = time.monotonic()
     completion = await retrying(provider, errors)
-    assert 0.95 <= time.monotonic() - started < 3.0
+    assert 0.95 <= time.monotonic() - started < 3.0  # real: a socket to the loopback test server
     assert completion.text == "ok"
     assert len(server.requests) == 2  # the SDK's own retries are off
     [error] = errors

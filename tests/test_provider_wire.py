@@ -223,6 +223,7 @@ async def test_read_timeout_fails_a_silent_stream(server: SSEServer, http: str, 
         await provider.aclose()
     took = asyncio.get_running_loop().time() - started
     assert caught.value.retryable and "timeout" in str(caught.value).lower(), caught.value
+    # real: a socket to the loopback test server
     assert 0.35 < took < 3.0, f"took {took:.2f}s for a 0.4 s read timeout"
 
 

@@ -17,6 +17,8 @@ from ai_lease.stores.redis.wire import WARM_CONNECTIONS, WarmPool
 from tests.harness.redis_server import RedisServer
 from tests.harness.tcp_proxy import FaultProxy
 
+REAL_TIME = "a socket to a real redis-server"
+
 
 @pytest.mark.parametrize(
     "url", ["redis://127.0.0.1:6379/0", "unix:///tmp/redis.sock?db=2", "rediss://127.0.0.1:6380/0"]

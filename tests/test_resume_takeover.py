@@ -22,6 +22,9 @@ import pytest
 from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.responses_server import ResponsesServer, text_events
 
+REAL_TIME = "the owner is an OS process, SIGKILLed mid-stream"
+
+
 PIECES = [f"w{i:02d}," for i in range(40)]
 ANSWER = "".join(PIECES)
 JOB = 'key = "resume-e2e"\ninput = "hello"\nprompt_text = "Say {{ input }}"\n'

@@ -175,4 +175,5 @@ def test_while_locked_gives_up_after_its_seconds() -> None:
 
     with pytest.raises(sqlite3.OperationalError, match="locked"):
         while_locked(locked, seconds=0.05, every=0.01)
+    # real: while_locked waits with time.sleep, off any loop
     assert time.monotonic() - started < 5.0  # generous: it stops, it does not spin forever

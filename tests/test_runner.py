@@ -171,6 +171,7 @@ async def test_zombie_provider_is_taken_over_in_process(store: LeaseStore) -> No
         store, provider=ScriptedProvider(["good"]), config=RunConfig(timings=FAST, node_id="g")
     )
     zombie_run = asyncio.create_task(zombie.run(Job("k", input="x")))
+    # real: a real store answers (SQLite from its thread, or a server)
     await asyncio.sleep(0.1)
     good_run = asyncio.create_task(good.run(Job("k", input="x")))
     await asyncio.wait_for(stalled.wait(), 5)
@@ -258,6 +259,7 @@ async def test_a_loop_blocked_after_the_grant_self_fences_before_the_model_call(
         kind = getattr(event, "kind", "")
         seen.append(kind)
         if kind == "acquired" and seen.count("acquired") == 1:
+            # real: a real blocking call on the loop is what is tested
             time.sleep(2.6)  # on the loop, as a stuck sync call would
 
     provider = ScriptedProvider(["late answer"])
@@ -309,6 +311,7 @@ async def test_the_job_deadline_starts_at_the_first_acquisition(store: LeaseStor
     timings = dataclasses.replace(FAST, job_deadline=0.5)
     runner = Runner(store, provider=ScriptedProvider(["ran"]), config=RunConfig(timings=timings))
     submitted = await runner.submit(Job("k", input="x"))
+    # real: a real store answers (SQLite from its thread, or a server)
     await asyncio.sleep(0.7)  # queued past the job deadline
     record = await runner.run(Job("k", input="x"))
     assert record.output == "ran" and record.started_at is not None
@@ -331,6 +334,7 @@ async def test_the_queue_deadline_bounds_the_wait_for_a_first_acquisition(
     provider = ScriptedProvider(["never"])
     runner = Runner(store, provider=provider, config=RunConfig(timings=timings))
     await runner.submit(Job("k", input="x"))
+    # real: a real store answers (SQLite from its thread, or a server)
     await asyncio.sleep(0.5)
     with pytest.raises(JobFailed, match=r"in the queue, past its queue deadline of 0\.3s"):
         await runner.run(Job("k", input="x"))
@@ -371,6 +375,7 @@ async def test_a_done_record_has_a_final_stage_and_no_growing_progress_age(
     await Runner(store, provider=ScriptedProvider(["fine"]), config=RunConfig(timings=FAST)).run(
         Job("k", input="x")
     )
+    # real: a real store answers (SQLite from its thread, or a server)
     await asyncio.sleep(0.2)
     record = await store.get("k")
     assert record is not None and record.status is Status.DONE
@@ -398,6 +403,7 @@ class _SubscribeLosesCancellation:
 
     async def subscribe(self, *channels: str) -> None:
         try:
+            # real: a slow subscribe beside a real redis-server connection
             await asyncio.sleep(1.0)
         except asyncio.CancelledError:
             pass  # lost
@@ -435,6 +441,7 @@ async def test_a_follower_whose_notification_is_lost_returns_within_a_poll(
             follower_store, provider=ScriptedProvider(["never"]), config=RunConfig(timings=FAST)
         )
         owned = asyncio.create_task(owner.run(Job("k", input="x")))
+        # real: a real store answers (SQLite from its thread, or a server)
         await asyncio.sleep(0.1)
         record = await asyncio.wait_for(follower.run(Job("k", input="x")), 5)
         returned_at = asyncio.get_running_loop().time()

@@ -82,7 +82,7 @@ async def test_committed_record_says_what_ran(store: LeaseStore) -> None:
     assert record.first_token_s is not None and 0 <= record.first_token_s < 1
     durations = record.durations or {}
     assert {"load", "build_prompt", "call_ai", "parse"} <= durations.keys()
-    assert durations["call_ai"] >= 0.04
+    assert durations["call_ai"] >= 0.04  # real: the runner measures its stages beside a real store
     assert record.started_at is not None and record.finished_at is not None
     assert record.started_at <= record.finished_at
     stored = await store.get("k")

@@ -107,7 +107,7 @@ async def test_deep_chain_keeps_the_innermost_frames() -> None:
 
 def blocked_in_sync_work(flag: list[bool]) -> None:
     while not flag:
-        time.sleep(0.005)
+        time.sleep(0.005)  # real: a real thread, blocked in sync work, is what is snapshotted
 
 
 def calls_blocked(flag: list[bool]) -> None:
@@ -119,7 +119,7 @@ def blocked_thread() -> Iterator[threading.Thread]:
     flag: list[bool] = []
     thread = threading.Thread(target=calls_blocked, args=(flag,), daemon=True)
     thread.start()
-    time.sleep(0.05)
+    time.sleep(0.05)  # real: a real thread, blocked in sync work, is what is snapshotted
     yield thread
     flag.append(True)
     thread.join(timeout=5)

@@ -105,7 +105,7 @@ async def test_drip_sends_deltas_at_the_given_pace(
     contents = [c["choices"][0]["delta"].get("content") for c in chunks]
     assert contents == ["", "he", "ll", "o", None]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert 0.28 <= elapsed < 3.0
+    assert 0.28 <= elapsed < 3.0  # real: a socket to the test SSE server
 
 
 async def test_cut_ends_the_stream_with_a_protocol_error(
@@ -176,7 +176,7 @@ async def test_json_response_delay_holds_back_the_headers(
     server.enqueue(json_response(200, completion_json("hi", (1, 1)), delay=0.25))
     started = time.monotonic()
     response = await client.post(CHAT_PATH, json={"stream": False})
-    assert 0.2 <= time.monotonic() - started < 2.0
+    assert 0.2 <= time.monotonic() - started < 2.0  # real: a socket to the test SSE server
     assert response.json()["choices"][0]["message"]["content"] == "hi"
 
 
@@ -249,7 +249,7 @@ async def test_a_client_leaving_mid_stream_closes_the_connection_at_once(
             break  # the role chunk is in; the rest would take 6 s
     started = time.monotonic()
     await server.wait_connections_open(0, timeout_s=0.9)
-    assert time.monotonic() - started < 0.9
+    assert time.monotonic() - started < 0.9  # real: a socket to the test SSE server
 
 
 async def test_aclose_closes_hanging_connections() -> None:

@@ -17,6 +17,9 @@ from ai_lease.run.runner import Runner
 from ai_lease.stores import open_store
 from ai_lease.timeouts import LeaseTimings, RetryPolicy, StreamTimeouts
 
+REAL_TIME = "the owner is a real process, SIGSTOPped and resumed"
+
+
 TIMINGS = LeaseTimings(
     ttl=1.0, renew_interval=0.2, op_timeout=0.1, poll_interval=0.05, self_fence_margin=0.3
 )

@@ -12,6 +12,8 @@ from ai_lease.testing.contract import (
     TimelineContract,
 )
 
+REAL_TIME = "real stores: a lease lapses on the store's own clock"
+
 
 class TestStoreContract(LeaseStoreContract):
     """Both built-in stores, via the parametrized ``store`` and ``store_url`` fixtures."""

@@ -29,6 +29,9 @@ from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.redis_server import RedisServer, free_port
 from tests.test_metrics import parse, start_worker, stop, submit, total
 
+REAL_TIME = "real stores scraped over loopback HTTP; one test blocks the loop for real"
+
+
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 

@@ -27,6 +27,9 @@ from ai_lease.stores.postgres.store import PostgresStore
 from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import free_port
 
+REAL_TIME = "a socket to a real PostgreSQL server"
+
+
 pytestmark = pytest.mark.postgres
 
 SECRET = "hunter2-not-shown"

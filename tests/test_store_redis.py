@@ -33,6 +33,8 @@ from tests.harness.chaos_proxy import ChaosProxy, script_sha
 from tests.harness.redis_server import RedisServer, free_port
 from tests.harness.tcp_proxy import FaultProxy
 
+REAL_TIME = "a socket to a real redis-server; leases lapse on its clock"
+
 
 @pytest.fixture
 async def rstore(redis_server: RedisServer) -> AsyncIterator[RedisStore]:

@@ -12,6 +12,9 @@ from typing import Any
 from ai_lease.job import JobState
 from ai_lease.lease import Acquired, Finished
 
+REAL_TIME = "real stores: a lease lapses on the store's own clock"
+
+
 ARGS: dict[str, Any] = {"ttl": 30.0, "max_no_progress": 5.0, "fingerprint": "fp-1"}
 RENEW: dict[str, Any] = {"ttl": 30.0, "stage": "call_ai", "max_no_progress": 9.0, "grace": 1.0}
 

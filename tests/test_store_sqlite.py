@@ -196,6 +196,7 @@ async def test_aclose_does_not_block_the_event_loop(tmp_path: Path) -> None:
     async def ticker() -> None:
         last = time.monotonic()
         while True:
+            # real: measures the loop's real timers while SQLite's thread waits on a lock
             await asyncio.sleep(0.02)
             gaps.append(time.monotonic() - last)
             last = time.monotonic()

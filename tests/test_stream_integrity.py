@@ -250,6 +250,7 @@ async def test_an_endless_line_is_refused_with_bounded_memory(kind: str, server:
         await provider.aclose()
     assert isinstance(error, StreamLimitExceeded), repr(error)
     assert (error.limit, error.retryable) == ("max_event_bytes", False)
+    # real: a socket to the loopback test server; CPU time bounded
     assert took < 10, f"took {took:.1f}s"
     # The peak counts the in-process server and the HTTP library's read buffers too (uvloop
     # reads 256 KiB at a time): 17x was seen; an unbounded buffer grows without end.
@@ -268,6 +269,7 @@ async def test_an_endless_stream_of_large_events_stops_at_max_answer_bytes(
     error, took, peak = await _bounded_call(provider, limits)
     assert isinstance(error, StreamLimitExceeded), repr(error)
     assert (error.limit, error.retryable) == ("max_answer_bytes", False)
+    # real: a socket to the loopback test server; CPU time bounded
     assert took < 10, f"took {took:.1f}s"
     assert peak < 24 * limits.max_answer_bytes, f"peak {peak} bytes"
     assert server.bytes_sent < 64 * limits.max_answer_bytes
@@ -288,6 +290,7 @@ async def test_a_long_event_in_small_reads_is_parsed_in_linear_time() -> None:
     batches = [batch async for batch in _sse_batches(reads(), 32 * 1024 * 1024)]
     took = time.monotonic() - started
     assert [len(p) for batch in batches for p in batch] == [16 * 1024 * 1024]
+    # real: the parser's CPU time is what is bounded
     assert took < 3.0, f"{took:.2f}s for one 16 MiB event"
 
 
@@ -348,7 +351,7 @@ async def test_unparsable_retry_after_falls_back_to_the_backoff(
     assert completion.text == "".join(WHOLE)
     assert len(errors) == 1 and isinstance(errors[0], ProviderError)
     assert errors[0].status == 429 and errors[0].retry_after is None
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 5  # real: a socket to the loopback test server
 
 
 @pytest.mark.parametrize("url", ["http://[bad", "http://127.0.0.1:99999/v1", "ftp://host/v1"])

@@ -33,6 +33,9 @@ from tests.harness.history import (
 )
 from tests.harness.node import Cluster, NodeProcess
 
+REAL_TIME = "owners and followers are separate OS processes"
+
+
 pytestmark = pytest.mark.slow
 
 TTL, RENEW, MNP = 2.0, 0.5, 1.0

@@ -229,6 +229,7 @@ def test_two_hundred_entries_render_fast() -> None:
     started = time.perf_counter()
     for _ in range(5):
         svg = render_timeline(rows, JOB)
+    # real: the render's CPU time is what is bounded
     assert (time.perf_counter() - started) / 5 < 0.05
     root = parse(svg)
     assert len(marks(root)) == TIMELINE_CAP and not root.findall("s:text[@class='dropped']", NS)
@@ -264,7 +265,7 @@ async def test_a_real_takeover_draws_the_zombie_and_its_successor(
         config=RunConfig(timings=FAST, node_id="good"),
     )
     zombie_run = asyncio.create_task(zombie.run(Job("k", input="x")))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # real: a takeover on a real store (its thread, its clock)
     good_run = asyncio.create_task(good.run(Job("k", input="x")))
     await asyncio.wait_for(stalled.wait(), 5)
     zombie_run.cancel()

@@ -63,7 +63,7 @@ async def serving(store: Any, apps: list[Any] | None = None, **options: Any) -> 
     try:
         while not server.started:
             assert not task.done(), task
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # real: real uvicorn on a loopback socket over real stores
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
@@ -83,7 +83,7 @@ async def until(check: Any, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not await check():
         assert time.monotonic() < deadline, "condition never held"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # real: real uvicorn on a loopback socket over real stores
 
 
 async def running(store: LeaseStore, key: str) -> bool:
@@ -250,7 +250,7 @@ def test_the_command_serves_the_store_with_its_url_masked(tmp_path: Path) -> Non
                     break
                 except httpx.TransportError:
                     assert server.poll() is None and time.monotonic() < deadline
-                    time.sleep(0.1)
+                    time.sleep(0.1)  # real: real uvicorn on a loopback socket over real stores
             assert page.status_code == 200 and '<table id="jobs">' in page.text
             assert "hunter2" not in page.text and "password=***" in page.text
             assert "server" not in page.headers
@@ -408,7 +408,7 @@ async def test_a_live_page_reads_the_store_once_per_interval(store: LeaseStore) 
                         events.append(event.event)
 
             listener = asyncio.create_task(listen())
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(1.5)  # real: real uvicorn on a loopback socket over real stores
             listener.cancel()
             elapsed, reads = time.monotonic() - started, counting.reads - before
             assert events == [event_kind]  # the first state, then nothing: nothing changed
@@ -449,6 +449,7 @@ async def test_the_jobs_page_with_10000_jobs_renders_one_page(store: LeaseStore)
         second = await client.get(older)
         async with aconnect_sse(client, "GET", "/live/jobs") as source:
             live = await anext(aiter(source.aiter_sse()))
+    # real: real uvicorn; the render time is what is bounded
     assert page.status_code == 200 and elapsed < PAGE_BOUND_S, elapsed
     older_keys = _row_keys(second.text)
     assert keys[0] == "many-newest" and len(set(keys)) == len(set(older_keys)) == 50

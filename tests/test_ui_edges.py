@@ -142,6 +142,7 @@ async def test_a_finished_jobs_timeline_marks_where_its_lapsed_lease_expired(
     from ai_lease.lease.base import Acquired
 
     await store.acquire("lapsed-then-done", "owner-a", ttl=0.5, max_no_progress=5)
+    # real: the lease lapses on the store's own clock
     await asyncio.sleep(1.2)  # the lease lapses (store clock)
     second = await store.acquire("lapsed-then-done", "owner-b", ttl=30, max_no_progress=5)
     assert isinstance(second, Acquired) and second.takeover

@@ -252,7 +252,7 @@ def _ui_command(tmp_path: Path, *args: str) -> Iterator[tuple[int, subprocess.Po
                     break
                 except httpx.TransportError:
                     assert server.poll() is None and time.monotonic() < deadline
-                    time.sleep(0.1)
+                    time.sleep(0.1)  # real: real uvicorn on a loopback socket
             yield port, server
         finally:
             server.terminate()
@@ -319,7 +319,7 @@ async def test_live_streams_are_capped_and_freed(sqlite_store: LeaseStore) -> No
             deadline = time.monotonic() + 10
             while slots.open > 2:
                 assert time.monotonic() < deadline, slots
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # real: real uvicorn on a loopback socket
             async with client.stream("GET", "/live/jobs/watched") as again:
                 assert again.status_code == 200
             for s in opened[1:]:
@@ -339,7 +339,7 @@ async def test_pages_on_one_view_share_one_read_per_interval(sqlite_store: Lease
         for s in opened:
             await s.__aenter__()
         before, started = counting.reads, time.monotonic()
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(2.0)  # real: real uvicorn on a loopback socket
         reads, elapsed = counting.reads - before, time.monotonic() - started
         for s in opened:
             await s.__aexit__(None, None, None)

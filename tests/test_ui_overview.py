@@ -52,6 +52,7 @@ async def seed_needing_attention(store: LeaseStore) -> None:
     await store.commit(await acquired(store, "done-1", "node-f#2.aa"), '"ok"')
     await store.submit("cancelled-1", "{}", "fp")  # type: ignore[attr-defined]
     await store.cancel("cancelled-1", "not needed")
+    # real: progress goes stale on the store's own clock, read over HTTP
     await asyncio.sleep(0.6)  # the zombie's and the dead one's progress goes stale
     for i in range(60):
         await store.submit(f"queued-{i:02d}", "{}", "fp")  # type: ignore[attr-defined]
@@ -155,7 +156,7 @@ async def test_the_workers_page_shows_running_health_and_throughput(store: Lease
     await store.commit(await acquired(store, "other-done", "worker-b#1.dd"), '"ok"')
     beat = WorkerInfo("worker-a", "host-a", 7, 1, 4, 0.0, 0.0, jobs=("w-zombie",))
     await store.worker_beat(beat, 30)  # type: ignore[attr-defined]
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(0.6)  # real: progress goes stale on the store's own clock, read over HTTP
     async with serving(store, refresh=0.1) as base, httpx.AsyncClient(base_url=base) as client:
         page = (await client.get("/workers")).text
         async with aconnect_sse(client, "GET", "/live/workers") as source:
@@ -181,6 +182,7 @@ async def test_the_live_workers_stream_sends_only_changes(store: LeaseStore) -> 
                     events.append(event.data)
 
         listener = asyncio.create_task(listen())
+        # real: the live stream comes over a loopback socket from real uvicorn
         await asyncio.sleep(1.5)
         assert len(events) == 1 and 'data-id="worker-q"' in events[0], events
         await store.worker_beat(beat, 30)  # type: ignore[attr-defined]

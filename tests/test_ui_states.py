@@ -213,6 +213,7 @@ async def take_over(store: LeaseStore, old: str, new: str, ttl: float) -> Acquir
     first = await store.acquire("taken", old, ttl=0.5, max_no_progress=5)
     await store.acquire("lapsed", old, ttl=0.5, max_no_progress=5)
     assert isinstance(first, Acquired)
+    # real: the leases lapse on the store's own clock
     await asyncio.sleep(1.0)  # both leases lapse (store clock)
     second = await store.acquire("taken", new, ttl=ttl, max_no_progress=ttl)
     assert isinstance(second, Acquired) and second.takeover

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
+import time
 
 import pytest
 
 from ai_lease.lease.progress import Progress
-from ai_lease.testing.clock import VirtualClock
+from ai_lease.testing.clock import VirtualClock, VirtualLoop, on_virtual_time
 
 
 def test_stands_still_until_advanced() -> None:
@@ -37,3 +40,28 @@ def test_drives_code_that_takes_a_clock() -> None:
     progress.progress("chunk-1")
     clock.advance(21)
     assert clock() - progress.last_at == pytest.approx(21)
+
+
+@on_virtual_time
+async def test_a_virtual_loop_jumps_to_its_next_timer() -> None:
+    """30 s of sleeping and a 5 s timeout take that much virtual time, exactly, and no more."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualLoop) and loop.time() == loop.clock() == 0.0
+    started = time.monotonic()
+    await asyncio.sleep(30)
+    assert loop.time() == 30.0
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(5):
+            await asyncio.Event().wait()
+    assert loop.time() == 35.0
+    assert time.monotonic() - started < 5  # real: that no real time was spent waiting
+
+
+@on_virtual_time
+async def test_a_virtual_loop_still_wakes_for_a_thread() -> None:
+    """With no timer due, the loop waits for real I/O: a thread's call_soon_threadsafe."""
+    loop = asyncio.get_running_loop()
+    woken = asyncio.Event()
+    threading.Timer(0.05, loop.call_soon_threadsafe, (woken.set,)).start()
+    await woken.wait()
+    assert loop.time() == 0.0

@@ -229,6 +229,7 @@ async def test_a_finish_then_a_held_body_is_a_whole_answer(sqlite: LeaseStore, n
     assert not isinstance(record, JobFailed), record
     assert record.status is Status.DONE and record.output == "Paris"
     assert len(server.requests) == 1
+    # real: a loopback HTTP server and a SQLite store
     assert elapsed < 2.5, elapsed  # the grace, not the 3 s idle budget
 
 

@@ -21,6 +21,8 @@ from ai_lease.job import Job
 from ai_lease.run.config import RunConfig
 from ai_lease.run.runner import Runner
 
+REAL_TIME = "the worker runs as a real process"
+
 
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}

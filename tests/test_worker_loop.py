@@ -28,6 +28,9 @@ from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
 from ai_lease.testing.scripted import Pause, ScriptedProvider
 
+REAL_TIME = "the worker loop runs on SQLite (its thread) and a real redis-server"
+
+
 TTL, SWEEP = 2.0, 0.1
 TIMINGS = LeaseTimings(
     ttl=TTL, renew_interval=0.5, op_timeout=0.4, poll_interval=0.1, self_fence_margin=0.5

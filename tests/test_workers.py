@@ -31,6 +31,9 @@ from tests.harness.history import check_invariants, of_kind
 from tests.harness.node import REPO_ROOT, NodeProcess
 from tests.harness.worker_proc import Workers
 
+REAL_TIME = "workers are separate OS processes sharing one store"
+
+
 pytestmark = pytest.mark.slow
 
 TTL, RENEW, SWEEP, POLL, MNP = 2.0, 0.5, 0.2, 0.1, 1.0

@@ -92,6 +92,9 @@ from ai_lease.testing.faults import FaultPlan  # noqa: E402
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step  # noqa: E402
 from ai_lease.timeouts import RetryPolicy  # noqa: E402
 
+REAL_TIME = "a node process of its own, waiting on a real store and on the other nodes"
+
+
 __all__ = ["ChaosOptions", "main"]
 
 CALLS = ("ok", "hang", "slow")

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import httpx
 
+REAL_TIME = "the docs' commands run as processes; it waits on their HTTP and output"
+
+
 __all__ = ["ROOT", "Block", "Ran", "clean_env", "doc_blocks", "run_bash", "serve_then_interrupt"]
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -82,6 +82,9 @@ from ai_lease.run.runner import Runner
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall, Step
 from tests.harness.history import read_history
 
+REAL_TIME = "an OS process of its own, waiting for the others through a real store"
+
+
 __all__ = ["BEHAVIOURS", "Cluster", "NodeProcess", "main"]
 
 BEHAVIOURS = ("ok", "slow", "hang-async", "hang-thread", "pause-before-commit")

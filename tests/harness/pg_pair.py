@@ -18,6 +18,9 @@ from types import TracebackType
 
 from tests.harness.pg_server import PostgresServer
 
+REAL_TIME = "it waits on real PostgreSQL server processes"
+
+
 __all__ = ["PRIMARY_SETTINGS", "SyncPair"]
 
 PRIMARY_SETTINGS = {

@@ -16,6 +16,8 @@ from types import TracebackType
 
 from .redis_server import HOST, RedisServer
 
+REAL_TIME = "it waits on real redis-server processes"
+
 
 def _cluster_port() -> int:
     """A free port P whose cluster bus port P + 10000 is free (and below 65536) too."""

@@ -26,6 +26,9 @@ import time
 
 from ai_lease.run.isolation.ladder import install_child_handlers
 
+REAL_TIME = "a child process stuck on purpose in a real blocking call"
+
+
 KEEP: list[object] = []  # open files and sockets, held for the process's life
 
 

@@ -37,7 +37,24 @@ class WarmPool(ConnectionPool):
 
     redis-py hands out the connection released last, which after a drop is the closed one:
     the next call would connect inside its own deadline while open ones sit idle.
+
+    redis-py has no public way to see or order its idle connections, so this class reads two
+    of the pool's own attributes, ``_available_connections`` (a list, handed out from its
+    end) and ``_in_use_connections`` (a set). They are the same from redis-py 5.1 through
+    8.1, and that is the range pyproject.toml allows: CI runs the Redis tests at the floor
+    (5.1) and at the newest allowed release. A redis-py without them is refused when the pool
+    is built, not at a call's deadline.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(getattr(self, "_available_connections", None), list) or not hasattr(
+            self, "_in_use_connections"
+        ):
+            raise RuntimeError(
+                "this redis-py's connection pool has no _available_connections list: "
+                "ai_lease's Redis store supports redis>=5.1,<8.2"
+            )
 
     def get_available_connection(self) -> AbstractConnection:
         idle = self._available_connections
@@ -89,21 +106,8 @@ async def within(task: asyncio.Task[T], timeout: float) -> T:
     A caller cancelled meanwhile leaves the task running too."""
     if task.done():
         return task.result()
-    loop = asyncio.get_running_loop()
-    woken: asyncio.Future[None] = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        if not woken.done():
-            woken.set_result(None)
-
-    timer = loop.call_later(timeout, wake)
-    task.add_done_callback(wake)
-    try:
-        await woken
-    finally:
-        timer.cancel()
-        task.remove_done_callback(wake)
-    if not task.done():
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
         raise TimeoutError
     return task.result()
 
