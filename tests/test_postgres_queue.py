@@ -19,7 +19,7 @@ import pytest
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import Status
 from ai_lease.stores.postgres import queue as postgres_queue
-from ai_lease.stores.postgres.listing import PostgresListing
+from ai_lease.stores.postgres.store import PostgresStore
 from tests.harness.pg_server import PostgresServer
 
 PROCESSES, JOBS, LIMIT = 4, 40, 16
@@ -32,14 +32,14 @@ def namespace(pg_server: PostgresServer) -> Iterator[str]:
     pg_server.reset(name)
 
 
-async def _open(url: str, namespace: str) -> PostgresListing:
-    store = PostgresListing(url, namespace=namespace, op_timeout=5.0)
+async def _open(url: str, namespace: str) -> PostgresStore:
+    store = PostgresStore(url, namespace=namespace, op_timeout=5.0)
     await store.due_recoveries(1)  # connected and migrated: the race is the claim alone
     return store
 
 
 @pytest.fixture
-async def queue(pg_server: PostgresServer, namespace: str) -> AsyncIterator[PostgresListing]:
+async def queue(pg_server: PostgresServer, namespace: str) -> AsyncIterator[PostgresStore]:
     store = await _open(pg_server.url, namespace)
     yield store
     await store.aclose()
@@ -102,7 +102,7 @@ HOLDS = [postgres_queue.CLAIM_HOLD, 30.0]  # the default; one no scheduler jitte
 
 @pytest.mark.parametrize("hold", HOLDS, ids=["default-hold", "long-hold"])
 async def test_processes_claiming_at_one_instant_get_disjoint_keys(
-    pg_server: PostgresServer, namespace: str, queue: PostgresListing, hold: float
+    pg_server: PostgresServer, namespace: str, queue: PostgresStore, hold: float
 ) -> None:
     """Four processes, each its own store, call due() at the same instant on 40 due jobs:
     no key is handed to two of them, and every one is handed to someone."""
@@ -116,7 +116,7 @@ async def test_processes_claiming_at_one_instant_get_disjoint_keys(
 
 @pytest.mark.parametrize("hold", HOLDS, ids=["default-hold", "long-hold"])
 async def test_processes_claiming_lapsed_leases_get_disjoint_keys(
-    pg_server: PostgresServer, namespace: str, queue: PostgresListing, hold: float
+    pg_server: PostgresServer, namespace: str, queue: PostgresStore, hold: float
 ) -> None:
     """The lapsed leases (looked at first) are claimed the same way: one process each."""
     keys = [f"lapsed-{n:02}" for n in range(JOBS)]
@@ -144,7 +144,7 @@ def _lapse(pg: PostgresServer, namespace: str, keys: list[str]) -> None:
 async def test_a_claim_hides_a_key_from_other_stores_for_the_hold_only(
     pg_server: PostgresServer,
     namespace: str,
-    queue: PostgresListing,
+    queue: PostgresStore,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A key one store was handed is not due for another until the hold ends; the store
@@ -169,7 +169,7 @@ async def test_a_claim_hides_a_key_from_other_stores_for_the_hold_only(
 async def test_a_lapsed_lease_comes_first_and_is_claimed(
     pg_server: PostgresServer,
     namespace: str,
-    queue: PostgresListing,
+    queue: PostgresStore,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A lapsed RUNNING job with a queue entry far ahead is due before fresh work, the
@@ -192,7 +192,7 @@ async def test_a_lapsed_lease_comes_first_and_is_claimed(
 
 
 async def test_a_record_that_is_not_ours_is_left_as_it_is(
-    pg_server: PostgresServer, namespace: str, queue: PostgresListing
+    pg_server: PostgresServer, namespace: str, queue: PostgresStore
 ) -> None:
     """A record of an unknown status raises CorruptRecord on submit, retry and remove, and
     none of them changes it or its queue entry; prune passes it over."""
@@ -214,7 +214,7 @@ async def test_a_record_that_is_not_ours_is_left_as_it_is(
 async def test_prune_goes_batch_by_batch(
     pg_server: PostgresServer,
     namespace: str,
-    queue: PostgresListing,
+    queue: PostgresStore,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """More old jobs than one batch holds are all pruned (a statement per batch), with their
@@ -231,7 +231,7 @@ async def test_prune_goes_batch_by_batch(
         assert pg_server.execute(f'SELECT count(*) FROM "{namespace}".{table}') == [(0,)]
 
 
-async def test_durations_added_at_once_by_many_tasks_add_up(queue: PostgresListing) -> None:
+async def test_durations_added_at_once_by_many_tasks_add_up(queue: PostgresStore) -> None:
     """Concurrent add_durations calls over the same buckets (in any order) all count."""
     series = [("p", "stage", f"s{n}") for n in range(5)]
 
@@ -245,7 +245,7 @@ async def test_durations_added_at_once_by_many_tasks_add_up(queue: PostgresListi
 
 
 async def test_gauges_count_in_one_statement(
-    pg_server: PostgresServer, namespace: str, queue: PostgresListing
+    pg_server: PostgresServer, namespace: str, queue: PostgresStore
 ) -> None:
     """One statement counts jobs per status, due and later entries, live and lapsed leases."""
     for key in ("a", "b", "c", "d"):

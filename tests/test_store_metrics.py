@@ -24,7 +24,7 @@ from ai_lease.observe.metrics import MAX_LABEL_VALUES, Metrics, MetricsServer, s
 from ai_lease.observe.store_metrics import StoreCollector, watch_store
 from ai_lease.stores import open_store
 from ai_lease.stores.postgres.store import PostgresStore
-from ai_lease.stores.redis.queue import RedisQueue
+from ai_lease.stores.redis.store import RedisStore
 from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.redis_server import RedisServer, free_port
 from tests.test_metrics import parse, start_worker, stop, submit, total
@@ -115,7 +115,7 @@ async def test_redis_scrape_never_scans_the_job_records(redis_server: RedisServe
     store = open_store(redis_server.url, op_timeout=2.0)
     admin = redis.Redis.from_url(redis_server.url, decode_responses=True)
     try:
-        assert isinstance(store, RedisQueue)
+        assert isinstance(store, RedisStore)
         for i in range(300):
             await store.submit(f"job-{i}", "{}", str(i))
         metrics = Metrics()

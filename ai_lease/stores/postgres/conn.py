@@ -74,8 +74,9 @@ class _Stale(Exception):
 
 
 class PostgresConn(AsyncResource):
-    """The pool, the bounded calls and the record decoding the store's parts share
-    (stores/postgres/queue.py, stores/postgres/listing.py, stores/postgres/store.py)."""
+    """The pool, the bounded calls and the record decoding: the connection the store owns
+    and hands to each of its parts (stores/postgres/queue.py, stores/postgres/listing.py,
+    stores/postgres/notes.py)."""
 
     def __init__(
         self,
@@ -102,29 +103,6 @@ class PostgresConn(AsyncResource):
         self._closing: set[asyncio.Task[None]] = set()  # pools forgotten, still closing
         self._queries: dict[str, bytes] = {}
         self._closed = False
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        namespace: str = "ai_lease",
-        op_timeout: float = 2.0,
-        poll_interval: float = 0.05,
-        create: bool = True,
-    ) -> PostgresConn:  # a subclass's from_url returns its own type (see PostgresStore)
-        """A store on ``postgresql://`` / ``postgres://`` (libpq's URL: ``?sslmode=``, its
-        environment variables and service files all apply). Parses the URL (a bad one is a
-        :class:`ConfigError`) but does no I/O: the first call connects (and, unless
-        ``create`` is False, installs the schema)."""
-        check_url(url)
-        return cls(
-            url,
-            namespace=namespace,
-            op_timeout=op_timeout,
-            poll_interval=poll_interval,
-            create=create,
-        )
 
     # -- connecting ---------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from ai_lease.lease.listing import (
     prefix_end,
     report_corrupt,
 )
-from ai_lease.stores.postgres.queue import PostgresQueue
+from ai_lease.stores.postgres.conn import PostgresConn
 from ai_lease.stores.postgres.schema import JOB_COLUMNS
 
 __all__ = ["PostgresListing"]
@@ -44,8 +44,11 @@ _NOW = "extract(epoch FROM clock_timestamp())::double precision"
 _ORDER = 'ORDER BY created_at DESC, key COLLATE "C" DESC'
 
 
-class PostgresListing(PostgresQueue):
+class PostgresListing:
     """``list_jobs``, ``list_page`` and ``count_jobs`` on the jobs table's indexes."""
+
+    def __init__(self, conn: PostgresConn) -> None:
+        self._conn = conn
 
     async def list_jobs(
         self, *, status: str | None = None, limit: int = 100, on_corrupt: CorruptSink | None = None
@@ -53,7 +56,7 @@ class PostgresListing(PostgresQueue):
         """Up to ``limit`` whole records, newest first (a corrupt one raises, or with
         ``on_corrupt`` is skipped)."""
         where, args = ("WHERE status = %s", [status]) if status else ("", [])
-        rows = await self._fetch(
+        rows = await self._conn._fetch(
             "list_jobs",
             f"SELECT {_NOW}, {_ALL} FROM {{schema}}.ail_jobs {where} {_ORDER} LIMIT %s",
             [*args, limit],
@@ -61,7 +64,7 @@ class PostgresListing(PostgresQueue):
         jobs = []
         for row in rows:
             try:
-                jobs.append(self._job(row[1:], row[0]))
+                jobs.append(self._conn._job(row[1:], row[0]))
             except CorruptRecord as exc:
                 skip_corrupt(exc, on_corrupt)
         return jobs
@@ -83,13 +86,13 @@ class PostgresListing(PostgresQueue):
         if no_key_starts(prefix):
             return JobPage([], None)
         sql, args = _page_query(status, prefix, cursor)
-        rows = await self._fetch("list_page", sql, [*args, limit + 1])
+        rows = await self._conn._fetch("list_page", sql, [*args, limit + 1])
         more = len(rows) > limit
         rows = rows[:limit]
         jobs = []
         for row in rows:
             try:
-                jobs.append(self._job(row[1:], row[0]))
+                jobs.append(self._conn._job(row[1:], row[0]))
             except CorruptRecord as exc:
                 report_corrupt(exc, on_corrupt)
         if not more:
@@ -99,7 +102,7 @@ class PostgresListing(PostgresQueue):
 
     async def count_jobs(self) -> dict[str, int]:
         """Jobs per status: one ``GROUP BY`` on the status index."""
-        rows = await self._fetch(
+        rows = await self._conn._fetch(
             "count_jobs", "SELECT status, count(*) FROM {schema}.ail_jobs GROUP BY status"
         )
         return {str(status): int(n) for status, n in rows if n}

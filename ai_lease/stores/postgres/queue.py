@@ -27,7 +27,7 @@ from ai_lease.lease.storable import exact
 from ai_lease.stores.postgres.conn import PostgresConn, job_key
 from ai_lease.stores.postgres.schema import JOB_COLUMNS
 
-__all__ = ["CLAIM_HOLD", "PRUNE_BATCH", "PostgresQueue"]
+__all__ = ["CLAIM_HOLD", "PRUNE_BATCH", "PostgresAdmin", "PostgresQueue"]
 
 CLAIM_HOLD = 0.1
 """Seconds a key ``due`` handed out stays hidden from other stores (unless rescheduled):
@@ -53,21 +53,23 @@ JOB = ", ".join(f"(o_job).{name}" for name in JOB_COLUMNS)
 """The columns of a function's ``o_job`` result, in :data:`JOB_COLUMNS` order."""
 
 
-class PostgresQueue(PostgresConn):
-    """The :class:`~ai_lease.lease.queue.JobQueue` and
-    :class:`~ai_lease.lease.admin.JobAdmin` parts of the PostgreSQL store, and its history."""
+class PostgresQueue:
+    """The :class:`~ai_lease.lease.queue.JobQueue` part of the PostgreSQL store, and its
+    history."""
 
-    _claims: dict[str, tuple[float, float]] | None = None  # see _live_claims
+    def __init__(self, conn: PostgresConn) -> None:
+        self._conn = conn
+        self._claims: dict[str, tuple[float, float]] | None = None  # see _live_claims
 
     async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
-        row = await self._fetchone(
+        row = await self._conn._fetchone(
             "submit",
             f"SELECT o_outcome, o_now, {JOB} FROM {{schema}}.ail_submit(%s, %s, %s)",
             (job_key(key), exact("submit", key, "spec", spec, nul=False), fingerprint),
         )
         if row is None or row[0] == "conflict":
             raise JobConflict(key)
-        job = self._job(row[2:], row[1])
+        job = self._conn._job(row[2:], row[1])
         if row[0] == "corrupt":  # _job found nothing wrong: the status is still unknown
             raise CorruptRecord(key, f"field 'status' holds {str(job.status)[:40]!r}")
         return job
@@ -80,7 +82,7 @@ class PostgresQueue(PostgresConn):
         if limit <= 0:
             return []
         mine = self._live_claims()
-        rows = await self._fetch(
+        rows = await self._conn._fetch(
             "due",
             "SELECT o_key, o_claimed FROM {schema}.ail_due(%s, %s, %s, %s)",
             (limit, CLAIM_HOLD, list(mine), [at for at, _ in mine.values()]),
@@ -104,19 +106,19 @@ class PostgresQueue(PostgresConn):
         return self._claims
 
     async def reschedule(self, key: str, at: float | None) -> None:
-        await self._fetch(
+        await self._conn._fetch(
             "reschedule",
             "SELECT {schema}.ail_reschedule(%s, %s)",
             (job_key(key), None if at is None else float(at)),
         )
 
     async def recover_at(self, key: str, at: float) -> None:
-        await self._fetch(
+        await self._conn._fetch(
             "recover_at", "SELECT {schema}.ail_recover_at(%s, %s)", (job_key(key), float(at))
         )
 
     async def due_recoveries(self, limit: int) -> list[str]:
-        rows = await self._fetch(
+        rows = await self._conn._fetch(
             "due_recoveries",
             "SELECT key FROM {schema}.ail_recovery"
             " WHERE due_at <= extract(epoch FROM clock_timestamp())"
@@ -129,7 +131,7 @@ class PostgresQueue(PostgresConn):
         """What the store-wide gauges read, in one statement off the indexes: jobs per
         status, queue entries due and later (a claimed entry counts as scheduled for its
         hold), live and lapsed leases (lapsed or handed back, not taken again)."""
-        row = await self._fetchone("metrics", _COUNTS) or (None, 0, 0, 0, 0)
+        row = await self._conn._fetchone("metrics", _COUNTS) or (None, 0, 0, 0, 0)
         counted = orjson.loads(row[0]) if row[0] else {}
         jobs = {s.value: int(counted.get(s.value, 0)) for s in Status}
         due, later, live, lapsed = (int(n) for n in row[1:])
@@ -140,21 +142,21 @@ class PostgresQueue(PostgresConn):
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
         info = storable_worker(info)
         blob = orjson.dumps({k: v for k, v in asdict(info).items() if k != "last_seen"})
-        await self._fetch(
+        await self._conn._fetch(
             "worker_beat",
             "SELECT {schema}.ail_worker_beat(%s, %s, %s)",
             (info.worker_id, blob.decode(), float(ttl)),
         )
 
     async def worker_gone(self, worker_id: str) -> None:
-        await self._fetch(
+        await self._conn._fetch(
             "worker_gone",
             "DELETE FROM {schema}.ail_workers WHERE worker_id = %s RETURNING worker_id",
             (worker_id,),
         )
 
     async def list_workers(self, *, on_corrupt: CorruptSink | None = None) -> list[WorkerInfo]:
-        rows = await self._fetch(
+        rows = await self._conn._fetch(
             "list_workers",
             "SELECT worker_id, info FROM {schema}.ail_workers"
             " WHERE expires_at > extract(epoch FROM clock_timestamp()) ORDER BY worker_id",
@@ -178,7 +180,7 @@ class PostgresQueue(PostgresConn):
         if not rows:
             return
         columns: list[Sequence[Any]] = [list(column) for column in zip(*rows, strict=True)]
-        await self._fetch(
+        await self._conn._fetch(
             "add_durations",
             "SELECT {schema}.ail_add_durations(%s, %s, %s, %s::int[], %s::bigint[])",
             columns,
@@ -188,7 +190,7 @@ class PostgresQueue(PostgresConn):
     async def load_durations(
         self, *, on_corrupt: CorruptSink | None = None
     ) -> dict[tuple[str, str, str], dict[int, int]]:
-        rows = await self._fetch(
+        rows = await self._conn._fetch(
             "load_durations",
             "SELECT pipeline, kind, stage, bucket, count FROM {schema}.ail_durations",
         )
@@ -205,27 +207,34 @@ class PostgresQueue(PostgresConn):
             out[series] = counted
         return out
 
+
+class PostgresAdmin:
+    """The :class:`~ai_lease.lease.admin.JobAdmin` part: retry, remove and prune."""
+
+    def __init__(self, conn: PostgresConn) -> None:
+        self._conn = conn
+
     # -- the jobs' lifecycle for people (JobAdmin): one function call each -----------------
 
     async def retry(self, key: str) -> JobState | None:
-        row = await self._fetchone(
+        row = await self._conn._fetchone(
             "retry", f"SELECT o_now, {JOB} FROM {{schema}}.ail_retry(%s)", (job_key(key),)
         )
         if row is None or row[1] is None:
             return None
-        return self._job(row[1:], row[0])
+        return self._conn._job(row[1:], row[0])
 
     async def remove(self, key: str, *, force: bool = False) -> Removal:
         """Delete the job (see :func:`~ai_lease.lease.rules.removable`); a record that is
         not ours raises :class:`CorruptRecord` and stays."""
-        row = await self._fetchone(
+        row = await self._conn._fetchone(
             "remove",
             f"SELECT o_outcome, o_now, {JOB} FROM {{schema}}.ail_remove(%s, %s)",
             (job_key(key), force),
         )
         if row is None or row[0] == "gone":
             return Removal(False, None)
-        job = self._job(row[2:], row[1])
+        job = self._conn._job(row[2:], row[1])
         if row[0] == "corrupt":  # _job found nothing wrong: the status is still unknown
             raise CorruptRecord(key, f"field 'status' holds {str(job.status)[:40]!r}")
         return Removal(row[0] == "removed", job)
@@ -238,7 +247,7 @@ class PostgresQueue(PostgresConn):
             return 0
         removed = 0
         while True:
-            row = await self._fetchone(
+            row = await self._conn._fetchone(
                 "prune",
                 "SELECT {schema}.ail_prune(%s, %s, %s)",
                 (float(older_than), wanted, PRUNE_BATCH),

@@ -8,7 +8,9 @@ synchronous standby, a failover does not lose an acknowledged commit. Fencing to
 from a sequence (WAL-logged), so they keep increasing across restarts and promotions.
 Followers wait on LISTEN/NOTIFY through one listening connection per store
 (stores/postgres/notify.py). The connection layer is stores/postgres/conn.py, the schema and
-its migration stores/postgres/schema.py.
+its migration stores/postgres/schema.py. The store is composed of parts sharing its
+connection: the job queue, workers, history and admin (stores/postgres/queue.py), the
+listing (stores/postgres/listing.py) and the timeline (stores/postgres/notes.py).
 
 >>> store = PostgresStore.from_url("postgresql://app@db:5432/jobs")   # doctest: +SKIP
 """
@@ -20,7 +22,6 @@ from typing import Any
 
 from ai_lease.errors import FencingRejected, JobConflict
 from ai_lease.job import JobState, RunFacts
-from ai_lease.lease import timeline
 from ai_lease.lease.base import (
     Acquired,
     AcquireOutcome,
@@ -33,10 +34,12 @@ from ai_lease.lease.base import (
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
-from ai_lease.lease.timeline import TIMELINE_CAP, TimelineEntry
-from ai_lease.stores.postgres.conn import check_url, job_key
+from ai_lease.resource import AsyncResource
+from ai_lease.stores.postgres.conn import PostgresConn, check_url, job_key
 from ai_lease.stores.postgres.listing import PostgresListing
+from ai_lease.stores.postgres.notes import PostgresTimeline
 from ai_lease.stores.postgres.notify import Listener
+from ai_lease.stores.postgres.queue import PostgresAdmin, PostgresQueue
 from ai_lease.stores.postgres.schema import channel_name
 
 __all__ = ["PostgresStore"]
@@ -58,30 +61,45 @@ _GET = (
     " FROM {schema}.ail_jobs j WHERE j.key = %s"
 )
 _VERSION = "SELECT status, token, updated_at FROM {schema}.ail_jobs WHERE key = %s"
-_TIMELINE = (
-    "SELECT (SELECT min(seq) - 1 FROM {schema}.ail_timeline WHERE key = %s),"
-    " t.seq, t.at, t.kind, t.owner_id, t.token, t.stage, t.detail"
-    " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT * FROM {schema}.ail_timeline x"
-    " WHERE x.key = %s AND x.seq > %s ORDER BY x.seq LIMIT %s) t ON true ORDER BY t.seq"
-)
-_NOTE = "SELECT {schema}.ail_note_job(%s, %s, %s, %s, %s, %s, %s)"
 
 
-class PostgresStore(PostgresListing):
+class PostgresStore(AsyncResource):
     """A :class:`~ai_lease.lease.base.LeaseStore` on PostgreSQL (psycopg 3, async).
 
     Everything lives in the PostgreSQL schema named after ``namespace``; ``from_url`` opens
     one without I/O, and the first call applies the migration unless it is there.
+
+    The store owns one :class:`PostgresConn` (the pool, the bounded calls, the record
+    decoding) and is composed of parts that share it: ``queue`` (queue, workers, gauges,
+    duration history), ``admin`` (retry / remove / prune), ``listing`` (whole lists, pages
+    and counts) and ``notes`` (the job's timeline and its notes). The lease operations and
+    followers' waits are its own methods; the parts' methods are bound onto the store, so
+    callers see one object.
     """
 
     def __init__(self, conninfo: str, **kw: Any) -> None:
-        super().__init__(conninfo, **kw)
+        self._conn = conn = PostgresConn(conninfo, **kw)
+        self.where, self.namespace, self.schema = conn.where, conn.namespace, conn.schema
+        self.migrate = conn.migrate
+        self._fetch = conn._fetch  # for tests that write beside the store
+        self.queue, self.admin = PostgresQueue(conn), PostgresAdmin(conn)
+        self.listing, self.notes = PostgresListing(conn), PostgresTimeline(conn)
+        queue = self.queue
+        self.submit, self.due, self.reschedule = queue.submit, queue.due, queue.reschedule
+        self.recover_at, self.due_recoveries = queue.recover_at, queue.due_recoveries
+        self.worker_beat, self.worker_gone = queue.worker_beat, queue.worker_gone
+        self.list_workers, self.gauges = queue.list_workers, queue.gauges
+        self.add_durations, self.load_durations = queue.add_durations, queue.load_durations
+        self.retry, self.remove, self.prune = self.admin.retry, self.admin.remove, self.admin.prune
+        self.list_jobs = self.listing.list_jobs
+        self.list_page, self.count_jobs = self.listing.list_page, self.listing.count_jobs
+        self.timeline, self.note = self.notes.timeline, self.notes.note
         self._listener = Listener(
-            channel_name(self.namespace),
-            lambda: self._connect("wait"),
+            channel_name(conn.namespace),
+            lambda: conn._connect("wait"),
             self._version,
-            poll_interval=self._poll,
-            ready_timeout=self._op_timeout,
+            poll_interval=conn._poll,
+            ready_timeout=conn._op_timeout,
         )
 
     @classmethod
@@ -119,13 +137,13 @@ class PostgresStore(PostgresListing):
     ) -> AcquireOutcome:
         owner_id = check_owner(owner_id)
         args = (job_key(key), owner_id, ttl, max_no_progress, stall_policy, fingerprint or "")
-        row = await self._fetchone("acquire", _ACQUIRE, (*args, max_attempts, renew_interval))
+        row = await self._conn._fetchone("acquire", _ACQUIRE, (*args, max_attempts, renew_interval))
         if row is None:  # a function that returns one row always does
             raise JobConflict(key)
         kind, now, taken, cause = row[:4]
         if kind == "conflict":
             raise JobConflict(key)
-        job = self._job(row[4:], now)
+        job = self._conn._job(row[4:], now)
         if kind == "acquired":
             return Acquired(Fence(key, owner_id, job.token), bool(taken), job, cause)
         return Following(job) if kind == "following" else Finished(job)
@@ -144,7 +162,9 @@ class PostgresStore(PostgresListing):
         check_checkpoint(fence, checkpoint, nul=False)
         stage = diagnostic(stage)
         args = (job_key(fence.key), fence.owner_id, fence.token, ttl, stage, progress_version)
-        row = await self._fetchone("renew", _RENEW, (*args, max_no_progress, grace, checkpoint))
+        row = await self._conn._fetchone(
+            "renew", _RENEW, (*args, max_no_progress, grace, checkpoint)
+        )
         assert row is not None  # one row, always
         code, remaining, token, owner, stalled = row
         if code == "ok":
@@ -162,7 +182,7 @@ class PostgresStore(PostgresListing):
     ) -> bool:
         key = job_key(fence.key)
         args = (key, fence.owner_id, fence.token, clip(error), clip(snapshot), interrupted)
-        row = await self._fetchone("release", _RELEASE, args)
+        row = await self._conn._fetchone("release", _RELEASE, args)
         return bool(row and row[0])
 
     async def _finish(
@@ -175,13 +195,13 @@ class PostgresStore(PostgresListing):
         facts: RunFacts | None = None,
     ) -> JobState:
         args = (job_key(fence.key), fence.owner_id, fence.token, status, value, reason or "")
-        row = await self._fetchone(op, _FINISH, (*args, *_facts_args(ran(facts))))
+        row = await self._conn._fetchone(op, _FINISH, (*args, *_facts_args(ran(facts))))
         assert row is not None  # one row, always
         kind, now, code, token, owner = row[:5]
         if kind == "rejected":
             current = None if owner is None else Fence(fence.key, owner, int(token))
             raise FencingRejected(fence.key, fence, current, Refusal(code))
-        job = self._job(row[5:], now)
+        job = self._conn._job(row[5:], now)
         if kind == "written" and status == "DONE":  # a fresh write's reply is lean
             return _with_result(job, value)
         return job
@@ -203,45 +223,16 @@ class PostgresStore(PostgresListing):
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
         key, stage = job_key(fence.key), diagnostic(stage)
         args = (key, fence.owner_id, fence.token, stage, clip(snapshot) or "")
-        row = await self._fetchone("report_stall", _STALL, args)
+        row = await self._conn._fetchone("report_stall", _STALL, args)
         return bool(row and row[0])
 
     async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
-        row = await self._fetchone("cancel", _CANCEL, (job_key(key), clip(reason) or ""))
-        return None if row is None else self._job(row[1:], row[0])
+        row = await self._conn._fetchone("cancel", _CANCEL, (job_key(key), clip(reason) or ""))
+        return None if row is None else self._conn._job(row[1:], row[0])
 
     async def get(self, key: str) -> JobState | None:
-        row = await self._fetchone("get", _GET, (job_key(key),))
-        return None if row is None else self._job(row[1:], row[0])
-
-    async def timeline(
-        self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
-    ) -> tuple[list[TimelineEntry], int]:
-        """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.timeline.JobTimeline`):
-        one statement, and how many entries the cap dropped."""
-        key, bounded = job_key(key), max(0, min(limit, TIMELINE_CAP))
-        rows = await self._fetch("timeline", _TIMELINE, (key, key, after_seq, bounded))
-        dropped = int(rows[0][0] or 0) if rows else 0
-        entries = [TimelineEntry(*row[1:]) for row in rows if row[1] is not None]
-        return entries, dropped
-
-    async def note(
-        self,
-        key: str,
-        kind: str,
-        detail: str,
-        *,
-        owner_id: str,
-        token: int,
-        stage: str | None = None,
-    ) -> bool:
-        """Append one entry to the job's timeline (the termination ladder's steps): not
-        fenced, written only for an existing job (False for an unknown key)."""
-        detail = timeline.check_note(kind, detail)
-        owner_id, stage = diagnostic(owner_id) or "", diagnostic(stage)
-        args = (job_key(key), kind, detail, owner_id, token, stage, timeline.NOTE_LIMIT)
-        row = await self._fetchone("note", _NOTE, args, resend=False)  # twice: two entries
-        return bool(row and row[0])
+        row = await self._conn._fetchone("get", _GET, (job_key(key),))
+        return None if row is None else self._conn._job(row[1:], row[0])
 
     async def wait(self, key: str, timeout: float) -> None:
         """Return on the job's next event (commit, fail, release, cancel) or after
@@ -250,11 +241,14 @@ class PostgresStore(PostgresListing):
         await self._listener.wait(job_key(key), timeout)
 
     async def _version(self, key: str) -> Any:
-        return await self._fetchone("wait", _VERSION, (key,))
+        return await self._conn._fetchone("wait", _VERSION, (key,))
 
     async def aclose(self) -> None:
         await self._listener.aclose()
-        await super().aclose()
+        await self._conn.aclose()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.where!r}, namespace={self.namespace!r})"
 
 
 def _facts_args(facts: RunFacts | None) -> tuple[Any, ...]:

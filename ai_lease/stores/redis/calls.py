@@ -6,8 +6,9 @@ every operation is bounded by ``op_timeout`` without losing its connection
 (stores/redis/wire.py). Lost replies are handled a level up: every script is safe to run
 twice. The data-loss marker (an epoch id the store keeps) is checked on every new
 connection, and the specs of jobs this process may run are kept to re-create a record lost
-with the data. :class:`RedisCalls` is the base the store's parts share
-(:mod:`ai_lease.stores.redis.queue`, :mod:`ai_lease.stores.redis.store`).
+with the data. :class:`RedisCalls` is the connection the store owns and hands to each of its parts
+(:mod:`ai_lease.stores.redis.queue`, :mod:`~ai_lease.stores.redis.listing`,
+:mod:`~ai_lease.stores.redis.notes`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import collections
 import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -380,3 +381,35 @@ class RedisCalls:
 
     def _forget(self, key: str) -> None:
         self._spec_chars -= len(self._specs.pop(key, ""))
+
+    # -- shared by the parts ---------------------------------------------------------------
+
+    async def _unqueue(self, key: str) -> None:
+        """On Cluster, a removed job's entries in the namespace's sorted sets."""
+        await self._cmd("remove", "ZREM", self._leases, self.keys(key)[0])
+        await self._cmd("remove", "ZREM", self._queue, key)
+        await self._cmd("remove", "ZREM", self._recovery, key)
+
+    async def _job_hashes(self, batch: int) -> AsyncIterator[list[str]]:
+        """The namespace's job hashes, SCANned in batches of at most ``batch``."""
+        match = f"{self._ns}:{{*}}:job"
+        if self._cluster:
+            names: list[str] = []
+            async for name in self._client.scan_iter(match=match, count=batch):
+                names.append(name)
+            for at in range(0, len(names), batch):
+                yield names[at : at + batch]
+            return
+        cursor = "0"
+        while True:
+            cursor, names = await self._cmd("prune", "SCAN", cursor, "MATCH", match, "COUNT", batch)
+            for at in range(0, len(names), batch):
+                yield names[at : at + batch]
+            if int(cursor) == 0:
+                return
+
+    async def aclose(self) -> None:
+        await self._tasks.aclose()
+        if self._pubsub is not self._client:
+            await self._pubsub.aclose()
+        await self._client.aclose()

@@ -47,8 +47,8 @@ from ai_lease.lease.listing import (
     no_key_starts,
     report_corrupt,
 )
+from ai_lease.stores.redis.calls import RedisCalls
 from ai_lease.stores.redis.keys import decode, hash_tag
-from ai_lease.stores.redis.queue import RedisQueue
 
 __all__ = ["LIST_BOUND", "RedisListing"]
 
@@ -58,10 +58,12 @@ LIST_BOUND = 2000
 _BACKFILL_BATCH = 500
 
 
-class RedisListing(RedisQueue):
+class RedisListing:
     """``list_page`` and ``count_jobs`` on the namespace's creation index."""
 
-    _index_ready = False
+    def __init__(self, calls: RedisCalls) -> None:
+        self._calls = calls
+        self._index_ready = False
 
     async def list_page(
         self,
@@ -79,15 +81,15 @@ class RedisListing(RedisQueue):
         cursor = None if after is None else decode_cursor(after)
         if no_key_starts(prefix):
             return JobPage([], None)
-        if self._cluster:
+        if self._calls._cluster:
             return await self._scanned_page(status, prefix, cursor, limit, on_corrupt)
         await self._ensure_index()
-        at, name = ("", "") if cursor is None else (str(cursor[0]), self.keys(cursor[1])[0])
-        pre = "" if not prefix else f"{self._ns}:{{{hash_tag(prefix)}"
+        at, name = ("", "") if cursor is None else (str(cursor[0]), self._calls.keys(cursor[1])[0])
+        pre = "" if not prefix else f"{self._calls._ns}:{{{hash_tag(prefix)}"
         bound = max(LIST_BOUND, limit + 1)
         args = [at, name, limit, status or "", pre, bound]
-        keys = [self._created, self._names]
-        reply = await self._eval("list_page", "LIST_PAGE", keys, args)
+        keys = [self._calls._created, self._calls._names]
+        reply = await self._calls._eval("list_page", "LIST_PAGE", keys, args)
         jobs = []
         for member, fields in zip(reply[3::2], reply[4::2], strict=True):
             job = self._page_job(member, fields, reply[0])
@@ -97,10 +99,10 @@ class RedisListing(RedisQueue):
                 jobs.append(job)
         if not reply[2]:
             return JobPage(jobs, None)
-        return JobPage(jobs, encode_cursor(int(float(reply[1])), self._key_of(reply[2])))
+        return JobPage(jobs, encode_cursor(int(float(reply[1])), self._calls._key_of(reply[2])))
 
     def _page_job(self, member: str, fields: Any, now_us: Any) -> JobState | CorruptRecord:
-        key = self._key_of(member)
+        key = self._calls._key_of(member)
         if fields == "corrupt":
             return CorruptRecord(key, "record has no ai_lease schema marker")
         try:
@@ -110,10 +112,10 @@ class RedisListing(RedisQueue):
 
     async def count_jobs(self) -> dict[str, int]:
         """Jobs per status: one ZRANGE of the counts the job scripts keep."""
-        if self._cluster:
+        if self._calls._cluster:
             return await self._scanned_counts()
         await self._ensure_index()
-        flat = await self._eval("count_jobs", "COUNT_JOBS", [self._counts], [])
+        flat = await self._calls._eval("count_jobs", "COUNT_JOBS", [self._calls._counts], [])
         counts = {status: int(float(n)) for status, n in zip(flat[::2], flat[1::2], strict=True)}
         return {status: n for status, n in counts.items() if status and n > 0}
 
@@ -121,26 +123,26 @@ class RedisListing(RedisQueue):
         """Index the jobs stored before the creation index, once per store (a marker key)."""
         if self._index_ready:
             return
-        marker = f"{self._created}_ready"
-        if not await self._cmd("list_page", "EXISTS", marker):
+        marker = f"{self._calls._created}_ready"
+        if not await self._calls._cmd("list_page", "EXISTS", marker):
             found = False
-            async for names in self._job_hashes(_BACKFILL_BATCH):
-                keys = [self._created, self._counts, self._names, *names]
-                await self._eval("list_page", "BACKFILL", keys, [])
+            async for names in self._calls._job_hashes(_BACKFILL_BATCH):
+                keys = [self._calls._created, self._calls._counts, self._calls._names, *names]
+                await self._calls._eval("list_page", "BACKFILL", keys, [])
                 found = found or bool(names)
-            if found or self._create:  # a look at an empty namespace writes nothing
-                await self._cmd("list_page", "SET", marker, "1")
+            if found or self._calls._create:  # a look at an empty namespace writes nothing
+                await self._calls._cmd("list_page", "SET", marker, "1")
         self._index_ready = True
 
     # -- Cluster: no index (see the module docstring), a SCAN per call ---------------------
 
     async def _scanned(self, on_corrupt: CorruptSink | None) -> list[JobState]:
         jobs = []
-        async for names in self._job_hashes(_BACKFILL_BATCH):
+        async for names in self._calls._job_hashes(_BACKFILL_BATCH):
             for name in names:
-                key = self._key_of(name)
+                key = self._calls._key_of(name)
                 try:
-                    reply = await self._call("list_page", key, "GET", [])
+                    reply = await self._calls._call("list_page", key, "GET", [])
                     if len(reply) > 1:
                         jobs.append(decode(key, reply[1:], reply[0]))
                 except CorruptRecord as exc:

@@ -9,7 +9,7 @@ that workers correct, never the judge.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -26,54 +26,61 @@ from ai_lease.stores.redis.calls import RedisCalls
 from ai_lease.stores.redis.keys import decode, us
 from ai_lease.stores.redis.queue_scripts import COUNTS
 
-__all__ = ["RedisQueue"]
+__all__ = ["RedisAdmin", "RedisQueue"]
 
 PRUNE_BATCH = 100
 """Job hashes per PRUNE script (and per SCAN step) on a standalone server."""
 
 
-class RedisQueue(RedisCalls):
+class RedisQueue:
     """The :class:`~ai_lease.lease.queue.JobQueue` part of the Redis store, and its history."""
+
+    def __init__(self, calls: RedisCalls) -> None:
+        self._calls = calls
 
     async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
         """Record the job and its queue entry in one script (standalone): a lost reply is
         :class:`~ai_lease.errors.OutcomeUnknown` (stored or not: check ``status``)."""
         spec = exact("submit", validate_key(key), "spec", spec)
-        if self._cluster:  # the queue is in another slot: its entry first, then the record
-            await self._cmd("submit", "ZADD", self._queue, "LT", 0, key)
-        reply = await self._call("submit", key, "SUBMIT", [spec, fingerprint, key])
+        if self._calls._cluster:  # the queue is in another slot: its entry first, then the record
+            await self._calls._cmd("submit", "ZADD", self._calls._queue, "LT", 0, key)
+        reply = await self._calls._call("submit", key, "SUBMIT", [spec, fingerprint, key])
         if reply[0] == "conflict":
             raise JobConflict(key)
         job = decode(key, reply[2:], reply[1])
         if not job.status.terminal:
-            self._remember(key, spec)
+            self._calls._remember(key, spec)
         return job
 
     async def due(self, limit: int) -> list[str]:
         """Jobs whose lease lapsed first (recovery before fresh work; found through the lease
         index even without a queue entry; at most ``limit``), then the queue's due keys. The
         data-loss marker is checked in the same round trip."""
-        keys = [self._queue, self._leases, *self._marks]
-        reply = await self._eval("due", "DUE", keys, [limit, *self._epoch_args()])
-        self._saw_epoch(reply[:2])
+        keys = [self._calls._queue, self._calls._leases, *self._calls._marks]
+        reply = await self._calls._eval("due", "DUE", keys, [limit, *self._calls._epoch_args()])
+        self._calls._saw_epoch(reply[:2])
         lapsed = int(reply[2])
-        found = [self._key_of(name) for name in reply[3 : 3 + lapsed]] + reply[3 + lapsed :]
+        found = [self._calls._key_of(name) for name in reply[3 : 3 + lapsed]] + reply[3 + lapsed :]
         return list(dict.fromkeys(found))[:limit]
 
     async def reschedule(self, key: str, at: float | None) -> None:
-        args = [key, self.keys(key)[0], "" if at is None else repr(float(at))]
-        keys = [self._queue, self._leases, self._recovery]
-        await self._eval("reschedule", "RESCHEDULE", keys, args)
+        args = [key, self._calls.keys(key)[0], "" if at is None else repr(float(at))]
+        keys = [self._calls._queue, self._calls._leases, self._calls._recovery]
+        await self._calls._eval("reschedule", "RESCHEDULE", keys, args)
 
     async def recover_at(self, key: str, at: float) -> None:
-        keys = [self._queue, self._recovery]
-        await self._eval("recover_at", "RECOVER_AT", keys, [key, repr(float(at))])
+        keys = [self._calls._queue, self._calls._recovery]
+        await self._calls._eval("recover_at", "RECOVER_AT", keys, [key, repr(float(at))])
 
     async def due_recoveries(self, limit: int) -> list[str]:
-        return list(await self._eval("due_recoveries", "DUE_RECOVERIES", [self._recovery], [limit]))
+        return list(
+            await self._calls._eval(
+                "due_recoveries", "DUE_RECOVERIES", [self._calls._recovery], [limit]
+            )
+        )
 
     def _worker_keys(self, worker_id: str) -> list[str]:
-        index = f"{self._ns}:workers"
+        index = f"{self._calls._ns}:workers"
         return [f"{{{index}}}:worker:{worker_id}", index]
 
     async def gauges(self) -> QueueGauges:
@@ -81,9 +88,11 @@ class RedisQueue(RedisCalls):
         ``ZCOUNT`` calls, one round trip. Redis keeps no count by status (counting means
         reading every job hash), so ``jobs`` is None; on Cluster the lease index is not
         kept, so neither are the lease counts."""
-        keys = [self._queue, self._leases]
-        due, later, live, lapsed = map(int, await self._cmd("metrics", "EVAL", COUNTS, 2, *keys))
-        if self._cluster:
+        keys = [self._calls._queue, self._calls._leases]
+        due, later, live, lapsed = map(
+            int, await self._calls._cmd("metrics", "EVAL", COUNTS, 2, *keys)
+        )
+        if self._calls._cluster:
             return QueueGauges(queue_due=due, queue_scheduled=later)
         return QueueGauges(None, due, later, live, lapsed)
 
@@ -91,15 +100,15 @@ class RedisQueue(RedisCalls):
         info = storable_worker(info)
         blob = orjson.dumps({k: v for k, v in asdict(info).items() if k != "last_seen"})
         args = [info.worker_id, blob.decode(), round(ttl * 1000)]
-        await self._eval("worker_beat", "BEAT", self._worker_keys(info.worker_id), args)
+        await self._calls._eval("worker_beat", "BEAT", self._worker_keys(info.worker_id), args)
 
     async def worker_gone(self, worker_id: str) -> None:
         keys = self._worker_keys(worker_id)
-        await self._eval("worker_gone", "WORKER_GONE", keys, [worker_id])
+        await self._calls._eval("worker_gone", "WORKER_GONE", keys, [worker_id])
 
     async def list_workers(self, *, on_corrupt: CorruptSink | None = None) -> list[WorkerInfo]:
         prefix, index = self._worker_keys("")
-        pairs = await self._eval("list_workers", "LIST_WORKERS", [index], [prefix])
+        pairs = await self._calls._eval("list_workers", "LIST_WORKERS", [index], [prefix])
         out = []
         for worker_id, blob in zip(pairs[::2], pairs[1::2], strict=True):
             try:
@@ -123,24 +132,26 @@ class RedisQueue(RedisCalls):
     # -- duration history: one hash per (pipeline, kind, stage), plus an index set -----------
 
     async def add_durations(self, counts: Mapping[tuple[str, str, str], Mapping[int, int]]) -> None:
-        pipe = self._client.pipeline(transaction=False)
+        pipe = self._calls._client.pipeline(transaction=False)
         for series, buckets in counts.items():
             name = orjson.dumps(list(series)).decode()
-            pipe.sadd(f"{self._ns}:hists", name)
+            pipe.sadd(f"{self._calls._ns}:hists", name)
             for bucket, n in buckets.items():
-                pipe.hincrby(f"{self._ns}:hist:{name}", str(bucket), n)
+                pipe.hincrby(f"{self._calls._ns}:hist:{name}", str(bucket), n)
         # One round trip; never resent (HINCRBY applied twice would count twice).
         if len(pipe):
-            await self._bounded("add_durations", "", pipe.execute, resend=False)
+            await self._calls._bounded("add_durations", "", pipe.execute, resend=False)
 
     async def load_durations(
         self, *, on_corrupt: CorruptSink | None = None
     ) -> dict[tuple[str, str, str], dict[int, int]]:
-        index = f"{self._ns}:hists"
-        names = sorted(await self._listed(index, self._cmd("load_durations", "SMEMBERS", index)))
-        hists = [f"{self._ns}:hist:{name}" for name in names]
+        index = f"{self._calls._ns}:hists"
+        names = sorted(
+            await self._listed(index, self._calls._cmd("load_durations", "SMEMBERS", index))
+        )
+        hists = [f"{self._calls._ns}:hist:{name}" for name in names]
         raws = await asyncio.gather(
-            *(self._listed(h, self._cmd("load_durations", "HGETALL", h)) for h in hists),
+            *(self._listed(h, self._calls._cmd("load_durations", "HGETALL", h)) for h in hists),
             return_exceptions=True,
         )
         out: dict[tuple[str, str, str], dict[int, int]] = {}
@@ -162,26 +173,33 @@ class RedisQueue(RedisCalls):
             out[series] = counts
         return out
 
+
+class RedisAdmin:
+    """The :class:`~ai_lease.lease.admin.JobAdmin` part: retry, remove and prune."""
+
+    def __init__(self, calls: RedisCalls) -> None:
+        self._calls = calls
+
     # -- the jobs' lifecycle for people (JobAdmin): one script each --------------------------
 
     async def retry(self, key: str) -> JobState | None:
-        reply = await self._call("retry", key, "RETRY", [key])
+        reply = await self._calls._call("retry", key, "RETRY", [key])
         if len(reply) <= 1:
             return None
         job = decode(key, reply[1:], reply[0])
-        if self._cluster and job.status is Status.PENDING:  # the queue is in another slot
-            await self._cmd("retry", "ZADD", self._queue, 0, key)
+        if self._calls._cluster and job.status is Status.PENDING:  # the queue is in another slot
+            await self._calls._cmd("retry", "ZADD", self._calls._queue, 0, key)
         return job
 
     async def remove(self, key: str, *, force: bool = False) -> Removal:
-        reply = await self._call("remove", key, "REMOVE", [key, "1" if force else ""])
+        reply = await self._calls._call("remove", key, "REMOVE", [key, "1" if force else ""])
         if len(reply) <= 1:
             return Removal(False, None)
         removed = reply[1] == "removed"
         if removed:
-            self._forget(key)
-            if self._cluster:  # the namespace's keys are in another slot
-                await self._unqueue(key)
+            self._calls._forget(key)
+            if self._calls._cluster:  # the namespace's keys are in another slot
+                await self._calls._unqueue(key)
         return Removal(removed, decode(key, reply[2:], reply[0]))
 
     async def prune(self, older_than: float, statuses: frozenset[str] = TERMINAL_STATUSES) -> int:
@@ -191,42 +209,26 @@ class RedisQueue(RedisCalls):
         if not args[1]:
             return 0
         removed = 0
-        async for names in self._job_hashes(PRUNE_BATCH):
-            if not self._cluster:
-                job_keys = [self._key_of(name) for name in names]
-                lines = [self.keys(key)[2] for key in job_keys]  # their timelines
-                keys = [*names, *lines, self._leases, self._queue, self._recovery]
-                keys += [self._created, self._counts, self._names]
-                removed += await self._eval("prune", "PRUNE", keys, [*args, len(names), *job_keys])
+        async for names in self._calls._job_hashes(PRUNE_BATCH):
+            if not self._calls._cluster:
+                job_keys = [self._calls._key_of(name) for name in names]
+                lines = [self._calls.keys(key)[2] for key in job_keys]  # their timelines
+                keys = [
+                    *names,
+                    *lines,
+                    self._calls._leases,
+                    self._calls._queue,
+                    self._calls._recovery,
+                ]
+                keys += [self._calls._created, self._calls._counts, self._calls._names]
+                removed += await self._calls._eval(
+                    "prune", "PRUNE", keys, [*args, len(names), *job_keys]
+                )
                 continue
             for name in names:
-                key = self._key_of(name)
-                keys = [name, self.keys(key)[2]]
-                if await self._eval("prune", "PRUNE", keys, [*args, 1, key]):
+                key = self._calls._key_of(name)
+                keys = [name, self._calls.keys(key)[2]]
+                if await self._calls._eval("prune", "PRUNE", keys, [*args, 1, key]):
                     removed += 1
-                    await self._unqueue(key)
+                    await self._calls._unqueue(key)
         return int(removed)
-
-    async def _unqueue(self, key: str) -> None:
-        """On Cluster, a removed job's entries in the namespace's sorted sets."""
-        await self._cmd("remove", "ZREM", self._leases, self.keys(key)[0])
-        await self._cmd("remove", "ZREM", self._queue, key)
-        await self._cmd("remove", "ZREM", self._recovery, key)
-
-    async def _job_hashes(self, batch: int) -> AsyncIterator[list[str]]:
-        """The namespace's job hashes, SCANned in batches of at most ``batch``."""
-        match = f"{self._ns}:{{*}}:job"
-        if self._cluster:
-            names: list[str] = []
-            async for name in self._client.scan_iter(match=match, count=batch):
-                names.append(name)
-            for at in range(0, len(names), batch):
-                yield names[at : at + batch]
-            return
-        cursor = "0"
-        while True:
-            cursor, names = await self._cmd("prune", "SCAN", cursor, "MATCH", match, "COUNT", batch)
-            for at in range(0, len(names), batch):
-                yield names[at : at + batch]
-            if int(cursor) == 0:
-                return

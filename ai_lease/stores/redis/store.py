@@ -3,8 +3,10 @@
 Every call goes through redis-py (hiredis parses), one code path for ``redis://``,
 ``rediss://``, ``unix://`` and Cluster, bounded by ``op_timeout`` with redis-py's retries off
 (stores/redis/calls.py). Followers wait on a pub/sub channel per job, falling back to sleeping
-out the poll interval when pub/sub is unavailable. The job queue, workers and history are
-in stores/redis/queue.py; keys and decoding in stores/redis/keys.py.
+out the poll interval when pub/sub is unavailable. The store is composed of parts sharing its
+calls: the job queue, workers, history and admin (stores/redis/queue.py), the listing
+(stores/redis/listing.py) and the timeline (stores/redis/notes.py); keys and decoding are in
+stores/redis/keys.py.
 
 >>> store = RedisStore.from_url("redis://127.0.0.1:6379/0")   # doctest: +SKIP
 """
@@ -22,6 +24,7 @@ from ai_lease.errors import (
     CorruptSink,
     FencingRejected,
     JobConflict,
+    StoreDataLost,
     StoreUnavailable,
     skip_corrupt,
 )
@@ -38,23 +41,64 @@ from ai_lease.lease.base import (
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
-from ai_lease.lease.timeline import TIMELINE_CAP, TimelineEntry, check_note
 from ai_lease.redaction import mask_url
 from ai_lease.resource import AsyncResource
-from ai_lease.stores.redis.calls import connect
-from ai_lease.stores.redis.keys import decode, hash_tag, timeline_entry, us
+from ai_lease.stores.redis.calls import RedisCalls, connect
+from ai_lease.stores.redis.keys import decode, hash_tag, us
 from ai_lease.stores.redis.listing import RedisListing
+from ai_lease.stores.redis.notes import RedisTimeline
 from ai_lease.stores.redis.prelude import LEAN_FIELDS
+from ai_lease.stores.redis.queue import RedisAdmin, RedisQueue
 
 __all__ = ["RedisStore", "hash_tag"]
 
 
-class RedisStore(RedisListing, AsyncResource):
+class RedisStore(AsyncResource):
     """A :class:`~ai_lease.lease.base.LeaseStore` on Redis.
 
     Keys are ``<namespace>:{<job key>}:job`` (a hash) and ``<namespace>:{<job key>}:events``
     (a pub/sub channel); the ``{…}`` hash tag keeps one job's keys in one Cluster slot.
+
+    The store owns one :class:`RedisCalls` (the client, its scripts, every call bounded) and
+    is composed of parts that share it: ``queue`` (queue, workers, gauges, duration history),
+    ``admin`` (retry / remove / prune), ``listing`` (pages and counts) and ``notes`` (the
+    job's timeline and its notes). The lease operations are its own methods; the parts'
+    methods are bound onto the store, so callers see one object.
     """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        namespace: str = "ai_lease",
+        op_timeout: float = 2.0,
+        where: str = "redis",
+        create: bool = True,
+    ) -> None:
+        self._calls = calls = RedisCalls(
+            client, namespace=namespace, op_timeout=op_timeout, where=where, create=create
+        )
+        self.where, self._ns = calls.where, calls._ns
+        # the client, its scripts and keys, for benchmarks and tests that reach past the store
+        self._client, self._pool, self._scripts = calls._client, calls._pool, calls._scripts
+        self.keys, self._key_of, self._script_keys = calls.keys, calls._key_of, calls._script_keys
+        self.data_lost = calls.data_lost
+        self.queue, self.admin = RedisQueue(calls), RedisAdmin(calls)
+        self.listing, self.notes = RedisListing(calls), RedisTimeline(calls)
+        queue = self.queue
+        self.submit, self.due, self.reschedule = queue.submit, queue.due, queue.reschedule
+        self.recover_at, self.due_recoveries = queue.recover_at, queue.due_recoveries
+        self.worker_beat, self.worker_gone = queue.worker_beat, queue.worker_gone
+        self.list_workers, self.gauges = queue.list_workers, queue.gauges
+        self.add_durations, self.load_durations = queue.add_durations, queue.load_durations
+        self.retry, self.remove, self.prune = self.admin.retry, self.admin.remove, self.admin.prune
+        self.list_page, self.count_jobs = self.listing.list_page, self.listing.count_jobs
+        self.timeline, self.note = self.notes.timeline, self.notes.note
+
+    @property
+    def lost_data(self) -> StoreDataLost | None:
+        """Set once this process has seen the store lose its data (or a recent note of it)."""
+        return self._calls.lost_data
 
     @classmethod
     def from_url(
@@ -95,10 +139,10 @@ class RedisStore(RedisListing, AsyncResource):
             fingerprint or "",
             "" if max_attempts is None else str(max_attempts),
             # After a data loss, a record this acquire re-creates gets its spec back.
-            self._specs.get(key, "") if self.lost_data is not None else "",
+            self._calls._specs.get(key, "") if self._calls.lost_data is not None else "",
             "" if renew_interval is None else us(renew_interval),
         ]
-        reply = await self._call("acquire", key, "ACQUIRE", args)
+        reply = await self._calls._call("acquire", key, "ACQUIRE", args)
         kind = reply[0]
         if kind == "conflict":
             raise JobConflict(key)
@@ -132,7 +176,7 @@ class RedisStore(RedisListing, AsyncResource):
             us(grace),
             checkpoint or "",
         ]
-        reply = await self._call("renew", fence.key, "RENEW", args)
+        reply = await self._calls._call("renew", fence.key, "RENEW", args)
         if reply[0] == "ok":
             return Renewal(True, None, int(reply[1]) / 1_000_000, stalled=bool(reply[2]))
         current = _current(fence, reply[2], reply[3]) if reply[2] not in ("", None) else None
@@ -148,7 +192,7 @@ class RedisStore(RedisListing, AsyncResource):
     ) -> bool:
         args = [fence.owner_id, fence.token, clip(error) or "", clip(snapshot) or ""]
         args.append("1" if interrupted else "")
-        return bool(await self._call("release", fence.key, "RELEASE", args))
+        return bool(await self._calls._call("release", fence.key, "RELEASE", args))
 
     async def _finish(
         self,
@@ -161,13 +205,13 @@ class RedisStore(RedisListing, AsyncResource):
         facts: RunFacts | None = None,
     ) -> JobState:
         args = [fence.owner_id, fence.token, status, field, value, reason, *_facts_args(facts)]
-        reply = await self._call(op, fence.key, "FINISH", args)
+        reply = await self._calls._call(op, fence.key, "FINISH", args)
         if reply[0] == "rejected":
             current = _current(fence, reply[2], reply[3]) if reply[2] else None
             raise FencingRejected(fence.key, fence, current, Refusal(reply[1]))
         # A fresh write's reply is lean (no result): the record holds the value just written.
         extra = {"result": value} if field == "result" else None
-        self._forget(fence.key)
+        self._calls._forget(fence.key)
         names = LEAN_FIELDS if reply[0] == "written" else None  # values only, in order
         return decode(fence.key, reply[2:], reply[1], extra, names)
 
@@ -189,61 +233,46 @@ class RedisStore(RedisListing, AsyncResource):
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
         args = [fence.owner_id, fence.token, diagnostic(stage) or "", clip(snapshot) or ""]
-        return bool(await self._call("report_stall", fence.key, "REPORT_STALL", args))
-
-    async def note(
-        self,
-        key: str,
-        kind: str,
-        detail: str,
-        *,
-        owner_id: str,
-        token: int,
-        stage: str | None = None,
-    ) -> bool:
-        """One entry in an existing job's timeline (:class:`~ai_lease.lease.timeline.JobNotes`)."""
-        detail = check_note(kind, detail)
-        args = [kind, diagnostic(owner_id) or "", token, diagnostic(stage) or "", detail]
-        return bool(await self._call("note", key, "NOTE", args))
+        return bool(await self._calls._call("report_stall", fence.key, "REPORT_STALL", args))
 
     async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:
-        reply = await self._call("cancel", key, "CANCEL", [clip(reason) or ""])
+        reply = await self._calls._call("cancel", key, "CANCEL", [clip(reason) or ""])
         if len(reply) <= 1:
             return None
-        self._forget(key)
+        self._calls._forget(key)
         return decode(key, reply[1:], reply[0])
 
     async def get(self, key: str) -> JobState | None:
-        reply = await self._call("get", key, "GET", [])
+        reply = await self._calls._call("get", key, "GET", [])
         if len(reply) <= 1:
             return None
         job = decode(key, reply[1:], reply[0])
         if job.spec and not job.status.terminal:
-            self._remember(key, job.spec)
+            self._calls._remember(key, job.spec)
         return job
 
     async def list_jobs(
         self, *, status: str | None = None, limit: int = 100, on_corrupt: CorruptSink | None = None
     ) -> list[JobState]:
         """Scans the namespace (O(keys): for people, not for hot paths); unordered."""
-        found, match = [], f"{self._ns}:{{*}}:job"
-        if not self._cluster:  # bounded like every call
+        found, match = [], f"{self._calls._ns}:{{*}}:job"
+        if not self._calls._cluster:  # bounded like every call
             cursor = "0"
             while True:
-                cursor, names = await self._cmd(
+                cursor, names = await self._calls._cmd(
                     "list_jobs", "SCAN", cursor, "MATCH", match, "COUNT", 500
                 )
-                found += [self._key_of(name) for name in names]
+                found += [self._calls._key_of(name) for name in names]
                 if int(cursor) == 0:  # redis-py parses the cursor (an int)
                     break
         else:
             try:
-                async for name in self._client.scan_iter(match=match, count=500):
-                    found.append(self._key_of(name))
+                async for name in self._calls._client.scan_iter(match=match, count=500):
+                    found.append(self._calls._key_of(name))
             except UnicodeDecodeError:
                 raise CorruptRecord(match, "a key name is not valid UTF-8", kind="key") from None
             except (RedisError, OSError) as exc:
-                raise StoreUnavailable(self.where, "list_jobs", str(exc)) from exc
+                raise StoreUnavailable(self._calls.where, "list_jobs", str(exc)) from exc
         jobs = []
         for key in found:
             try:
@@ -257,30 +286,17 @@ class RedisStore(RedisListing, AsyncResource):
                     break
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
 
-    async def timeline(
-        self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
-    ) -> tuple[list[TimelineEntry], int]:
-        """The job's timeline after ``after_seq`` (:class:`~ai_lease.lease.timeline.JobTimeline`):
-        one LRANGE of at most ``TIMELINE_CAP`` entries."""
-        raw = await self._cmd("timeline", "LRANGE", self.keys(key)[2], 0, -1)
-        try:
-            entries = [timeline_entry(line) for line in raw]
-        except ValueError:
-            raise CorruptRecord(key, "a timeline entry is not ours", kind="timeline") from None
-        dropped = entries[0].seq - 1 if entries else 0
-        return [e for e in entries if e.seq > after_seq][: max(0, limit)], dropped
-
     async def wait(self, key: str, timeout: float) -> None:
         """Return on the job's next event (commit, fail, release) or after ``timeout``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        if not hasattr(self._pubsub, "pubsub"):  # redis-py's asyncio Cluster client: poll
+        if not hasattr(self._calls._pubsub, "pubsub"):  # redis-py's asyncio Cluster client: poll
             await asyncio.sleep(timeout)
             return
-        pubsub = self._pubsub.pubsub()
+        pubsub = self._calls._pubsub.pubsub()
         try:
             async with asyncio.timeout(timeout):
-                await pubsub.subscribe(self.keys(key)[1])
+                await pubsub.subscribe(self._calls.keys(key)[1])
                 # Every read has a bound of its own too: redis-py (8.1) can lose the timeout's
                 # cancellation inside subscribe's connect under load, and a read without a
                 # bound then blocks until the job's next event, which may never come.
@@ -297,13 +313,10 @@ class RedisStore(RedisListing, AsyncResource):
                 await pubsub.aclose()
 
     async def aclose(self) -> None:
-        await self._tasks.aclose()
-        if self._pubsub is not self._client:
-            await self._pubsub.aclose()
-        await self._client.aclose()
+        await self._calls.aclose()
 
     def __repr__(self) -> str:
-        return f"RedisStore({self.where!r}, namespace={self._ns!r})"
+        return f"RedisStore({self._calls.where!r}, namespace={self._calls._ns!r})"
 
 
 def _facts_args(facts: RunFacts | None) -> list[str]:

@@ -2,8 +2,10 @@
 
 All SQLite work runs on one thread per store, keeping the event loop free while another
 process holds the write lock (closing too). A file this user cannot write is opened
-read-only: reads work, a write fails saying why. :class:`SQLiteFile` is the base the
-store's parts share (:mod:`ai_lease.stores.sqlite.queue`, :mod:`ai_lease.stores.sqlite.store`).
+read-only: reads work, a write fails saying why. The store owns one :class:`SQLiteFile`
+and hands it to each of its parts (queue, admin, listing, timeline in
+:mod:`ai_lease.stores.sqlite.queue`, :mod:`~ai_lease.stores.sqlite.listing` and
+:mod:`~ai_lease.stores.sqlite.notes`), so they share one connection and one thread.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import orjson
 from ai_lease.errors import CorruptRecord, FencingRejected, StoreMissing, StoreUnavailable
 from ai_lease.job import JobState
 from ai_lease.lease.listing import created_us
-from ai_lease.lease.timeline import TIMELINE_CAP, TimelineEntry
 from ai_lease.retry import while_locked
 from ai_lease.stores.sqlite import timeline
 
@@ -294,12 +295,6 @@ class SQLiteFile:
             raise answer
         return answer
 
-    async def timeline(
-        self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
-    ) -> tuple[list[TimelineEntry], int]:
-        """The job's timeline after ``after_seq`` (see :class:`.JobTimeline`)."""
-        return await self._run("timeline", lambda conn: timeline.read(conn, key, after_seq, limit))
-
     async def aclose(self) -> None:
         def close() -> None:
             if self._conn is not None:
@@ -310,10 +305,6 @@ class SQLiteFile:
         # Work queued behind the close may still run (seconds, on a held write lock):
         # wait for it off the event loop.
         await asyncio.to_thread(self._executor.shutdown, wait=True)
-
-    async def data_lost(self) -> None:
-        """Always None: an embedded file does not lose data behind its users' backs."""
-        return None
 
 
 def _holds_a_store(conn: sqlite3.Connection) -> bool:

@@ -40,8 +40,11 @@ PREFIX_SORT_MAX = 2000
 the creation index newest first, skipping other keys (the matches are then dense enough)."""
 
 
-class SQLiteListing(SQLiteFile):
+class SQLiteListing:
     """``list_page`` and ``count_jobs`` on the store's file."""
+
+    def __init__(self, file: SQLiteFile) -> None:
+        self._file = file
 
     async def list_page(
         self,
@@ -63,13 +66,13 @@ class SQLiteListing(SQLiteFile):
             created = _created(conn)
             walk = bool(prefix) and created == "created_us" and _many_match(conn, prefix or "")
             sql, args = _page_query(created, status, prefix, cursor, walk_index=walk)
-            now = self._clock()
+            now = self._file._clock()
             rows = conn.execute(sql, [*args, limit + 1]).fetchall()
             rows.sort(key=lambda row: (row[1], row[0]), reverse=True)  # Python's str order
             # is code-point order, as SQLite's BINARY is on UTF-8
             return [(key, at, self._decode_or_corrupt(key, blob, now)) for key, at, blob in rows]
 
-        rows = await self._run("list_page", work)
+        rows = await self._file._run("list_page", work)
         more = len(rows) > limit
         rows = rows[:limit]
         jobs = []
@@ -83,7 +86,7 @@ class SQLiteListing(SQLiteFile):
 
     async def count_jobs(self) -> dict[str, int]:
         """Jobs per status: one ``GROUP BY`` on the status index."""
-        rows = await self._run(
+        rows = await self._file._run(
             "count_jobs",
             lambda conn: conn.execute(
                 "SELECT status, count(*) FROM ai_lease_jobs GROUP BY status"
@@ -93,7 +96,7 @@ class SQLiteListing(SQLiteFile):
 
     def _decode_or_corrupt(self, key: str, blob: bytes, now: float) -> JobState | CorruptRecord:
         try:
-            return self._decode(key, blob, now)
+            return self._file._decode(key, blob, now)
         except CorruptRecord as exc:  # reported on the event loop's side
             return exc
 

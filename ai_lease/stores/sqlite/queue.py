@@ -23,22 +23,25 @@ from ai_lease.lease.queue import QueueGauges, WorkerInfo, storable_worker
 from ai_lease.lease.storable import exact
 from ai_lease.stores.sqlite.file import SQLiteFile
 
-__all__ = ["SQLiteQueue"]
+__all__ = ["SQLiteAdmin", "SQLiteQueue"]
 
 
-class SQLiteQueue(SQLiteFile):
+class SQLiteQueue:
     """The :class:`~ai_lease.lease.queue.JobQueue` part of the SQLite store, and its history."""
+
+    def __init__(self, file: SQLiteFile) -> None:
+        self._file = file
 
     async def submit(self, key: str, spec: str, fingerprint: str) -> JobState:
         spec = exact("submit", validate_key(key), "spec", spec)
 
         def work(conn: sqlite3.Connection) -> JobState:
-            now = self._clock()
+            now = self._file._clock()
             new, job = rules.submit(
-                self._load(conn, key, now), key, now, spec=spec, fingerprint=fingerprint
+                self._file._load(conn, key, now), key, now, spec=spec, fingerprint=fingerprint
             )
             if new is not None:
-                self._save(conn, new)
+                self._file._save(conn, new)
             if not job.status.terminal:
                 conn.execute(
                     "INSERT INTO ai_lease_queue VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
@@ -47,14 +50,14 @@ class SQLiteQueue(SQLiteFile):
                 )
             return job
 
-        return await self._write("submit", work)
+        return await self._file._write("submit", work)
 
     async def due(self, limit: int) -> list[str]:
         """Queued jobs whose lease lapsed first (recovery before fresh work, however far back
         in the queue they sort; at most ``limit``), then the queue's due keys."""
 
         def work(conn: sqlite3.Connection) -> list[str]:
-            now = self._clock()
+            now = self._file._clock()
             lapsed = conn.execute(
                 "SELECT j.key FROM ai_lease_jobs j JOIN ai_lease_queue q ON q.key = j.key"
                 " WHERE j.status = 'RUNNING' AND j.lease_expires_at <= ?"
@@ -67,7 +70,7 @@ class SQLiteQueue(SQLiteFile):
             ).fetchall()
             return list(dict.fromkeys(key for (key,) in lapsed + due))[:limit]
 
-        return await self._run("due", work)
+        return await self._file._run("due", work)
 
     async def reschedule(self, key: str, at: float | None) -> None:
         def work(conn: sqlite3.Connection) -> None:
@@ -81,7 +84,7 @@ class SQLiteQueue(SQLiteFile):
                     (key, at),
                 )
 
-        await self._write("reschedule", work)
+        await self._file._write("reschedule", work)
 
     async def recover_at(self, key: str, at: float) -> None:
         def work(conn: sqlite3.Connection) -> None:
@@ -92,17 +95,17 @@ class SQLiteQueue(SQLiteFile):
                     (key, at),
                 )
 
-        await self._write("recover_at", work)
+        await self._file._write("recover_at", work)
 
     async def due_recoveries(self, limit: int) -> list[str]:
         def work(conn: sqlite3.Connection) -> list[str]:
             rows = conn.execute(
                 "SELECT key FROM ai_lease_recovery WHERE due_at <= ? ORDER BY due_at LIMIT ?",
-                (self._clock(), limit),
+                (self._file._clock(), limit),
             )
             return [key for (key,) in rows]
 
-        return await self._run("due_recoveries", work)
+        return await self._file._run("due_recoveries", work)
 
     async def gauges(self) -> QueueGauges:
         """Jobs per status (one ``GROUP BY`` on the status index), queue entries due now and
@@ -110,7 +113,7 @@ class SQLiteQueue(SQLiteFile):
         index): one read on the store's thread."""
 
         def work(conn: sqlite3.Connection) -> QueueGauges:
-            now = self._clock()
+            now = self._file._clock()
             jobs = dict.fromkeys((s.value for s in Status), 0)
             for status, n in conn.execute("SELECT status, count(*) FROM ai_lease_jobs GROUP BY 1"):
                 if status in jobs:
@@ -127,13 +130,13 @@ class SQLiteQueue(SQLiteFile):
             )
             return QueueGauges(jobs, due, later, live, lapsed)
 
-        return await self._run("metrics", work)
+        return await self._file._run("metrics", work)
 
     async def worker_beat(self, info: WorkerInfo, ttl: float) -> None:
         info = storable_worker(info)
 
         def work(conn: sqlite3.Connection) -> None:
-            now = self._clock()
+            now = self._file._clock()
             blob = orjson.dumps({**asdict(info), "last_seen": now})
             conn.execute(
                 "INSERT INTO ai_lease_workers VALUES (?, ?, ?) ON CONFLICT(worker_id) DO UPDATE"
@@ -141,10 +144,10 @@ class SQLiteQueue(SQLiteFile):
                 (info.worker_id, now + ttl, blob),
             )
 
-        await self._run("worker_beat", work)
+        await self._file._run("worker_beat", work)
 
     async def worker_gone(self, worker_id: str) -> None:
-        await self._run(
+        await self._file._run(
             "worker_gone",
             lambda conn: conn.execute(
                 "DELETE FROM ai_lease_workers WHERE worker_id = ?", (worker_id,)
@@ -156,11 +159,11 @@ class SQLiteQueue(SQLiteFile):
             return conn.execute(
                 "SELECT worker_id, info FROM ai_lease_workers WHERE expires_at > ?"
                 " ORDER BY worker_id",
-                (self._clock(),),
+                (self._file._clock(),),
             ).fetchall()
 
         out = []
-        for worker_id, blob in await self._run("list_workers", work):
+        for worker_id, blob in await self._file._run("list_workers", work):
             try:
                 if not isinstance(blob, str | bytes):
                     raise CorruptRecord(str(worker_id), "the entry is not JSON", kind="worker")
@@ -178,7 +181,7 @@ class SQLiteQueue(SQLiteFile):
             for bucket, n in buckets.items()
         ]
 
-        await self._write(
+        await self._file._write(
             "add_durations",
             lambda conn: conn.executemany(
                 "INSERT INTO ai_lease_durations VALUES (?, ?, ?, ?, ?) ON CONFLICT"
@@ -199,7 +202,7 @@ class SQLiteQueue(SQLiteFile):
             return rows
 
         out: dict[tuple[str, str, str], dict[int, int]] = {}
-        for parts, buckets in (await self._run("load_durations", work)).items():
+        for parts, buckets in (await self._file._run("load_durations", work)).items():
             name = "/".join(map(str, parts))[:120]
             try:
                 series, counts = checked_histogram(name, parts, buckets)
@@ -209,14 +212,21 @@ class SQLiteQueue(SQLiteFile):
             out[series] = counts
         return out
 
+
+class SQLiteAdmin:
+    """The :class:`~ai_lease.lease.admin.JobAdmin` part: retry, remove and prune."""
+
+    def __init__(self, file: SQLiteFile) -> None:
+        self._file = file
+
     # -- the jobs' lifecycle for people (JobAdmin): one transaction each --------------------
 
     async def retry(self, key: str) -> JobState | None:
         def work(conn: sqlite3.Connection) -> JobState | None:
-            now = self._clock()
-            new, job = rules.retry(self._load(conn, key, now), now)
+            now = self._file._clock()
+            new, job = rules.retry(self._file._load(conn, key, now), now)
             if new is not None:
-                self._save(conn, new)
+                self._file._save(conn, new)
                 conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
                 conn.execute(
                     "INSERT INTO ai_lease_queue VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
@@ -225,22 +235,22 @@ class SQLiteQueue(SQLiteFile):
                 )
             return job
 
-        return await self._write("retry", work)
+        return await self._file._write("retry", work)
 
     async def remove(self, key: str, *, force: bool = False) -> Removal:
         def work(conn: sqlite3.Connection) -> Removal:
-            now = self._clock()
-            rec = self._load(conn, key, now)
+            now = self._file._clock()
+            rec = self._file._load(conn, key, now)
             if rec is not None and not rules.removable(rec, now, force=force):
                 return Removal(False, rec)
             _delete(conn, [key])
             return Removal(rec is not None, rec)
 
-        return await self._write("remove", work)
+        return await self._file._write("remove", work)
 
     async def prune(self, older_than: float, statuses: frozenset[str] = TERMINAL_STATUSES) -> int:
         def work(conn: sqlite3.Connection) -> int:
-            now = self._clock()
+            now = self._file._clock()
             wanted = sorted(statuses & TERMINAL_STATUSES)
             if not wanted:
                 return 0
@@ -256,12 +266,12 @@ class SQLiteQueue(SQLiteFile):
             _delete(conn, keys)
             return len(keys)
 
-        return await self._write("prune", work)
+        return await self._file._write("prune", work)
 
     def _load_quietly(self, conn: sqlite3.Connection, key: str, now: float) -> JobState | None:
         """A record, or None for one that is not ours (prune leaves those alone)."""
         try:
-            return self._load(conn, key, now)
+            return self._file._load(conn, key, now)
         except CorruptRecord:
             return None
 
