@@ -176,7 +176,7 @@ class Attempt:
         async with host.using_provider(self.job) as provider:  # never evicted while in use
             ctx = self._context(progress, keeper, provider)
             keeper.checkpoint = ctx.checkpoint_json  # each renewal stores the checkpoint
-            self.ran = ctx.ran
+            self.ran = ctx._run.ran
             try:
                 async with deadline:
                     emit = events.emit_event if events.listening else None
