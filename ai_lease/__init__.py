@@ -59,7 +59,6 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
     from .lease.admin import Removal
     from .lease.events import Event
     from .lease.progress import Progress
-    from .lease.refusal import Refusal
     from .observe.logs import JobLogger, configure_logging, fan_out
     from .observe.metrics import Metrics, serve_metrics
     from .prompts import PromptLibrary
@@ -73,6 +72,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         create_provider,
     )
     from .redaction import mask_url
+    from .refusal import Refusal
     from .retry import RetryPolicy
     from .run.config import RunConfig, RunHooks
     from .run.context import StageContext
@@ -139,7 +139,7 @@ _LAZY: dict[str, str] = {
     "ProviderError": ".errors",
     "PostgresStore": ".stores.postgres",
     "RedisStore": ".stores.redis",
-    "Refusal": ".lease.refusal",
+    "Refusal": ".refusal",
     "Removal": ".lease.admin",
     "Renewal": ".lease",
     "RetryPolicy": ".retry",

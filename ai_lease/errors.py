@@ -20,6 +20,7 @@ Grouped by what the caller will do about it::
     │   ├── StreamInterrupted      the stream ended without a finish reason: retried, never a result
     │   ├── EmptyEventStream       a 200 event stream with no events at all (not retried)
     │   ├── EmptyAnswer            the model's answer has no text and no tool call (not retried)
+    │   ├── RequestRefused         a 500/501 saying the request itself is invalid (sent once more)
     │   ├── PoolTimeout            no free connection in time: the process is at its limit
     │   └── StreamLimitExceeded    an event or the answer outgrew its size limit (not retried)
     ├── StoreError                 the lease store could not answer
@@ -38,12 +39,10 @@ Messages say what happened and what to do; they never carry secrets.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ai_lease.redaction import redact
-
-if TYPE_CHECKING:  # not imported at run time (refusal.py imports nothing of ours)
-    from ai_lease.lease.refusal import FenceLike, Refusal
+from ai_lease.refusal import FenceLike, Refusal
 
 __all__ = [
     "AiLeaseError",
@@ -64,6 +63,7 @@ __all__ = [
     "OutcomeUnknown",
     "PoolTimeout",
     "ProviderError",
+    "RequestRefused",
     "StageDeadlineExceeded",
     "StageTimeout",
     "Stalled",
@@ -103,12 +103,10 @@ class LeaseError(AiLeaseError):
 
 
 class LeaseLost(LeaseError):
-    """A renewal was refused or the lease lapsed; local work must stop.
-
-    ``refusal`` is the store's reason when the store refused a renewal (see
-    :meth:`refused`), None when the owner stopped on its own (self-fenced, its keeper
-    stopped); ``code`` is the refusal's value, or ``"local"`` without one.
-    """
+    """A renewal was refused or the lease lapsed; local work must stop. ``refusal`` is the
+    store's reason when the store refused a renewal (see :meth:`refused`), None when the
+    owner stopped on its own (self-fenced, its keeper stopped); ``code`` is the refusal's
+    value, or ``"local"`` without one."""
 
     def __init__(
         self,
@@ -140,7 +138,7 @@ class LeaseLost(LeaseError):
 class FencingRejected(LeaseError):
     """A fenced write was refused because the caller's (token, owner) is not current.
 
-    ``refusal`` says why (one of :data:`~ai_lease.lease.refusal.WRITE_REFUSALS`); ``code``
+    ``refusal`` says why (one of :data:`~ai_lease.refusal.WRITE_REFUSALS`); ``code``
     is its value, the label metrics and logs use.
 
     >>> from ai_lease.lease import Fence, Refusal
@@ -312,6 +310,14 @@ class EmptyAnswer(ProviderError):
         super().__init__(why, retryable=False, provider=provider)
 
 
+class RequestRefused(ProviderError):
+    """A 500 or 501 whose body says the request itself is invalid (``request_fault``): not
+    retryable as an attempt; :func:`~ai_lease.retry.call_with_retries` calls once more."""
+
+    def __init__(self, message: str, *, provider: str, status: int) -> None:
+        super().__init__(message, retryable=False, provider=provider, status=status)
+
+
 class PoolTimeout(ProviderError):
     """Every connection of the provider's pool stayed busy for ``wait`` seconds: the process
     runs more streams at once than the provider's ``max_connections``. Not model latency
@@ -348,13 +354,10 @@ class StoreError(AiLeaseError):
 
 class StoreUnavailable(StoreError):
     """The store is unreachable or too slow; the operation's outcome may be unknown.
-
-    ``where`` names the store with any password masked.
-    """
+    ``where`` names the store with any password masked; ``maybe_applied``: the request may
+    have reached it (a timeout, a lost reply), False only when it surely did not."""
 
     def __init__(self, where: str, op: str, detail: str, *, maybe_applied: bool = True) -> None:
-        # maybe_applied: the request may have reached the store (a timeout, a lost reply);
-        # False only when it surely did not (connection refused, authentication failed).
         self.where, self.op, self.maybe_applied = where, op, maybe_applied
         super().__init__(f"lease store {where} unavailable during {op}: {detail}")
 
@@ -409,10 +412,10 @@ class StoreMissing(StoreError):
 
 
 class CorruptRecord(StoreError):
-    """A value stored under a job's keys is not a job record this version understands."""
+    """A value stored under a job's keys is not a job record this version understands
+    (``kind``: what the key names, "job", "worker", "duration histogram")."""
 
     def __init__(self, key: str, detail: str, *, kind: str = "job") -> None:
-        # kind: what the key names ("job", "worker", "duration histogram").
         self.key, self.detail, self.kind = key, detail, kind
         super().__init__(
             f"{kind} {key!r}: stored value is not an ai_lease {kind} record ({detail}); "

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ai_lease.errors import JobSpecError
-from ai_lease.providers.headers import is_credential
+from ai_lease.redaction import is_credential
 
 __all__ = ["MAX_HEADERS", "ProviderChoice"]
 

@@ -7,7 +7,8 @@ in any letter case and in the encodings an error body or a log line carries them
 URL-quoted (partly or every byte ``%XX``), ``\\u``-escaped, base64 (standard or URL-safe, at
 any offset inside a longer base64 text), either half of a long one, ``user:password@`` —
 whatever their format; and well-known **shapes** (``sk-…``, ``Bearer …``, passwords in URLs,
-``password=…``) for secrets nobody registered, in diagnostics.
+``password=…``) for secrets nobody registered, in diagnostics. :func:`is_credential` says
+which request header names carry a credential (masked when shown, sent to its own host only).
 
 A model's answer is not a diagnostic: results are stored and shown exactly as the model
 wrote them (a word that looks like a secret in an answer is the answer), never through here.
@@ -24,7 +25,14 @@ import re
 import threading
 from urllib.parse import quote, unquote, urlsplit
 
-__all__ = ["mask_url", "redact", "register_secret", "register_url_secrets"]
+__all__ = [
+    "SECRET_HEADERS",
+    "is_credential",
+    "mask_url",
+    "redact",
+    "register_secret",
+    "register_url_secrets",
+]
 
 MASK = "***"
 _MIN_SECRET_CHARS = 5  # shorter values would mask ordinary words; the shapes still apply
@@ -142,3 +150,17 @@ def mask_url(url: str) -> str:
 
 _PASSWORD_PARAM = re.compile(r"(?i)([?&](?:ssl)?password=)[^&#]*")  # libpq's sslpassword too
 _PASSWORD_KEYWORD = re.compile(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+
+
+SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie"}
+)
+"""Header names (lower-cased) whose value is a credential."""
+# Any other name that looks like it carries one (X-Auth-Token, Ocp-Apim-Subscription-Key,
+# x-litellm-api-key, Helicone-Auth …) is treated as one too: better masked than leaked.
+_CREDENTIAL_WORDS = re.compile(r"auth|key|token|secret|cookie|session|passw|signature", re.I)
+
+
+def is_credential(name: str) -> bool:
+    """Whether header ``name`` carries a credential (by its name)."""
+    return name.lower() in SECRET_HEADERS or _CREDENTIAL_WORDS.search(name) is not None

@@ -34,7 +34,7 @@ visibly) — except a :class:`StreamInterrupted` one: the server itself ended th
 without a finish reason (llama.cpp's server does so when another request arrives), its
 partial text is dropped, and calling again is what the caller would do. A retry is never
 progress. A 5xx whose body says the request itself is invalid (a ``json_schema`` llama.cpp
-cannot compile: :class:`~ai_lease.providers.errors.RequestRefused`) is called once more,
+cannot compile: :class:`~ai_lease.errors.RequestRefused`) is called once more,
 no more, and fails the job without another attempt.
 
 >>> JOB_ATTEMPTS.backoff(1), JOB_ATTEMPTS.backoff(2), JOB_ATTEMPTS.backoff(3)
@@ -68,8 +68,13 @@ from tenacity import (
 from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 
-from ai_lease.errors import ConfigError, FirstTokenTimeout, ProviderError, StreamInterrupted
-from ai_lease.providers.errors import RequestRefused
+from ai_lease.errors import (
+    ConfigError,
+    FirstTokenTimeout,
+    ProviderError,
+    RequestRefused,
+    StreamInterrupted,
+)
 
 __all__ = [
     "COMMIT_RESEND",
@@ -258,7 +263,7 @@ def _locked(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """Worth calling again: retryable and nothing was received yet (or interrupted). A
-    :class:`~ai_lease.providers.errors.RequestRefused` (a 5xx saying the request is invalid)
+    :class:`~ai_lease.errors.RequestRefused` (a 5xx saying the request is invalid)
     is too, but :func:`call_with_retries` calls again after it once only."""
     if isinstance(exc, StreamInterrupted):
         return True
@@ -271,7 +276,7 @@ def is_transient(exc: BaseException) -> bool:
 
 class _Transient(retry_base):
     """Tenacity's retry condition for one model call: :func:`is_transient`, and a
-    :class:`~ai_lease.providers.errors.RequestRefused` after the first try only."""
+    :class:`~ai_lease.errors.RequestRefused` after the first try only."""
 
     def __call__(self, retry_state: RetryCallState) -> bool:
         outcome = retry_state.outcome

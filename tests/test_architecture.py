@@ -10,10 +10,12 @@ type-only import is still an arrow). ``from pkg import name`` where ``name`` is 
 parents. Strings are not arrows: the front door's lazy table of names → module strings
 (PEP 562 ``__getattr__``) adds none, its ``if TYPE_CHECKING:`` imports do.
 
-The rules: no circle of imports; ``lease/`` imports nothing above it; only the CLI imports the
-CLI; no module over 450 lines (no function over 60); the "Rooms" table of docs/architecture.md
-names every module and nothing else. That production code never imports ``ai_lease.testing``
-is checked by tests/test_import_discipline.py (not repeated here).
+The rules: no circle of imports; no arrow runs from a lower floor to a higher one (``FLOORS``,
+the one statement of the order; ``lease/`` importing nothing above it is the same rule, said
+on its own); only the CLI imports the CLI; no module over 450 lines (no function over 60);
+the "Rooms" table of docs/architecture.md names every module and nothing else. That
+production code never imports ``ai_lease.testing`` is checked by
+tests/test_import_discipline.py (not repeated here).
 
 Run it alone with ``python -m pytest tests/test_architecture.py``.
 """
@@ -33,21 +35,34 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 60
 
-# What lease/ may not import: each is a package or module, and everything under it.
-ABOVE_LEASE = (
-    "ai_lease.run",
-    "ai_lease.observe",
-    "ai_lease.cli",
-    "ai_lease.ui",
-    "ai_lease.client",
-    "ai_lease.sync_client",
-    "ai_lease.settings",
-    "ai_lease.providers",
-    "ai_lease.stores",
-    "ai_lease.testing",
+# The floors, from the ground up, as docs/architecture.md states them: a module imports only
+# from its own floor and the floors below. An entry is a module and everything under it
+# (``ai_lease`` itself is only the package's __init__.py); one ending in ``_`` is a family of
+# top-level modules by prefix (ai_lease.settings_sources, ai_lease.settings_ui, …).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    (  # the values and the edge
+        "ai_lease.job",
+        "ai_lease.job_fields",
+        "ai_lease.job_shapes",
+        "ai_lease.job_provider",
+        "ai_lease.timeouts",
+        "ai_lease.retry",
+        "ai_lease.errors",
+        "ai_lease.refusal",
+        "ai_lease.text_safety",
+        "ai_lease.resource",
+        "ai_lease.inputs",
+        "ai_lease.prompts",
+        "ai_lease.redaction",
+    ),
+    ("ai_lease.lease",),
+    ("ai_lease.providers", "ai_lease.stores", "ai_lease.observe"),
+    ("ai_lease.run",),
+    ("ai_lease.settings", "ai_lease.settings_"),
+    ("ai_lease", "ai_lease.client", "ai_lease.sync_client"),  # the front door
+    ("ai_lease.cli", "ai_lease.ui", "ai_lease.__main__"),
+    ("ai_lease.testing",),  # shipped for third parties; production code never imports it
 )
-# ... and these families by prefix: ai_lease.settings_sources, ai_lease.settings_ui, …
-ABOVE_LEASE_PREFIXES = ("ai_lease.settings_",)
 
 
 @dataclass
@@ -219,8 +234,31 @@ def _under(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+def _on(name: str, entry: str) -> bool:
+    if entry.endswith("_"):
+        return name.startswith(entry)
+    return name == entry or ("." in entry and name.startswith(entry + "."))
+
+
+def floor_of(name: str, floors: tuple[tuple[str, ...], ...] = FLOORS) -> int | None:
+    """The floor (0: the ground) of module ``name``: its longest entry's; None if on none."""
+    found = [(len(e), i) for i, entries in enumerate(floors) for e in entries if _on(name, e)]
+    return max(found)[1] if found else None
+
+
+def upward(graph: Graph, floors: tuple[tuple[str, ...], ...] = FLOORS) -> list[str]:
+    """The arrows that run from a lower floor to a higher one."""
+    return [
+        f"{graph.describe(a, b)} [floor {floor_of(a, floors)} -> {floor_of(b, floors)}]"
+        for a in sorted(graph.arrows)
+        for b in sorted(graph.arrows[a])
+        if (floor_of(b, floors) or 0) > (floor_of(a, floors) or 0)
+    ]
+
+
 def _above_lease(name: str) -> bool:
-    return any(_under(name, p) for p in ABOVE_LEASE) or name.startswith(ABOVE_LEASE_PREFIXES)
+    floor = floor_of(name)
+    return floor is not None and floor > FLOORS.index(("ai_lease.lease",))
 
 
 def forbidden(graph: Graph, inside: str, allowed, wrong) -> list[str]:
@@ -254,6 +292,18 @@ def test_no_import_circles() -> None:
 def test_lease_imports_nothing_above_it() -> None:
     wrong = forbidden(_package_graph(), "ai_lease.lease", lambda a: False, _above_lease)
     assert not wrong, f"lease/ imports from above it ({len(wrong)} arrows):\n" + "\n".join(wrong)
+
+
+def test_every_module_stands_on_a_floor() -> None:
+    lost = sorted(m for m in _package_graph().files if floor_of(m) is None)
+    assert not lost, f"modules on no floor of FLOORS ({len(lost)}): {', '.join(lost)}"
+
+
+def test_no_arrow_runs_back_up() -> None:
+    wrong = upward(_package_graph())
+    assert not wrong, f"arrows from a lower floor to a higher one ({len(wrong)}):\n" + "\n".join(
+        wrong
+    )
 
 
 def test_only_the_cli_imports_the_cli() -> None:
@@ -423,6 +473,30 @@ def test_a_forbidden_arrow_is_found(tmp_path: Path) -> None:
     assert wrong == ["pkg/lease/base.py -> pkg/run/runner.py: runner (line 2)"]
     assert _above_lease("ai_lease.settings_ui") and _above_lease("ai_lease.run.runner")
     assert not _above_lease("ai_lease.lease.base") and not _above_lease("ai_lease.runner")
+
+
+def test_an_arrow_back_up_is_found(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "errors.py": "from pkg.lease.refusal import Refusal\n",
+            "lease/__init__.py": "",
+            "lease/refusal.py": "",
+            "lease/base.py": "from pkg import errors\n",
+            "run/runner.py": "from pkg.lease import base\nfrom pkg import errors\n",
+        },
+    )
+    floors = (("pkg.errors",), ("pkg.lease",), ("pkg.run",), ("pkg",))
+    assert [floor_of(m, floors) for m in ("pkg.errors", "pkg.lease.base", "pkg.run.runner")] == [
+        0,
+        1,
+        2,
+    ]
+    assert floor_of("pkg", floors) == 3 and floor_of("pkg.other", floors) is None
+    assert upward(build_graph(package), floors) == [
+        "pkg/errors.py -> pkg/lease/refusal.py: Refusal (line 1) [floor 0 -> 1]"
+    ]
 
 
 def test_the_table_reader_follows_the_convention(tmp_path: Path) -> None:

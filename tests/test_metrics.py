@@ -19,14 +19,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ai_lease import ConfigError, LeaseStore, LeaseTimings, StageBudget
+from ai_lease import refusal as refusal_module
 from ai_lease.errors import FencingRejected
 from ai_lease.job import Job
-from ai_lease.lease import refusal as refusal_module
 from ai_lease.lease.base import Acquired, Fence
 from ai_lease.lease.events import Event, EventSink
-from ai_lease.lease.refusal import WRITE_REFUSALS, Refusal
 from ai_lease.observe.logs import fan_out
 from ai_lease.observe.metrics import DEFAULT_STAGES, MAX_LABEL_VALUES, Metrics, serve_metrics
+from ai_lease.refusal import WRITE_REFUSALS, Refusal
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.context import StageContext
 from ai_lease.run.pipeline import Pipeline

@@ -9,7 +9,7 @@ import pytest
 
 from ai_lease.errors import FencingRejected, LeaseLost
 from ai_lease.lease.base import Fence
-from ai_lease.lease.refusal import MESSAGES, RENEWAL_REFUSALS, WRITE_REFUSALS, Refusal
+from ai_lease.refusal import MESSAGES, RENEWAL_REFUSALS, WRITE_REFUSALS, Refusal
 from ai_lease.stores.redis import admin_scripts as redis_admin_scripts
 from ai_lease.stores.redis import prelude as redis_prelude
 from ai_lease.stores.redis import scripts as redis_scripts

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ai_lease.lease.refusal import Refusal
+from ai_lease.refusal import Refusal
 from ai_lease.testing.rule_cases import CASES, STATES, markdown
 from ai_lease.testing.rule_cases_run import RulesTarget, mismatches, run_cases
 

@@ -20,7 +20,7 @@ from ai_lease import ConfigError, StoreUnavailable
 from ai_lease.cli.app import main
 from ai_lease.job import Status
 from ai_lease.lease import Acquired
-from ai_lease.lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS, Refusal
+from ai_lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS, Refusal
 from ai_lease.stores import open_store
 from ai_lease.stores.postgres import lease_sql as postgres_sql
 from ai_lease.stores.postgres.store import PostgresStore

@@ -20,6 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,6 +29,7 @@ import orjson
 from ai_lease.errors import FencingRejected
 from ai_lease.job import Job
 from ai_lease.lease import Fence
+from ai_lease.lease.base import LeaseStore
 from ai_lease.lease.events import Event
 from ai_lease.providers.base import Completion
 from ai_lease.run.config import RunConfig, RunHooks
@@ -56,9 +58,9 @@ DEMO_TIMINGS = LeaseTimings(
 WORDS = ("Heartbeats", "prove", "life;", "progress", "proves", "work.")
 
 
-async def _model_call(ctx: StageContext) -> Completion:
+async def _model_call(store: LeaseStore, ctx: StageContext) -> Completion:
     """The demo's call_ai: the first attempt streams three words, then hangs for good."""
-    job = await ctx.store.get(ctx.fence.key)
+    job = await store.get(ctx.fence.key)
     first_attempt = job is not None and job.attempts == 1
     text = []
     for i, word in enumerate(WORDS):
@@ -107,7 +109,7 @@ async def _node(name: str, url: str, key: str, start_at: float) -> None:
         if event.kind == "stalled" and event.owner_id and event.token:
             stalled.append(Fence(event.key, event.owner_id, event.token))
 
-    pipeline = Pipeline.default().replace("call_ai", Stage("call_ai", _model_call))
+    pipeline = Pipeline.default().replace("call_ai", Stage("call_ai", partial(_model_call, store)))
     runner = Runner(
         store,
         pipeline=pipeline,

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         LeaseStore,
         Renewal,
     )
-    from ai_lease.lease.refusal import Refusal
+    from ai_lease.refusal import Refusal
 
 __all__ = [
     "AcquireOutcome",
@@ -41,7 +41,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = "ai_lease.lease.refusal" if name == "Refusal" else "ai_lease.lease.base"
+    module = "ai_lease.refusal" if name == "Refusal" else "ai_lease.lease.base"
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -31,8 +31,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from ai_lease.errors import CorruptSink, InputError
 from ai_lease.job import JobState, RunFacts
-from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.storable import exact
+from ai_lease.refusal import Refusal
 from ai_lease.timeouts import StreamLimits
 
 __all__ = [
@@ -148,7 +148,7 @@ class Renewal:
     """The answer to a renewal.
 
     ``ok`` false means the lease is not extended; ``reason`` is one of
-    :data:`~ai_lease.lease.refusal.RENEWAL_REFUSALS` (``missing``, ``not_owner``,
+    :data:`~ai_lease.refusal.RENEWAL_REFUSALS` (``missing``, ``not_owner``,
     ``not_running``, ``expired``, ``no_progress``), and ``current`` the fence the store
     holds. ``stalled`` with ``ok`` true happens only under the ``alert`` stall policy:
     renewed, but the miss was recorded and counted.

@@ -19,10 +19,11 @@ clock) with the current stage's ``max_no_progress``:
   last successful renewal was *sent*): the owner fences itself.
 
 It runs beside the work (:func:`alongside`, or :class:`Renewals` for a body that is not one
-awaitable), started only when its first renewal is due (most short jobs end before: they
-never pay for a task); raising is how it stops the work: the keeper and the work are one
-unit, as in a task group — a lost lease cancels the work, a failure of either stops both,
-and the keeper never outlives the work.
+awaitable), in a task group that owns it, started only when its first renewal is due (most
+short jobs end before: they never pay for a task); raising is how it stops the work, through
+an ``asyncio.timeout`` scope around the work: the keeper and the work are one unit — a lost
+lease cancels the work, a failure of either stops both, and the keeper never outlives the
+work.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 
 from ai_lease.errors import LeaseLost, Stalled, StoreUnavailable
@@ -267,63 +269,85 @@ def _stall_text(progress: Progress, idle: float, budget: float) -> str:
 
 
 class Renewals:
-    """``keeper``'s task beside the current task (the work), from when its first renewal
+    """``keeper``'s task beside the current task (the work), owned by a task group:
+    ``async with Renewals(keeper):`` around the work. The task starts when its first renewal
     (or the self-fence point) is due: a timer until then, so work shorter than one renew
     interval runs no extra task. If the keeper stops on its own (lease lost, stalled,
-    self-fenced) its error is kept in ``failure`` and the work is cancelled."""
+    self-fenced) its error is kept in ``failure`` and the work is stopped through an
+    ``asyncio.timeout`` scope around it, which tells that cancellation apart from one that
+    came from outside. Leaving raises the keeper's error in place of the work's own ending
+    (its error is the cause), unless the work was also cancelled from outside: that wins."""
 
     def __init__(self, keeper: LeaseKeeper) -> None:
-        work = asyncio.current_task()
-        assert work is not None
-        self.keeper, self.work = keeper, work
-        keeper.work = work
-        self.cancelling = work.cancelling()  # cancellations from outside are counted past it
+        self.keeper = keeper
         self.failure: list[BaseException] = []  # the keeper's error, once it stopped the work
-        self.task: asyncio.Task[Any] | None = None
+        self.task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._group = asyncio.TaskGroup()  # the keeper's task's owner: leaving awaits it
+        self._scope = asyncio.timeout(None)  # expired by the keeper to stop the work
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> Renewals:
+        self.keeper.work = asyncio.current_task()
+        await self._group.__aenter__()
+        await self._scope.__aenter__()
         loop = asyncio.get_running_loop()
         # The keeper's clock and the loop's are both monotonic, possibly offset: convert.
-        at = loop.time() + (keeper.first_wake() - keeper.clock())
+        at = loop.time() + (self.keeper.first_wake() - self.keeper.clock())
         self._timer = loop.call_at(at, self._start)
+        return self
 
     def _start(self) -> None:
-        name = f"ai-lease keeper {self.keeper.fence.key}"
-        self.task = asyncio.get_running_loop().create_task(self.keeper.run(), name=name)
-        self.task.add_done_callback(self._done)
+        if not self._stopped:
+            name = f"ai-lease keeper {self.keeper.fence.key}"
+            self.task = self._group.create_task(self._keep(), name=name)
 
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        # Retrieved even when the work is over: no "Task exception was never retrieved".
-        error = task.exception() if not task.cancelled() else None
-        if self._stopped:
-            return
-        # Only stop() cancels the keeper, and only once the work is over: a keeper that
-        # ended any other way (even by a stray CancelledError) means nobody keeps the lease.
-        fence = self.keeper.fence
-        self.failure.append(error or LeaseLost(fence.key, "the lease keeper stopped", fence))
-        self.work.cancel()
+    async def _keep(self) -> None:
+        """Run the keeper; when it stops by itself, keep why and stop the work."""
+        try:
+            await self.keeper.run()
+        except asyncio.CancelledError:
+            if self._stopped:
+                raise
+            # Only stop() cancels the keeper: a keeper that ended any other way (even by a
+            # stray CancelledError) means nobody keeps the lease.
+            fence = self.keeper.fence
+            self.failure.append(LeaseLost(fence.key, "the lease keeper stopped", fence))
+        except Exception as exc:
+            self.failure.append(exc)
+        if not self._scope.expired():
+            self._scope.reschedule(-1.0)  # due already: the scope cancels the work
 
     def stop(self) -> None:
         """Stop renewing (the work is over): no keeper task starts, a running one is cancelled."""
         self._stopped = True
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    async def close(self) -> None:
-        """:meth:`stop`, and wait until the keeper's task has ended: never leave the renewal
-        loop running."""
-        task = self.task
-        pending = task is not None and not task.done()
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
-        if pending and task is not None:
-            await asyncio.wait([task])
+        try:
+            await self._scope.__aexit__(exc_type, exc, tb)
+        except TimeoutError:  # the scope's own: the keeper stopped the work, and only it
+            raise self.failure[0] from None
+        finally:
+            await self._group.__aexit__(None, None, None)  # never leave the keeper running
+        if self.failure and not isinstance(exc, asyncio.CancelledError):
+            raise self.failure[0] from exc  # the work ended otherwise, the lease is gone
+        return None  # as the work ended (a cancellation from outside goes on)
 
     def lost(self) -> BaseException | None:
-        """Why the lease is gone, if it is: the error of a keeper that has just failed (its
-        done callback not run yet), or the self-fence's if the lease may have lapsed."""
-        task = self.task
-        if task is not None and task.done() and not task.cancelled():
-            return task.exception()
+        """Why the lease is gone, if it is: the keeper's error, or the self-fence's if the
+        lease may have lapsed."""
+        if self.failure:
+            return self.failure[0]
         try:
             self.keeper.ensure_lease()
         except LeaseLost as exc:
@@ -341,29 +365,11 @@ async def alongside(work: Awaitable[T], keeper: LeaseKeeper) -> T:
     own error: the keeper's error (or the self-fence) is raised, from the work's.
     """
     renewals = Renewals(keeper)
-    try:
-        return await _watched(work, renewals)
-    finally:
-        await renewals.close()
-
-
-async def _watched(work: Awaitable[T], renewals: Renewals) -> T:
-    failure, this = renewals.failure, renewals.work
-    try:
-        result = await work
-    except asyncio.CancelledError:
-        if failure and this.uncancel() <= renewals.cancelling:
-            raise failure[0] from None
-        raise
-    except Exception as exc:
-        if failure:  # the keeper's cancellation is pending or was turned into exc
-            this.uncancel()
-            raise failure[0] from exc
-        lost = renewals.lost()
-        if lost is not None:
-            raise lost from exc
-        raise
-    if failure:  # the work swallowed the keeper's cancellation: the lease is gone anyway
-        this.uncancel()
-        raise failure[0]
-    return result
+    async with renewals:
+        try:
+            return await work
+        except Exception as exc:
+            lost = None if renewals.failure else renewals.lost()
+            if lost is not None:
+                raise lost from exc
+            raise

@@ -3,7 +3,7 @@
 The SQLite store runs these inside one transaction; the Redis store's Lua scripts
 (``stores/redis/scripts.py``) are the same rules, line for line, and the contract suite holds both
 to them. ``None`` as the new record means "write nothing". A refusal is a
-:class:`~ai_lease.lease.refusal.Refusal` member, the code the scripts return for it.
+:class:`~ai_lease.refusal.Refusal` member, the code the scripts return for it.
 
 Fencing tokens are ``max(previous + 1, store time in microseconds)``: strictly increasing
 per key while the record lives, and still increasing after the store lost every record,
@@ -25,8 +25,8 @@ from ai_lease.lease.base import (
     Following,
     Renewal,
 )
-from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.storable import diagnostic
+from ai_lease.refusal import Refusal
 
 __all__ = ["acquire", "cancel", "commit", "fail", "release", "renew", "report_stall", "submit"]
 

@@ -29,8 +29,8 @@ from prometheus_client.exposition import start_http_server
 
 from ai_lease.errors import ConfigError
 from ai_lease.lease.events import Event, EventSink
-from ai_lease.lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS
 from ai_lease.redaction import redact
+from ai_lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS
 
 __all__ = ["DEFAULT_STAGES", "MAX_LABEL_VALUES", "Metrics", "MetricsServer", "serve_metrics"]
 
@@ -42,7 +42,7 @@ STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 TASK_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 15, 30, 60, 120)
 
-# Refusal codes are label values as they are (ai_lease/lease/refusal.py): a reworded
+# Refusal codes are label values as they are (ai_lease/refusal.py): a reworded
 # message never changes a label; anything not a code is counted as OTHER.
 RENEW_REASONS = (*(r.value for r in RENEWAL_REFUSALS), OTHER)
 FENCE_CODES = frozenset(r.value for r in WRITE_REFUSALS)

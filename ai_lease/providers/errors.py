@@ -18,12 +18,11 @@ support (``{"error": {"code": 500, "message": "...", "type": "server_error"}}``;
 llama-cpp-python's ``internal_server_error``). A 500 or 501 whose JSON error message says so
 (:func:`request_fault`: it names a JSON schema, a grammar, ``response_format`` or
 ``tool_choice``, or says "invalid request/argument/schema…", "failed to parse", "not
-supported") is
-:class:`RequestRefused`: called once more within the stage (a server's real hiccup gets
-its second chance), never by another attempt. Any other 5xx is retried as before. The
-provider's own message is kept; an answer with an empty body says instead what was sent
-that a server may refuse (:func:`describe_sent`: the method, the body's size, the header
-names, never a value).
+supported") is :class:`~ai_lease.errors.RequestRefused`: called once more within the stage
+(a server's real hiccup gets its second chance), never by another attempt. Any other 5xx
+is retried as before. The provider's own message is kept; an answer with an empty body
+says instead what was sent that a server may refuse (:func:`describe_sent`: the method,
+the body's size, the header names, never a value).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import orjson
 
-from ai_lease.errors import ProviderError
+from ai_lease.errors import ProviderError, RequestRefused
 
 __all__ = [
     "MAX_RETRY_AFTER_S",
@@ -61,15 +60,6 @@ _REQUEST_FAULT = re.compile(  # a request llama.cpp (C++ or Python) could not ta
     r"|invalid (?:request|argument|parameter|schema|json|value|quantifier)"
     r"|failed to parse|error parsing|unrecognized schema|unsupported ref|not supported"
 )
-
-
-class RequestRefused(ProviderError):
-    """A 500 or 501 whose body says the request itself is invalid (see the module's
-    docstring): not retryable as an attempt; :func:`~ai_lease.retry.call_with_retries`
-    calls once more, no more."""
-
-    def __init__(self, message: str, *, provider: str, status: int) -> None:
-        super().__init__(message, retryable=False, provider=provider, status=status)
 
 
 def request_fault(status: int, message: str | None) -> bool:

@@ -7,9 +7,10 @@ Request-Id" = ""`` drops the job's correlation id, ``"Authorization" = ""`` the 
 
 Bounds: at most :data:`MAX_HEADERS` headers; a name is an HTTP token of at most
 :data:`MAX_NAME_CHARS` characters; a value at most :data:`MAX_VALUE_CHARS` characters of
-printable ASCII (a tab allowed, never CR or LF). A header that carries a secret (one of
-:data:`SECRET_HEADERS`, or a value holding a configured API key) goes only to the host the
-settings configured for that provider (or one in ``provider.allowed_hosts``).
+printable ASCII (a tab allowed, never CR or LF). A header that carries a secret (its name
+says so, :func:`~ai_lease.redaction.is_credential`, or its value holds a configured API key)
+goes only to the host the settings configured for that provider (or one in
+``provider.allowed_hosts``).
 
 >>> with_extra({"Authorization": "Bearer k", "X-Id": "r"}, {"authorization": "", "X-A": "1"})
 {'X-Id': 'r', 'X-A': '1'}
@@ -22,15 +23,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ai_lease.errors import ConfigError
+from ai_lease.redaction import is_credential
 
 __all__ = [
     "MAX_HEADERS",
     "MAX_NAME_CHARS",
     "MAX_VALUE_CHARS",
-    "SECRET_HEADERS",
     "check_headers",
     "extra_headers",
-    "is_credential",
     "masked_headers",
     "merge_headers",
     "secret_headers",
@@ -41,20 +41,6 @@ __all__ = [
 MAX_HEADERS = 64
 MAX_NAME_CHARS = 256
 MAX_VALUE_CHARS = 8192
-SECRET_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie"}
-)
-"""Header names (lower-cased) whose value is a credential."""
-# Any other name that looks like it carries one (X-Auth-Token, Ocp-Apim-Subscription-Key,
-# x-litellm-api-key, Helicone-Auth …) is treated as one too: better masked than leaked.
-_CREDENTIAL_WORDS = re.compile(r"auth|key|token|secret|cookie|session|passw|signature", re.I)
-
-
-def is_credential(name: str) -> bool:
-    """Whether header ``name`` carries a credential (by its name)."""
-    return name.lower() in SECRET_HEADERS or _CREDENTIAL_WORDS.search(name) is not None
-
-
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
 _VALUE = re.compile(r"[\t\x20-\x7e]*")
 _MASK = "**********"  # as pydantic shows a SecretStr
@@ -133,7 +119,7 @@ def with_extra(headers: Mapping[str, str], extra: Mapping[str, str]) -> dict[str
 
 
 def secret_headers(headers: Mapping[str, str], keys: Iterable[str]) -> list[str]:
-    """The names of ``headers`` that carry a credential: a :data:`SECRET_HEADERS` name, or a
+    """The names of ``headers`` that carry a credential: a ``SECRET_HEADERS`` name, or a
     value holding one of ``keys`` (the configured API keys)."""
     known = [k for k in keys if len(k) >= 5]
     return [

@@ -40,8 +40,8 @@ from ai_lease.lease.fence import UnansweredCommits, fenced_event
 from ai_lease.lease.keeper import LeaseKeeper, alongside
 from ai_lease.lease.progress import Progress
 from ai_lease.lease.queue import due_now
-from ai_lease.lease.refusal import Refusal
 from ai_lease.redaction import redact
+from ai_lease.refusal import Refusal
 from ai_lease.run.context import StageContext
 from ai_lease.run.emitter import Emitter
 from ai_lease.timeouts import LeaseTimings, StallPolicy
@@ -176,7 +176,7 @@ class Attempt:
         async with host.using_provider(self.job) as provider:  # never evicted while in use
             ctx = self._context(progress, keeper, provider)
             keeper.checkpoint = ctx.checkpoint_json  # each renewal stores the checkpoint
-            self.ran = ctx.ran
+            self.ran = ctx._run.ran
             try:
                 async with deadline:
                     emit = events.emit_event if events.listening else None

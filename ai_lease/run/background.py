@@ -51,7 +51,7 @@ def retry_point(ctx: StageContext, provider: Provider) -> Checkpoint | None:
     """Where a retried call picks its stream up: the checkpoint the failed call left (this
     provider's), with the text collected so far — the guard's, or, when the guard has none
     yet, the text that call was itself resumed with; None: call afresh."""
-    point, guard = ctx.checkpoint, ctx.guard
+    point, guard = ctx._run.checkpoint, ctx._run.guard
     if point is None or point.provider != provider.name:
         return None
     text = "".join(guard.text_parts) if guard is not None else ""
@@ -64,8 +64,8 @@ async def cancelling_abandoned(ctx: StageContext, provider: Provider, calls: Awa
     try:
         return await calls
     except Exception as exc:
-        if ctx.checkpoint is not None:
-            await cancel_left(ctx, provider, ctx.checkpoint, exc)
+        if ctx._run.checkpoint is not None:
+            await cancel_left(ctx, provider, ctx._run.checkpoint, exc)
         raise
 
 
@@ -106,14 +106,14 @@ async def cancel_left(
         attrs={"provider": provider.name, "response_id": point.response_id, "after": why},
     )
     detail = f"cancel · {provider.name} · response {point.response_id} · after {why} · {outcome}"
-    await note_call(ctx.store, ctx.fence, ctx.tracker.stage, detail)
+    await note_call(ctx._run.store, ctx.fence, ctx.tracker.stage, detail)
 
 
 def _wait_s(ctx: StageContext) -> float:
     """How long a cancel may take: :data:`CANCEL_WAIT_S`, less near the stage's deadline."""
-    if ctx.deadline_at is None:
+    if ctx._run.deadline_at is None:
         return CANCEL_WAIT_S
-    left = ctx.deadline_at - ctx.tracker.clock() - _DEADLINE_MARGIN_S
+    left = ctx._run.deadline_at - ctx.tracker.clock() - _DEADLINE_MARGIN_S
     return min(CANCEL_WAIT_S, left)
 
 

@@ -27,7 +27,7 @@ from ai_lease.retry import MODEL_CALL, RetryPolicy
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamLimits, StreamTimeouts
 
-__all__ = ["FaultHook", "PersistHook", "StageContext"]
+__all__ = ["AttemptState", "FaultHook", "PersistHook", "StageContext"]
 
 PersistHook = Callable[["StageContext", Any], Awaitable[None] | None]
 """Called with the context and the value before the result is committed (fenced: a lost
@@ -39,13 +39,12 @@ FaultHook = Callable[[str], Awaitable[None]]
 
 
 @dataclass
-class StageContext:
-    """What a stage gets: the job, earlier outputs, the progress handle, provider and fence."""
+class AttemptState:
+    """What the runner keeps for one attempt behind the stages' view (``ctx._run``): the
+    store and the keeper, the model call's settings and hooks, what ran, and a resumable
+    stream's state. Internal: a stage uses :class:`StageContext`'s public names."""
 
-    job: Job
-    fence: Fence
     store: LeaseStore
-    tracker: Progress
     keeper: LeaseKeeper
     provider: Provider | None = None
     prompts: PromptLibrary = field(default_factory=PromptLibrary)
@@ -53,14 +52,12 @@ class StageContext:
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
     persist_hook: PersistHook | None = None
     call_retry: RetryPolicy = MODEL_CALL
-    outputs: dict[str, Any] = field(default_factory=dict)
-    committed: JobState | None = None
-    finish_reason: str | None = None  # the model call's, kept in the committed record
     fault_hook: FaultHook | None = None  # tests only: see ai_lease.testing.faults
-    deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
     emit: EventSink | None = None
     prepared: Mapping[str, Any] = field(default_factory=dict)  # outputs preflight worked out
     ran: dict[str, Any] = field(default_factory=dict)  # what ran: RunFacts' fields, recorded
+    finish_reason: str | None = None  # the model call's, kept in the committed record
+    deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
     # Resuming a stream after a takeover (issue 15): the record's checkpoint as acquired, the
     # model calls made so far (each one's X-Request-Id ends in its number), and the running
     # stream's latest checkpoint with the guard collecting its text (the keeper's renewals
@@ -69,7 +66,36 @@ class StageContext:
     calls: int = 0
     checkpoint: Checkpoint | None = None
     guard: StreamGuard | None = None
-    _serialised: tuple[Checkpoint, str] | None = field(default=None, init=False, repr=False)
+    serialised: tuple[Checkpoint, str] | None = field(default=None, repr=False)
+
+
+class StageContext:
+    """What a stage gets: the job (``input``), earlier outputs (:meth:`output`), the
+    progress handle (:meth:`progress`, ``tracker``), the fence, :meth:`say` and
+    :meth:`commit`. The runner's own state for the attempt (store, keeper, hooks, the
+    stream being resumed) is kept apart, in ``_run``."""
+
+    def __init__(
+        self,
+        job: Job,
+        fence: Fence,
+        store: LeaseStore,
+        tracker: Progress,
+        keeper: LeaseKeeper,
+        **run: Any,
+    ) -> None:
+        self.job, self.fence, self.tracker = job, fence, tracker
+        self.outputs: dict[str, Any] = {}
+        self.committed: JobState | None = None  # the stored record, once committed
+        self._run = AttemptState(store, keeper, **run)  # provider=, prompts=, … (its fields)
+
+    @property
+    def input(self) -> Any:
+        """The job's input."""
+        return self.job.input
+
+    def __repr__(self) -> str:
+        return f"<StageContext {self.job.key!r} token {self.fence.token} {self.tracker.stage!r}>"
 
     def say(
         self,
@@ -81,9 +107,10 @@ class StageContext:
         attrs: dict[str, float | int | str] | None = None,
     ) -> None:
         """Emit an event about this job (for logs, metrics, traces, the live view)."""
-        if self.emit is not None:
+        emit = self._run.emit
+        if emit is not None:
             fence = self.fence
-            self.emit(
+            emit(
                 Event(
                     kind,
                     fence.key,
@@ -104,16 +131,17 @@ class StageContext:
     def note_checkpoint(self, point: Checkpoint) -> None:
         """A resumable stream's checkpoint (``ChatRequest.on_checkpoint``): kept, not sent;
         the keeper's next renewal stores it."""
-        self.checkpoint = point
+        self._run.checkpoint = point
 
     def checkpoint_json(self) -> str | None:
         """The running stream's checkpoint as the record keeps it (the keeper's source):
         ``{"provider", "response_id", "sequence", "text"}``, the text being all the guard has
         collected (joined here, at renewal time, never per chunk); None without one."""
-        point, guard = self.checkpoint, self.guard
+        run = self._run
+        point, guard = run.checkpoint, run.guard
         if point is None or guard is None:
             return None
-        done = self._serialised
+        done = run.serialised
         if done is not None and done[0] is point:  # nothing new since the last renewal
             return done[1]
         blob = orjson.dumps(
@@ -124,7 +152,7 @@ class StageContext:
                 "text": "".join(guard.text_parts),
             }
         ).decode()
-        self._serialised = (point, blob)
+        run.serialised = (point, blob)
         return blob
 
     def output(self, stage: str) -> Any:
@@ -136,18 +164,19 @@ class StageContext:
 
     async def fault(self, point: str) -> None:
         """A named fault point (a no-op unless a test installed a fault hook)."""
-        if self.fault_hook is not None:
-            await self.fault_hook(point)
+        hook = self._run.fault_hook
+        if hook is not None:
+            await hook(point)
 
     def ensure_lease(self) -> None:
         """Raise LeaseLost if our lease may have lapsed: call before any side effect."""
-        self.keeper.ensure_lease()
+        self._run.keeper.ensure_lease()
 
     def lease_lapsed(self) -> LeaseLost | None:
         """The lost lease's error if the lease may have lapsed by now (the process was
         stopped past its self-fence point), else None; quietly: the keeper says it. (A
         process-isolated child has no self-fence: its parent fences.)"""
-        fence = getattr(self.keeper, "self_fence", None)
+        fence = getattr(self._run.keeper, "self_fence", None)
         if fence is None:
             return None
         late = fence.overdue()
@@ -155,24 +184,26 @@ class StageContext:
 
     async def commit(self, value: Any) -> JobState:
         """Write the job's one result: fenced and idempotent. Returns the stored record."""
+        run = self._run
         self.ensure_lease()
-        if self.persist_hook is not None:
-            pending = self.persist_hook(self, value)
+        if run.persist_hook is not None:
+            pending = run.persist_hook(self, value)
             if inspect.isawaitable(pending):
                 await pending
             self.ensure_lease()
         blob = orjson.dumps(value).decode()
         await self.fault("before_commit")
-        self.keeper.commit_started()
+        keeper = run.keeper
+        keeper.commit_started()
         return await fenced_commit(
-            self.store,
+            run.store,
             self.fence,
             blob,
-            finish_reason=self.finish_reason,
-            facts=RunFacts(**self.ran),
+            finish_reason=run.finish_reason,
+            facts=RunFacts(**run.ran),
             after=self._committed,
-            valid_until=lambda: self.keeper.valid_until,  # resent while the lease holds
-            clock=self.keeper.clock,
+            valid_until=lambda: keeper.valid_until,  # resent while the lease holds
+            clock=keeper.clock,
         )
 
     async def _committed(self, record: JobState) -> None:

@@ -157,10 +157,12 @@ class JobLease:
             if outcome.job.status is not Status.DONE:
                 raise JobFailed(self.key, outcome.job.last_error)
             return self
-        self._own(outcome, sent[0])
+        renewals = self._own(outcome, sent[0])
+        await renewals.__aenter__()  # the body (this task) is what a lost lease cancels
+        self._renewals = renewals
         return self
 
-    def _own(self, acquired: Acquired, sent_at: float) -> None:
+    def _own(self, acquired: Acquired, sent_at: float) -> Renewals:
         """Start keeping the lease: the keeper's task begins when its first renewal is due."""
         stage, budget = self._first
         tracker, timings = self.progress_tracker, self.options.timings
@@ -181,7 +183,7 @@ class JobLease:
             tracker=tracker,
             keeper=keeper,
         )
-        self._renewals = Renewals(keeper)  # the body (this task) is what a lost lease cancels
+        return Renewals(keeper)
 
     async def __aexit__(
         self,
@@ -192,30 +194,13 @@ class JobLease:
         if self._ctx is None or self._renewals is None:  # DONE on entering: nothing held
             return None
         renewals = self._renewals
-        try:
-            await renewals.close()  # never leave the renewal loop running
-            if renewals.failure and not isinstance(exc, asyncio.CancelledError):
-                await asyncio.sleep(0)  # take the keeper's cancellation if still pending
-        except asyncio.CancelledError as cancelled:
-            if not renewals.failure:
-                raise
-            exc = cancelled
-        if renewals.failure:
-            self._keeper_failed(renewals, exc)
-            return None
-        if self._ctx.committed is not None:
+        # The keeper's error (LeaseLost, Stalled) is raised here in place of the body's,
+        # unless the body was also cancelled from outside (a shutdown wins).
+        await renewals.__aexit__(exc_type, exc, tb)
+        if renewals.failure or self._ctx.committed is not None:
             return None
         await self._step_down(exc)
         return None
-
-    def _keeper_failed(self, renewals: Renewals, exc: BaseException | None) -> None:
-        """The keeper cancelled the body: raise its error instead (LeaseLost, Stalled),
-        unless the body was also cancelled from outside (a shutdown wins)."""
-        outside = renewals.work.uncancel() > renewals.cancelling
-        if outside and isinstance(exc, asyncio.CancelledError):
-            return None  # the CancelledError goes on
-        cause = None if isinstance(exc, asyncio.CancelledError) else exc
-        raise renewals.failure[0] from cause
 
     async def _step_down(self, exc: BaseException | None) -> None:
         """No commit: release (an error counts as a failed attempt; a non-retryable one, or

@@ -129,7 +129,7 @@ class Pipeline:
         """Run every stage in order; return the last stage's output. ``emit`` None: no
         events are built at all."""
         value: Any = None
-        ctx.emit = emit
+        ctx._run.emit = emit
         budgets = self.budgets(timings)
         stage, budget = self.stages[0], budgets[0]  # named for the deadline's error below
         # One hard-deadline timer for the whole run, moved to each stage's deadline as the
@@ -152,7 +152,7 @@ async def _run_stage(
     ctx: StageContext, stage: Stage, budget: StageBudget, hard: asyncio.Timeout
 ) -> Any:
     """One stage under ``hard`` (the run's deadline timer, moved to this stage's deadline)."""
-    tracker, faults, emit = ctx.tracker, ctx.fault_hook is not None, ctx.emit
+    tracker, faults, emit = ctx.tracker, ctx._run.fault_hook is not None, ctx._run.emit
     ctx.ensure_lease()
     tracker.enter(stage.name, budget)
     started = tracker.last_at
@@ -163,10 +163,10 @@ async def _run_stage(
         await ctx.fault(f"before:{stage.name}")
     if math.isinf(budget.deadline):
         hard.reschedule(None)
-        ctx.deadline_at = None
+        ctx._run.deadline_at = None
     else:
         hard.reschedule(asyncio.get_running_loop().time() + budget.deadline)
-        ctx.deadline_at = tracker.clock() + budget.deadline
+        ctx._run.deadline_at = tracker.clock() + budget.deadline
     value = await stage.fn(ctx) if stage.is_async else await _threaded(stage, ctx)
     if hard.expired():  # the stage swallowed the deadline's cancellation
         raise StageDeadlineExceeded(stage.name, budget.deadline)
@@ -175,7 +175,7 @@ async def _run_stage(
         hard.reschedule(None)
         await ctx.fault(f"after:{stage.name}")
     took = tracker.clock() - started
-    ctx.ran.setdefault("stage_durations", {})[stage.name] = took  # kept in the record
+    ctx._run.ran.setdefault("stage_durations", {})[stage.name] = took  # kept in the record
     if emit is not None:
         ctx.say("stage_done", stage=stage.name, value=took)
     return value
@@ -198,7 +198,7 @@ async def _threaded(stage: Stage, ctx: StageContext) -> Any:
     except asyncio.CancelledError:
 
         def finished_late(done: asyncio.Future[Any]) -> None:
-            stalled_at = ctx.keeper.stalled_at
+            stalled_at = ctx._run.keeper.stalled_at
             if stalled_at is not None and not done.cancelled() and done.exception() is None:
                 late = ctx.tracker.clock() - stalled_at
                 ctx.say(

@@ -96,8 +96,8 @@ def render_request(job: Job, prompts: PromptLibrary, data: Any) -> ChatRequest:
 async def load(ctx: StageContext) -> Any:
     """The job's input: ``job.input``, or the text of ``job.input_file`` (as the preflight
     read it, when this node ran one)."""
-    if "load" in ctx.prepared:
-        return ctx.prepared["load"]
+    if "load" in ctx._run.prepared:
+        return ctx._run.prepared["load"]
     return await read_input(ctx.job)
 
 
@@ -105,9 +105,9 @@ async def build_prompt(ctx: StageContext) -> ChatRequest:
     """Render the job's template with ``input`` and the job's variables into a request
     (the preflight's rendering, when it rendered this very input)."""
     data = ctx.output("load")
-    if "build_prompt" in ctx.prepared and data is ctx.prepared.get("load"):
-        return cast(ChatRequest, ctx.prepared["build_prompt"])
-    return await asyncio.to_thread(render_request, ctx.job, ctx.prompts, data)
+    if "build_prompt" in ctx._run.prepared and data is ctx._run.prepared.get("load"):
+        return cast(ChatRequest, ctx._run.prepared["build_prompt"])
+    return await asyncio.to_thread(render_request, ctx.job, ctx._run.prompts, data)
 
 
 async def call_ai(ctx: StageContext) -> Completion:
@@ -117,11 +117,13 @@ async def call_ai(ctx: StageContext) -> Completion:
     UUID as ``X-Request-Id`` and ``<key>:<token>:<n>`` as the client id, both noted in the
     job's timeline (:mod:`~ai_lease.run.call_notes`). A stream an earlier owner left a checkpoint of
     (same provider) is resumed, not requested again; if resuming fails, a fresh call."""
-    provider = ctx.provider
+    provider = ctx._run.provider
     if provider is None:
         raise JobSpecError(f"job {ctx.job.key!r}: no provider to call")
     request: ChatRequest = ctx.output("build_prompt")
-    resume = resume_point(ctx.resume_from, provider.name, ctx.job.key) if ctx.job.stream else None
+    resume = (
+        resume_point(ctx._run.resume_from, provider.name, ctx.job.key) if ctx.job.stream else None
+    )
     sent: list[str] = []  # each call's X-Request-Id
 
     async def once() -> Completion:
@@ -145,16 +147,16 @@ async def call_ai(ctx: StageContext) -> Completion:
 
     calls = call_with_retries(
         once,
-        ctx.call_retry,
-        deadline_at=ctx.deadline_at,
+        ctx._run.call_retry,
+        deadline_at=ctx._run.deadline_at,
         on_retry=lambda exc, wait: _retrying(ctx, exc, wait),
     )
     completion = await cancelling_abandoned(ctx, provider, calls)  # a response given up: cancelled
     _report(ctx, provider, completion, _model(request, provider), sent[-1])
     _record(ctx, provider, request, completion)
-    ctx.finish_reason = completion.finish_reason
+    ctx._run.finish_reason = completion.finish_reason
     if not (completion.tool_calls or completion.text.strip() or ctx.job.allow_empty):
-        reasoned = ctx.guard is not None and ctx.guard.reasoning_chars > 0
+        reasoned = ctx._run.guard is not None and ctx._run.guard.reasoning_chars > 0
         why = empty_answer_why(completion, capped(request, provider), reasoned=reasoned)
         raise EmptyAnswer(why, provider=provider.name)
     if completion.finish_reason == "length":  # a whole answer, but capped: say so
@@ -167,9 +169,9 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
     resumed stream is whole by itself: the provider hands back the checkpoint's text first,
     then what follows it (:class:`~ai_lease.providers.base.Checkpoint`)."""
     guard = StreamGuard(
-        ctx.stream_timeouts,
+        ctx._run.stream_timeouts,
         ctx.tracker,
-        limits=ctx.stream_limits,
+        limits=ctx._run.stream_limits,
         # said as the first content arrives, so a watcher sees it while the answer streams
         on_first_token=lambda s: _first_token(ctx, provider, s),
         # φ over the gaps between progress reached the threshold: said once per stream
@@ -180,7 +182,7 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
             attrs={"provider": provider.name, "silence_s": round(silence, 3)},
         ),
     )
-    ctx.checkpoint, ctx.guard = request.resume, guard  # the keeper's source, from now on
+    ctx._run.checkpoint, ctx._run.guard = request.resume, guard  # the keeper's source, from now on
     try:
         return await guard.call(provider, request)
     except StageTimeout as exc:
@@ -199,7 +201,7 @@ async def _streamed(ctx: StageContext, provider: Provider, request: ChatRequest)
         if guard.chunks > 1:
             ctx.say("stream_gap", provider.name, value=guard.max_gap_s)
         if guard.first_visible_s is not None:  # after any reasoning: learned apart
-            ctx.ran["first_visible_s"] = guard.first_visible_s
+            ctx._run.ran["first_visible_s"] = guard.first_visible_s
             ctx.say("first_visible", provider.name, value=guard.first_visible_s)
 
 
@@ -213,14 +215,14 @@ async def _call(
     """One model call (the ``n``-th of the attempt), on a live lease only: a side effect.
     Its ids (a fresh UUID, the job's correlation) go with it and into the timeline."""
     ctx.ensure_lease()
-    ctx.calls += 1
-    fence, n, rid = ctx.fence, ctx.calls, new_request_id()
+    ctx._run.calls += 1
+    fence, n, rid = ctx.fence, ctx._run.calls, new_request_id()
     client_id = client_request_id(fence.key, fence.token, n)
     request = replace(request, request_id=rid, client_request_id=client_id)
     sent.append(rid)
     detail = call_detail(n, rid, client_id, provider.name, _model(request, provider))
     ctx.say("model_request", rid, attrs={"request_id": rid, "client_request_id": client_id})
-    async with noting_call(ctx.store, fence, ctx.tracker.stage, detail):
+    async with noting_call(ctx._run.store, fence, ctx.tracker.stage, detail):
         if not ctx.job.stream:
             return await provider.complete(request)
         if resume is not None:
@@ -273,14 +275,14 @@ def _retrying(ctx: StageContext, exc: BaseException, wait: float) -> None:
     """A call failed and is made again after ``wait`` seconds: said (never progress)."""
     attrs: dict[str, float | int | str] = {
         "error": type(exc).__name__,
-        "calls": ctx.calls,
+        "calls": ctx._run.calls,
         "wait_s": round(wait, 3),
     }
     ctx.say("call_retry", f"in {wait:.1f} s after {describe(exc)[:240]}", attrs=attrs)
 
 
 def _first_token(ctx: StageContext, provider: Provider, seconds: float) -> None:
-    ctx.ran["first_token_s"] = seconds  # kept in the record
+    ctx._run.ran["first_token_s"] = seconds  # kept in the record
     ctx.say("first_token", provider.name, value=seconds)
 
 
@@ -290,9 +292,9 @@ def _record(
     """What ran, for the record the commit writes: provider, model and token usage
     (reasoning tokens, part of the completion's, told apart)."""
     usage = completion.usage
-    ctx.ran.update(provider=provider.name, model=_model(request, provider))
+    ctx._run.ran.update(provider=provider.name, model=_model(request, provider))
     if usage is not None:
-        ctx.ran.update(
+        ctx._run.ran.update(
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             reasoning_tokens=usage.reasoning_tokens,

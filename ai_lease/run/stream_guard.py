@@ -53,7 +53,6 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from typing import Any
 
 from ai_lease.errors import (
     FirstTokenTimeout,
@@ -137,7 +136,7 @@ class StreamGuard:
         self.held = False  # the stream stayed open past the finish grace: kept, not timed out
         self._fired: Exception | None = None
         self._handle: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[Any] | None = None
+        self._scope: asyncio.Timeout | None = None  # stops the stream when the watchdog fires
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- the watchdog ---------------------------------------------------------------------------
@@ -194,13 +193,19 @@ class StreamGuard:
         if error is _PhiCheck and not self._suspect():
             self._arm()  # an alert only: the fixed budgets still stand
             return
-        assert self._task is not None
         if error is _Whole:  # the answer is kept as it is: no timeout
             self.held = True
-            self._task.cancel()
+            self._stop()
             return
         self._fired = self._fired or error(budget, self.chunks, "".join(self.text_parts))
-        self._task.cancel()
+        self._stop()
+
+    def _stop(self) -> None:
+        """End the stream now: the guard's ``asyncio.timeout`` scope expires, so it cancels
+        the task and, on leaving, tells its own cancellation from one that came from outside."""
+        scope = self._scope
+        if scope is not None and not scope.expired():
+            scope.reschedule(-1.0)  # due already: the scope cancels at the loop's next turn
 
     def _suspect(self) -> bool:
         """φ has reached the threshold: say so (once); True if that is the idle decision."""
@@ -248,17 +253,16 @@ class StreamGuard:
         ``connecting``, the clocks start at the first batch (the provider's empty "connection
         held" batch), not before: a wait for a pooled connection is not the model's."""
         self._loop = asyncio.get_running_loop()
-        self._task = task = asyncio.current_task()
-        assert task is not None
-        cancelling = task.cancelling()
         self.started_at = self.clock()
-        if not connecting:
-            self._arm()
         try:
-            finish, usage = await self._consume(batches, connecting)
-        except asyncio.CancelledError:
-            if (self._fired is None and not self.held) or task.uncancel() > cancelling:
-                raise  # not ours (or not only ours): a cancellation from outside
+            async with asyncio.timeout(None) as self._scope:
+                if not connecting:
+                    self._arm()
+                finish, usage = await self._consume(batches, connecting)
+        except TimeoutError:
+            # Only the scope's own expiry is ours; a cancellation from outside stays one.
+            if self._scope is None or not self._scope.expired():
+                raise  # a TimeoutError of the stream's own
             if self._fired is not None:
                 raise self._fired from None
             finish, usage = self.finish, self.usage  # held open past the grace: kept

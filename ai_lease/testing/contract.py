@@ -32,7 +32,7 @@ from ai_lease.errors import JobConflict
 from ai_lease.job import Status
 from ai_lease.lease.base import Acquired, Fence, Finished, Following, LeaseStore
 from ai_lease.lease.follow import acquire_or_follow
-from ai_lease.lease.refusal import Refusal
+from ai_lease.refusal import Refusal
 from ai_lease.testing.contract_checkpoint import CheckpointContract
 from ai_lease.testing.contract_listing import ListingContract
 from ai_lease.testing.contract_queue import DurationHistoryContract, JobQueueContract

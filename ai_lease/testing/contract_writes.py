@@ -14,7 +14,7 @@ from ai_lease.errors import FencingRejected
 from ai_lease.job import Status
 from ai_lease.lease.base import Fence, Finished, LeaseStore
 from ai_lease.lease.follow import acquire_or_follow
-from ai_lease.lease.refusal import Refusal
+from ai_lease.refusal import Refusal
 from ai_lease.testing.contract_support import key_for, own, renew
 
 

@@ -171,15 +171,15 @@ class _Channel:
         return len(blob)
 
 
-@dataclass(kw_only=True)
 class _ChildContext(StageContext):
     """The child's stage context: a resumable stream's checkpoint (``openai-responses`` in
     background mode) also goes to the parent, whose keeper stores it at its renewals; at
     most once per ``checkpoint_every`` seconds, and no task of its own."""
 
-    channel: _Channel
-    checkpoint_every: float
-    sent_at: float = float("-inf")
+    def __init__(self, *, channel: _Channel, checkpoint_every: float, **context: Any) -> None:
+        super().__init__(**context)
+        self.channel, self.checkpoint_every = channel, checkpoint_every
+        self.sent_at = float("-inf")
 
     def note_checkpoint(self, point: Checkpoint) -> None:
         """Send the checkpoint noted *before* this one, whose batch the guard has
@@ -338,7 +338,7 @@ async def _run_one(
     except Exception as exc:
         channel.send(("failed", _portable(exc), tracker.thread_ident is None))
         return
-    reply = ("done", value, ctx.ran, ctx.finish_reason, tracker.thread_ident is None)
+    reply = ("done", value, ctx._run.ran, ctx._run.finish_reason, tracker.thread_ident is None)
     blob = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
     if len(blob) > MAX_RESULT_BYTES:
         error = JobSpecError(

@@ -190,9 +190,9 @@ class IsolatedPipeline(Pipeline):
         the ladder if the attempt ends any other way while it runs."""
         if self.cut == 0:  # nothing to run in a child
             return await super().run(ctx, timings, emit)
-        ctx.emit = emit
+        ctx._run.emit = emit
         child = await self.pool.take()
-        keeper, watch = ctx.keeper, ChildWatch(child)
+        keeper, watch = ctx._run.keeper, ChildWatch(child)
         hooks = keeper.checkpoint, keeper.on_stall
         keeper.checkpoint, keeper.on_stall = watch.checkpoint, watch.on_stall  # meanwhile
         try:
@@ -225,10 +225,10 @@ class IsolatedPipeline(Pipeline):
         work = Work(
             job,
             ctx.fence,
-            ctx.prepared,
-            ctx.resume_from,
+            ctx._run.prepared,
+            ctx._run.resume_from,
             timings,
-            ctx.emit is not None,
+            ctx._run.emit is not None,
             provider_factory=factory,
         )
         child.conn.send_bytes(pickle.dumps(work, protocol=pickle.HIGHEST_PROTOCOL))
@@ -242,14 +242,14 @@ class IsolatedPipeline(Pipeline):
             if message is None:
                 continue
             if message[0] == "event":
-                if ctx.emit is not None:
-                    ctx.emit(message[1])
+                if ctx._run.emit is not None:
+                    ctx._run.emit(message[1])
             elif message[0] == "checkpoint":
                 watch.latest_checkpoint = message[1]
             elif message[0] == "done":
                 _, value, ran, finish_reason, clean = message
-                ctx.ran.update(ran)
-                ctx.finish_reason = finish_reason
+                ctx._run.ran.update(ran)
+                ctx._run.finish_reason = finish_reason
                 ctx.outputs[self.stages[self.cut - 1].name] = value
                 return "done", value, clean
             else:
@@ -279,18 +279,18 @@ class IsolatedPipeline(Pipeline):
         snap = watch.snapshot
         if why is not None and snap is None:
             snap = await snapshot_child(pid, child.dump_path, timeout=1.0)
-        reason = _why(why, ctx.keeper)
+        reason = _why(why, ctx._run.keeper)
         stacks = f"\n{snap.render(4096)}" if snap is not None and why is not None else ""
         ctx.say("terminating", f"child {pid}: {reason}{stacks}", attrs={"pid": pid})
 
         fence = ctx.fence
-        async with noting(ctx.store, fence, ctx.tracker.stage) as note:
+        async with noting(ctx._run.store, fence, ctx.tracker.stage) as note:
 
             def on_step(step: str, facts: dict[str, Any]) -> None:
                 note(step, facts)  # into the job's stored timeline (a store with note())
-                if ctx.emit is not None:
+                if ctx._run.emit is not None:
                     ids = {"owner_id": fence.owner_id, "token": fence.token, "stage": None}
-                    ctx.emit(step_event(fence.key, step, facts, **ids))
+                    ctx._run.emit(step_event(fence.key, step, facts, **ids))
 
             how = await terminate(
                 pid, grace=self.terminate_grace, on_step=on_step, reap=_reaper(child)

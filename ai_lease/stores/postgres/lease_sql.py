@@ -12,7 +12,7 @@ transaction commits. Fencing tokens are ``greatest(nextval('ail_tokens'), previo
 from a WAL-logged sequence, so they keep increasing across restarts and a promoted
 standby, and never go down for a record.
 
-A refusal is returned as its code (a :class:`~ai_lease.lease.refusal.Refusal` value). A row
+A refusal is returned as its code (a :class:`~ai_lease.refusal.Refusal` value). A row
 whose status is none of ours raises ``AILEASE_CORRUPT`` (the key as the hint), changing
 nothing. The connection layer resends a call whose connection broke under it, so these
 are safe to run twice: a repeated acquire by the same owner returns its token, a repeated

@@ -31,9 +31,9 @@ from ai_lease.lease.base import (
     Renewal,
     check_checkpoint,
 )
-from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
+from ai_lease.refusal import Refusal
 from ai_lease.resource import AsyncResource
 from ai_lease.stores.postgres.conn import PostgresConn, check_url, job_key
 from ai_lease.stores.postgres.listing import PostgresListing

@@ -20,7 +20,7 @@ The namespace's own keys (queue, lease index, epoch marker) share the hash tag
 because Lua's default number formatting (``%.14g``) would round 16-digit tokens. A hash
 without ``schema = 1`` is not ours: the scripts answer ``AILEASE_CORRUPT`` and change
 nothing. Each script is safe to run twice (redis-py may resend after a dropped reply).
-A refusal is returned as its code, a value of :class:`~ai_lease.lease.refusal.Refusal`
+A refusal is returned as its code, a value of :class:`~ai_lease.refusal.Refusal`
 (never English text); each script's header lists the codes it can return, and
 tests/test_refusal.py holds the script text to that list and to the enum.
 """
@@ -138,7 +138,7 @@ local mine = num(v[3]) == token and ok and v[2] == owner
 # keep the stored one; written only with a granted renewal) · a stall is written to
 # stalled_attempt · returns {'ok', lease_remaining_us, stalled(0|1)}
 #       | {refusal, lease_remaining_us, current_token, current_owner}
-# refusals (ai_lease.lease.refusal.Refusal): missing, not_owner, not_running, expired, no_progress
+# refusals (ai_lease.refusal.Refusal): missing, not_owner, not_running, expired, no_progress
 RENEW = (
     PRELUDE
     + "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema',\n"
@@ -232,7 +232,7 @@ return 1
 # returns {'written', now, LEAN_FIELDS values...} (this call wrote it; nil: no such field)
 #       | {'ok', now, fields...} (it was already written: the whole record)
 #       | {'rejected', refusal, current_token, current_owner}
-# refusals (ai_lease.lease.refusal.Refusal): missing, newer_owner, already_committed,
+# refusals (ai_lease.refusal.Refusal): missing, newer_owner, already_committed,
 # already_finished, cancelled
 # (what ran goes on: ARGV[13] is reasoning_tokens, part of completion_tokens, told apart;
 # ARGV[14] first_visible_us, to the first answer text)

@@ -38,10 +38,10 @@ from ai_lease.lease.base import (
     Renewal,
     check_checkpoint,
 )
-from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
 from ai_lease.redaction import mask_url
+from ai_lease.refusal import Refusal
 from ai_lease.resource import AsyncResource
 from ai_lease.stores.redis.calls import RedisCalls, connect
 from ai_lease.stores.redis.keys import decode, hash_tag, us

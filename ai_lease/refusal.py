@@ -81,8 +81,8 @@ WRITE_REFUSALS = (
 
 class FenceLike(Protocol):
     """A fence as a refusal names it (the one held, the one the store holds):
-    :class:`ai_lease.lease.Fence` is the one passed. Named by its shape here, so the
-    error tree (which the lease room imports) needs nothing else of the room."""
+    :class:`ai_lease.lease.Fence` is the one passed. Named by its shape here, beside the
+    codes, so the error tree needs nothing of the lease room above it."""
 
     @property
     def key(self) -> str: ...
