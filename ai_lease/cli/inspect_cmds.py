@@ -90,7 +90,7 @@ def _raise_unless_done(job: JobState) -> None:
     if job.status is Status.CANCELLED:
         raise JobCancelled(job.key, job.last_error)
     if job.status is Status.FAILED:
-        raise JobFailed(job.key, job.last_error)
+        raise JobFailed(job.key, job.last_error, job.ended_by)
 
 
 def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -209,7 +209,7 @@ def result(obj: Context, key: str) -> None:
     elif job.status is Status.CANCELLED:
         raise JobCancelled(key, job.last_error)
     elif job.status is Status.FAILED:
-        raise JobFailed(key, job.last_error)
+        raise JobFailed(key, job.last_error, job.ended_by)
     else:
         click.echo(f"ai-lease: job {key!r} is {job.status.value}, no result yet", err=True)
         sys.exit(EXIT_TIMED_OUT)

@@ -40,6 +40,7 @@ from ai_lease.job import Job, JobState, Status
 from ai_lease.lease.base import Acquired, LeaseStore
 from ai_lease.lease.classify import describe, retryable
 from ai_lease.lease.events import EventSink
+from ai_lease.lease.failure import kind_of
 from ai_lease.lease.follow import acquire_or_follow
 from ai_lease.lease.keeper import LeaseKeeper, Renewals
 from ai_lease.lease.progress import Progress
@@ -155,7 +156,7 @@ class JobLease:
             if outcome.job.status is Status.CANCELLED:
                 raise JobCancelled(self.key, outcome.job.last_error)
             if outcome.job.status is not Status.DONE:
-                raise JobFailed(self.key, outcome.job.last_error)
+                raise JobFailed(self.key, outcome.job.last_error, outcome.job.ended_by)
             return self
         self._own(outcome, sent[0])
         return self
@@ -230,7 +231,7 @@ class JobLease:
                 elif retryable(exc):
                     await self.store.release(ctx.fence, error=redact(describe(exc)))
                 else:
-                    await self.store.fail(ctx.fence, redact(describe(exc)))
+                    await self.store.fail(ctx.fence, redact(describe(exc)), kind=kind_of(exc))
                     return
                 await due_now(self.store, self.key)
         except (StoreUnavailable, TimeoutError, LeaseError):

@@ -271,7 +271,7 @@ class Runner:
             self.emit("cancelled", record.key, detail=record.last_error or "")
             raise JobCancelled(record.key, record.last_error)
         self.emit("failed", record.key, detail=record.last_error or "")
-        raise JobFailed(record.key, record.last_error)
+        raise JobFailed(record.key, record.last_error, record.ended_by)
 
 
 class _Rounds:

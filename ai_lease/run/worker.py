@@ -61,6 +61,7 @@ from ai_lease.errors import (
 from ai_lease.job import Job, Status
 from ai_lease.lease.base import Acquired, Following, LeaseStore, require_store
 from ai_lease.lease.events import Event, EventSink
+from ai_lease.lease.failure import FailureKind
 from ai_lease.lease.queue import MAX_REPORTED_JOBS, JobQueue, WorkerInfo
 from ai_lease.providers.base import Provider
 from ai_lease.run.isolation import ChildPool, check_isolation, isolated
@@ -405,7 +406,7 @@ class Worker:
             await self.queue.recover_at(key, outcome.job.lease_expires_at or outcome.job.read_at)
             return
         if isinstance(outcome, Acquired):
-            await self.store.fail(outcome.fence, reason)
+            await self.store.fail(outcome.fence, reason, kind=FailureKind.BAD_INPUT)
             self._say("job_failed", f"job {key!r} failed: {reason}", key)
         await self.queue.reschedule(key, None)
 

@@ -35,6 +35,7 @@ from ai_lease.lease.base import (
     Renewal,
     check_checkpoint,
 )
+from ai_lease.lease.failure import kept_kind
 from ai_lease.lease.refusal import Refusal
 from ai_lease.lease.rules import clip
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
@@ -159,8 +160,10 @@ class RedisStore(RedisListing, AsyncResource):
         value: str,
         reason: str = "",
         facts: RunFacts | None = None,
+        kind: str = "",
     ) -> JobState:
         args = [fence.owner_id, fence.token, status, field, value, reason, *_facts_args(facts)]
+        args.append(kind)
         reply = await self._call(op, fence.key, "FINISH", args)
         if reply[0] == "rejected":
             current = _current(fence, reply[2], reply[3]) if reply[2] else None
@@ -183,9 +186,14 @@ class RedisStore(RedisListing, AsyncResource):
         reason, facts = diagnostic(finish_reason) or "", ran(facts)
         return await self._finish("commit", fence, "DONE", "result", result, reason, facts)
 
-    async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
+    async def fail(
+        self, fence: Fence, reason: str, *, kind: str | None = None, facts: RunFacts | None = None
+    ) -> JobState:
         text = clip(reason) or ""
-        return await self._finish("fail", fence, "FAILED", "last_error", text, facts=ran(facts))
+        kind = kept_kind(kind, text)
+        return await self._finish(
+            "fail", fence, "FAILED", "last_error", text, facts=ran(facts), kind=kind
+        )
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
         args = [fence.owner_id, fence.token, diagnostic(stage) or "", clip(snapshot) or ""]
