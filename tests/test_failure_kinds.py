@@ -1,0 +1,131 @@
+"""Failures are codes: the one English table (ai_lease.lease.failure), the exit code read
+from the kind, a PostgreSQL schema at migration 1 upgraded to keep the kind, and no store
+writing a failure sentence of its own."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ai_lease.cli.exits import EXIT_FAILED, EXIT_TIMED_OUT, exit_code
+from ai_lease.errors import (
+    FirstTokenTimeout,
+    InputError,
+    JobDeadlineExceeded,
+    JobFailed,
+    ProviderError,
+)
+from ai_lease.lease.base import Acquired
+from ai_lease.lease.failure import (
+    MESSAGES,
+    FailureKind,
+    cause_kind,
+    ended_by,
+    kind_of,
+    render,
+    stored_error,
+    timeline_detail,
+)
+from ai_lease.lease.timeline import TimelineEntry
+from ai_lease.stores.postgres.store import PostgresStore
+from tests.harness.pg_server import PostgresServer
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ai_lease"
+
+
+def test_every_kind_has_its_words() -> None:
+    """The table names every kind, and nothing else."""
+    assert set(MESSAGES) == set(FailureKind)
+
+
+def test_a_given_up_job_reads_as_the_sentence_and_back() -> None:
+    """render and stored_error are inverses; other kinds keep their text as it is."""
+    text = render(FailureKind.GAVE_UP, 3, "B crashed")
+    assert text == "gave up after 3 attempts: B crashed"
+    assert stored_error(FailureKind.GAVE_UP, 3, text) == "B crashed"
+    assert render(FailureKind.GAVE_UP, 1, None) == "gave up after 1 attempts: lease lapsed"
+    assert render(FailureKind.ERROR, 1, "x") == "x" and stored_error("error", 1, "x") == "x"
+
+
+def test_the_timeline_detail_is_rendered_from_its_code() -> None:
+    """A store writes gave_up:N; the entry readers get says it in words."""
+    entry = TimelineEntry(1, 0.0, "failed", "A", 1, "", "gave_up:2")
+    assert entry.detail == "gave up after 2 attempts"
+    assert timeline_detail("renewed", "gave_up:2") == "gave_up:2"
+
+
+def test_exceptions_map_to_kinds() -> None:
+    assert kind_of(FirstTokenTimeout(0.3)) is FailureKind.TIMED_OUT
+    assert kind_of(JobDeadlineExceeded("k", 1.0)) is FailureKind.TIMED_OUT
+    assert kind_of(InputError("x")) is FailureKind.BAD_INPUT
+    assert kind_of(ProviderError("401", retryable=False)) is FailureKind.PROVIDER_REFUSED
+    assert kind_of(RuntimeError("x")) is FailureKind.ERROR
+    assert cause_kind("StreamIdleTimeout: no chunk in 0.3s") is FailureKind.TIMED_OUT
+    assert cause_kind("RuntimeError: x") is FailureKind.ERROR
+
+
+def test_the_exit_code_reads_the_kind() -> None:
+    """Exit 3 for a timed-out job (also one given up on after a timeout), 1 otherwise;
+    the text does not decide it."""
+    gave_up = render(FailureKind.GAVE_UP, 1, "FirstTokenTimeout: none in 0.3s")
+    assert ended_by(FailureKind.GAVE_UP, 1, gave_up) == "timed_out"
+    assert exit_code(JobFailed("k", gave_up, ended_by("gave_up", 1, gave_up))) == EXIT_TIMED_OUT
+    assert exit_code(JobFailed("k", "FirstTokenTimeout: x", "timed_out")) == EXIT_TIMED_OUT
+    assert exit_code(JobFailed("k", "FirstTokenTimeout: x", "error")) == EXIT_FAILED
+    assert exit_code(JobFailed("k", "bad request", "provider_refused")) == EXIT_FAILED
+
+
+def test_no_store_writes_a_failure_sentence() -> None:
+    """The giving-up sentence exists in the one table only (Python, Lua and SQL alike;
+    the contract suite's asserts on what readers see aside)."""
+    found = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "gave up after" in path.read_text(encoding="utf-8")
+        and path.relative_to(PACKAGE).parts[0] != "testing"
+        and path.name != "failure.py"
+    ]
+    assert found == []
+
+
+@pytest.fixture
+def namespace(pg_server: PostgresServer) -> Iterator[str]:
+    name = f"ail_test_{uuid.uuid4().hex[:10]}"
+    yield name
+    pg_server.terminate_backends()
+    pg_server.reset(name)
+
+
+@pytest.mark.postgres
+async def test_a_schema_at_migration_1_is_upgraded(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """A schema made by migration 1 (no failure_kind column) gets the column and the new
+    functions on first use; its records stay readable (a FAILED one without a kind)."""
+    store = PostgresStore.from_url(pg_server.url, namespace=namespace, op_timeout=5.0)
+    try:
+        first = await store.acquire("old", "A", ttl=30, max_no_progress=30)
+        assert isinstance(first, Acquired)
+        await store.fail(first.fence, "it broke")
+    finally:
+        await store.aclose()
+    # Back to what migration 1 left: no failure_kind column, version 1.
+    pg_server.execute(f"ALTER TABLE {namespace}.ail_jobs DROP COLUMN failure_kind")
+    pg_server.execute(f"UPDATE {namespace}.ail_migrations SET version = 1")
+    pg_server.terminate_backends()
+    store = PostgresStore.from_url(pg_server.url, namespace=namespace, op_timeout=5.0)
+    try:
+        old = await store.get("old")
+        assert old is not None and old.last_error == "it broke" and old.failure_kind is None
+        taken = await store.acquire("new", "A", ttl=30, max_no_progress=30)
+        assert isinstance(taken, Acquired)
+        fence = taken.fence
+        failed = await store.fail(fence, "no", kind=FailureKind.BAD_INPUT)
+        assert failed.failure_kind == "bad_input"
+    finally:
+        await store.aclose()
+    rows = pg_server.execute(f"SELECT max(version) FROM {namespace}.ail_migrations")
+    assert rows == [(2,)]
