@@ -18,6 +18,7 @@ from ai_lease.errors import (
     JobFailed,
     ProviderError,
 )
+from ai_lease.job import Job
 from ai_lease.lease.base import Acquired
 from ai_lease.lease.failure import (
     MESSAGES,
@@ -30,7 +31,13 @@ from ai_lease.lease.failure import (
     timeline_detail,
 )
 from ai_lease.lease.timeline import TimelineEntry
+from ai_lease.observe.metrics import Metrics
+from ai_lease.retry import RetryPolicy
+from ai_lease.run.config import RunConfig, RunHooks
+from ai_lease.run.runner import Runner
 from ai_lease.stores.postgres.store import PostgresStore
+from ai_lease.stores.sqlite.store import SQLiteStore
+from ai_lease.testing.scripted import Raise, ScriptedProvider
 from tests.harness.pg_server import PostgresServer
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ai_lease"
@@ -129,3 +136,26 @@ async def test_a_schema_at_migration_1_is_upgraded(
         await store.aclose()
     rows = pg_server.execute(f"SELECT max(version) FROM {namespace}.ail_migrations")
     assert rows == [(2,)]
+
+
+async def test_the_failed_jobs_counter_is_labelled_by_kind(sqlite_store: SQLiteStore) -> None:
+    """A provider's refusal fails the job as provider_refused; a job whose one attempt timed
+    out is given up on (gave_up) and still exits as timed out; both counted by kind."""
+    metrics = Metrics()
+    refused = ScriptedProvider([Raise(ProviderError("401 unauthorized", retryable=False))])
+    runner = Runner(sqlite_store, provider=refused, hooks=RunHooks(on_event=metrics))
+    with pytest.raises(JobFailed) as failed:
+        await runner.run(Job("refused", input="x"))
+    assert failed.value.kind == "provider_refused"
+    job = await sqlite_store.get("refused")
+    assert job is not None and job.failure_kind == "provider_refused"
+    timeout = ScriptedProvider([Raise(FirstTokenTimeout(0.3))])
+    config = RunConfig(retry=RetryPolicy(attempts=1))
+    runner = Runner(sqlite_store, provider=timeout, config=config, hooks=RunHooks(on_event=metrics))
+    with pytest.raises(JobFailed) as gave_up:
+        await runner.run(Job("slow", input="x"))
+    assert gave_up.value.kind == "timed_out" and exit_code(gave_up.value) == EXIT_TIMED_OUT
+    assert (gave_up.value.reason or "").startswith("gave up after 1 attempts: FirstTokenTimeout")
+    for kind in ("provider_refused", "gave_up"):
+        labels = {"pipeline": "default", "kind": kind}
+        assert metrics.registry.get_sample_value("job_failed_total", labels) == 1, kind

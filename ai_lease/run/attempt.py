@@ -275,7 +275,11 @@ class Attempt:
                 await self.host.store.fail(fence, reason, kind=kind, facts=RunFacts(**self.ran))
             else:
                 await self.host.store.fail(fence, reason, kind=kind)
-            self.events.emit("failed", fence.key, fence, reason)
+            if self.events.listening:
+                attrs = {"kind": kind.value}  # the job_failed_total label
+                owner, token = fence.owner_id, fence.token
+                failed = Event("failed", fence.key, owner, token, detail=reason, attrs=attrs)
+                self.events.emit_event(failed)
         except StoreUnavailable as exc:  # the lease lapses; the next attempt records it
             self.events.emit("store_unavailable", fence.key, fence, str(exc))
         except FencingRejected as exc:
