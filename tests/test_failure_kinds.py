@@ -4,10 +4,12 @@ writing a failure sentence of its own."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from ai_lease.cli.exits import EXIT_FAILED, EXIT_TIMED_OUT, exit_code
@@ -159,3 +161,23 @@ async def test_the_failed_jobs_counter_is_labelled_by_kind(sqlite_store: SQLiteS
     for kind in ("provider_refused", "gave_up"):
         labels = {"pipeline": "default", "kind": kind}
         assert metrics.registry.get_sample_value("job_failed_total", labels) == 1, kind
+
+
+def test_ls_kind_lists_the_jobs_that_failed_that_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ai-lease ls --kind K` lists the FAILED jobs of kind K only; `status` names the kind."""
+    from tests.test_cli_views import acquire, cli, on_store
+
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith("AI_LEASE_")]:
+        monkeypatch.delenv(name)
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    for key, kind in (("refused", "provider_refused"), ("broken", "error")):
+        fence = acquire(url, key)
+        on_store(url, lambda store, f=fence, k=kind: store.fail(f, "no", kind=k))
+    listed = cli("--store", url, "ls", "--json", "--kind", "provider_refused")
+    assert listed.exit_code == 0, listed.output
+    assert [orjson.loads(line)["key"] for line in listed.stdout.splitlines()] == ["refused"]
+    shown = cli("--store", url, "status", "refused")
+    assert "provider_refused" in shown.stdout
