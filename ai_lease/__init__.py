@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
     )
     from .lease.admin import Removal
     from .lease.events import Event
+    from .lease.failure import FailureKind
     from .lease.progress import Progress
     from .lease.refusal import Refusal
     from .observe.logs import JobLogger, configure_logging, fan_out
@@ -140,6 +141,7 @@ _LAZY: dict[str, str] = {
     "PostgresStore": ".stores.postgres",
     "RedisStore": ".stores.redis",
     "Refusal": ".lease.refusal",
+    "FailureKind": ".lease.failure",
     "Removal": ".lease.admin",
     "Renewal": ".lease",
     "RetryPolicy": ".retry",
@@ -196,6 +198,7 @@ __all__ = [
     "EmptyAnswer",
     "EmptyEventStream",
     "Event",
+    "FailureKind",
     "Fence",
     "FencingRejected",
     "Finished",
