@@ -5,12 +5,14 @@ writing a failure sentence of its own."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+import redis
 
 from ai_lease.cli.exits import EXIT_FAILED, EXIT_TIMED_OUT, exit_code
 from ai_lease.errors import (
@@ -21,7 +23,7 @@ from ai_lease.errors import (
     ProviderError,
 )
 from ai_lease.job import Job
-from ai_lease.lease.base import Acquired
+from ai_lease.lease.base import Acquired, LeaseStore
 from ai_lease.lease.failure import (
     MESSAGES,
     FailureKind,
@@ -39,6 +41,7 @@ from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.stores.postgres.store import PostgresStore
 from ai_lease.stores.sqlite.store import SQLiteStore
+from ai_lease.testing.contract_support import own
 from ai_lease.testing.scripted import Raise, ScriptedProvider
 from tests.harness.pg_server import PostgresServer
 
@@ -181,3 +184,36 @@ def test_ls_kind_lists_the_jobs_that_failed_that_way(
     assert [orjson.loads(line)["key"] for line in listed.stdout.splitlines()] == ["refused"]
     shown = cli("--store", url, "status", "refused")
     assert "provider_refused" in shown.stdout
+
+
+def _stored(store_url: str, request: pytest.FixtureRequest) -> tuple[object, object]:
+    """The given-up job's stored last_error and failure_kind, read past the store."""
+    if store_url.startswith("sqlite"):
+        path = store_url.removeprefix("sqlite:///")
+        with sqlite3.connect(path) as conn:
+            blob = conn.execute("SELECT record FROM ai_lease_jobs").fetchone()[0]
+        data = orjson.loads(blob)
+        return data.get("last_error"), data.get("failure_kind")
+    if store_url.startswith("redis"):
+        client = redis.Redis.from_url(store_url, decode_responses=True)
+        try:
+            (name,) = [k for k in client.scan_iter("*") if client.type(k) == "hash" and
+                       client.hget(k, "status") == "FAILED"]  # fmt: skip
+            return client.hget(name, "last_error"), client.hget(name, "failure_kind")
+        finally:
+            client.close()
+    pg: PostgresServer = request.getfixturevalue("pg_server")
+    ((error, kind),) = pg.execute("SELECT last_error, failure_kind FROM ai_lease.ail_jobs")
+    return error, kind
+
+
+async def test_a_store_keeps_the_code_not_the_sentence(
+    store: LeaseStore, store_url: str, request: pytest.FixtureRequest
+) -> None:
+    """Each store keeps a given-up job as gave_up and the last error as it was written."""
+    fence = await own(store, "given-up", max_attempts=1)
+    await store.release(fence, error="B crashed")
+    await store.acquire("given-up", "B", ttl=5, max_no_progress=5, max_attempts=1)
+    assert _stored(store_url, request) == ("B crashed", "gave_up")
+    job = await store.get("given-up")
+    assert job is not None and job.last_error == "gave up after 1 attempts: B crashed"
