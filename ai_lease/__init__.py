@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
         StreamLimitExceeded,
         StreamTotalTimeout,
     )
+    from .failure import FailureKind
     from .job import Health, Job, JobState, Status
     from .lease import (
         Acquired,
@@ -140,6 +141,7 @@ _LAZY: dict[str, str] = {
     "PostgresStore": ".stores.postgres",
     "RedisStore": ".stores.redis",
     "Refusal": ".refusal",
+    "FailureKind": ".failure",
     "Removal": ".lease.admin",
     "Renewal": ".lease",
     "RetryPolicy": ".retry",
@@ -196,6 +198,7 @@ __all__ = [
     "EmptyAnswer",
     "EmptyEventStream",
     "Event",
+    "FailureKind",
     "Fence",
     "FencingRejected",
     "Finished",

@@ -105,7 +105,7 @@ class Client(AsyncResource):
                 if record.status is Status.CANCELLED:
                     raise JobCancelled(key, record.last_error)
                 if record.status is Status.FAILED:
-                    raise JobFailed(key, record.last_error)
+                    raise JobFailed(key, record.last_error, record.ended_by)
                 await self.store.wait(key, poll)
 
     async def cancel(self, key: str, reason: str = "cancelled") -> JobState | None:

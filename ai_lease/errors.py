@@ -182,10 +182,10 @@ class JobConflict(AiLeaseError):
 
 
 class JobFailed(AiLeaseError):
-    """The job ended FAILED; ``reason`` is the last error."""
+    """The job ended FAILED: ``reason`` its last error, ``kind`` a FailureKind (None: unknown)."""
 
-    def __init__(self, key: str, reason: str | None) -> None:
-        self.key, self.reason = key, reason
+    def __init__(self, key: str, reason: str | None, kind: str | None = None) -> None:
+        self.key, self.reason, self.kind = key, reason, kind
         super().__init__(f"job {key!r} failed: {reason or 'no reason recorded'}")
 
 
@@ -198,7 +198,7 @@ class JobCancelled(JobFailed):
     """
 
     def __init__(self, key: str, reason: str | None) -> None:
-        self.key, self.reason = key, reason
+        self.key, self.reason, self.kind = key, reason, None
         AiLeaseError.__init__(
             self,
             f"job {key!r} was cancelled ({reason or 'no reason given'}): no result; "

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from ai_lease.errors import CorruptRecord, JobSpecError
+from ai_lease.failure import ended_by, render
 from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS
 from ai_lease.job_provider import ProviderChoice
 from ai_lease.job_shapes import check_shapes
@@ -235,6 +236,8 @@ class JobState:
     last_error: str | None = None
     last_error_attempt: int | None = None  # which attempt wrote last_error
     last_error_owner: str | None = None  # and which owner (node id#n.random)
+    # Why a FAILED job failed, as a code (ai_lease.failure.FailureKind); None otherwise.
+    failure_kind: str | None = None
     stall_snapshot: str | None = None
     fingerprint: str | None = None
     spec: str | None = None  # the job's payload as JSON, for workers (set by submit)
@@ -323,7 +326,19 @@ class JobState:
             raise CorruptRecord(key, f"field {name!r} holds {str(value)[:40]!r}") from None
         if kwargs["status"] is None:
             raise CorruptRecord(key, "no status field")
+        if kwargs["status"] is not Status.FAILED:
+            kwargs["failure_kind"] = None
+        elif kwargs["failure_kind"] is not None:  # the stored code, rendered for readers
+            kwargs["last_error"] = render(
+                kwargs["failure_kind"], kwargs["attempts"], kwargs["last_error"]
+            )
         return cls(**kwargs)
+
+    @property
+    def ended_by(self) -> str | None:
+        """What ended a FAILED job (a :class:`~ai_lease.failure.FailureKind` value): its
+        ``failure_kind``, or for one given up on, what ended its last attempt."""
+        return ended_by(self.failure_kind, self.attempts, self.last_error)
 
     @property
     def output(self) -> Any:

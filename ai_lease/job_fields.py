@@ -33,6 +33,7 @@ FIELD_KINDS: dict[str, str] = {
     "stalled_attempt": "int",
     "missed_renewals": "int",
     "last_error": "str",
+    "failure_kind": "str",
     "last_error_attempt": "count",
     "last_error_owner": "str",
     "stall_snapshot": "str",

@@ -49,6 +49,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "ai_lease.retry",
         "ai_lease.errors",
         "ai_lease.refusal",
+        "ai_lease.failure",
         "ai_lease.text_safety",
         "ai_lease.resource",
         "ai_lease.inputs",

@@ -16,6 +16,7 @@ PUBLIC = [
     "EmptyAnswer",
     "EmptyEventStream",
     "Event",
+    "FailureKind",
     "Fence",
     "FencingRejected",
     "Finished",

@@ -23,6 +23,7 @@ from ai_lease.lease import Acquired
 from ai_lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS, Refusal
 from ai_lease.stores import open_store
 from ai_lease.stores.postgres import lease_sql as postgres_sql
+from ai_lease.stores.postgres.schema import VERSION
 from ai_lease.stores.postgres.store import PostgresStore
 from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import free_port
@@ -134,7 +135,9 @@ async def test_no_migration_and_no_right_to_create_it_changes_nothing(
         assert "right-password" not in str(info.value) and f"{role}:***@" in str(info.value)
         assert _schemas(pg_server, namespace) == 0
         result = await _cli(pg_server.url, namespace)
-        assert result.exit_code == 0 and "applied migration 1" in result.output, result.output
+        assert result.exit_code == 0 and f"applied migration {VERSION}" in result.output, (
+            result.output
+        )
         for grant in (
             f"GRANT USAGE ON SCHEMA {namespace} TO {role}",
             f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {namespace} TO {role}",
@@ -184,7 +187,7 @@ def test_migrate_twice_says_up_to_date(pg_server: PostgresServer, namespace: str
     cli, env = CliRunner(), {"AI_LEASE_STORE__NAMESPACE": namespace}
     first = cli.invoke(main, ["--store", pg_server.url, "migrate"], env=env)
     second = cli.invoke(main, ["--store", pg_server.url, "migrate"], env=env)
-    assert first.exit_code == 0 and "applied migration 1" in first.output, first.output
+    assert first.exit_code == 0 and f"applied migration {VERSION}" in first.output, first.output
     assert second.exit_code == 0 and "up to date" in second.output
 
 

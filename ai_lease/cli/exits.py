@@ -10,9 +10,6 @@ left to workers or cancelled).
 
 from __future__ import annotations
 
-import re
-from functools import cache
-
 from ai_lease.errors import (
     AiLeaseError,
     InputError,
@@ -21,6 +18,7 @@ from ai_lease.errors import (
     StageTimeout,
     StoreError,
 )
+from ai_lease.failure import FailureKind, kept_kind
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_TIMED_OUT, EXIT_STORE = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -32,23 +30,8 @@ def exit_code(exc: AiLeaseError) -> int:
         return EXIT_BAD_INPUT
     if isinstance(exc, StageTimeout):
         return EXIT_TIMED_OUT
-    if isinstance(exc, JobFailed) and _timed_out().match(exc.reason or ""):
-        return EXIT_TIMED_OUT
+    if isinstance(exc, JobFailed) and kept_kind(exc.kind, exc.reason) == FailureKind.TIMED_OUT:
+        return EXIT_TIMED_OUT  # what ended the job, as a code (named by its error if not given)
     if isinstance(exc, StoreError):
         return EXIT_STORE
     return EXIT_FAILED
-
-
-def _subclasses(cls: type) -> list[type]:
-    found: list[type] = []
-    direct: type
-    for direct in cls.__subclasses__():
-        found += [direct, *_subclasses(direct)]
-    return found
-
-
-@cache
-def _timed_out() -> re.Pattern[str]:
-    """A FAILED job's reason starts with the error that ended its last attempt, by class name."""
-    names = "|".join(sorted(c.__name__ for c in _subclasses(StageTimeout)))
-    return re.compile(r"(?:gave up after \d+ attempts: )?(?:" + names + "): ")

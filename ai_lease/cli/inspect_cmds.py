@@ -27,6 +27,7 @@ from ai_lease.cli.output import (
 from ai_lease.cli.params import JOB_KEY
 from ai_lease.cli.record_view import LS_HEADER, describe, job_json, ls_row
 from ai_lease.errors import CorruptRecord, InputError, JobCancelled, JobFailed
+from ai_lease.failure import FailureKind
 
 if TYPE_CHECKING:
     from ai_lease.job import JobState
@@ -90,7 +91,7 @@ def _raise_unless_done(job: JobState) -> None:
     if job.status is Status.CANCELLED:
         raise JobCancelled(job.key, job.last_error)
     if job.status is Status.FAILED:
-        raise JobFailed(job.key, job.last_error)
+        raise JobFailed(job.key, job.last_error, job.ended_by)
 
 
 def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -114,6 +115,11 @@ def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> flo
     help="Only RUNNING jobs in this health state.",
 )
 @click.option(
+    "--kind",
+    type=click.Choice([kind.value for kind in FailureKind]),
+    help="Only FAILED jobs that failed this way (the record's failure kind).",
+)
+@click.option(
     "--since",
     metavar="AGE",
     callback=_since,
@@ -134,15 +140,16 @@ def list_jobs(
     obj: Context,
     status: str | None,
     health: str | None,
+    kind: str | None,
     since: float | None,
     limit: int,
     as_json: bool,
 ) -> None:
     """List jobs (newest first): status, health, stage, age, duration, time since progress."""
-    wanted = "RUNNING" if health else (status.upper() if status else None)
+    wanted = "RUNNING" if health else ("FAILED" if kind else (status.upper() if status else None))
     corrupt: list[CorruptRecord] = []
     # A filter applied here needs the whole (bounded) listing: the newest N may match none.
-    reads = LS_MAX if (health or since) else limit
+    reads = LS_MAX if (health or kind or since) else limit
 
     async def fetch(store: LeaseStore) -> tuple[list[JobState], int | None]:
         found = await store.list_jobs(status=wanted, limit=reads, on_corrupt=corrupt.append)
@@ -154,10 +161,12 @@ def list_jobs(
     grace, threshold = obj.settings.lease.renew_interval, obj.settings.lease.phi_threshold
     if health:
         jobs = [j for j in jobs if (h := j.health(grace)) is not None and h.value == health]
+    if kind:
+        jobs = [j for j in jobs if j.failure_kind == kind]
     if since is not None:
         jobs = [j for j in jobs if j.read_at - j.created_at <= since]
     matched, jobs = len(jobs), jobs[:limit]
-    if health or since is not None:  # the filter ran here, over what was read
+    if health or kind or since is not None:  # the filter ran here, over what was read
         held = matched if reads > matched else None
     if not as_json:
         click.echo(LS_HEADER)
@@ -209,7 +218,7 @@ def result(obj: Context, key: str) -> None:
     elif job.status is Status.CANCELLED:
         raise JobCancelled(key, job.last_error)
     elif job.status is Status.FAILED:
-        raise JobFailed(key, job.last_error)
+        raise JobFailed(key, job.last_error, job.ended_by)
     else:
         click.echo(f"ai-lease: job {key!r} is {job.status.value}, no result yet", err=True)
         sys.exit(EXIT_TIMED_OUT)

@@ -128,6 +128,8 @@ def describe(
     rows += _newer_rows(job)
     if job.finish_reason == "length":
         rows.append(("answer", "capped at max_tokens (finish_reason length)"))
+    if job.failure_kind:
+        rows.append(("failure", job.failure_kind))
     if job.last_error:
         rows.append(("last error", redact(job.last_error)))
     if job.stall_snapshot:

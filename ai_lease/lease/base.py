@@ -219,8 +219,12 @@ class LeaseStore(Protocol):
         ``"length"`` for a capped answer) and ``facts`` (what ran) are kept in the record."""
         ...
 
-    async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
-        """End the job FAILED with ``reason`` (fenced), keeping ``facts`` (what ran)."""
+    async def fail(
+        self, fence: Fence, reason: str, *, kind: str | None = None, facts: RunFacts | None = None
+    ) -> JobState:
+        """End the job FAILED with ``reason`` (fenced), keeping ``kind`` (a
+        :class:`~ai_lease.failure.FailureKind`; None: the one ``reason`` names,
+        :func:`~ai_lease.failure.kept_kind`) and ``facts``."""
         ...
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool: ...

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from ai_lease.errors import FencingRejected, JobConflict
+from ai_lease.failure import FailureKind, kept_kind, render, stored_error
 from ai_lease.job import JobState, RunFacts, Status
 from ai_lease.lease.base import (
     Acquired,
@@ -106,11 +107,11 @@ def acquire(
 
 def _gave_up(base: JobState, now: float, fingerprint: str | None) -> JobState:
     """The record of a job out of attempts: FAILED, naming the last error."""
-    reason = f"gave up after {base.attempts} attempts: {base.last_error or 'lease lapsed'}"
     return replace(
         base,
         status=Status.FAILED,
-        last_error=clip(reason),
+        failure_kind=FailureKind.GAVE_UP.value,  # the record says so; readers see the sentence
+        last_error=render(FailureKind.GAVE_UP, base.attempts, base.last_error),
         lease_expires_at=None,
         checkpoint=None,
         updated_at=now,
@@ -255,6 +256,7 @@ def finish(
     value: str,
     finish_reason: str | None = None,
     facts: RunFacts | None = None,
+    kind: str | None = None,
 ) -> tuple[Change, JobState]:
     """End the job DONE (``value`` is the result) or FAILED (``value`` is the reason), fenced,
     with ``facts`` (what ran) and ``finished_at``; the same call repeated by the same owner
@@ -273,7 +275,7 @@ def finish(
     field: dict[str, Any] = (
         {"result": value, "stage": "done", "finish_reason": finish_reason or None}
         if done
-        else _errored(rec, value)
+        else {**_errored(rec, value), "failure_kind": kept_kind(kind, value)}
     )
     field.update(_facts(rec, facts))
     new = replace(
@@ -318,9 +320,14 @@ def commit(
 
 
 def fail(
-    rec: JobState | None, fence: Fence, now: float, reason: str, facts: RunFacts | None = None
+    rec: JobState | None,
+    fence: Fence,
+    now: float,
+    reason: str,
+    facts: RunFacts | None = None,
+    kind: str | None = None,
 ) -> tuple[Change, JobState]:
-    return finish(rec, fence, now, Status.FAILED, reason, facts=facts)
+    return finish(rec, fence, now, Status.FAILED, reason, facts=facts, kind=kind)
 
 
 def cancel(rec: JobState | None, now: float, reason: str) -> tuple[Change, JobState | None]:
@@ -403,6 +410,8 @@ def retry(rec: JobState | None, now: float) -> tuple[Change, JobState | None]:
         status=Status.PENDING,
         attempts=0,
         owner_id=None,
+        failure_kind=None,  # the last error stays as stored, without its verdict
+        last_error=stored_error(rec.failure_kind, rec.attempts, rec.last_error),
         checkpoint=None,  # a new run starts afresh
         lease_expires_at=None,
         started_at=None,

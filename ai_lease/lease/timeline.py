@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
+from ai_lease.failure import timeline_detail
 from ai_lease.lease.storable import diagnostic
 
 __all__ = [
@@ -53,6 +54,10 @@ class TimelineEntry:
     token: int
     stage: str
     detail: str
+
+    def __post_init__(self) -> None:
+        # A store writes some details as codes (a job given up on); readers see the words.
+        object.__setattr__(self, "detail", timeline_detail(self.kind, self.detail))
 
     def to_dict(self) -> dict[str, Any]:
         return {spec.name: getattr(self, spec.name) for spec in fields(self)}

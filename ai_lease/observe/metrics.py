@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.exposition import start_http_server
 
 from ai_lease.errors import ConfigError
+from ai_lease.failure import FailureKind
 from ai_lease.lease.events import Event, EventSink
 from ai_lease.redaction import redact
 from ai_lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS
@@ -53,6 +54,7 @@ STREAM_TIMEOUTS = {
 }
 # Why a takeover's job was free (Acquired.cause); a takeover event without one reads OTHER.
 TAKEOVER_CAUSES = ("expired", "released", "stalled", OTHER)
+FAILURE_KINDS = (*(kind.value for kind in FailureKind), OTHER)  # the job_failed_total kinds
 # tokens_total{kind}: attrs "<kind>_tokens" of model_call; "reasoning" (thinking tokens,
 # where the provider counts them apart) is part of "completion": never add the two.
 TOKEN_KINDS = ("prompt", "completion", "reasoning")
@@ -141,6 +143,12 @@ class Metrics:
         )
         self.attempts = counter(
             "job_attempts_total", "Acquisitions that started an attempt (same-node retries too)."
+        )
+        self.failed = counter(
+            "job_failed_total",
+            "Jobs this process failed or found FAILED, by kind (timed_out, provider_refused, "
+            "bad_input, gave_up, queue_deadline, error).",
+            "kind",
         )
         self.fencing_rejected = counter(
             "owner_fencing_rejected_total",
@@ -271,6 +279,10 @@ class Metrics:
     def _acquired(self, event: Event, pipeline: str) -> None:
         self.attempts.labels(pipeline).inc()
 
+    def _failed(self, event: Event, pipeline: str) -> None:
+        kind = (event.attrs or {}).get("kind")
+        self.failed.labels(pipeline, kind if kind in FAILURE_KINDS else OTHER).inc()
+
     def _false_takeover(self, event: Event, pipeline: str) -> None:
         self.false_takeover.labels(pipeline, self._stages(event.stage)).inc()
 
@@ -327,6 +339,7 @@ _HANDLERS: dict[str, Callable[[Metrics, Event, str], None]] = {
     "stalled": Metrics._stalled,
     "takeover": Metrics._takeover,
     "acquired": Metrics._acquired,
+    "failed": Metrics._failed,
     "false_takeover": Metrics._false_takeover,
     "fenced": Metrics._fenced,
     "stage_done": Metrics._stage_done,

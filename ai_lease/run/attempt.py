@@ -32,6 +32,7 @@ from ai_lease.errors import (
     Stalled,
     StoreUnavailable,
 )
+from ai_lease.failure import FailureKind, kind_of
 from ai_lease.job import Job, JobState, RunFacts
 from ai_lease.lease.base import Acquired, Fence, LeaseStore
 from ai_lease.lease.classify import describe, retryable
@@ -113,8 +114,8 @@ class Attempt:
                 f"past its queue deadline of {self.timings.queue_deadline:g}s "
                 "(lease.queue_deadline)"
             )
-            await self.fail(reason)
-            raise JobFailed(fence.key, reason)
+            await self.fail(reason, FailureKind.QUEUE_DEADLINE)
+            raise JobFailed(fence.key, reason, FailureKind.QUEUE_DEADLINE)
         left = self.timings.job_deadline - (record.read_at - started)
         self.host.commits.expect(fence)  # until the attempt has its commit's answer
         committed = await self._ended(left)
@@ -145,7 +146,7 @@ class Attempt:
             self.events.emit("retry", fence.key, fence, str(exc))
             return timings.poll_interval
         except JobDeadlineExceeded as exc:
-            await self.fail(describe(exc))  # named like every other failure
+            await self.fail(describe(exc), kind_of(exc))  # named like every other failure
             raise
         except Exception as exc:
             return await self._failed(exc)
@@ -158,8 +159,8 @@ class Attempt:
         """The attempt's own failure: fail the job (not retryable) or release and retry."""
         fence = self.fence
         if not retryable(exc):
-            await self.fail(describe(exc))
-            raise JobFailed(fence.key, describe(exc)) from exc
+            await self.fail(describe(exc), kind_of(exc))
+            raise JobFailed(fence.key, describe(exc), kind_of(exc)) from exc
         await self.release(describe(exc))
         if self.acquired.job.attempts >= self.host.retry.attempts:
             return 0.0  # the next acquire ends the job FAILED with this error
@@ -264,16 +265,21 @@ class Attempt:
         except StoreUnavailable as exc:  # the lease lapses on its own
             self.events.emit("store_unavailable", fence.key, fence, str(exc))
 
-    async def fail(self, reason: str) -> None:
-        """End the job FAILED with ``reason`` (fenced: a stale owner's verdict is refused)."""
+    async def fail(self, reason: str, kind: FailureKind) -> None:
+        """End the job FAILED with ``reason`` and ``kind`` (fenced: a stale owner's verdict
+        is refused)."""
         fence = self.fence
         reason = redact(reason)
         try:
             if self.ran:  # what ran, when anything did
-                await self.host.store.fail(fence, reason, facts=RunFacts(**self.ran))
+                await self.host.store.fail(fence, reason, kind=kind, facts=RunFacts(**self.ran))
             else:
-                await self.host.store.fail(fence, reason)
-            self.events.emit("failed", fence.key, fence, reason)
+                await self.host.store.fail(fence, reason, kind=kind)
+            if self.events.listening:
+                attrs = {"kind": kind.value}  # the job_failed_total label
+                owner, token = fence.owner_id, fence.token
+                failed = Event("failed", fence.key, owner, token, detail=reason, attrs=attrs)
+                self.events.emit_event(failed)
         except StoreUnavailable as exc:  # the lease lapses; the next attempt records it
             self.events.emit("store_unavailable", fence.key, fence, str(exc))
         except FencingRejected as exc:

@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from ai_lease.errors import JobCancelled, JobFailed, LeaseError, LeaseLost, StoreUnavailable
+from ai_lease.failure import kind_of
 from ai_lease.job import Job, JobState, Status
 from ai_lease.lease.base import Acquired, LeaseStore
 from ai_lease.lease.classify import describe, retryable
@@ -155,7 +156,7 @@ class JobLease:
             if outcome.job.status is Status.CANCELLED:
                 raise JobCancelled(self.key, outcome.job.last_error)
             if outcome.job.status is not Status.DONE:
-                raise JobFailed(self.key, outcome.job.last_error)
+                raise JobFailed(self.key, outcome.job.last_error, outcome.job.ended_by)
             return self
         renewals = self._own(outcome, sent[0])
         await renewals.__aenter__()  # the body (this task) is what a lost lease cancels
@@ -215,7 +216,7 @@ class JobLease:
                 elif retryable(exc):
                     await self.store.release(ctx.fence, error=redact(describe(exc)))
                 else:
-                    await self.store.fail(ctx.fence, redact(describe(exc)))
+                    await self.store.fail(ctx.fence, redact(describe(exc)), kind=kind_of(exc))
                     return
                 await due_now(self.store, self.key)
         except (StoreUnavailable, TimeoutError, LeaseError):

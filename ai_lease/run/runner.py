@@ -270,8 +270,10 @@ class Runner:
         if record.status is Status.CANCELLED:
             self.emit("cancelled", record.key, detail=record.last_error or "")
             raise JobCancelled(record.key, record.last_error)
-        self.emit("failed", record.key, detail=record.last_error or "")
-        raise JobFailed(record.key, record.last_error)
+        if self.events.listening:
+            kind = {"kind": record.failure_kind or ""}
+            self.emit_event(Event("failed", record.key, detail=record.last_error or "", attrs=kind))
+        raise JobFailed(record.key, record.last_error, record.ended_by)
 
 
 class _Rounds:

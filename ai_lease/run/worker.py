@@ -58,6 +58,7 @@ from ai_lease.errors import (
     JobSpecError,
     StoreUnavailable,
 )
+from ai_lease.failure import FailureKind
 from ai_lease.job import Job, Status
 from ai_lease.lease.base import Acquired, Following, LeaseStore, require_store
 from ai_lease.lease.events import Event, EventSink
@@ -405,7 +406,7 @@ class Worker:
             await self.queue.recover_at(key, outcome.job.lease_expires_at or outcome.job.read_at)
             return
         if isinstance(outcome, Acquired):
-            await self.store.fail(outcome.fence, reason)
+            await self.store.fail(outcome.fence, reason, kind=FailureKind.BAD_INPUT)
             self._say("job_failed", f"job {key!r} failed: {reason}", key)
         await self.queue.reschedule(key, None)
 

@@ -34,6 +34,7 @@ from ai_lease.lease.base import Acquired, Fence, Finished, Following, LeaseStore
 from ai_lease.lease.follow import acquire_or_follow
 from ai_lease.refusal import Refusal
 from ai_lease.testing.contract_checkpoint import CheckpointContract
+from ai_lease.testing.contract_failure import FailureContract
 from ai_lease.testing.contract_listing import ListingContract
 from ai_lease.testing.contract_queue import DurationHistoryContract, JobQueueContract
 from ai_lease.testing.contract_record import RecordContract
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 
-class LeaseStoreContract(WriteContract, RecordContract, CheckpointContract):
+class LeaseStoreContract(WriteContract, RecordContract, CheckpointContract, FailureContract):
     """The behaviour every lease store promises (DESIGN.md invariants 1-4)."""
 
     # -- acquire -----------------------------------------------------------------------------

@@ -94,12 +94,13 @@ class State:
 class After:
     """The record after the operation: its status (None: no record), its owner's alias
     (None: no owner), whether its token is ``same`` or ``higher`` than before the operation
-    (0 standing for no record), and its attempts."""
+    (0 standing for no record), its attempts, and a FAILED record's failure kind."""
 
     status: str | None
     owner: str | None = None
     token: str = "same"
     attempts: int = 0
+    kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +164,10 @@ def case(
     owner: str | None = None,
     token: str = "same",
     attempts: int = 0,
+    kind: str | None = None,
 ) -> RuleCase:
     """One row of the table (the record's facts afterwards given flat)."""
-    return RuleCase(name, state, op, answer, After(status, owner, token, attempts))
+    return RuleCase(name, state, op, answer, After(status, owner, token, attempts, kind))
 
 
 _R, _U, _H = "RUNNING", "same", "higher"
@@ -197,11 +199,11 @@ CASES: tuple[RuleCase, ...] = (
          "acquired", _R, "A2", _H, 2),
     case("owner re-acquires its lapsed lease", LAPSED, _A, "acquired", _R, "A", _H, 2),
     case("lapsed at max attempts gives up", LAPSED, step("acquire", "B", max_attempts=1),
-         "finished FAILED", "FAILED", "A", _U, 1),
+         "finished FAILED", "FAILED", "A", _U, 1, "gave_up"),
     case("released job is taken over", RELEASED, step("acquire", "B"),
          "takeover: released", _R, "B", _H, 2),
     case("released at max attempts gives up", RELEASED, step("acquire", "B", max_attempts=1),
-         "finished FAILED", "FAILED", "A", _U, 1),
+         "finished FAILED", "FAILED", "A", _U, 1, "gave_up"),
     case("released below max attempts runs", RELEASED, step("acquire", "B", max_attempts=2),
          "takeover: released", _R, "B", _H, 2),
     case("interrupted attempt is handed back", INTERRUPTED, step("acquire", "B"),
@@ -212,7 +214,7 @@ CASES: tuple[RuleCase, ...] = (
          "acquired", _R, "B", _H, 1),
     case("DONE is finished", DONE, step("acquire", "B"), "finished DONE", "DONE", "A", _U, 1),
     case("FAILED is finished", FAILED, step("acquire", "B"),
-         "finished FAILED", "FAILED", "A", _U, 1),
+         "finished FAILED", "FAILED", "A", _U, 1, "error"),
     case("CANCELLED is finished", CANCELLED, step("acquire", "B"),
          "finished CANCELLED", "CANCELLED", "A", _U, 1),
     case("a fingerprint where none is stored follows", RUNNING,
@@ -262,18 +264,19 @@ CASES: tuple[RuleCase, ...] = (
     case("commit meets another's result", DONE, step("commit", "B"),
          "rejected: already_committed", "DONE", "A", _U, 1),
     case("commit after failing", FAILED, step("commit", "A"),
-         "rejected: already_finished", "FAILED", "A", _U, 1),
+         "rejected: already_finished", "FAILED", "A", _U, 1, "error"),
     case("commit after cancel", CANCELLED, step("commit", "A"),
          "rejected: cancelled", "CANCELLED", "A", _U, 1),
     case("commit by one who never owned", PENDING, step("commit", "A"),
          "rejected: newer_owner", "PENDING"),
     # -- fail --------------------------------------------------------------------------------
-    case("owner fails", RUNNING, step("fail", "A"), "written FAILED", "FAILED", "A", _U, 1),
+    case("owner fails", RUNNING, step("fail", "A"),
+         "written FAILED", "FAILED", "A", _U, 1, "error"),
     case("fail without a record", NONE, step("fail", "A"), "rejected: missing", None),
     case("fail by another owner", RUNNING, step("fail", "B"),
          "rejected: newer_owner", _R, "A", _U, 1),
     case("owner's repeated fail", FAILED, step("fail", "A"),
-         "written FAILED", "FAILED", "A", _U, 1),
+         "written FAILED", "FAILED", "A", _U, 1, "error"),
     case("fail after commit", DONE, step("fail", "A"),
          "rejected: already_finished", "DONE", "A", _U, 1),
     case("fail after cancel", CANCELLED, step("fail", "A"),
@@ -331,7 +334,8 @@ python -m ai_lease.testing.rule_cases docs/rules.md
 ```
 
 Each row is one rule case: from a starting state, one operation, the answer it gives and the
-record afterwards (status, owner, whether the fencing token rose, attempts). The same table
+record afterwards (status, owner, whether the fencing token rose, attempts, a FAILED record's
+failure kind: `ai_failure.py`). The same table
 runs against the pure rules (`ai_lease/lease/rules.py`, what SQLite runs) and against the
 SQLite, Redis and PostgreSQL stores through their public protocol
 (`tests/test_rule_table.py`; `ai_lease.testing.rule_cases_run` runs it against any store).
@@ -356,11 +360,12 @@ def markdown() -> str:
               f"everything else {LONG:g} s. {len(CASES)} cases."]  # fmt: skip
     for op in counts:
         lines += ["", f"## {op} ({counts[op]} cases)", ""]
-        lines += ["| case | state | operation | answer | status | owner | token | attempts |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        head = "| case | state | operation | answer | status | owner | token | attempts | kind |"
+        lines += [head, "|---|---|---|---|---|---|---|---|---|"]
         for c in (c for c in CASES if c.op.op == op):
             a = c.after
-            cells = (c.name, c.state.name, c.op, c.answer, a.status, a.owner, a.token, a.attempts)
+            cells = (c.name, c.state.name, c.op, c.answer, a.status, a.owner, a.token, a.attempts,
+                     a.kind)  # fmt: skip
             lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -94,7 +94,7 @@ def _after(rec: JobState | None, before: int) -> After:
         return After(None)
     owner = None if rec.owner_id is None else _ALIASES.get(rec.owner_id, rec.owner_id)
     token = "higher" if rec.token > before else "same" if rec.token == before else "lower"
-    return After(rec.status.value, owner, token, rec.attempts)
+    return After(rec.status.value, owner, token, rec.attempts, rec.failure_kind)
 
 
 async def _fence(target: Any, key: str, step: Step, fences: dict[str, Fence]) -> Fence:

@@ -138,7 +138,8 @@ def attention_row(job: JobState) -> AttentionRow:
     if health is not None:
         why = f"{health.value}: " + _HEALTH_WHY.get(health.value, "")
     elif job.status.value == "FAILED":
-        why = "failed: " + (job.last_error or "no error recorded")
+        kind = f" ({job.failure_kind})" if job.failure_kind else ""  # the code, then the words
+        why = f"failed{kind}: " + (job.last_error or "no error recorded")
     else:
         why = f"retrying (attempt {job.attempts} failed): {job.last_error or ''}"
     return AttentionRow(job_row(job), redact(why[:300]))

@@ -94,7 +94,7 @@ _RECORD = (
     *("takeover_cause", "missed_renewals", "stall_policy", "max_no_progress", "renew_interval"),
     *("last_error", "last_error_attempt", "last_error_owner", "finish_reason", "provider"),
     *("model", "prompt_tokens", "completion_tokens", "reasoning_tokens", "first_token_s"),
-    *("first_visible_s", "stage_durations"),
+    *("first_visible_s", "stage_durations", "failure_kind"),
 )
 _TIMES = ("created_at", "started_at", "heartbeat_at", "last_progress_at", "lease_expires_at")
 _TIMES_END = ("finished_at", "updated_at")

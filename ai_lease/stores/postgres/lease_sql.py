@@ -150,12 +150,11 @@ BEGIN
   IF p_max_attempts IS NOT NULL AND r.attempts >= p_max_attempts THEN  -- given up
     UPDATE ail_jobs j SET status = 'FAILED', lease_expires_at = NULL, checkpoint = NULL,
       updated_at = v_now, fingerprint = coalesce(nullif(j.fingerprint, ''), nullif(p_fp, '')),
-      last_error = ail_clip(format('gave up after %s attempts: %s', j.attempts,
-        coalesce(nullif(j.last_error, ''), 'lease lapsed')))
+      failure_kind = 'gave_up'  -- a code; the last error is kept, Python renders the words
     WHERE j.key = p_key RETURNING * INTO n;
     IF NOT v_new THEN
       PERFORM ail_note(p_key, v_now, 'failed', r.owner_id, r.token, '',
-        format('gave up after %s attempts', r.attempts));
+        format('gave_up:%s', r.attempts));
     END IF;
     PERFORM ail_notify(p_key);
     RETURN QUERY SELECT 'finished'::text, v_now, false, NULL::text, n;
@@ -281,7 +280,7 @@ _FINISH = r"""
 CREATE FUNCTION ail_finish(p_key text, p_owner text, p_token bigint, p_status text,
   p_value text, p_reason text, p_provider text, p_model text, p_prompt int,
   p_completion int, p_reasoning int, p_first_token double precision,
-  p_first_visible double precision, p_durations text)
+  p_first_visible double precision, p_durations text, p_failure_kind text)
 RETURNS TABLE (o_kind text, o_at double precision, o_code text, o_token bigint,
   o_owner text, o_job ail_jobs)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -317,6 +316,7 @@ BEGIN
     stage = CASE WHEN v_done THEN 'done' ELSE j.stage END,
     finish_reason = CASE WHEN v_done THEN nullif(p_reason, '') ELSE j.finish_reason END,
     last_error = CASE WHEN v_done THEN j.last_error ELSE ail_clip(p_value) END,
+    failure_kind = CASE WHEN v_done THEN NULL ELSE coalesce(p_failure_kind, 'error') END,
     last_error_attempt = CASE WHEN v_done THEN j.last_error_attempt ELSE j.attempts END,
     last_error_owner = CASE WHEN v_done THEN j.last_error_owner ELSE j.owner_id END,
     provider = coalesce(nullif(p_provider, ''), j.provider),

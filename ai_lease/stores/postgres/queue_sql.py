@@ -190,6 +190,7 @@ LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
   o_now := extract(epoch FROM clock_timestamp());
   UPDATE ail_jobs SET status = 'PENDING', attempts = 0, owner_id = NULL, checkpoint = NULL,
+      failure_kind = NULL,
       lease_expires_at = NULL, started_at = NULL, created_at = o_now, updated_at = o_now
     WHERE key = p_key AND status IN ('FAILED', 'CANCELLED') RETURNING * INTO o_job;
   IF FOUND THEN

@@ -36,8 +36,12 @@ __all__ = [
     "notify_payload",
 ]
 
-VERSION = 1
-"""The migration this code installs and expects."""
+VERSION = 2
+"""The migration this code installs and expects (2: ``failure_kind``, see :data:`UPGRADES`)."""
+
+UPGRADES: dict[int, str] = {2: "ALTER TABLE ail_jobs ADD COLUMN failure_kind text;"}
+"""What takes a schema from the version before each key to it: the tables' changes; the
+functions are then made again from this code's SQL (:func:`_upgrade`)."""
 
 JOB_COLUMNS: tuple[str, ...] = (
     *("key", "status", "owner_id", "token", "stage", "progress_version", "heartbeat_at"),
@@ -47,7 +51,7 @@ JOB_COLUMNS: tuple[str, ...] = (
     *("stall_snapshot", "fingerprint", "spec", "result", "created_at", "updated_at"),
     *("started_at", "finish_reason", "finished_at", "provider", "model", "prompt_tokens"),
     *("completion_tokens", "reasoning_tokens", "first_token_s", "first_visible_s"),
-    *("stage_durations", "checkpoint"),
+    *("stage_durations", "checkpoint", "failure_kind"),
 )
 """The jobs table's columns in order: what every function returning a job returns."""
 
@@ -67,7 +71,7 @@ CREATE TABLE ail_jobs (
   started_at double precision, finish_reason text, finished_at double precision,
   provider text, model text, prompt_tokens int, completion_tokens int, reasoning_tokens int,
   first_token_s double precision, first_visible_s double precision, stage_durations text,
-  checkpoint text
+  checkpoint text, failure_kind text
 );
 CREATE INDEX ail_jobs_by_expiry ON ail_jobs (status, lease_expires_at);
 CREATE INDEX ail_jobs_by_created ON ail_jobs (created_at DESC, key DESC);
@@ -173,7 +177,10 @@ async def migrate(conn: psycopg.AsyncConnection[Any], schema: str, where: str) -
         if version is None:
             await _refuse_foreign(conn, schema, where)
         try:
-            await _install(conn, schema)
+            if version is None or version == 0:
+                await _install(conn, schema)
+            else:
+                await _upgrade(conn, schema, version)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise ConfigError(
                 f"store.url {where!r}: schema {schema!r} holds no ai_lease tables "
@@ -195,6 +202,28 @@ async def _install(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     for part in PARTS:
         if part.strip():
             await conn.execute(part.replace("{channel}", channel).encode())
+    await conn.execute("INSERT INTO ail_migrations VALUES (%s, clock_timestamp())", (VERSION,))
+
+
+async def _upgrade(conn: psycopg.AsyncConnection[Any], schema: str, version: int) -> None:
+    """Take ``schema`` from ``version`` to :data:`VERSION`: each step's table changes, then
+    every lease and queue function dropped and made again (their signatures may change)."""
+    await conn.execute(
+        sql.SQL("SET LOCAL search_path = {}, pg_catalog").format(sql.Identifier(schema))
+    )
+    for step in range(version + 1, VERSION + 1):
+        await conn.execute(UPGRADES[step].encode())
+    cur = await conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n"
+        " ON n.oid = p.pronamespace WHERE n.nspname = %s AND p.proname LIKE 'ail\\_%%'"
+        " AND p.proname NOT IN ('ail_now', 'ail_notify')",
+        (schema,),
+    )
+    for (name,) in await cur.fetchall():
+        await conn.execute(f"DROP FUNCTION {name}".encode())
+    channel = sql.Literal(channel_name(schema)).as_string(conn)
+    for part in PARTS[1:]:
+        await conn.execute(part.replace("{channel}", channel).encode())
     await conn.execute("INSERT INTO ail_migrations VALUES (%s, clock_timestamp())", (VERSION,))
 
 

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from ai_lease.errors import FencingRejected, JobConflict
+from ai_lease.failure import kept_kind
 from ai_lease.job import JobState, RunFacts
 from ai_lease.lease.base import (
     Acquired,
@@ -52,7 +53,7 @@ _RENEW = "SELECT * FROM {schema}.ail_renew(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 _RELEASE = "SELECT {schema}.ail_release(%s, %s, %s, %s, %s, %s)"
 _FINISH = (
     "SELECT f.o_kind, f.o_at, f.o_code, f.o_token, f.o_owner, (f.o_job).* FROM"
-    " {schema}.ail_finish(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) f"
+    " {schema}.ail_finish(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) f"
 )
 _STALL = "SELECT {schema}.ail_report_stall(%s, %s, %s, %s, %s)"
 _CANCEL = "SELECT c.o_at, (c.o_job).* FROM {schema}.ail_cancel(%s, %s) c"
@@ -193,9 +194,10 @@ class PostgresStore(AsyncResource):
         value: str,
         reason: str | None = None,
         facts: RunFacts | None = None,
+        kind: str | None = None,
     ) -> JobState:
         args = (job_key(fence.key), fence.owner_id, fence.token, status, value, reason or "")
-        row = await self._conn._fetchone(op, _FINISH, (*args, *_facts_args(ran(facts))))
+        row = await self._conn._fetchone(op, _FINISH, (*args, *_facts_args(ran(facts)), kind))
         assert row is not None  # one row, always
         kind, now, code, token, owner = row[:5]
         if kind == "rejected":
@@ -217,8 +219,13 @@ class PostgresStore(AsyncResource):
         result = exact("commit", fence.key, "result", result, nul=False)
         return await self._finish("commit", fence, "DONE", result, diagnostic(finish_reason), facts)
 
-    async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
-        return await self._finish("fail", fence, "FAILED", clip(reason) or "", facts=facts)
+    async def fail(
+        self, fence: Fence, reason: str, *, kind: str | None = None, facts: RunFacts | None = None
+    ) -> JobState:
+        kind = kept_kind(kind, reason)
+        return await self._finish(
+            "fail", fence, "FAILED", clip(reason) or "", facts=facts, kind=kind
+        )
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
         key, stage = job_key(fence.key), diagnostic(stage)

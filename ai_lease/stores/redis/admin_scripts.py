@@ -25,7 +25,7 @@ local status = redis.call('HGET', k, 'status')
 if status == 'FAILED' or status == 'CANCELLED' then
   redis.call('HSET', k, 'status', 'PENDING', 'attempts', '0', 'owner_id', '',
     'lease_expires_at', '', 'started_at', '', 'created_at', fmt(now), 'updated_at', fmt(now))
-  redis.call('HDEL', k, 'checkpoint')
+  redis.call('HDEL', k, 'checkpoint', 'failure_kind')
   unindex(k)
   recount(KEYS[7], KEYS[8], k, status, 'PENDING')
   if KEYS[7] then redis.call('ZADD', KEYS[7], 'XX', fmt(now), k) end  -- created again: now

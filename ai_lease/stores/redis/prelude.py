@@ -18,7 +18,7 @@ LEAN_FIELDS = (
     *("renew_interval", "takeover_cause", "stalled_attempt", "last_error_attempt"),
     *("last_error_owner", "finished_at", "provider", "model", "prompt_tokens"),
     *("completion_tokens", "first_token_s", "stage_durations", "reasoning_tokens"),
-    "first_visible_s",
+    *("first_visible_s", "failure_kind"),
 )
 
 

@@ -92,13 +92,13 @@ local function write(w)  -- one HSET: w and the first fields; indexed or recount
   return w
 end
 if maxatt and attempts >= maxatt then
-  if last_error == '' then last_error = 'lease lapsed' end
+  -- a code, and the last error kept as it is: Python renders the sentence (ai_lease.failure)
   redis.call('HDEL', k, 'checkpoint')
   write({'status', 'FAILED', 'lease_expires_at', '', 'updated_at', at,
-    'last_error', 'gave up after ' .. fmt(attempts) .. ' attempts: ' .. last_error})
+    'failure_kind', 'gave_up'})
   redis.call('PUBLISH', KEYS[2], 'FAILED')
   unindex(k)
-  note(now, 'failed', v[3], v[4], '', 'gave up after ' .. fmt(attempts) .. ' attempts')
+  note(now, 'failed', v[3], v[4], '', 'gave_up:' .. fmt(attempts))
   return {'finished', at, unpack(redis.call('HGETALL', k))}
 end
 local token = fmt(math.max(prev + 1, now))
@@ -235,7 +235,7 @@ return 1
 # refusals (ai_lease.refusal.Refusal): missing, newer_owner, already_committed,
 # already_finished, cancelled
 # (what ran goes on: ARGV[13] is reasoning_tokens, part of completion_tokens, told apart;
-# ARGV[14] first_visible_us, to the first answer text)
+# ARGV[14] first_visible_us, to the first answer text; ARGV[15] a FAILED one's failure_kind)
 FINISH = (
     PRELUDE
     + "local READ = LEAN\n"
@@ -265,6 +265,8 @@ if ARGV[4] == 'last_error' then
   v[AT_LAST_ERROR_OWNER] = owner
   add(w, 'last_error_attempt', v[AT_ATTEMPTS] or '0')
   add(w, 'last_error_owner', owner)
+  v[AT_FAILURE_KIND] = ARGV[15] or 'error'
+  add(w, 'failure_kind', v[AT_FAILURE_KIND])
 end
 add(w, 'finished_at', at)
 v[AT_FINISHED_AT] = at

@@ -28,6 +28,7 @@ from ai_lease.errors import (
     StoreUnavailable,
     skip_corrupt,
 )
+from ai_lease.failure import kept_kind
 from ai_lease.job import JobState, RunFacts, validate_key
 from ai_lease.lease.base import (
     Acquired,
@@ -203,8 +204,10 @@ class RedisStore(AsyncResource):
         value: str,
         reason: str = "",
         facts: RunFacts | None = None,
+        kind: str = "",
     ) -> JobState:
         args = [fence.owner_id, fence.token, status, field, value, reason, *_facts_args(facts)]
+        args.append(kind)
         reply = await self._calls._call(op, fence.key, "FINISH", args)
         if reply[0] == "rejected":
             current = _current(fence, reply[2], reply[3]) if reply[2] else None
@@ -227,9 +230,14 @@ class RedisStore(AsyncResource):
         reason, facts = diagnostic(finish_reason) or "", ran(facts)
         return await self._finish("commit", fence, "DONE", "result", result, reason, facts)
 
-    async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
+    async def fail(
+        self, fence: Fence, reason: str, *, kind: str | None = None, facts: RunFacts | None = None
+    ) -> JobState:
         text = clip(reason) or ""
-        return await self._finish("fail", fence, "FAILED", "last_error", text, facts=ran(facts))
+        kind = kept_kind(kind, text)
+        return await self._finish(
+            "fail", fence, "FAILED", "last_error", text, facts=ran(facts), kind=kind
+        )
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
         args = [fence.owner_id, fence.token, diagnostic(stage) or "", clip(snapshot) or ""]

@@ -22,6 +22,7 @@ from typing import TypeVar
 import orjson
 
 from ai_lease.errors import CorruptRecord, FencingRejected, StoreMissing, StoreUnavailable
+from ai_lease.failure import stored_error
 from ai_lease.job import JobState
 from ai_lease.lease.listing import created_us
 from ai_lease.retry import while_locked
@@ -240,6 +241,8 @@ class SQLiteFile:
     def _save(conn: sqlite3.Connection, job: JobState) -> None:
         data = job.to_dict()
         del data["key"], data["read_at"]
+        # A given-up record keeps the code and the last error, not the sentence readers see.
+        data["last_error"] = stored_error(job.failure_kind, job.attempts, job.last_error)
         data["schema"] = 1
         created = created_us(job.created_at)
         conn.execute(

@@ -181,12 +181,14 @@ class SQLiteStore(AsyncResource):
             lambda _, new, __: timeline.finished(new, fence, finish_reason or ""),
         )
 
-    async def fail(self, fence: Fence, reason: str, *, facts: RunFacts | None = None) -> JobState:
+    async def fail(
+        self, fence: Fence, reason: str, *, kind: str | None = None, facts: RunFacts | None = None
+    ) -> JobState:
         reason, facts = diagnostic(reason) or "", ran(facts)
         return await self._file._transact(
             "fail",
             fence.key,
-            lambda rec, now: rules.fail(rec, fence, now, reason, facts),
+            lambda rec, now: rules.fail(rec, fence, now, reason, facts, kind),
             lambda _, new, __: timeline.finished(new, fence, reason),
         )
 

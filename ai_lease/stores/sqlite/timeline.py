@@ -94,7 +94,7 @@ def acquired(rec: JobState | None, new: JobState | None, answer: object) -> Note
         return ("acquired", owner, new.token, "", f"attempt {new.attempts}")
     if rec is None:
         return None
-    why = f"gave up after {rec.attempts} attempts"
+    why = f"gave_up:{rec.attempts}"  # a code: the reader renders it (ai_lease.failure)
     return ("failed", rec.owner_id or "", rec.token, "", why)
 
 
