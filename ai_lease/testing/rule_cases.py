@@ -343,6 +343,25 @@ A is an owner on one node, A2 another process on A's node, B an owner on another
 """
 
 
+DECIDED = """\
+## Two answers that are rules, not accidents
+
+A commit is rejected exactly when a newer fencing token exists (someone else acquired the job)
+or the job is already finished; the lease's time alone never rejects it. Two cases follow from
+that, and both are kept on purpose:
+
+- **A lapsed owner that nobody took over still commits** (*lapsed owner commits, not taken
+  over*). No other owner holds a token, so no other answer can exist: taking this one keeps the
+  one result per key and saves a second model call. The owner itself stops a margin before
+  its lease could lapse (the self-fence, on its local monotonic clock), so this is a commit
+  already on its way; once a follower takes over, the same commit is rejected (*stale fence
+  commits*).
+- **A released owner's late commit lands** (*released owner's late commit lands*). Release
+  hands the job back without raising the token (the next acquire raises it), so until someone
+  acquires, the releaser's token is still the newest and its answer is the job's one result.
+"""
+
+
 def _cell(value: object) -> str:
     return "–" if value is None else str(value).replace("|", "\\|")
 
@@ -367,6 +386,7 @@ def markdown() -> str:
             cells = (c.name, c.state.name, c.op, c.answer, a.status, a.owner, a.token, a.attempts,
                      a.kind)  # fmt: skip
             lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
+    lines += ["", DECIDED.rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
