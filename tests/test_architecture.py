@@ -266,6 +266,35 @@ def test_only_the_cli_imports_the_cli() -> None:
     assert not wrong, f"outside cli/, these import the CLI ({len(wrong)}):\n" + "\n".join(wrong)
 
 
+# What the CLI and the dashboard reach only through the front door (ai_lease.client): the
+# stores and the machinery that runs jobs. Value types (job, errors) and the lease
+# protocols stay theirs to import.
+BEHIND_THE_CLIENT = ("stores", "run.runner", "run.worker", "run.attempt")
+FRONT_DOOR_USERS = ("cli", "ui")
+
+
+def behind_the_client(graph: Graph, root: str) -> list[str]:
+    """The arrows from ``root``'s cli/ and ui/ to a store or to the runner, worker or
+    attempt modules, which only ``root.client`` may import for them."""
+
+    def wrong(name: str) -> bool:
+        return any(_under(name, f"{root}.{part}") for part in BEHIND_THE_CLIENT)
+
+    return [
+        arrow
+        for user in FRONT_DOOR_USERS
+        for arrow in forbidden(graph, f"{root}.{user}", lambda a: False, wrong)
+    ]
+
+
+def test_the_cli_and_the_dashboard_go_through_the_client() -> None:
+    wrong = behind_the_client(_package_graph(), "ai_lease")
+    assert not wrong, (
+        f"cli/ or ui/ import a store or the runner/worker themselves ({len(wrong)} arrows; "
+        "use ai_lease.client):\n" + "\n".join(wrong)
+    )
+
+
 # That production code never imports ai_lease.testing is tests/test_import_discipline.py's
 # test_production_code_never_imports_the_testing_helpers.
 
@@ -423,6 +452,35 @@ def test_a_forbidden_arrow_is_found(tmp_path: Path) -> None:
     assert wrong == ["pkg/lease/base.py -> pkg/run/runner.py: runner (line 2)"]
     assert _above_lease("ai_lease.settings_ui") and _above_lease("ai_lease.run.runner")
     assert not _above_lease("ai_lease.lease.base") and not _above_lease("ai_lease.runner")
+
+
+def test_an_arrow_around_the_client_is_found(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "client.py": "from pkg.stores import sqlite\nfrom pkg.run import runner\n",
+            "cli/__init__.py": "",
+            "cli/ok.py": "from pkg import client\nfrom pkg.run import config\n",
+            "cli/bad.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from pkg.run.worker import Worker\n"
+            ),
+            "ui/__init__.py": "",
+            "ui/views.py": "def f():\n    from ..stores import sqlite\n",
+            "run/__init__.py": "",
+            "run/config.py": "",
+            "run/runner.py": "",
+            "run/worker.py": "",
+            "stores/__init__.py": "",
+            "stores/sqlite.py": "",
+        },
+    )
+    wrong = behind_the_client(build_graph(package), "pkg")
+    assert wrong == [
+        "pkg/cli/bad.py -> pkg/run/worker.py: Worker (line 3; type-only)",
+        "pkg/ui/views.py -> pkg/stores/sqlite.py: sqlite (line 2)",
+    ]
 
 
 def test_the_table_reader_follows_the_convention(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from ai_lease.cli.params import JOB_KEY
 from ai_lease.errors import InputError
 
 if TYPE_CHECKING:
+    from ai_lease.client import Client
     from ai_lease.lease import LeaseStore
     from ai_lease.lease.timeline import JobTimeline, TimelineEntry
 
@@ -78,15 +79,15 @@ def events(obj: Context, key: str, follow: bool, as_json: bool) -> None:
     an unknown key."""
     printer = _Printer(key, as_json=as_json)
 
-    async def show(store: LeaseStore) -> None:
-        lines = timeline_of(store, obj.where)
-        job = await store.get(key)
+    async def show(client: Client) -> None:
+        lines = timeline_of(client.store, obj.where)
+        job = await client.status(key)
         if job is None:
             raise InputError(f"no job {key!r} in {obj.where}")
         await printer.more(lines)
         while follow and job is not None and not job.status.terminal:
             await asyncio.sleep(FOLLOW_INTERVAL)
-            job = await store.get(key)  # read before the entries: the last one is printed
+            job = await client.status(key)  # read before the entries: the last one is printed
             await printer.more(lines)
 
     try:
