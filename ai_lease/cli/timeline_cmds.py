@@ -23,21 +23,20 @@ from ai_lease.errors import InputError
 
 if TYPE_CHECKING:
     from ai_lease.client import Client
-    from ai_lease.lease import LeaseStore
-    from ai_lease.lease.timeline import JobTimeline, TimelineEntry
+    from ai_lease.lease.timeline import TimelineEntry
 
 EXIT_INTERRUPTED = 130
 FOLLOW_INTERVAL = 0.5
 """Seconds between looks with ``--follow``."""
 
 
-def timeline_of(store: LeaseStore, where: str) -> JobTimeline:
-    """The store's timeline side, or bad input saying it keeps none."""
+def timeline_of(client: Client, where: str) -> Client:
+    """``client``, if its store keeps timelines, else bad input saying it keeps none."""
     from ai_lease.lease.timeline import JobTimeline
 
-    if not isinstance(store, JobTimeline):
+    if not isinstance(client.store, JobTimeline):
         raise InputError(f"{where} keeps no job timelines")
-    return store
+    return client
 
 
 def line(entry: TimelineEntry) -> str:
@@ -55,8 +54,8 @@ class _Printer:
     def __init__(self, key: str, *, as_json: bool) -> None:
         self.key, self.as_json, self.after, self._told = key, as_json, 0, False
 
-    async def more(self, lines: JobTimeline) -> None:
-        entries, dropped = await lines.timeline(self.key, after_seq=self.after)
+    async def more(self, client: Client) -> None:
+        entries, dropped = await client.events(self.key, after_seq=self.after)
         if dropped and not self._told:
             click.echo(f"ai-lease: note: {dropped} earlier entries were dropped (cap)", err=True)
             self._told = True
@@ -80,7 +79,7 @@ def events(obj: Context, key: str, follow: bool, as_json: bool) -> None:
     printer = _Printer(key, as_json=as_json)
 
     async def show(client: Client) -> None:
-        lines = timeline_of(client.store, obj.where)
+        lines = timeline_of(client, obj.where)
         job = await client.status(key)
         if job is None:
             raise InputError(f"no job {key!r} in {obj.where}")
