@@ -24,7 +24,14 @@ import builtins
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from ai_lease.client_parts import admin_of, close_all, listing_of, queue_of, timeline_of
+from ai_lease.client_parts import (
+    StoreSides,
+    admin_of,
+    close_all,
+    listing_of,
+    queue_of,
+    timeline_of,
+)
 from ai_lease.errors import ConfigError, CorruptRecord, InputError, JobCancelled, JobFailed
 from ai_lease.job import Job, JobState, Status, validate_key
 from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
@@ -55,7 +62,7 @@ __all__ = ["Client", "connect"]
 T = TypeVar("T")
 
 
-class Client(AsyncResource):
+class Client(StoreSides, AsyncResource):
     """Jobs on one store with one provider. Build it with :func:`connect`.
 
     ``run(job)`` runs a job here (or follows whoever runs it) and returns its DONE record;
@@ -270,6 +277,11 @@ class Client(AsyncResource):
 
         return Worker(self._open().store, self.runner, concurrency=concurrency, **options)
 
+    def with_runner(self, **options: Any) -> Client:
+        """A client that runs jobs on this one's store (left open: this client closes it),
+        from :func:`connect` with ``options``."""
+        return connect(self._open().store, **options)
+
     def lease(
         self, key: str, *, stage: str = "load", max_no_progress: float | None = None
     ) -> JobLease:
@@ -299,12 +311,6 @@ class Client(AsyncResource):
         )
 
     # -- opening and closing ----------------------------------------------------------------
-
-    def _open(self) -> Self:
-        """This client, unless it was closed (then a RuntimeError that says so)."""
-        if self._closed:
-            raise RuntimeError(f"this client is closed ({self!r}): open another with connect()")
-        return self
 
     async def __aenter__(self) -> Self:
         if self._closed:

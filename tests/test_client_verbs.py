@@ -70,6 +70,33 @@ async def test_connect_without_a_provider_records_jobs_for_workers(sqlite_url: s
             assert await client.result("v-for-workers", timeout=20) == "done"
 
 
+async def test_a_client_tells_its_store_sides_losses_and_gauges(sqlite_url: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from ai_lease.lease.admin import JobAdmin
+    from ai_lease.lease.base import JobListing
+    from ai_lease.lease.timeline import JobTimeline
+
+    async with Client.open(sqlite_url) as look:
+        assert look.serves(JobListing) and look.serves(JobTimeline) and look.serves(JobAdmin)
+        assert not look.serves(int)
+        assert await look.data_lost() is None  # a SQLite file does not lose data so
+        registry = CollectorRegistry()
+        collector = look.watch_gauges(registry)
+        assert registry.get_sample_value("store_up") is not None  # read off the loop later
+        registry.unregister(collector)
+    with pytest.raises(RuntimeError, match="this client is closed"):
+        look.serves(JobListing)
+
+
+async def test_with_runner_runs_jobs_on_the_same_store_left_open(sqlite_url: str) -> None:
+    async with Client.open(sqlite_url) as look:
+        async with look.with_runner(provider=ScriptedProvider(["ran"])) as client:
+            assert (await client.run(Job("v-runs", input="x"))).output == "ran"
+        record = await look.status("v-runs")  # the store is still open: look closes it
+        assert record is not None and record.status is Status.DONE
+
+
 async def test_durations_read_what_runs_recorded(sqlite_url: str) -> None:
     async with connect(sqlite_url, provider=ScriptedProvider(["ok"])) as client:
         await client.run(Job("v-timed", input="x"))  # leaving the block saves the durations

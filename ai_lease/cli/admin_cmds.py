@@ -189,7 +189,7 @@ def tune(
     corrupt: list[CorruptRecord] = []
 
     async def fetch(client: Client) -> Any:
-        if not isinstance(client.store, DurationHistory):
+        if not client.serves(DurationHistory):
             raise InputError(f"{obj.where} keeps no duration history")
         return await client.durations(on_corrupt=corrupt.append)
 

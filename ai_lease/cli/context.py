@@ -126,15 +126,13 @@ def build_client(
     with one it runs them under the settings' budgets."""
     import dataclasses
 
-    from ai_lease.client import connect
     from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES
 
     limit = DEFAULT_MAX_INPUT_BYTES if max_input_bytes is None else max_input_bytes
     config = dataclasses.replace(settings.run_config(), max_input_bytes=limit)
     if provider is None:
-        return connect(client.store, provider=None, prompts=prompts, config=config)
-    return connect(
-        client.store,
+        return client.with_runner(provider=None, prompts=prompts, config=config)
+    return client.with_runner(
         provider=provider,
         prompts=prompts,
         config=config,

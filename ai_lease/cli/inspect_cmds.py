@@ -67,8 +67,8 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
         return
 
     async def fetch(client: Client) -> tuple[JobState | None, OwnerPhi | None]:
-        found = await job_and_phi(client.store, key)
-        await warn_data_lost(client.store)
+        found = await job_and_phi(client, key)
+        await warn_data_lost(client)
         return found
 
     job, phi = obj.run(fetch, create=False)
@@ -179,7 +179,7 @@ async def _held(client: Client, status: str | None) -> int | None:
     """How many jobs of ``status`` (None: any) the store holds (None: it cannot count)."""
     from ai_lease.lease.base import JobListing
 
-    if not isinstance(client.store, JobListing):
+    if not client.serves(JobListing):
         return None
     counts = await client.counts()
     return counts.get(status, 0) if status else sum(counts.values())
@@ -232,10 +232,10 @@ def workers(obj: Context, as_json: bool) -> None:
     from ai_lease.ui.listing import Workers, read_workers  # shared with the dashboard
 
     async def fetch(client: Client) -> Workers:
-        if not isinstance(client.store, JobQueue):
+        if not client.serves(JobQueue):
             raise InputError(f"{obj.where} keeps no job queue")
-        listing = await read_workers(client.store)
-        await warn_data_lost(client.store)
+        listing = await read_workers(client)
+        await warn_data_lost(client)
         return listing
 
     listing = obj.run(fetch, create=False)

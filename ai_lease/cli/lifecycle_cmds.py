@@ -47,7 +47,7 @@ def admin(client: Client, where: str) -> Client:
     """``client``, if its store can retry, remove and prune, else bad input saying not."""
     from ai_lease.lease.admin import JobAdmin
 
-    if not isinstance(client.store, JobAdmin):
+    if not client.serves(JobAdmin):
         raise InputError(f"{where} cannot retry, remove or prune jobs")
     return client
 

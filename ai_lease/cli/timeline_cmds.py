@@ -34,7 +34,7 @@ def timeline_of(client: Client, where: str) -> Client:
     """``client``, if its store keeps timelines, else bad input saying it keeps none."""
     from ai_lease.lease.timeline import JobTimeline
 
-    if not isinstance(client.store, JobTimeline):
+    if not client.serves(JobTimeline):
         raise InputError(f"{where} keeps no job timelines")
     return client
 

@@ -38,7 +38,7 @@ def watch_job(
 
     async def watch(client: Client) -> JobState:
         while True:
-            job, phi = await job_and_phi(client.store, key)
+            job, phi = await job_and_phi(client, key)
             if job is None:
                 raise InputError(f"no job {key!r} in {obj.where}")
             show.update(job, phi)

@@ -191,7 +191,6 @@ def worker(
 
     async def work(client: Client) -> None:
         model_provider = obj.provider({"name": provider} if provider else {})
-        store = client.store
         node = _node(obj, client, model_provider, provider, shape, metrics, json_log)
         undo = node.install_signal_handlers()
         try:
@@ -199,7 +198,7 @@ def worker(
             # may stop the worker at once and get the drain, never a KeyboardInterrupt
             with (
                 serving(metrics, metrics_port or 0, metrics_host),
-                watching(metrics, store),
+                watching(metrics, client),
                 _loop_watchdog(on_worker_event, blocked_loop_after),
             ):
                 await node.run()

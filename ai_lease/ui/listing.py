@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import Health, JobState, Status
-from ai_lease.lease.queue import JobQueue, WorkerInfo
+from ai_lease.lease.queue import WorkerInfo
+
+if TYPE_CHECKING:
+    from ai_lease.client import Client
 
 __all__ = [
     "HEALTHS",
@@ -133,28 +136,28 @@ class Workers:
     records: dict[str, JobState] = field(default_factory=dict)  # each still-running job's
 
 
-async def read_workers(store: JobQueue) -> Workers:
-    """The live workers of ``store``. A worker reports its jobs at its beats, so a job that
-    ended (or was handed back) since would show as running: each reported job's record is
-    read now (at most MAX_REPORTED_JOBS per worker) and the ones not RUNNING are left out,
-    the worker's running count lowered by as many."""
+async def read_workers(client: Client) -> Workers:
+    """The live workers of ``client``'s store. A worker reports its jobs at its beats, so a
+    job that ended (or was handed back) since would show as running: each reported job's
+    record is read now (at most MAX_REPORTED_JOBS per worker) and the ones not RUNNING are
+    left out, the worker's running count lowered by as many."""
     corrupt: list[CorruptRecord] = []
-    listed = await store.list_workers(on_corrupt=corrupt.append)
+    listed = await client.workers(on_corrupt=corrupt.append)
     clocks: list[float] = []
     records: dict[str, JobState] = {}
-    found = [await _still_running(store, info, clocks, records) for info in listed]
+    found = [await _still_running(client, info, clocks, records) for info in listed]
     return Workers(found, corrupt, max(clocks, default=time.time()), records)
 
 
 async def _still_running(
-    store: Any, info: WorkerInfo, clocks: list[float], records: dict[str, JobState]
+    client: Client, info: WorkerInfo, clocks: list[float], records: dict[str, JobState]
 ) -> WorkerInfo:
     if not info.jobs:
         return info
     kept = []
     for key in info.jobs:
         try:
-            job = await store.get(key)
+            job = await client.status(key)
         except CorruptRecord:  # no record of a running job: not shown as one
             continue
         if job is not None and job.read_at:

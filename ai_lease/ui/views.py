@@ -17,6 +17,7 @@ from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from ai_lease.client import Client
 from ai_lease.errors import CorruptRecord, JobSpecError
 from ai_lease.job import JobState, Status, validate_key
 from ai_lease.lease.queue import JobQueue
@@ -303,7 +304,8 @@ async def workers_context(store: Any) -> dict[str, Any]:
     """What ``_workers.html`` shows: the workers' rows (their running jobs' health, their
     jobs finished in the last ten minutes among the newest :data:`RECENT_READ` done and
     failed records) and the corrupt entries."""
-    listing = await read_workers(store) if isinstance(store, JobQueue) else None
+    client = Client(store)
+    listing = await read_workers(client) if client.serves(JobQueue) else None
     if listing is None:
         listing = Workers([], [], time.time())
     finished: list[JobState] = []
