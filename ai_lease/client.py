@@ -203,13 +203,15 @@ class Client(StoreSides, AsyncResource):
         prefix: str | None = None,
         after: str | None = None,
         limit: int = 50,
+        on_corrupt: Callable[[CorruptRecord], None] | None = None,
     ) -> JobPage:
         """One page of jobs, newest first, off the store's own indexes (``ai-lease ls``, the
         dashboard's list): of one ``status``, whose key starts with ``prefix``; pass
-        ``after=page.next_cursor`` for the next page. ``limit`` is 1..500."""
+        ``after=page.next_cursor`` for the next page. ``limit`` is 1..500. A corrupt record
+        is skipped, given to ``on_corrupt`` (without one, logged)."""
         wanted = status.value if isinstance(status, Status) else status
         return await listing_of(self._open().store).list_page(
-            status=wanted, prefix=prefix, after=after, limit=limit
+            status=wanted, prefix=prefix, after=after, limit=limit, on_corrupt=on_corrupt
         )
 
     async def list(

@@ -192,7 +192,7 @@ def _serve(
     hosts = AllowedHosts.for_bind(host, port, options.pop("allowed_hosts"))
 
     async def main(client: Client) -> None:
-        app = create_app(client.store, settings_view={"store": obj.where}, hosts=hosts, **options)
+        app = create_app(client, settings_view={"store": obj.where}, hosts=hosts, **options)
         config = uvicorn.Config(
             app,
             log_level="warning",

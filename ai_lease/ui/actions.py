@@ -21,7 +21,6 @@ from ai_lease.client import Client
 from ai_lease.errors import JobSpecError, StoreError
 from ai_lease.job import Status, validate_key
 from ai_lease.lease.admin import JobAdmin
-from ai_lease.lease.base import LeaseStore
 from ai_lease.lease.rules import RETRYABLE
 from ai_lease.redaction import redact
 from ai_lease.ui.present import job_url
@@ -41,11 +40,6 @@ async def _checked(request: Request) -> dict[str, str] | None:
     return fields
 
 
-def _admin(store: LeaseStore) -> JobAdmin | None:
-    """The store's :class:`JobAdmin` side (retry, remove), or None when it has none."""
-    return store if isinstance(store, JobAdmin) else None
-
-
 def _client(request: Request) -> Client | None:
     """A client on the dashboard's store for the page's job, or None when its key cannot
     name a job (no job has it: the page says unknown, as for any key not there)."""
@@ -53,7 +47,7 @@ def _client(request: Request) -> Client | None:
         validate_key(request.path_params["key"])
     except JobSpecError:
         return None
-    return Client(ui_of(request).store)
+    return ui_of(request).client
 
 
 def _forbidden() -> Response:
@@ -107,7 +101,7 @@ async def retry(request: Request) -> Response:
     if await _checked(request) is None:
         return _forbidden()
     key, client = request.path_params["key"], _client(request)
-    if _admin(ui_of(request).store) is None:
+    if not ui_of(request).client.serves(JobAdmin):
         return _back(key, "no-admin")
     before = None if client is None else await client.status(key)
     if client is None or before is None:
@@ -127,7 +121,7 @@ async def remove(request: Request) -> Response:
         return _forbidden()
     key, client = request.path_params["key"], _client(request)
     force = fields.get("force") in ("1", "on", "true")
-    if _admin(ui_of(request).store) is None:
+    if not ui_of(request).client.serves(JobAdmin):
         return _back(key, "no-admin")
     if client is None:
         return _back(key, "unknown", to_list=True)

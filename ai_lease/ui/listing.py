@@ -1,4 +1,4 @@
-"""What the dashboard reads from the store: one page of jobs, filtered, newest first; the
+"""What the dashboard reads through its client: one page of jobs, filtered, newest first; the
 live workers with the jobs they still run (:func:`read_workers`, which ``ai-lease workers``
 shares).
 
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import Health, JobState, Status
+from ai_lease.lease.base import JobListing
 from ai_lease.lease.queue import WorkerInfo
 
 if TYPE_CHECKING:
@@ -77,15 +78,15 @@ class Page:
     corrupt: list[CorruptRecord] = field(default_factory=list)
 
 
-async def read_page(store: Any, filters: Filters, limit: int = PAGE_SIZE) -> Page:
+async def read_page(client: Client, filters: Filters, limit: int = PAGE_SIZE) -> Page:
     """One store read: the page of jobs ``filters`` select, newest first."""
     status = filters.status
     corrupt: list[CorruptRecord] = []
     if filters.health is not None:
         status = Status.RUNNING.value  # only a running job has a health
-    if hasattr(store, "list_page"):
+    if client.serves(JobListing):
         try:
-            page = await store.list_page(
+            page = await client.jobs(
                 status=status,
                 prefix=filters.prefix,
                 after=filters.after,
@@ -93,22 +94,22 @@ async def read_page(store: Any, filters: Filters, limit: int = PAGE_SIZE) -> Pag
                 on_corrupt=corrupt.append,
             )
         except ValueError:  # a cursor no page gave (edited, or another store's): page one
-            page = await store.list_page(
+            page = await client.jobs(
                 status=status, prefix=filters.prefix, limit=limit, on_corrupt=corrupt.append
             )
         jobs, cursor = list(page.jobs), page.next_cursor
     else:
-        jobs, cursor = await _fallback(store, status, filters, limit, corrupt)
+        jobs, cursor = await _fallback(client, status, filters, limit, corrupt)
     if filters.health is not None:
         jobs, corrupt = [job for job in jobs if _health(job) == filters.health], []
     return Page(jobs, cursor, corrupt)
 
 
 async def _fallback(
-    store: Any, status: str | None, filters: Filters, limit: int, corrupt: list[CorruptRecord]
+    client: Client, status: str | None, filters: Filters, limit: int, corrupt: list[CorruptRecord]
 ) -> tuple[list[JobState], str | None]:
     """A page cut from ``list_jobs`` (a store without ``list_page``); the cursor is an offset."""
-    jobs = await store.list_jobs(status=status, limit=FALLBACK_LIMIT, on_corrupt=corrupt.append)
+    jobs = await client.list(status=status, limit=FALLBACK_LIMIT, on_corrupt=corrupt.append)
     if filters.prefix:
         jobs = [job for job in jobs if job.key.startswith(filters.prefix)]
         corrupt[:] = [bad for bad in corrupt if bad.key.startswith(filters.prefix)]
