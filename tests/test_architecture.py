@@ -11,9 +11,11 @@ parents. Strings are not arrows: the front door's lazy table of names → module
 (PEP 562 ``__getattr__``) adds none, its ``if TYPE_CHECKING:`` imports do.
 
 The rules: no circle of imports; ``lease/`` imports nothing above it; only the CLI imports the
-CLI; no module over 450 lines (no function over 60); the "Rooms" table of docs/architecture.md
-names every module and nothing else. That production code never imports ``ai_lease.testing``
-is checked by tests/test_import_discipline.py (not repeated here).
+CLI; cli/ and ui/ import no store and no runner, and read no ``.store`` off a Client (an
+:mod:`ast` walk); no module over 450 lines (no function over 60); the "Rooms" table of
+docs/architecture.md names every module and nothing else. That production code never
+imports ``ai_lease.testing`` is checked by tests/test_import_discipline.py (not repeated
+here).
 
 Run it alone with ``python -m pytest tests/test_architecture.py``.
 """
@@ -295,6 +297,49 @@ def test_the_cli_and_the_dashboard_go_through_the_client() -> None:
     )
 
 
+# ... and that they do not reach past a Client to its store: no `.store` attribute in cli/
+# or ui/ but a settings section (`settings.store`, where the store is, not the store).
+# One exception, said in its own words.
+STORE_REACH_ALLOWED = {
+    "cli/demo.py": "the demo's woken zombie writes its late result to the store itself, to "
+    "show the fence refuse it; its stage reads the record through StageContext.store",
+}
+
+
+def store_reaches(package: Path, allowed: dict[str, str]) -> list[str]:
+    """Each ``x.store`` in ``package``'s cli/ and ui/ modules not listed in ``allowed``,
+    except ``settings.store`` (or ``….settings.store``); as ``path:line: x.store``."""
+    found = []
+    for user in FRONT_DOOR_USERS:
+        for path in sorted((package / user).rglob("*.py")):
+            relative = path.relative_to(package).as_posix()
+            if relative in allowed:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.Attribute) or node.attr != "store":
+                    continue
+                if _named(node.value) == "settings":
+                    continue
+                found.append(f"{relative}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _named(node: ast.expr) -> str | None:
+    """The last name of ``x`` or ``a.b.x`` (None for a call or anything else)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else None
+
+
+def test_the_cli_and_the_dashboard_never_reach_past_the_client() -> None:
+    wrong = store_reaches(PACKAGE, STORE_REACH_ALLOWED)
+    assert not wrong, (
+        f"cli/ or ui/ reach past a Client to its store ({len(wrong)}; add a Client method "
+        "instead):\n" + "\n".join(wrong)
+    )
+    assert all((PACKAGE / listed).is_file() for listed in STORE_REACH_ALLOWED)
+
+
 # That production code never imports ai_lease.testing is tests/test_import_discipline.py's
 # test_production_code_never_imports_the_testing_helpers.
 
@@ -481,6 +526,23 @@ def test_an_arrow_around_the_client_is_found(tmp_path: Path) -> None:
         "pkg/cli/bad.py -> pkg/run/worker.py: Worker (line 3; type-only)",
         "pkg/ui/views.py -> pkg/stores/sqlite.py: sqlite (line 2)",
     ]
+
+
+def test_a_reach_past_the_client_is_found(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        {
+            "cli/ok.py": (
+                "url = obj.settings.store.url\nwhere = settings.store\nrows = await client.list()\n"
+            ),
+            "cli/bad.py": "async def f(client):\n    return await client.store.get('k')\n",
+            "cli/listed.py": "store = opened.store\n",
+            "ui/views.py": "job = await ui_of(request).store.get(key)\n",
+            "run/runner.py": "store = self.store\n",
+        },
+    )
+    wrong = store_reaches(package, {"cli/listed.py": "a reason"})
+    assert wrong == ["cli/bad.py:2: client.store", "ui/views.py:1: ui_of(request).store"]
 
 
 def test_the_table_reader_follows_the_convention(tmp_path: Path) -> None:
