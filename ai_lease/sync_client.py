@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from ai_lease.client import Client, connect
+from ai_lease.errors import StoreDataLost
 from ai_lease.job import Job, JobState
 from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.base import JobPage, LeaseStore
@@ -134,6 +135,12 @@ class SyncClient:
 
     def migrate(self) -> tuple[bool, int]:
         return self._call(self._client.migrate())
+
+    def serves(self, side: type) -> bool:
+        return self._client.serves(side)
+
+    def data_lost(self) -> StoreDataLost | None:
+        return self._call(self._client.data_lost())
 
     def close(self) -> None:
         """Close the client (what it opened) and stop its loop and thread; safe to call

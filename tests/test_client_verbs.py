@@ -126,12 +126,15 @@ async def test_migrate_installs_the_postgres_schema_once(store_url: str) -> None
 
 
 def test_the_sync_client_opens_looks_and_tidies(sqlite_url: str) -> None:
+    from ai_lease.lease.timeline import JobTimeline
+
     with ai_lease.SyncClient.connect(sqlite_url, provider=ScriptedProvider(["ok"])) as client:
         client.run(Job("s-done", input="x"))
     with ai_lease.SyncClient.open(sqlite_url, create=False) as look:
         assert [job.key for job in look.list(status="DONE")] == ["s-done"]
         assert look.durations()
         assert look.workers(on_corrupt=print) == []
+        assert look.serves(JobTimeline) and look.data_lost() is None
         with pytest.raises(ConfigError, match="needs no migration"):
             look.migrate()
         assert look.remove("s-done", reason="tidied").removed
