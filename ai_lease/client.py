@@ -20,36 +20,49 @@ its own, in a thread.
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import Iterable, Mapping
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from ai_lease.errors import ConfigError, InputError, JobCancelled, JobFailed
+from ai_lease.client_parts import (
+    StoreSides,
+    admin_of,
+    close_all,
+    listing_of,
+    queue_of,
+    timeline_of,
+)
+from ai_lease.errors import ConfigError, CorruptRecord, InputError, JobCancelled, JobFailed
 from ai_lease.job import Job, JobState, Status, validate_key
-from ai_lease.lease.admin import TERMINAL_STATUSES, JobAdmin, Removal
-from ai_lease.lease.base import JobListing, JobPage, LeaseStore, require_store
-from ai_lease.lease.events import EventSink
-from ai_lease.lease.queue import JobQueue, WorkerInfo
-from ai_lease.lease.timeline import TIMELINE_CAP, JobTimeline, TimelineEntry
-from ai_lease.prompts import PromptLibrary
-from ai_lease.providers import Provider, create_provider
+from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
+from ai_lease.lease.base import JobPage, LeaseStore, require_store
+from ai_lease.lease.histogram import DurationHistory
+from ai_lease.lease.queue import WorkerInfo
+from ai_lease.lease.timeline import TIMELINE_CAP, TimelineEntry
 from ai_lease.resource import AsyncResource
-from ai_lease.retry import JOB_ATTEMPTS
-from ai_lease.run.config import RunConfig, RunHooks
-from ai_lease.run.context import PersistHook
-from ai_lease.run.job_lease import JobLease, LeaseOptions
-from ai_lease.run.pipeline import Pipeline
-from ai_lease.run.provider_pick import ProviderResolver
-from ai_lease.run.runner import Runner
-from ai_lease.run.worker import Worker
-from ai_lease.stores.urls import open_store
 from ai_lease.timeouts import LeaseTimings, RetryPolicy
+
+if TYPE_CHECKING:  # imported where used: a client that only looks (ai-lease ls) skips them
+    from collections.abc import Callable
+
+    from ai_lease.job_provider import ProviderChoice
+    from ai_lease.lease.events import EventSink
+    from ai_lease.prompts import PromptLibrary
+    from ai_lease.providers import Provider
+    from ai_lease.run.config import RunConfig
+    from ai_lease.run.context import PersistHook
+    from ai_lease.run.job_lease import JobLease
+    from ai_lease.run.pipeline import Pipeline
+    from ai_lease.run.provider_pick import ProviderResolver
+    from ai_lease.run.runner import Runner
+    from ai_lease.run.worker import Worker
 
 __all__ = ["Client", "connect"]
 
 T = TypeVar("T")
 
 
-class Client(AsyncResource):
+class Client(StoreSides, AsyncResource):
     """Jobs on one store with one provider. Build it with :func:`connect`.
 
     ``run(job)`` runs a job here (or follows whoever runs it) and returns its DONE record;
@@ -58,20 +71,56 @@ class Client(AsyncResource):
     ``prune(older_than)`` tidy up finished ones; ``jobs()``, ``counts()``, ``events(key)``
     and ``workers()`` look (what ``ai-lease ls``, ``events`` and ``workers`` show);
     ``worker()`` makes a worker; and ``lease(key)`` holds a job's lease around your own code
-    (:class:`JobLease`).
+    (:class:`JobLease`). ``Client(store)`` with no runner (or :meth:`open`) only looks and
+    tidies: ``run``, ``submit``, ``worker`` and ``lease`` need :func:`connect`'s runner.
     """
 
     def __init__(
         self,
         store: LeaseStore,
-        runner: Runner,
+        runner: Runner | None = None,
         *,
         closes: tuple[Any, ...] = (),
     ) -> None:
-        self.store, self.runner = store, runner
-        self.provider = runner.provider
+        self.store, self._runner = store, runner
+        self.provider = runner.provider if runner is not None else None
         self._closes = closes  # what connect() opened, closed in this order by aclose()
         self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        url: str,
+        *,
+        namespace: str = "ai_lease",
+        op_timeout: float = LeaseTimings.op_timeout,
+        poll_interval: float = 0.05,
+        create: bool = True,
+    ) -> Client:
+        """A client that looks and tidies (no runner) on the store at ``url``, closed with
+        it; ``create=False`` never makes a store (a missing one is :class:`StoreMissing`)."""
+        from ai_lease.stores.urls import open_store
+
+        store = open_store(
+            url,
+            namespace=namespace,
+            op_timeout=op_timeout,
+            poll_interval=poll_interval,
+            create=create,
+        )
+        return cls(store, closes=(store,))
+
+    @property
+    def runner(self) -> Runner:
+        """The runner :func:`connect` built (a :class:`ConfigError` on a client without)."""
+        if self._runner is None:
+            raise ConfigError(f"{self!r} only looks and tidies: open it with connect() to run jobs")
+        return self._runner
+
+    @property
+    def timings(self) -> LeaseTimings:
+        """The lease timings jobs run under (the defaults on a client without a runner)."""
+        return self._runner.timings if self._runner is not None else LeaseTimings()
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -94,7 +143,7 @@ class Client(AsyncResource):
 
         Raises :class:`JobFailed` / :class:`JobCancelled` if it ended without one,
         :class:`InputError` for an unknown key, ``TimeoutError`` after ``timeout`` seconds."""
-        poll = self._open().runner.timings.poll_interval
+        poll = self._open().timings.poll_interval
         async with asyncio.timeout(timeout):
             while True:
                 record = await self.store.get(validate_key(key))
@@ -119,12 +168,13 @@ class Client(AsyncResource):
         """Send job ``key``, FAILED or CANCELLED, back to PENDING with a fresh attempt budget,
         due for workers at once. Any other job's record comes back unchanged (check its
         ``status``); None for an unknown key."""
-        return await self._admin().retry(validate_key(key))
+        return await admin_of(self._open().store).retry(validate_key(key))
 
-    async def remove(self, key: str, *, force: bool = False) -> Removal:
+    async def remove(self, key: str, *, force: bool = False, reason: str = "removed") -> Removal:
         """Delete job ``key`` (record, queue entry, lease). A RUNNING job under a live lease
-        is kept (``removed`` false) unless ``force``, which cancels it first."""
-        return await self.remove_from(self._open().store, validate_key(key), force=force)
+        is kept (``removed`` false) unless ``force``, which cancels it first (``reason``)."""
+        store = self._open().store
+        return await self.remove_from(store, validate_key(key), force=force, reason=reason)
 
     @staticmethod
     async def remove_from(
@@ -134,7 +184,7 @@ class Client(AsyncResource):
         dashboard call it too); ``force`` cancels the job first, saying ``reason``."""
         if force:
             await store.cancel(key, reason)
-        return await _admin_of(store).remove(key, force=force)
+        return await admin_of(store).remove(key, force=force)
 
     async def prune(self, older_than: float, statuses: Iterable[str] = TERMINAL_STATUSES) -> int:
         """Delete the DONE, FAILED and CANCELLED jobs (or only ``statuses``) last written more
@@ -142,7 +192,7 @@ class Client(AsyncResource):
         wanted = frozenset(statuses)
         if unknown := wanted - TERMINAL_STATUSES:
             raise InputError(f"prune takes terminal statuses only, not {sorted(unknown)}")
-        return await self._admin().prune(older_than, wanted)
+        return await admin_of(self._open().store).prune(older_than, wanted)
 
     # -- looking --------------------------------------------------------------------------
 
@@ -153,58 +203,86 @@ class Client(AsyncResource):
         prefix: str | None = None,
         after: str | None = None,
         limit: int = 50,
+        on_corrupt: Callable[[CorruptRecord], None] | None = None,
     ) -> JobPage:
         """One page of jobs, newest first, off the store's own indexes (``ai-lease ls``, the
         dashboard's list): of one ``status``, whose key starts with ``prefix``; pass
-        ``after=page.next_cursor`` for the next page. ``limit`` is 1..500."""
+        ``after=page.next_cursor`` for the next page. ``limit`` is 1..500. A corrupt record
+        is skipped, given to ``on_corrupt`` (without one, logged)."""
         wanted = status.value if isinstance(status, Status) else status
-        return await self._listing().list_page(
-            status=wanted, prefix=prefix, after=after, limit=limit
+        return await listing_of(self._open().store).list_page(
+            status=wanted, prefix=prefix, after=after, limit=limit, on_corrupt=on_corrupt
         )
+
+    async def list(
+        self,
+        *,
+        status: Status | str | None = None,
+        limit: int = 100,
+        on_corrupt: Callable[[CorruptRecord], None] | None = None,
+    ) -> list[JobState]:
+        """Up to ``limit`` jobs, newest first, of one ``status`` (what ``ai-lease ls`` reads);
+        a corrupt record raises :class:`CorruptRecord`, or is skipped and given to
+        ``on_corrupt``."""
+        wanted = status.value if isinstance(status, Status) else status
+        store = self._open().store
+        return await store.list_jobs(status=wanted, limit=limit, on_corrupt=on_corrupt)
 
     async def counts(self) -> dict[str, int]:
         """How many jobs the store holds per status (statuses with none left out)."""
-        return await self._listing().count_jobs()
+        return await listing_of(self._open().store).count_jobs()
 
     async def events(
         self, key: str, *, after_seq: int = 0, limit: int = TIMELINE_CAP
-    ) -> tuple[list[TimelineEntry], int]:
+    ) -> tuple[builtins.list[TimelineEntry], int]:
         """Job ``key``'s timeline as the store wrote it (``ai-lease events``): up to
         ``limit`` entries after ``after_seq``, oldest first, and how many the cap dropped
         from the front."""
-        return await self._timeline().timeline(validate_key(key), after_seq=after_seq, limit=limit)
+        return await timeline_of(self._open().store).timeline(
+            validate_key(key), after_seq=after_seq, limit=limit
+        )
 
-    async def workers(self) -> list[WorkerInfo]:
-        """The live workers as each last reported itself (``ai-lease workers``)."""
-        return await self._queue().list_workers()
+    async def workers(
+        self, *, on_corrupt: Callable[[CorruptRecord], None] | None = None
+    ) -> builtins.list[WorkerInfo]:
+        """The live workers as each last reported itself (``ai-lease workers``); a corrupt
+        entry raises, or is skipped and given to ``on_corrupt``."""
+        return await queue_of(self._open().store).list_workers(on_corrupt=on_corrupt)
 
-    def _listing(self) -> JobListing:
+    async def durations(
+        self, *, on_corrupt: Callable[[CorruptRecord], None] | None = None
+    ) -> dict[Any, dict[int, int]]:
+        """The recorded stage and stream durations (``ai-lease tune`` reads them): histogram
+        buckets per series; a corrupt series raises, or is skipped and given to ``on_corrupt``."""
         store = self._open().store
-        if isinstance(store, JobListing):
-            return store
-        raise ConfigError(f"{store!r} cannot list jobs")
+        if not isinstance(store, DurationHistory):
+            raise ConfigError(f"{store!r} keeps no duration history")
+        return dict(await store.load_durations(on_corrupt=on_corrupt))
 
-    def _timeline(self) -> JobTimeline:
+    async def migrate(self) -> tuple[bool, int]:
+        """Install or upgrade a PostgreSQL store's schema (``ai-lease migrate``): whether a
+        migration was applied, and the schema's migration number."""
         store = self._open().store
-        if isinstance(store, JobTimeline):
-            return store
-        raise ConfigError(f"{store!r} keeps no timeline")
+        migrate = getattr(store, "migrate", None)
+        if migrate is None:
+            raise ConfigError(f"{store!r} needs no migration (only PostgreSQL does)")
+        from ai_lease.stores.postgres.schema import VERSION
 
-    def _queue(self) -> JobQueue:
-        store = self._open().store
-        if isinstance(store, JobQueue):
-            return store
-        raise ConfigError(f"{store!r} keeps no job queue")
-
-    def _admin(self) -> JobAdmin:
-        return _admin_of(self._open().store)
+        return bool(await migrate()), VERSION
 
     def worker(self, *, concurrency: int = 4, **options: Any) -> Worker:
         """A :class:`Worker` on this client's store and runner: ``async with
         client.worker(concurrency=8):`` runs it until the block ends. ``options``:
-        ``sweep_interval``, ``grace``, ``worker_id``, ``on_event``."""
-        self._open()
-        return Worker(self.store, self.runner, concurrency=concurrency, **options)
+        ``sweep_interval``, ``grace``, ``worker_id``, ``on_event``, ``isolation``,
+        ``provider_factory``, ``terminate_grace``."""
+        from ai_lease.run.worker import Worker
+
+        return Worker(self._open().store, self.runner, concurrency=concurrency, **options)
+
+    def with_runner(self, **options: Any) -> Client:
+        """A client that runs jobs on this one's store (left open: this client closes it),
+        from :func:`connect` with ``options``."""
+        return connect(self._open().store, **options)
 
     def lease(
         self, key: str, *, stage: str = "load", max_no_progress: float | None = None
@@ -218,6 +296,8 @@ class Client(AsyncResource):
             ...
             await job.commit(value)
         """
+        from ai_lease.run.job_lease import JobLease, LeaseOptions
+
         runner = self._open().runner
         options = LeaseOptions(
             runner.timings, runner.retry, runner.stall_policy, runner.hooks.on_event
@@ -234,12 +314,6 @@ class Client(AsyncResource):
 
     # -- opening and closing ----------------------------------------------------------------
 
-    def _open(self) -> Self:
-        """This client, unless it was closed (then a RuntimeError that says so)."""
-        if self._closed:
-            raise RuntimeError(f"this client is closed ({self!r}): open another with connect()")
-        return self
-
     async def __aenter__(self) -> Self:
         if self._closed:
             raise RuntimeError(
@@ -255,38 +329,20 @@ class Client(AsyncResource):
             return
         self._closed = True
         try:
-            await self.runner.flush_history()
-            await self.runner.aclose_providers()  # built for jobs' own provider choices
+            if self._runner is not None:
+                await self._runner.flush_history()
+                await self._runner.aclose_providers()  # built for jobs' own provider choices
         finally:
-            await _close_all(self._closes)
+            await close_all(self._closes)
 
     def __repr__(self) -> str:
         return f"<Client store={self.store!r} provider={getattr(self.provider, 'name', None)!r}>"
 
 
-def _admin_of(store: LeaseStore) -> JobAdmin:
-    """``store``'s :class:`JobAdmin` side, or a :class:`ConfigError` saying it has none."""
-    if not isinstance(store, JobAdmin):
-        raise ConfigError(f"{store!r} cannot retry, remove or prune jobs")
-    return store
-
-
-async def _close_all(resources: tuple[Any, ...]) -> None:
-    """``aclose()`` each, in order; the first error is raised after all were tried."""
-    first: BaseException | None = None
-    for resource in resources:
-        try:
-            await resource.aclose()
-        except Exception as exc:
-            first = first or exc
-    if first is not None:
-        raise first
-
-
 def connect(
     store: str | LeaseStore,
     *,
-    provider: str | Provider = "local-extractive",
+    provider: str | Provider | None = "local-extractive",
     provider_options: Mapping[str, Any] | None = None,
     config: RunConfig | None = None,
     timings: LeaseTimings | None = None,
@@ -297,6 +353,7 @@ def connect(
     namespace: str = "ai_lease",
     on_event: EventSink | None = None,
     provider_resolver: ProviderResolver | None = None,
+    provider_serves: ProviderChoice | None = None,
 ) -> Client:
     """The client for ``store`` (a URL or a store object) and ``provider`` (a name, built
     with ``provider_options``, or a provider object). Use it as ``async with``.
@@ -306,7 +363,8 @@ def connect(
     ``retry`` are short for the two most often set, for a call without ``config`` (both at
     once is refused: say each value once). A job naming another provider than
     ``provider``'s name needs ``provider_resolver`` (a job's choice -> its provider's
-    factory; :mod:`ai_lease.run.provider_pick`).
+    factory; :mod:`ai_lease.run.provider_pick`; ``provider_serves``: the choice ``provider``
+    was built for). ``provider=None``: a client that records jobs for workers, runs none.
 
     >>> async with connect("redis://127.0.0.1:6379/0", provider="openai-compatible",
     ...                    provider_options={"base_url": "http://127.0.0.1:8080/v1"},
@@ -320,10 +378,15 @@ def connect(
     provider, opened = _provider(provider, provider_options)
     if isinstance(store, str):
         poll = min(0.05, config.timings.poll_interval)
+        from ai_lease.stores.urls import open_store
+
         store = open_store(
             store, namespace=namespace, op_timeout=config.timings.op_timeout, poll_interval=poll
         )
         opened.append(store)
+    from ai_lease.run.config import RunHooks
+    from ai_lease.run.runner import Runner
+
     hooks = RunHooks(on_event=on_event, persist_hook=persist_hook)
     runner = Runner(
         store,
@@ -333,6 +396,7 @@ def connect(
         config=config,
         hooks=hooks,
         provider_resolver=provider_resolver,
+        provider_serves=provider_serves,
     )
     return Client(store, runner, closes=tuple(opened))
 
@@ -341,6 +405,9 @@ def _run_config(
     config: RunConfig | None, timings: LeaseTimings | None, retry: RetryPolicy | None
 ) -> RunConfig:
     """``config``, or one built from the short ``timings`` and ``retry``; both is refused."""
+    from ai_lease.retry import JOB_ATTEMPTS
+    from ai_lease.run.config import RunConfig
+
     if config is None:
         return RunConfig(timings=timings or LeaseTimings(), retry=retry or JOB_ATTEMPTS)
     if not isinstance(config, RunConfig):
@@ -355,11 +422,13 @@ def _run_config(
 
 
 def _provider(
-    provider: str | Provider, options: Mapping[str, Any] | None
-) -> tuple[Provider, list[Any]]:
+    provider: str | Provider | None, options: Mapping[str, Any] | None
+) -> tuple[Provider | None, list[Any]]:
     """The provider object, and a list of what was opened for it (closed before the store;
     opening does no I/O: nothing to undo if a later step fails)."""
     if isinstance(provider, str):
+        from ai_lease.providers import create_provider
+
         created = create_provider(provider, **dict(options or {}))
         return created, [created]
     if options:

@@ -10,6 +10,7 @@ event loop, which it would block: that is refused, saying what to use instead.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import concurrent.futures
 import contextlib
 import threading
@@ -18,6 +19,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from ai_lease.client import Client, connect
+from ai_lease.errors import StoreDataLost
 from ai_lease.job import Job, JobState
 from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.base import JobPage, LeaseStore
@@ -37,8 +39,9 @@ class SyncClient:
     ...     print(client.run(Job("report-42", input="…")).output)
 
     Methods: those of :class:`Client` (``run``, ``submit``, ``status``, ``result``,
-    ``cancel``, ``retry``, ``remove``, ``prune``, ``jobs``, ``counts``, ``events``,
-    ``workers``), blocking.
+    ``cancel``, ``retry``, ``remove``, ``prune``, ``list``, ``jobs``, ``counts``, ``events``,
+    ``workers``, ``durations``, ``migrate``), blocking. :meth:`open` is
+    :meth:`Client.open`'s client (it looks and tidies, runs nothing).
     """
 
     def __init__(self, opener: Callable[[], Client]) -> None:
@@ -59,6 +62,11 @@ class SyncClient:
     def connect(cls, store: str | LeaseStore, **options: Any) -> SyncClient:
         """Like :func:`connect` (same arguments), blocking."""
         return cls(lambda: connect(store, **options))
+
+    @classmethod
+    def open(cls, url: str, **options: Any) -> SyncClient:
+        """Like :meth:`Client.open` (same arguments: a client that looks and tidies), blocking."""
+        return cls(lambda: Client.open(url, **options))
 
     def _call(self, work: Coroutine[Any, Any, T]) -> T:
         try:
@@ -101,8 +109,8 @@ class SyncClient:
     def retry(self, key: str) -> JobState | None:
         return self._call(self._client.retry(key))
 
-    def remove(self, key: str, *, force: bool = False) -> Removal:
-        return self._call(self._client.remove(key, force=force))
+    def remove(self, key: str, *, force: bool = False, reason: str = "removed") -> Removal:
+        return self._call(self._client.remove(key, force=force, reason=reason))
 
     def prune(self, older_than: float, statuses: Iterable[str] = TERMINAL_STATUSES) -> int:
         return self._call(self._client.prune(older_than, statuses))
@@ -110,14 +118,29 @@ class SyncClient:
     def jobs(self, **filters: Any) -> JobPage:
         return self._call(self._client.jobs(**filters))
 
+    def list(self, **filters: Any) -> builtins.list[JobState]:
+        return self._call(self._client.list(**filters))
+
     def counts(self) -> dict[str, int]:
         return self._call(self._client.counts())
 
-    def events(self, key: str, **options: Any) -> tuple[list[TimelineEntry], int]:
+    def events(self, key: str, **options: Any) -> tuple[builtins.list[TimelineEntry], int]:
         return self._call(self._client.events(key, **options))
 
-    def workers(self) -> list[WorkerInfo]:
-        return self._call(self._client.workers())
+    def workers(self, **options: Any) -> builtins.list[WorkerInfo]:
+        return self._call(self._client.workers(**options))
+
+    def durations(self, **options: Any) -> dict[Any, dict[int, int]]:
+        return self._call(self._client.durations(**options))
+
+    def migrate(self) -> tuple[bool, int]:
+        return self._call(self._client.migrate())
+
+    def serves(self, side: type) -> bool:
+        return self._client.serves(side)
+
+    def data_lost(self) -> StoreDataLost | None:
+        return self._call(self._client.data_lost())
 
     def close(self) -> None:
         """Close the client (what it opened) and stop its loop and thread; safe to call

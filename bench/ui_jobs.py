@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for list_jobs (besid
 
 import list_jobs
 
+from ai_lease.client import Client
 from ai_lease.stores.redis.store import RedisStore
 from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.ui.app import create_app
@@ -70,7 +71,7 @@ async def serving(store: Any, refresh: float) -> AsyncIterator[str]:
     # (as uvicorn's own listening socket does); without it Nagle adds ~40 ms per response
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
-    app = create_app(store, settings_view={"store": "bench"}, refresh=refresh)
+    app = create_app(Client(store), settings_view={"store": "bench"}, refresh=refresh)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="none")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

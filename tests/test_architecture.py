@@ -12,8 +12,9 @@ parents. Strings are not arrows: the front door's lazy table of names → module
 
 The rules: no circle of imports; no arrow runs from a lower floor to a higher one (``FLOORS``,
 the one statement of the order; ``lease/`` importing nothing above it is the same rule, said
-on its own); only the CLI imports the CLI; no module over 450 lines (no function over 60);
-the "Rooms" table of docs/architecture.md names every module and nothing else. That
+on its own); only the CLI imports the CLI; cli/ and ui/ import no store and no runner, and read
+no ``.store`` off a Client (an :mod:`ast` walk); no module over 450 lines (no function over
+60); the "Rooms" table of docs/architecture.md names every module and nothing else. That
 production code never imports ``ai_lease.testing`` is checked by
 tests/test_import_discipline.py (not repeated here).
 
@@ -60,7 +61,12 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("ai_lease.providers", "ai_lease.stores", "ai_lease.observe"),
     ("ai_lease.run",),
     ("ai_lease.settings", "ai_lease.settings_"),
-    ("ai_lease", "ai_lease.client", "ai_lease.sync_client"),  # the front door
+    (
+        "ai_lease",
+        "ai_lease.client",
+        "ai_lease.client_parts",
+        "ai_lease.sync_client",
+    ),  # the front door
     ("ai_lease.cli", "ai_lease.ui", "ai_lease.__main__"),
     ("ai_lease.testing",),  # shipped for third parties; production code never imports it
 )
@@ -317,6 +323,78 @@ def test_only_the_cli_imports_the_cli() -> None:
     assert not wrong, f"outside cli/, these import the CLI ({len(wrong)}):\n" + "\n".join(wrong)
 
 
+# What the CLI and the dashboard reach only through the front door (ai_lease.client): the
+# stores and the machinery that runs jobs. Value types (job, errors) and the lease
+# protocols stay theirs to import.
+BEHIND_THE_CLIENT = ("stores", "run.runner", "run.worker", "run.attempt")
+FRONT_DOOR_USERS = ("cli", "ui")
+
+
+def behind_the_client(graph: Graph, root: str) -> list[str]:
+    """The arrows from ``root``'s cli/ and ui/ to a store or to the runner, worker or
+    attempt modules, which only ``root.client`` may import for them."""
+
+    def wrong(name: str) -> bool:
+        return any(_under(name, f"{root}.{part}") for part in BEHIND_THE_CLIENT)
+
+    return [
+        arrow
+        for user in FRONT_DOOR_USERS
+        for arrow in forbidden(graph, f"{root}.{user}", lambda a: False, wrong)
+    ]
+
+
+def test_the_cli_and_the_dashboard_go_through_the_client() -> None:
+    wrong = behind_the_client(_package_graph(), "ai_lease")
+    assert not wrong, (
+        f"cli/ or ui/ import a store or the runner/worker themselves ({len(wrong)} arrows; "
+        "use ai_lease.client):\n" + "\n".join(wrong)
+    )
+
+
+# ... and that they do not reach past a Client to its store: no `.store` attribute in cli/
+# or ui/ but a settings section (`settings.store`, where the store is, not the store).
+# One exception, said in its own words.
+STORE_REACH_ALLOWED = {
+    "cli/demo.py": "the demo's woken zombie writes its late result to the store itself, to "
+    "show the fence refuse it; its stage reads the record through StageContext.store",
+}
+
+
+def store_reaches(package: Path, allowed: dict[str, str]) -> list[str]:
+    """Each ``x.store`` in ``package``'s cli/ and ui/ modules not listed in ``allowed``,
+    except ``settings.store`` (or ``….settings.store``); as ``path:line: x.store``."""
+    found = []
+    for user in FRONT_DOOR_USERS:
+        for path in sorted((package / user).rglob("*.py")):
+            relative = path.relative_to(package).as_posix()
+            if relative in allowed:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.Attribute) or node.attr != "store":
+                    continue
+                if _named(node.value) == "settings":
+                    continue
+                found.append(f"{relative}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _named(node: ast.expr) -> str | None:
+    """The last name of ``x`` or ``a.b.x`` (None for a call or anything else)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else None
+
+
+def test_the_cli_and_the_dashboard_never_reach_past_the_client() -> None:
+    wrong = store_reaches(PACKAGE, STORE_REACH_ALLOWED)
+    assert not wrong, (
+        f"cli/ or ui/ reach past a Client to its store ({len(wrong)}; add a Client method "
+        "instead):\n" + "\n".join(wrong)
+    )
+    assert all((PACKAGE / listed).is_file() for listed in STORE_REACH_ALLOWED)
+
+
 # That production code never imports ai_lease.testing is tests/test_import_discipline.py's
 # test_production_code_never_imports_the_testing_helpers.
 
@@ -498,6 +576,52 @@ def test_an_arrow_back_up_is_found(tmp_path: Path) -> None:
     assert upward(build_graph(package), floors) == [
         "pkg/errors.py -> pkg/lease/refusal.py: Refusal (line 1) [floor 0 -> 1]"
     ]
+
+
+def test_an_arrow_around_the_client_is_found(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "client.py": "from pkg.stores import sqlite\nfrom pkg.run import runner\n",
+            "cli/__init__.py": "",
+            "cli/ok.py": "from pkg import client\nfrom pkg.run import config\n",
+            "cli/bad.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from pkg.run.worker import Worker\n"
+            ),
+            "ui/__init__.py": "",
+            "ui/views.py": "def f():\n    from ..stores import sqlite\n",
+            "run/__init__.py": "",
+            "run/config.py": "",
+            "run/runner.py": "",
+            "run/worker.py": "",
+            "stores/__init__.py": "",
+            "stores/sqlite.py": "",
+        },
+    )
+    wrong = behind_the_client(build_graph(package), "pkg")
+    assert wrong == [
+        "pkg/cli/bad.py -> pkg/run/worker.py: Worker (line 3; type-only)",
+        "pkg/ui/views.py -> pkg/stores/sqlite.py: sqlite (line 2)",
+    ]
+
+
+def test_a_reach_past_the_client_is_found(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        {
+            "cli/ok.py": (
+                "url = obj.settings.store.url\nwhere = settings.store\nrows = await client.list()\n"
+            ),
+            "cli/bad.py": "async def f(client):\n    return await client.store.get('k')\n",
+            "cli/listed.py": "store = opened.store\n",
+            "ui/views.py": "job = await ui_of(request).store.get(key)\n",
+            "run/runner.py": "store = self.store\n",
+        },
+    )
+    wrong = store_reaches(package, {"cli/listed.py": "a reason"})
+    assert wrong == ["cli/bad.py:2: client.store", "ui/views.py:1: ui_of(request).store"]
 
 
 def test_the_table_reader_follows_the_convention(tmp_path: Path) -> None:

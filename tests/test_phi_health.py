@@ -200,13 +200,14 @@ async def test_text_json_and_page_print_one_phi_value(store_url: str) -> None:
     the JSON number is the one the text prints, and the texts are equal."""
     from ai_lease.cli.look import job_and_phi
     from ai_lease.cli.record_view import describe, job_json
+    from ai_lease.client import Client
 
     store = open_store(store_url)
     try:
         await renewing_owner(store, beats=6)
         # real: renewals are timed by the real store's clock
         await asyncio.sleep(0.5)  # φ somewhere between calm and far past the threshold
-        job, phi = await job_and_phi(store, KEY)
+        job, phi = await job_and_phi(Client(store), KEY)
         assert job is not None and phi is not None and isinstance(store, JobTimeline)
         entries, dropped = await store.timeline(KEY)
     finally:

@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 from httpx_sse import aconnect_sse
 
+from ai_lease.client import Client
 from ai_lease.errors import AiLeaseError
 from ai_lease.job import Job, Status
 from ai_lease.lease import LeaseStore
@@ -52,7 +53,7 @@ async def serving(store: Any, apps: list[Any] | None = None, **options: Any) -> 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    app = create_app(store, settings_view={"store": "sqlite:///x.db"}, **options)
+    app = create_app(Client(store), settings_view={"store": "sqlite:///x.db"}, **options)
     if apps is not None:
         apps.append(app)
     config = uvicorn.Config(

@@ -19,6 +19,7 @@ import pytest
 from httpx_sse import aconnect_sse
 
 from ai_lease import Acquired
+from ai_lease.client import Client
 from ai_lease.job import Job, Status
 from ai_lease.lease import LeaseStore
 from ai_lease.lease.queue import MAX_REPORTED_JOBS, WorkerInfo
@@ -138,7 +139,7 @@ async def client_of(store: LeaseStore) -> AsyncIterator[httpx.AsyncClient]:
 def test_the_state_matrix_visits_every_route_the_app_serves() -> None:
     """Every route of the app is in the list visit_every_route requests (a new route
     without a visit fails here)."""
-    app = create_app(object())
+    app = create_app(Client(object()))
     assert {route.path for route in app.routes} == VISITED
 
 

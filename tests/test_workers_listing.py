@@ -11,6 +11,7 @@ import httpx
 import orjson
 
 from ai_lease import Acquired
+from ai_lease.client import Client
 from ai_lease.lease import LeaseStore
 from ai_lease.lease.queue import WorkerInfo
 from ai_lease.stores.sqlite.store import SQLiteStore
@@ -55,7 +56,7 @@ async def test_read_workers_judges_last_seen_by_the_store_clock(tmp_path: Path) 
     store = SQLiteStore(tmp_path / "jobs.db", clock=lambda: time.time() - HOUR)
     try:
         await seed(store)
-        listing = await read_workers(store)
+        listing = await read_workers(Client(store))
         assert [w.jobs for w in listing.found] == [("busy",)]
         assert abs(listing.read_at - listing.found[0].last_seen) < 60
         async with serving(store) as base, httpx.AsyncClient(base_url=base) as client:

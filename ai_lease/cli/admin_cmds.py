@@ -18,7 +18,7 @@ from ai_lease.errors import CorruptRecord, InputError
 from ai_lease.redaction import MASK, redact
 
 if TYPE_CHECKING:
-    from ai_lease.lease import LeaseStore
+    from ai_lease.client import Client
 
 # Shipped inside the package (ai_lease/data/), beside the default prompts.
 DEFAULT_CONFIG_TEXT = Path(__file__).resolve().parents[1] / "data" / "ai-lease.toml"
@@ -35,7 +35,7 @@ def cancel(obj: Context, key: str, reason: str) -> None:
     ended DONE or FAILED (nothing changed). `ai-lease submit --force` runs it again."""
     from ai_lease.job import Status
 
-    job = obj.run(lambda store: store.cancel(key, reason), create=False)
+    job = obj.run(lambda client: client.cancel(key, reason), create=False)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     if job.status is not Status.CANCELLED:
@@ -57,18 +57,16 @@ def migrate(obj: Context) -> None:
 
     Exit 0 applied or up to date, 2 refused (no right to create the schema, a table of
     ours that ai_lease did not make, a bad URL or credentials), 4 store unreachable."""
-    from ai_lease.stores.postgres.schema import VERSION
-
     url = obj.settings.store.url
     if not url.startswith(("postgresql://", "postgres://")):
         click.echo(f"{obj.where}: this store needs no migration (only PostgreSQL does)")
         return
     namespace = obj.settings.store.namespace
-    applied = obj.run(lambda store: store.migrate())  # type: ignore[attr-defined]
+    applied, version = obj.run(lambda client: client.migrate())
     if applied:
-        click.echo(f"applied migration {VERSION} to schema {namespace!r} in {obj.where}")
+        click.echo(f"applied migration {version} to schema {namespace!r} in {obj.where}")
     else:
-        click.echo(f"schema {namespace!r} in {obj.where} is up to date (migration {VERSION})")
+        click.echo(f"schema {namespace!r} in {obj.where} is up to date (migration {version})")
 
 
 @click.command(short_help="List the provider names and the wire format each speaks.")
@@ -190,10 +188,10 @@ def tune(
 
     corrupt: list[CorruptRecord] = []
 
-    async def fetch(store: LeaseStore) -> Any:
-        if not isinstance(store, DurationHistory):
+    async def fetch(client: Client) -> Any:
+        if not client.serves(DurationHistory):
             raise InputError(f"{obj.where} keeps no duration history")
-        return await store.load_durations(on_corrupt=corrupt.append)
+        return await client.durations(on_corrupt=corrupt.append)
 
     suggestions = suggest(
         obj.run(fetch, create=False), factor=factor, floor=floor, min_samples=min_samples

@@ -1,5 +1,6 @@
 """What every ``ai-lease`` command shares: the settings, the store, the prompts, the provider,
-and :func:`build_runner`, which builds every Runner the CLI uses.
+and :func:`build_client`, which builds every running :class:`~ai_lease.client.Client` the CLI
+uses. Every command reaches the store through a Client, never a store class.
 
 Each is built on first use, so ``--help`` never reads config or imports pydantic-settings,
 Jinja2 or a provider SDK (tests/test_import_discipline.py holds the line).
@@ -16,13 +17,12 @@ from ai_lease.errors import StoreMissing
 if TYPE_CHECKING:
     import asyncio
 
+    from ai_lease.client import Client
     from ai_lease.job_provider import ProviderChoice
-    from ai_lease.lease import LeaseStore
     from ai_lease.lease.events import EventSink
     from ai_lease.prompts import PromptLibrary
     from ai_lease.providers import Provider
     from ai_lease.run.provider_pick import ProviderResolver
-    from ai_lease.run.runner import Runner
     from ai_lease.settings import Settings
 
 T = TypeVar("T")
@@ -51,12 +51,13 @@ class Context:
 
         return mask_url(self.settings.store.url)
 
-    def open_store(self, *, create: bool = True) -> LeaseStore:
-        """The configured store; ``create=False`` for a look (it never makes one)."""
-        from ai_lease.stores import open_store
+    def client(self, *, create: bool = True) -> Client:
+        """A client (looks and tidies) on the configured store; ``create=False`` for a look
+        (it never makes one)."""
+        from ai_lease.client import Client
 
         store = self.settings.store
-        return open_store(
+        return Client.open(
             store.url,
             namespace=store.namespace,
             op_timeout=store.op_timeout,
@@ -66,24 +67,25 @@ class Context:
 
     def run(
         self,
-        work: Callable[[LeaseStore], Awaitable[T]],
+        work: Callable[[Client], Awaitable[T]],
         loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
         *,
         create: bool = True,
     ) -> T:
-        """Run ``work`` against the configured store (on a loop from ``loop_factory``, default
-        asyncio's), closing it afterwards. ``create=False`` (a look: status, ls, events, ui,
-        …): a store that does not exist yet is :class:`NoStore` (exit 4), never made."""
+        """Run ``work`` with a client on the configured store (on a loop from
+        ``loop_factory``, default asyncio's), closing it afterwards. ``create=False`` (a look:
+        status, ls, events, ui, …): a store that does not exist yet is :class:`NoStore`
+        (exit 4), never made."""
         import asyncio
 
         async def main() -> T:
-            store = self.open_store(create=create)
+            client = self.client(create=create)
             try:
-                return await work(store)
+                return await work(client)
             except StoreMissing as exc:
                 raise NoStore(exc) from None
             finally:
-                await store.aclose()
+                await client.aclose()
 
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(main())
@@ -108,8 +110,8 @@ class Context:
         return create_provider(name, **options)
 
 
-def build_runner(
-    store: LeaseStore,
+def build_client(
+    client: Client,
     settings: Settings,
     prompts: PromptLibrary,
     *,
@@ -118,26 +120,23 @@ def build_runner(
     max_input_bytes: int | None = None,
     provider_resolver: ProviderResolver | None = None,
     provider_serves: ProviderChoice | None = None,
-) -> Runner:
-    """Every Runner the CLI builds. Without a provider it only records jobs for workers
-    (``submit --detach``); with one it runs them under the settings' budgets."""
+) -> Client:
+    """Every client that runs jobs in the CLI, on ``client``'s store (left open: ``client``
+    closes it). Without a provider it only records jobs for workers (``submit --detach``);
+    with one it runs them under the settings' budgets."""
     import dataclasses
 
     from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES
-    from ai_lease.run.config import RunHooks
-    from ai_lease.run.runner import Runner
 
     limit = DEFAULT_MAX_INPUT_BYTES if max_input_bytes is None else max_input_bytes
     config = dataclasses.replace(settings.run_config(), max_input_bytes=limit)
     if provider is None:
-        return Runner(store, prompts=prompts, config=config)
-    hooks = RunHooks(on_event=on_event)
-    return Runner(
-        store,
+        return client.with_runner(provider=None, prompts=prompts, config=config)
+    return client.with_runner(
         provider=provider,
         prompts=prompts,
         config=config,
-        hooks=hooks,
+        on_event=on_event,
         provider_resolver=provider_resolver,
         provider_serves=provider_serves,
     )

@@ -26,17 +26,16 @@ from typing import Any, TextIO
 
 import orjson
 
+from ai_lease.client import Client, connect
 from ai_lease.errors import FencingRejected
 from ai_lease.job import Job
 from ai_lease.lease import Fence
 from ai_lease.lease.base import LeaseStore
 from ai_lease.lease.events import Event
 from ai_lease.providers.base import Completion
-from ai_lease.run.config import RunConfig, RunHooks
+from ai_lease.run.config import RunConfig
 from ai_lease.run.context import StageContext
 from ai_lease.run.pipeline import Pipeline, Stage
-from ai_lease.run.runner import Runner
-from ai_lease.stores import open_store
 from ai_lease.timeouts import LeaseTimings, StageBudget
 
 __all__ = ["DEMO_TIMINGS", "run", "run_demo"]
@@ -101,7 +100,8 @@ _NODE = ["?"]
 
 async def _node(name: str, url: str, key: str, start_at: float) -> None:
     _NODE[0] = name
-    store = open_store(url)
+    opened = Client.open(url)  # the store's own op timeout, not the demo's short one
+    store = opened.store
     stalled: list[Fence] = []
 
     def on_event(event: Event) -> None:
@@ -110,15 +110,16 @@ async def _node(name: str, url: str, key: str, start_at: float) -> None:
             stalled.append(Fence(event.key, event.owner_id, event.token))
 
     pipeline = Pipeline.default().replace("call_ai", Stage("call_ai", partial(_model_call, store)))
-    runner = Runner(
+    client = connect(
         store,
+        provider=None,
         pipeline=pipeline,
         config=RunConfig(timings=DEMO_TIMINGS, node_id=name),
-        hooks=RunHooks(on_event=on_event),
+        on_event=on_event,
     )
     await asyncio.sleep(max(0.0, start_at - time.time()))
     try:
-        record = await runner.run(
+        record = await client.run(
             Job(key, input="A heartbeat is not progress.", prompt_text="{{ input }}")
         )
         if stalled:  # the old owner wakes up and tries to write its late result
@@ -130,7 +131,7 @@ async def _node(name: str, url: str, key: str, start_at: float) -> None:
                 _say("late_write", stalled[0], f"rejected: {exc}")
         _say("exit", None, f"result {record.output!r} from {record.owner_id}")
     finally:
-        await store.aclose()
+        await opened.aclose()
 
 
 # -- the parent: start three nodes, merge their timelines ---------------------------------------
@@ -239,11 +240,11 @@ async def run_demo(
 
 async def _create_store(url: str) -> None:
     """Make the store at ``url`` (its first operation does) if it is not there yet."""
-    store = open_store(url)
+    client = Client.open(url)
     try:
-        await store.list_jobs(limit=1)
+        await client.list(limit=1)
     finally:
-        await store.aclose()
+        await client.aclose()
 
 
 async def _race(url: str, key: str, out: TextIO, as_json: bool) -> int:
@@ -273,11 +274,11 @@ async def _race(url: str, key: str, out: TextIO, as_json: bool) -> int:
 
 
 async def _verdict(url: str, key: str, codes: list[int], out: TextIO, as_json: bool) -> int:
-    store = open_store(url)
+    client = Client.open(url)
     try:
-        record = await store.get(key)
+        record = await client.status(key)
     finally:
-        await store.aclose()
+        await client.aclose()
     ok = record is not None and record.status.value == "DONE" and record.takeovers >= 1
     ok = ok and all(code == 0 for code in codes)
     if not as_json and record is not None:

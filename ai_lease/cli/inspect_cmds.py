@@ -30,8 +30,8 @@ from ai_lease.errors import CorruptRecord, InputError, JobCancelled, JobFailed
 from ai_lease.failure import FailureKind
 
 if TYPE_CHECKING:
+    from ai_lease.client import Client
     from ai_lease.job import JobState
-    from ai_lease.lease import LeaseStore
     from ai_lease.observe.phi import OwnerPhi
 
 EXIT_INTERRUPTED = 130
@@ -67,9 +67,9 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
         _raise_unless_done(ended)
         return
 
-    async def fetch(store: LeaseStore) -> tuple[JobState | None, OwnerPhi | None]:
-        found = await job_and_phi(store, key)
-        await warn_data_lost(store)
+    async def fetch(client: Client) -> tuple[JobState | None, OwnerPhi | None]:
+        found = await job_and_phi(client, key)
+        await warn_data_lost(client)
         return found
 
     job, phi = obj.run(fetch, create=False)
@@ -151,11 +151,11 @@ def list_jobs(
     # A filter applied here needs the whole (bounded) listing: the newest N may match none.
     reads = LS_MAX if (health or kind or since) else limit
 
-    async def fetch(store: LeaseStore) -> tuple[list[JobState], int | None]:
-        found = await store.list_jobs(status=wanted, limit=reads, on_corrupt=corrupt.append)
+    async def fetch(client: Client) -> tuple[list[JobState], int | None]:
+        found = await client.list(status=wanted, limit=reads, on_corrupt=corrupt.append)
         if reads > limit or len(found) < limit:  # filtered here (counted below), or all
             return found, len(found)
-        return found, await _held(store, wanted)
+        return found, await _held(client, wanted)
 
     jobs, held = obj.run(fetch, create=False)
     grace, threshold = obj.settings.lease.renew_interval, obj.settings.lease.phi_threshold
@@ -184,13 +184,13 @@ def list_jobs(
     end_with_corrupt(corrupt, "marked CORRUPT")
 
 
-async def _held(store: LeaseStore, status: str | None) -> int | None:
+async def _held(client: Client, status: str | None) -> int | None:
     """How many jobs of ``status`` (None: any) the store holds (None: it cannot count)."""
     from ai_lease.lease.base import JobListing
 
-    if not isinstance(store, JobListing):
+    if not client.serves(JobListing):
         return None
-    counts = await store.count_jobs()
+    counts = await client.counts()
     return counts.get(status, 0) if status else sum(counts.values())
 
 
@@ -240,11 +240,11 @@ def workers(obj: Context, as_json: bool) -> None:
     from ai_lease.lease.queue import JobQueue
     from ai_lease.ui.listing import Workers, read_workers  # shared with the dashboard
 
-    async def fetch(store: LeaseStore) -> Workers:
-        if not isinstance(store, JobQueue):
+    async def fetch(client: Client) -> Workers:
+        if not client.serves(JobQueue):
             raise InputError(f"{obj.where} keeps no job queue")
-        listing = await read_workers(store)
-        await warn_data_lost(store)
+        listing = await read_workers(client)
+        await warn_data_lost(client)
         return listing
 
     listing = obj.run(fetch, create=False)
@@ -278,7 +278,7 @@ def workers(obj: Context, as_json: bool) -> None:
 
 
 def _get(obj: Context, key: str) -> JobState:
-    job = obj.run(lambda store: store.get(key), create=False)
+    job = obj.run(lambda client: client.status(key), create=False)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     return job

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ai_lease.client import Client
     from ai_lease.job import Job
-    from ai_lease.run.runner import Runner
 
 __all__ = ["Caught", "Interrupted", "cancelled_by_signals", "hand_back"]
 
@@ -72,18 +72,18 @@ async def cancelled_by_signals() -> AsyncIterator[Caught]:
             loop.remove_signal_handler(sig)
 
 
-async def hand_back(runner: Runner, job: Job, *, cancel: bool) -> str:
+async def hand_back(client: Client, job: Job, *, cancel: bool) -> str:
     """After an interrupt (the lease already released as the run unwound): cancel the job,
     or leave it to workers (its spec stored, its queue entry due now). What was done."""
     from ai_lease.errors import AiLeaseError
 
-    store, key = runner.store, job.key
+    key = job.key
     try:
-        async with asyncio.timeout(4 * runner.timings.op_timeout):
+        async with asyncio.timeout(4 * client.timings.op_timeout):
             if cancel:
-                record = await store.cancel(key, "interrupted: submit --cancel-on-interrupt")
+                record = await client.cancel(key, "interrupted: submit --cancel-on-interrupt")
             else:
-                record = await runner.submit(job)
+                record = await client.submit(job)
     except (AiLeaseError, TimeoutError) as exc:
         return f"job {key!r} not handed over ({exc}); its lease lapses on its own"
     if record is not None and record.status.value != ("CANCELLED" if cancel else "PENDING"):

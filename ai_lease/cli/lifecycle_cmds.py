@@ -1,5 +1,5 @@
 """Commands that tidy jobs up: ``retry`` a failed or cancelled one, ``rm`` one, ``prune``
-old ones. Each is one atomic store operation (:class:`~ai_lease.lease.admin.JobAdmin`)."""
+old ones. Each is one :class:`~ai_lease.client.Client` method, one atomic store operation."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from ai_lease.cli.params import JOB_KEY
 from ai_lease.errors import InputError
 
 if TYPE_CHECKING:
+    from ai_lease.client import Client
     from ai_lease.job import JobState
-    from ai_lease.lease import LeaseStore
-    from ai_lease.lease.admin import JobAdmin
+    from ai_lease.lease.admin import Removal
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -43,27 +43,27 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
         raise click.BadParameter(str(exc)) from None
 
 
-def admin(store: LeaseStore, where: str) -> JobAdmin:
-    """The store's :class:`JobAdmin` side, or bad input saying it has none."""
+def admin(client: Client, where: str) -> Client:
+    """``client``, if its store can retry, remove and prune, else bad input saying not."""
     from ai_lease.lease.admin import JobAdmin
 
-    if not isinstance(store, JobAdmin):
+    if not client.serves(JobAdmin):
         raise InputError(f"{where} cannot retry, remove or prune jobs")
-    return store
+    return client
 
 
-async def reopen(obj: Context, store: LeaseStore, key: str, *, force: bool) -> None:
+async def reopen(obj: Context, client: Client, key: str, *, force: bool) -> None:
     """A CANCELLED key runs again only with --force (a FAILED one too): it goes back to
     PENDING with a fresh attempt budget first, so the run is a new one under a higher token.
     Without --force a CANCELLED key is bad input (exit 2), never a silent no-op."""
     from ai_lease.job import Status
     from ai_lease.lease.rules import RETRYABLE
 
-    record = await store.get(key)
+    record = await client.status(key)
     if record is None or record.status not in RETRYABLE:
         return
     if force:
-        await admin(store, obj.where).retry(key)
+        await admin(client, obj.where).retry(key)
     elif record.status is Status.CANCELLED:
         raise InputError(
             f"job {key!r} was cancelled: pass --force to run it again (a new run under a "
@@ -81,9 +81,9 @@ def retry(obj: Context, key: str) -> None:
     from ai_lease.job import Status
     from ai_lease.lease.rules import RETRYABLE
 
-    async def work(store: LeaseStore) -> tuple[JobState | None, JobState | None]:
-        jobs = admin(store, obj.where)
-        before = await store.get(key)
+    async def work(client: Client) -> tuple[JobState | None, JobState | None]:
+        jobs = admin(client, obj.where)
+        before = await client.status(key)
         if before is None or before.status not in RETRYABLE:
             return before, None
         return before, await jobs.retry(key)  # atomic: a job changed meanwhile is kept
@@ -114,17 +114,12 @@ def remove(obj: Context, key: str, force: bool) -> None:
     kept unless --force, which cancels it first (its owner stops, its followers get an
     error) and then removes it. Exit 0 removed, 2 for an unknown key or a live job."""
 
-    async def work(store: LeaseStore) -> object:
-        from ai_lease.client import Client
-
-        admin(store, obj.where)  # a store that cannot remove is bad input, said first
+    async def work(client: Client) -> Removal:
+        # a store that cannot remove is bad input, said first
         reason = "removed with ai-lease rm --force"
-        return await Client.remove_from(store, key, force=force, reason=reason)
-
-    from ai_lease.lease.admin import Removal
+        return await admin(client, obj.where).remove(key, force=force, reason=reason)
 
     removal = obj.run(work, create=False)
-    assert isinstance(removal, Removal)
     if removal.job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     if not removal.removed:
@@ -156,7 +151,7 @@ def prune(obj: Context, older_than: float, statuses: tuple[str, ...]) -> None:
     """Remove the DONE, FAILED and CANCELLED jobs (or those of --status) last written more
     than --older-than ago; print how many. RUNNING and PENDING jobs are never removed."""
     wanted = frozenset(s.upper() for s in statuses) or frozenset(TERMINAL)
-    count = obj.run(lambda store: admin(store, obj.where).prune(older_than, wanted), create=False)
+    count = obj.run(lambda client: admin(client, obj.where).prune(older_than, wanted), create=False)
     click.echo(f"pruned {count} job{'' if count == 1 else 's'}")
 
 

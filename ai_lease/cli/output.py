@@ -13,8 +13,8 @@ from ai_lease.cli.exits import EXIT_STORE
 from ai_lease.errors import CorruptRecord, StoreError
 
 if TYPE_CHECKING:
+    from ai_lease.client import Client
     from ai_lease.job import JobState
-    from ai_lease.lease import LeaseStore
 
 
 def to_json(value: Any) -> str:
@@ -41,13 +41,10 @@ def end_with_corrupt(found: list[CorruptRecord], marked: str) -> None:
         sys.exit(EXIT_STORE)
 
 
-async def warn_data_lost(store: LeaseStore) -> None:
+async def warn_data_lost(client: Client) -> None:
     """Print the store's data-loss report (a Redis restart without persistence), if any."""
-    check = getattr(store, "data_lost", None)
-    if check is None:
-        return
     try:
-        loss = await check()
+        loss = await client.data_lost()
     except StoreError:
         return
     if loss is not None:

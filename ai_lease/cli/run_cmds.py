@@ -1,7 +1,7 @@
 """Commands that run jobs: ``submit`` (here, or recorded for workers) and ``demo``; the
 ``worker`` command is :mod:`~ai_lease.cli.worker_cmd`. Every
-:class:`~ai_lease.run.runner.Runner` the CLI uses comes from
-:func:`~ai_lease.cli.context.build_runner`.
+running :class:`~ai_lease.client.Client` the CLI uses comes from
+:func:`~ai_lease.cli.context.build_client`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ai_lease.cli.context import Context, build_runner
+from ai_lease.cli.context import Context, build_client
 from ai_lease.cli.output import print_result, to_json
 
 if TYPE_CHECKING:
+    from ai_lease.client import Client
     from ai_lease.job import Job, JobState
-    from ai_lease.lease import LeaseStore
     from ai_lease.lease.events import Event
     from ai_lease.prompts import PromptLibrary
-    from ai_lease.run.runner import Runner
 
 
 @click.command(short_help="Run a job file here (or --detach it for workers).")
@@ -103,7 +102,7 @@ def submit(
     prompts = obj.prompts([*([prompts_dir] if prompts_dir else []), job_file.parent / "prompts"])
     how = _HowToRun(force=force, cancel_on_interrupt=cancel_on_interrupt)
     if detach:
-        record = obj.run(lambda store: _record_for_workers(obj, store, spec.job, prompts, how))
+        record = obj.run(lambda client: _record_for_workers(obj, client, spec.job, prompts, how))
         click.echo(to_json(record.to_dict()) if as_json else record.key)
         return
     chatty = not (quiet or as_json)
@@ -117,29 +116,29 @@ class _HowToRun:
 
 
 async def _record_for_workers(
-    obj: Context, store: LeaseStore, job: Job, prompts: PromptLibrary, how: _HowToRun
+    obj: Context, client: Client, job: Job, prompts: PromptLibrary, how: _HowToRun
 ) -> JobState:
     """``submit --detach``: the job recorded for workers (a CANCELLED key only with --force)."""
     from ai_lease.cli.lifecycle_cmds import reopen
 
-    await reopen(obj, store, job.key, force=how.force)
+    await reopen(obj, client, job.key, force=how.force)
     limit = obj.settings.job.max_input_bytes
-    return await build_runner(store, obj.settings, prompts, max_input_bytes=limit).submit(job)
+    return await build_client(client, obj.settings, prompts, max_input_bytes=limit).submit(job)
 
 
-async def _run_interruptibly(obj: Context, runner: Runner, job: Job, how: _HowToRun) -> JobState:
-    """``runner.run(job)``; the first SIGINT/SIGTERM unwinds it (its lease released), hands
+async def _run_interruptibly(obj: Context, client: Client, job: Job, how: _HowToRun) -> JobState:
+    """``client.run(job)``; the first SIGINT/SIGTERM unwinds it (its lease released), hands
     the job back (to workers, or cancelled) and raises :class:`Interrupted`."""
     from ai_lease.cli.interrupt import Interrupted, cancelled_by_signals, hand_back
     from ai_lease.cli.lifecycle_cmds import reopen
 
     async with cancelled_by_signals() as caught:
         try:
-            await reopen(obj, runner.store, job.key, force=how.force)
-            return await runner.run(job)
+            await reopen(obj, client, job.key, force=how.force)
+            return await client.run(job)
         except asyncio.CancelledError:
             name = caught.check()  # re-raised unless a signal did it
-            done = await hand_back(runner, job, cancel=how.cancel_on_interrupt)
+            done = await hand_back(client, job, cancel=how.cancel_on_interrupt)
             raise Interrupted(name, done) from None
 
 
@@ -176,11 +175,11 @@ def _run_here(
         if chatty:
             view.on_event(event)
 
-    async def work(store: LeaseStore) -> JobState:
+    async def work(client: Client) -> JobState:
         model_provider = obj.provider(overrides)
         tee = TeeProvider(model_provider, view)
-        runner = build_runner(  # the provider was built for this job's own choice
-            store,
+        running = build_client(  # the provider was built for this job's own choice
+            client,
             settings,
             prompts,
             provider=tee,
@@ -189,9 +188,9 @@ def _run_here(
             provider_serves=job.provider,
         )
         try:
-            return await _run_interruptibly(obj, runner, job, how)
+            return await _run_interruptibly(obj, running, job, how)
         finally:
-            await runner.flush_history()
+            await running.aclose()  # saves the durations; the store and provider stay open
             await model_provider.aclose()
 
     try:

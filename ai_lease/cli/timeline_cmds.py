@@ -22,21 +22,21 @@ from ai_lease.cli.params import JOB_KEY
 from ai_lease.errors import InputError
 
 if TYPE_CHECKING:
-    from ai_lease.lease import LeaseStore
-    from ai_lease.lease.timeline import JobTimeline, TimelineEntry
+    from ai_lease.client import Client
+    from ai_lease.lease.timeline import TimelineEntry
 
 EXIT_INTERRUPTED = 130
 FOLLOW_INTERVAL = 0.5
 """Seconds between looks with ``--follow``."""
 
 
-def timeline_of(store: LeaseStore, where: str) -> JobTimeline:
-    """The store's timeline side, or bad input saying it keeps none."""
+def timeline_of(client: Client, where: str) -> Client:
+    """``client``, if its store keeps timelines, else bad input saying it keeps none."""
     from ai_lease.lease.timeline import JobTimeline
 
-    if not isinstance(store, JobTimeline):
+    if not client.serves(JobTimeline):
         raise InputError(f"{where} keeps no job timelines")
-    return store
+    return client
 
 
 def line(entry: TimelineEntry) -> str:
@@ -54,8 +54,8 @@ class _Printer:
     def __init__(self, key: str, *, as_json: bool) -> None:
         self.key, self.as_json, self.after, self._told = key, as_json, 0, False
 
-    async def more(self, lines: JobTimeline) -> None:
-        entries, dropped = await lines.timeline(self.key, after_seq=self.after)
+    async def more(self, client: Client) -> None:
+        entries, dropped = await client.events(self.key, after_seq=self.after)
         if dropped and not self._told:
             click.echo(f"ai-lease: note: {dropped} earlier entries were dropped (cap)", err=True)
             self._told = True
@@ -78,15 +78,15 @@ def events(obj: Context, key: str, follow: bool, as_json: bool) -> None:
     an unknown key."""
     printer = _Printer(key, as_json=as_json)
 
-    async def show(store: LeaseStore) -> None:
-        lines = timeline_of(store, obj.where)
-        job = await store.get(key)
+    async def show(client: Client) -> None:
+        lines = timeline_of(client, obj.where)
+        job = await client.status(key)
         if job is None:
             raise InputError(f"no job {key!r} in {obj.where}")
         await printer.more(lines)
         while follow and job is not None and not job.status.terminal:
             await asyncio.sleep(FOLLOW_INTERVAL)
-            job = await store.get(key)  # read before the entries: the last one is printed
+            job = await client.status(key)  # read before the entries: the last one is printed
             await printer.more(lines)
 
     try:

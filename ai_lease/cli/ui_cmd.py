@@ -23,7 +23,7 @@ import click
 from ai_lease.cli.context import Context
 
 if TYPE_CHECKING:
-    from ai_lease.lease import LeaseStore
+    from ai_lease.client import Client
 
 MISSING_EXTRA = "ai-lease ui needs the ui extra: pip install 'ai_lease[ui]'"
 _HOST_NAME = re.compile(r"[\w.\-\[\]:]{1,255}")
@@ -191,8 +191,8 @@ def _serve(
 
     hosts = AllowedHosts.for_bind(host, port, options.pop("allowed_hosts"))
 
-    async def main(store: LeaseStore) -> None:
-        app = create_app(store, settings_view={"store": obj.where}, hosts=hosts, **options)
+    async def main(client: Client) -> None:
+        app = create_app(client, settings_view={"store": obj.where}, hosts=hosts, **options)
         config = uvicorn.Config(
             app,
             log_level="warning",
@@ -226,12 +226,12 @@ def _serve(
 COMMANDS = (ui,)
 
 
-async def _store_is_there(store: LeaseStore) -> None:
+async def _store_is_there(client: Client) -> None:
     """Touch the store (opened with ``create=False``: a missing one raises). A corrupt record
     is the dashboard's to show, marked, not a reason to refuse to start."""
     from ai_lease.errors import CorruptRecord
 
     try:
-        await store.list_jobs(limit=1)
+        await client.list(limit=1)
     except CorruptRecord:
         pass

@@ -20,8 +20,8 @@ from ai_lease.errors import InputError
 
 if TYPE_CHECKING:
     from ai_lease.cli.context import Context
+    from ai_lease.client import Client
     from ai_lease.job import JobState
-    from ai_lease.lease import LeaseStore
     from ai_lease.observe.phi import OwnerPhi
 
 Describe = Callable[["JobState", float, "OwnerPhi | None", float], list[tuple[str, str]]]
@@ -36,9 +36,9 @@ def watch_job(
     show = _Shown(describe, grace, as_json=as_json, live=live)
     show.threshold = obj.settings.lease.phi_threshold
 
-    async def watch(store: LeaseStore) -> JobState:
+    async def watch(client: Client) -> JobState:
         while True:
-            job, phi = await job_and_phi(store, key)
+            job, phi = await job_and_phi(client, key)
             if job is None:
                 raise InputError(f"no job {key!r} in {obj.where}")
             show.update(job, phi)

@@ -9,11 +9,11 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import click
 
-from ai_lease.cli.context import Context, build_runner
+from ai_lease.cli.context import Context, build_client
 from ai_lease.cli.worker_output import (
     log_job_event,
     log_worker_event,
@@ -24,12 +24,11 @@ from ai_lease.cli.worker_output import (
 from ai_lease.observe.loop_watchdog import DEFAULT_AFTER_S
 
 if TYPE_CHECKING:
-    from ai_lease.lease import LeaseStore
+    from ai_lease.client import Client
     from ai_lease.lease.events import EventSink
     from ai_lease.observe.logs import JobLogger
     from ai_lease.observe.metrics import Metrics
     from ai_lease.providers import Provider
-    from ai_lease.run.worker import Worker
 
 __all__ = ["COMMANDS", "worker"]
 
@@ -190,16 +189,16 @@ def worker(
     json_log = JobLogger(configure_logging(json=True), json=True) if log_json else None
     on_worker_event = json_log or log_worker_event
 
-    async def work(store: LeaseStore) -> None:
+    async def work(client: Client) -> None:
         model_provider = obj.provider({"name": provider} if provider else {})
-        node = _node(obj, store, model_provider, provider, shape, metrics, json_log)
+        node = _node(obj, client, model_provider, provider, shape, metrics, json_log)
         undo = node.install_signal_handlers()
         try:
             # served once Ctrl-C drains: a scraper (or a script) that sees the port answer
             # may stop the worker at once and get the drain, never a KeyboardInterrupt
             with (
                 serving(metrics, metrics_port or 0, metrics_host),
-                watching(metrics, store),
+                watching(metrics, client),
                 _loop_watchdog(on_worker_event, blocked_loop_after),
             ):
                 await node.run()
@@ -208,6 +207,14 @@ def worker(
             await model_provider.aclose()
 
     obj.run(work, loop_factory)
+
+
+class _Node(Protocol):
+    """What the command does with its worker (a :class:`~ai_lease.Worker`)."""
+
+    def install_signal_handlers(self) -> Callable[[], None]: ...
+
+    async def run(self) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,13 +231,13 @@ class _NodeShape:
 
 def _node(
     obj: Context,
-    store: LeaseStore,
+    client: Client,
     model_provider: Provider,
     provider: str | None,
     shape: _NodeShape,
     metrics: Metrics | None,
     json_log: JobLogger | None,
-) -> Worker:
+) -> _Node:
     """The Worker: its runner on ``model_provider`` (a job naming another provider runs on
     it, from these settings, or fails saying why); under process isolation each child
     builds its own provider, by name and options."""
@@ -238,24 +245,21 @@ def _node(
     from ai_lease.cli.provider_options import provider_options
     from ai_lease.observe.logs import fan_out
     from ai_lease.run.isolation import ProviderFactory
-    from ai_lease.run.worker import Worker
 
     settings = obj.settings
     factory = None
     if shape.isolation == "process":
         name, options = provider_options(settings, {"name": provider} if provider else {})
         factory = ProviderFactory(name, **options)
-    runner = build_runner(
-        store,
+    running = build_client(
+        client,
         settings,
         obj.prompts(),
         provider=model_provider,
         on_event=fan_out(metrics, json_log or log_job_event),
         provider_resolver=SettingsProviders(settings, provider),
     )
-    return Worker(
-        store,
-        runner,
+    return running.worker(
         concurrency=shape.concurrency,
         sweep_interval=shape.sweep_interval,
         grace=shape.grace,

@@ -12,7 +12,7 @@ import click
 from ai_lease.redaction import redact
 
 if TYPE_CHECKING:
-    from ai_lease.lease import LeaseStore
+    from ai_lease.client import Client
     from ai_lease.lease.events import Event
     from ai_lease.observe.metrics import Metrics
 
@@ -42,15 +42,13 @@ def serving(metrics: Metrics | None, port: int, host: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def watching(metrics: Metrics | None, store: LeaseStore) -> Iterator[None]:
+def watching(metrics: Metrics | None, client: Client) -> Iterator[None]:
     """The store's gauges (queue, leases, workers: docs/observability.md) on ``metrics``
     while the block runs, if any; off again before the store closes."""
     if metrics is None:
         yield
         return
-    from ai_lease.observe.store_metrics import watch_store
-
-    collector = watch_store(metrics.registry, store)
+    collector = client.watch_gauges(metrics.registry)
     try:
         yield
     finally:

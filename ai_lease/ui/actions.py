@@ -1,4 +1,5 @@
-"""The job page's buttons: cancel, retry, remove — the same store operations as the CLI.
+"""The job page's buttons: cancel, retry, remove — the same :class:`~ai_lease.client.Client`
+methods as the CLI and a script.
 
 POST only, each with the page's CSRF token (403 without it); each redirects back with a
 flash code. The rules are the store's and the CLI's: ``cancel`` ends a PENDING or RUNNING
@@ -17,10 +18,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from ai_lease.client import Client
-from ai_lease.errors import StoreError
-from ai_lease.job import Status
+from ai_lease.errors import JobSpecError, StoreError
+from ai_lease.job import Status, validate_key
 from ai_lease.lease.admin import JobAdmin
-from ai_lease.lease.base import LeaseStore
 from ai_lease.lease.rules import RETRYABLE
 from ai_lease.redaction import redact
 from ai_lease.ui.present import job_url
@@ -40,9 +40,14 @@ async def _checked(request: Request) -> dict[str, str] | None:
     return fields
 
 
-def _admin(store: LeaseStore) -> JobAdmin | None:
-    """The store's :class:`JobAdmin` side (retry, remove), or None when it has none."""
-    return store if isinstance(store, JobAdmin) else None
+def _client(request: Request) -> Client | None:
+    """A client on the dashboard's store for the page's job, or None when its key cannot
+    name a job (no job has it: the page says unknown, as for any key not there)."""
+    try:
+        validate_key(request.path_params["key"])
+    except JobSpecError:
+        return None
+    return ui_of(request).client
 
 
 def _forbidden() -> Response:
@@ -83,8 +88,8 @@ async def cancel(request: Request) -> Response:
     """Cancel the job (``ai-lease cancel``)."""
     if await _checked(request) is None:
         return _forbidden()
-    key = request.path_params["key"]
-    job = await ui_of(request).store.cancel(key, CANCEL_REASON)
+    key, client = request.path_params["key"], _client(request)
+    job = None if client is None else await client.cancel(key, CANCEL_REASON)
     if job is None:
         return _back(key, "unknown", to_list=True)
     return _back(key, "cancelled" if job.status is Status.CANCELLED else "not-cancelled")
@@ -95,16 +100,15 @@ async def retry(request: Request) -> Response:
     """Send a FAILED or CANCELLED job back to PENDING (``ai-lease retry``)."""
     if await _checked(request) is None:
         return _forbidden()
-    key, store = request.path_params["key"], ui_of(request).store
-    jobs = _admin(store)
-    if jobs is None:
+    key, client = request.path_params["key"], _client(request)
+    if not ui_of(request).client.serves(JobAdmin):
         return _back(key, "no-admin")
-    before = await store.get(key)
-    if before is None:
+    before = None if client is None else await client.status(key)
+    if client is None or before is None:
         return _back(key, "unknown", to_list=True)
     if before.status not in RETRYABLE:
         return _back(key, "not-retried")
-    after = await jobs.retry(key)  # atomic: a job changed meanwhile is kept
+    after = await client.retry(key)  # atomic: a job changed meanwhile is kept
     retried = after is not None and after.status is Status.PENDING
     return _back(key, "retried" if retried else "not-retried")
 
@@ -115,11 +119,13 @@ async def remove(request: Request) -> Response:
     fields = await _checked(request)
     if fields is None:
         return _forbidden()
-    key, store = request.path_params["key"], ui_of(request).store
+    key, client = request.path_params["key"], _client(request)
     force = fields.get("force") in ("1", "on", "true")
-    if _admin(store) is None:
+    if not ui_of(request).client.serves(JobAdmin):
         return _back(key, "no-admin")
-    removal = await Client.remove_from(store, key, force=force, reason=REMOVE_REASON)
+    if client is None:
+        return _back(key, "unknown", to_list=True)
+    removal = await client.remove(key, force=force, reason=REMOVE_REASON)
     if removal.job is None:
         return _back(key, "unknown", to_list=True)
     if not removal.removed:

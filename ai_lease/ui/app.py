@@ -1,6 +1,6 @@
 """The dashboard as an ASGI app: routes, the token guard, security headers, metrics.
 
->>> app = create_app(store, token="s3cret")        # doctest: +SKIP
+>>> app = create_app(Client(store), token="s3cret")        # doctest: +SKIP
 >>> uvicorn.run(app, host="127.0.0.1", port=8377)  # doctest: +SKIP
 
 Routes: ``/`` (to ``/jobs``), ``/jobs``, ``/jobs/{key}``, their live streams
@@ -35,6 +35,7 @@ from ai_lease.ui.shared_reads import MAX_STREAMS, StreamSlots
 from ai_lease.ui.views import Ui
 
 if TYPE_CHECKING:
+    from ai_lease.client import Client
     from ai_lease.observe.metrics import Metrics
 
 __all__ = ["CSP", "create_app"]
@@ -122,10 +123,10 @@ def _metrics_route(metrics: Metrics) -> Any:
 
 async def healthz(request: Request) -> Response:
     """200 ``ok`` when the store answers a read within 2 s, else 503."""
-    store = views.ui_of(request).store
+    client = views.ui_of(request).client
     try:
         async with asyncio.timeout(HEALTH_TIMEOUT):
-            await store.get("ai-lease-ui-healthz")
+            await client.status("ai-lease-ui-healthz")
     except Exception:  # any failure to answer is "not healthy", and says nothing more
         return PlainTextResponse("store unavailable", status_code=503)
     return PlainTextResponse("ok")
@@ -169,7 +170,7 @@ def _routes(metrics: Metrics) -> list[Any]:
 
 
 def create_app(
-    store: Any,
+    client: Client,
     *,
     token: str | None = None,
     refresh: float = 1.0,
@@ -180,7 +181,8 @@ def create_app(
     max_streams: int = MAX_STREAMS,
     lease_ttl: float | None = None,
 ) -> Starlette:
-    """The dashboard over ``store`` (SQLite or Redis, already open; the caller closes it).
+    """The dashboard over ``client``'s store (``Client(store)`` or :meth:`Client.open`;
+    the caller closes it).
 
     ``token``: required of every request when given. ``refresh``: seconds between live
     updates. ``metrics``: the registry ``/metrics`` serves (a new one, with the store's
@@ -197,11 +199,10 @@ def create_app(
     if not refresh > 0:
         raise ValueError(f"refresh must be a positive number of seconds (got {refresh!r})")
     from ai_lease.observe.metrics import Metrics
-    from ai_lease.observe.store_metrics import watch_store
 
     metrics = metrics if metrics is not None else Metrics()
     ui = Ui(
-        store=store,
+        client=client,
         guard=Guard(token),
         refresh=refresh,
         settings_view=dict(settings_view or {}),
@@ -212,7 +213,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        collector = watch_store(metrics.registry, store)
+        collector = client.watch_gauges(metrics.registry)
         try:
             yield
         finally:

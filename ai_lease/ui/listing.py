@@ -1,4 +1,4 @@
-"""What the dashboard reads from the store: one page of jobs, filtered, newest first; the
+"""What the dashboard reads through its client: one page of jobs, filtered, newest first; the
 live workers with the jobs they still run (:func:`read_workers`, which ``ai-lease workers``
 shares).
 
@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ai_lease.errors import CorruptRecord
 from ai_lease.job import Health, JobState, Status
-from ai_lease.lease.queue import JobQueue, WorkerInfo
+from ai_lease.lease.base import JobListing
+from ai_lease.lease.queue import WorkerInfo
+
+if TYPE_CHECKING:
+    from ai_lease.client import Client
 
 __all__ = [
     "HEALTHS",
@@ -74,15 +78,15 @@ class Page:
     corrupt: list[CorruptRecord] = field(default_factory=list)
 
 
-async def read_page(store: Any, filters: Filters, limit: int = PAGE_SIZE) -> Page:
+async def read_page(client: Client, filters: Filters, limit: int = PAGE_SIZE) -> Page:
     """One store read: the page of jobs ``filters`` select, newest first."""
     status = filters.status
     corrupt: list[CorruptRecord] = []
     if filters.health is not None:
         status = Status.RUNNING.value  # only a running job has a health
-    if hasattr(store, "list_page"):
+    if client.serves(JobListing):
         try:
-            page = await store.list_page(
+            page = await client.jobs(
                 status=status,
                 prefix=filters.prefix,
                 after=filters.after,
@@ -90,22 +94,22 @@ async def read_page(store: Any, filters: Filters, limit: int = PAGE_SIZE) -> Pag
                 on_corrupt=corrupt.append,
             )
         except ValueError:  # a cursor no page gave (edited, or another store's): page one
-            page = await store.list_page(
+            page = await client.jobs(
                 status=status, prefix=filters.prefix, limit=limit, on_corrupt=corrupt.append
             )
         jobs, cursor = list(page.jobs), page.next_cursor
     else:
-        jobs, cursor = await _fallback(store, status, filters, limit, corrupt)
+        jobs, cursor = await _fallback(client, status, filters, limit, corrupt)
     if filters.health is not None:
         jobs, corrupt = [job for job in jobs if _health(job) == filters.health], []
     return Page(jobs, cursor, corrupt)
 
 
 async def _fallback(
-    store: Any, status: str | None, filters: Filters, limit: int, corrupt: list[CorruptRecord]
+    client: Client, status: str | None, filters: Filters, limit: int, corrupt: list[CorruptRecord]
 ) -> tuple[list[JobState], str | None]:
     """A page cut from ``list_jobs`` (a store without ``list_page``); the cursor is an offset."""
-    jobs = await store.list_jobs(status=status, limit=FALLBACK_LIMIT, on_corrupt=corrupt.append)
+    jobs = await client.list(status=status, limit=FALLBACK_LIMIT, on_corrupt=corrupt.append)
     if filters.prefix:
         jobs = [job for job in jobs if job.key.startswith(filters.prefix)]
         corrupt[:] = [bad for bad in corrupt if bad.key.startswith(filters.prefix)]
@@ -133,28 +137,28 @@ class Workers:
     records: dict[str, JobState] = field(default_factory=dict)  # each still-running job's
 
 
-async def read_workers(store: JobQueue) -> Workers:
-    """The live workers of ``store``. A worker reports its jobs at its beats, so a job that
-    ended (or was handed back) since would show as running: each reported job's record is
-    read now (at most MAX_REPORTED_JOBS per worker) and the ones not RUNNING are left out,
-    the worker's running count lowered by as many."""
+async def read_workers(client: Client) -> Workers:
+    """The live workers of ``client``'s store. A worker reports its jobs at its beats, so a
+    job that ended (or was handed back) since would show as running: each reported job's
+    record is read now (at most MAX_REPORTED_JOBS per worker) and the ones not RUNNING are
+    left out, the worker's running count lowered by as many."""
     corrupt: list[CorruptRecord] = []
-    listed = await store.list_workers(on_corrupt=corrupt.append)
+    listed = await client.workers(on_corrupt=corrupt.append)
     clocks: list[float] = []
     records: dict[str, JobState] = {}
-    found = [await _still_running(store, info, clocks, records) for info in listed]
+    found = [await _still_running(client, info, clocks, records) for info in listed]
     return Workers(found, corrupt, max(clocks, default=time.time()), records)
 
 
 async def _still_running(
-    store: Any, info: WorkerInfo, clocks: list[float], records: dict[str, JobState]
+    client: Client, info: WorkerInfo, clocks: list[float], records: dict[str, JobState]
 ) -> WorkerInfo:
     if not info.jobs:
         return info
     kept = []
     for key in info.jobs:
         try:
-            job = await store.get(key)
+            job = await client.status(key)
         except CorruptRecord:  # no record of a running job: not shown as one
             continue
         if job is not None and job.read_at:

@@ -24,7 +24,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from ai_lease.errors import AiLeaseError, CorruptRecord
+from ai_lease.errors import AiLeaseError, CorruptRecord, JobSpecError
 from ai_lease.job import JobState
 from ai_lease.lease.timeline import JobTimeline
 from ai_lease.ui.listing import Filters, read_page
@@ -102,7 +102,7 @@ async def jobs_stream(request: Request) -> Response:
     ui, filters = ui_of(request), Filters.from_query(request.query_params)
 
     async def rows() -> tuple[object, Callable[[], str]]:
-        listing = await read_page(ui.store, filters)
+        listing = await read_page(ui.client, filters)
         summary, overview = await overview_of(ui, filters)
         corrupt = [corrupt_row(bad) for bad in listing.corrupt]
         context = {
@@ -125,15 +125,17 @@ async def job_stream(request: Request) -> Response:
 
     async def live() -> tuple[object, Callable[[], str]]:
         try:
-            job = await ui.store.get(key)
+            job = await ui.client.status(key)
+        except JobSpecError:  # a key no job can have: gone, like any key not there
+            job = None
         except CorruptRecord as exc:
             note = f'<p class="note">{escape(str(exc))}</p>'
             return str(exc), lambda: note
         if job is None:
             return None, lambda: '<p class="note">This job is gone (removed).</p>'
         mark = (job.updated_at, job.status, job.token, job.progress_version)
-        if mark != seen["mark"] and isinstance(ui.store, JobTimeline):
-            seen["entries"], seen["dropped"] = await ui.store.timeline(key)
+        if mark != seen["mark"] and ui.client.serves(JobTimeline):
+            seen["entries"], seen["dropped"] = await ui.client.events(key)
             seen["mark"] = mark
         entries, dropped = seen["entries"], seen["dropped"]
         context = job_context(job, entries, dropped, ui.phi_threshold, ui.lease_ttl)
@@ -148,7 +150,7 @@ async def workers_stream(request: Request) -> Response:
     ui = ui_of(request)
 
     async def rows() -> tuple[object, Callable[[], str]]:
-        context = await workers_context(ui.store)
+        context = await workers_context(ui.client)
         seen = [replace(w, last_seen="", last_seen_s=0.0) for w in context["workers"]]
         state = (seen, context["corrupt"])
         return state, lambda: ui.templates.render("_workers.html", **context)

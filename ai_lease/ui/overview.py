@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ai_lease.job import Health, JobState, Status
+from ai_lease.lease.base import JobListing
 from ai_lease.ui.listing import Filters, read_page
+
+if TYPE_CHECKING:
+    from ai_lease.client import Client
 
 __all__ = [
     "ATTENTION_CAP",
@@ -57,13 +61,13 @@ class Overview:
     now: float = field(default=0.0)
 
 
-async def read_overview(store: Any) -> Overview:
-    """The summary of ``store``: a count read and four bounded listing reads."""
-    counts: dict[str, int] = await store.count_jobs() if hasattr(store, "count_jobs") else {}
-    running = await _newest(store, Status.RUNNING, RUNNING_READ)
-    pending = await _newest(store, Status.PENDING, RECENT_READ)
-    done = await _newest(store, Status.DONE, RECENT_READ)
-    failed = await _newest(store, Status.FAILED, RECENT_READ)
+async def read_overview(client: Client) -> Overview:
+    """The summary of ``client``'s store: a count read and four bounded listing reads."""
+    counts: dict[str, int] = await client.counts() if client.serves(JobListing) else {}
+    running = await _newest(client, Status.RUNNING, RUNNING_READ)
+    pending = await _newest(client, Status.PENDING, RECENT_READ)
+    done = await _newest(client, Status.DONE, RECENT_READ)
+    failed = await _newest(client, Status.FAILED, RECENT_READ)
     every = [*running, *pending, *done, *failed]
     now = max((job.read_at for job in every), default=0.0) or time.time()
     return Overview(
@@ -78,8 +82,8 @@ async def read_overview(store: Any) -> Overview:
     )
 
 
-async def _newest(store: Any, status: Status, limit: int) -> list[JobState]:
-    return (await read_page(store, Filters(status=status.value), limit)).jobs
+async def _newest(client: Client, status: Status, limit: int) -> list[JobState]:
+    return (await read_page(client, Filters(status=status.value), limit)).jobs
 
 
 def _queued(jobs: list[JobState], now: float, counts: dict[str, int]) -> list[int]:

@@ -17,8 +17,10 @@ from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from ai_lease.client import Client
 from ai_lease.errors import CorruptRecord, JobSpecError
 from ai_lease.job import JobState, Status, validate_key
+from ai_lease.lease.base import JobListing
 from ai_lease.lease.queue import JobQueue
 from ai_lease.lease.rules import RETRYABLE
 from ai_lease.lease.storable import key_can_start
@@ -58,9 +60,9 @@ page and live stream that shows it."""
 
 @dataclass
 class Ui:
-    """What every handler shares: the store, the guard, the templates, the refresh."""
+    """What every handler shares: the client, the guard, the templates, the refresh."""
 
-    store: Any
+    client: Client
     guard: Guard
     refresh: float
     settings_view: Mapping[str, str] = field(default_factory=dict)
@@ -211,7 +213,7 @@ async def overview_of(ui: Ui, filters: Filters) -> tuple[object, Markup | None]:
         return None, None
 
     async def read() -> tuple[object, Any]:
-        found = await read_overview(ui.store)
+        found = await read_overview(ui.client)
         unread = [replace(job, read_at=0.0) for job in found.attention]
         state = (found.statuses, found.healths, unread, found.queued, found.done, found.failed)
         return state, lambda: ui.templates.render("_overview.html", **_overview_context(found))
@@ -225,11 +227,11 @@ async def jobs(request: Request) -> Response:
     """The jobs table: one page, newest first, filtered (unfiltered, led by the summary);
     live over ``/live/jobs``."""
     ui, filters = ui_of(request), Filters.from_query(request.query_params)
-    listing = await read_page(ui.store, filters)
+    listing = await read_page(ui.client, filters)
     _, overview = await overview_of(ui, filters)
     counts: list[tuple[str, int]] = []
-    if overview is None and hasattr(ui.store, "count_jobs"):
-        found = await ui.store.count_jobs()
+    if overview is None and ui.client.serves(JobListing):
+        found = await ui.client.counts()
         counts = [(s, found.get(s, 0)) for s in STATUSES]
     query = urlencode(filters.query(after=filters.after))
     next_url = None
@@ -253,12 +255,16 @@ async def jobs(request: Request) -> Response:
     )
 
 
-async def read_job(store: Any, key: str) -> tuple[JobState | None, list[TimelineEntry], int]:
-    """A job's record and its timeline (none when the store keeps none)."""
-    job = await store.get(key)
-    if job is None or not isinstance(store, JobTimeline):
+async def read_job(client: Client, key: str) -> tuple[JobState | None, list[TimelineEntry], int]:
+    """A job's record and its timeline (none when the store keeps none); a key that cannot
+    name a job has none."""
+    try:
+        job = await client.status(key)
+    except JobSpecError:
+        return None, [], 0
+    if job is None or not client.serves(JobTimeline):
         return job, [], 0
-    entries, dropped = await store.timeline(key)
+    entries, dropped = await client.events(key)
     return job, entries, dropped
 
 
@@ -266,7 +272,7 @@ async def job(request: Request) -> Response:
     """One job: record, stall snapshot, result, timeline, actions; live over its stream."""
     key = request.path_params["key"]
     try:
-        found, entries, dropped = await read_job(ui_of(request).store, key)
+        found, entries, dropped = await read_job(ui_of(request).client, key)
     except CorruptRecord as exc:
         return corrupt_page(request, exc)
     if found is None:
@@ -295,21 +301,21 @@ async def workers(request: Request) -> Response:
         "workers.html",
         stream="/live/workers",
         target="workers-body",
-        **await workers_context(ui_of(request).store),
+        **await workers_context(ui_of(request).client),
     )
 
 
-async def workers_context(store: Any) -> dict[str, Any]:
+async def workers_context(client: Client) -> dict[str, Any]:
     """What ``_workers.html`` shows: the workers' rows (their running jobs' health, their
     jobs finished in the last ten minutes among the newest :data:`RECENT_READ` done and
     failed records) and the corrupt entries."""
-    listing = await read_workers(store) if isinstance(store, JobQueue) else None
+    listing = await read_workers(client) if client.serves(JobQueue) else None
     if listing is None:
         listing = Workers([], [], time.time())
     finished: list[JobState] = []
     if listing.found:
         for status in (Status.DONE, Status.FAILED):
-            finished += (await read_page(store, Filters(status=status.value), RECENT_READ)).jobs
+            finished += (await read_page(client, Filters(status=status.value), RECENT_READ)).jobs
     now = listing.read_at
     return {
         "workers": [worker_row(w, now, listing.records, finished) for w in listing.found],
