@@ -80,8 +80,12 @@ def wait_row(driver: WebDriver, key: str, what: str, status: str | None = None) 
 
 
 def row_keys(driver: WebDriver) -> list[str]:
-    rows = driver.find_elements(By.CSS_SELECTOR, "#jobs-body tr.job")
-    return [str(r.get_attribute("data-key")) for r in rows]
+    """The data-key of each jobs-page row, in order, read in one script: a live update may
+    replace the rows between two WebDriver calls (a stale element, seen on a loaded machine)."""
+    keys: list[str] = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#jobs-body tr.job'), (tr) => tr.dataset.key)"
+    )
+    return keys
 
 
 def mark_window(driver: WebDriver) -> None:
