@@ -52,19 +52,18 @@ async def silence_before_timeout(g: StreamGuard, steps: Sequence[Step]) -> float
     return loop_clock()() - g.last_content_at
 
 
+@on_virtual_time
 async def test_a_50ms_stream_gone_silent_is_idle_by_phi_long_before_the_fixed_budget() -> None:
     """idle_policy phi: a 50 ms stream that stops is timed out after ~2 s, not 8 s."""
-    # real: on virtual time the alert comes at the exact instant φ reaches 8, and φ read
-    # there rounds to 7.999999999999997, under the threshold this asserts
     seen: list[tuple[float, float]] = []
     silence = await silence_before_timeout(guard("phi", seen), [*every_50ms(30), Stall()])
     assert 1.0 < silence < FIXED_IDLE / 2  # expected 0.05 + 5.61 x 0.35 ≈ 2.0 s
     assert len(seen) == 1 and seen[0][0] >= 8
 
 
+@on_virtual_time
 async def test_the_alert_alone_leaves_the_stream_running() -> None:
     """idle_policy fixed: φ crossing is said once, and the stream that resumes completes."""
-    # real: on virtual time φ at its exact crossing instant rounds to just under 8
     seen: list[tuple[float, float]] = []
     g = guard("fixed", seen)
     steps = [*every_50ms(20), Pause(3.0), *every_50ms(20), Pause(3.0), "end"]

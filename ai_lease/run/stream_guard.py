@@ -212,7 +212,10 @@ class StreamGuard:
         assert self.last_content_at is not None
         silence = self.clock() - self.last_content_at
         mean, std = normal_fit(self.gaps, PHI_MIN_STD_S)
-        self.suspected_phi = phi = phi_value(silence, mean, std)
+        # Woken at (or after) the crossing, φ is at least the threshold: the max absorbs the
+        # rounding of crossing_s and phi_value, which can read 7.999999999999997 for 8.
+        phi = max(phi_value(silence, mean, std), self.timeouts.phi_threshold)
+        self.suspected_phi = phi
         if self.on_suspected is not None:
             self.on_suspected(phi, silence)
         if self.timeouts.idle_policy != "phi":
