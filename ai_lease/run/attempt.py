@@ -40,6 +40,7 @@ from ai_lease.lease.fence import UnansweredCommits, fenced_event
 from ai_lease.lease.keeper import LeaseKeeper, alongside
 from ai_lease.lease.progress import Progress
 from ai_lease.refusal import Refusal
+from ai_lease.run.call_notes import CallNotes
 from ai_lease.run.context import StageContext
 from ai_lease.run.emitter import Emitter
 from ai_lease.run.ending import Ending
@@ -95,6 +96,7 @@ class Attempt:
         self.timings = host.timings
         self.ran: dict[str, Any] = {}  # what this attempt ran (the stage context's ``ran``)
         self.lease_gone = False  # ended without the lease (fenced off, lost, self-fenced)
+        self.notes = CallNotes()  # owns the notes of calls cancelled mid-way (see _ended)
         self.ending = Ending(
             host.store, self.fence, self.timings.op_timeout, self.events.emit_event, self._ran
         )
@@ -130,7 +132,10 @@ class Attempt:
         try:
             return await self._own(left)
         except asyncio.CancelledError:
-            await self.ending.step_down()  # e.g. a worker shutting down: hand over at once
+            try:
+                await self.ending.step_down()  # e.g. a worker shutting down: hand over at once
+            finally:
+                await self.notes.close(wait=0.0)  # no longer than the step-down: the rest dropped
             raise
         except FencingRejected as exc:
             self.events.emit_event(fenced_event(fence, exc))
@@ -151,6 +156,8 @@ class Attempt:
             raise
         except Exception as exc:
             return await self._failed(exc)
+        finally:
+            await self.notes.close()  # the notes of calls cancelled inside, at most 2 s
 
     def _ran(self) -> dict[str, Any]:
         return self.ran  # what ran, recorded on a FAILED job
@@ -236,6 +243,7 @@ class Attempt:
             fault_hook=hooks.fault,
             prepared=self.prepared,
             resume_from=self.acquired.job.checkpoint,  # an earlier owner's stream, if any
+            notes=self.notes,
         )
 
     # -- handing the lease back: the one path JobLease takes too (run/ending.py) ------------

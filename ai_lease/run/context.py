@@ -24,6 +24,7 @@ from ai_lease.lease.progress import Progress
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
+from ai_lease.run.call_notes import CallNotes
 from ai_lease.run.stream_guard import StreamGuard
 from ai_lease.timeouts import StreamLimits, StreamTimeouts
 
@@ -67,6 +68,8 @@ class AttemptState:
     checkpoint: Checkpoint | None = None
     guard: StreamGuard | None = None
     serialised: tuple[Checkpoint, str] | None = field(default=None, repr=False)
+    # The notes of calls cancelled mid-way: owned here, closed when the attempt ends.
+    notes: CallNotes = field(default_factory=CallNotes, repr=False)
 
 
 class StageContext:
