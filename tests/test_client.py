@@ -432,7 +432,8 @@ async def test_leaving_a_lease_without_commit_releases_it(sqlite_url: str) -> No
 
 
 async def test_an_error_in_the_body_follows_the_retry_policy(sqlite_url: str) -> None:
-    """A retryable error releases with the error (counted); bad input fails the job."""
+    """A retryable error releases with the error (counted) and goes on; bad input fails the
+    job and raises JobFailed from it."""
     async with connect(sqlite_url, timings=FAST, retry=RetryPolicy(attempts=3)) as client:
         with pytest.raises(OSError, match="disk on fire"):
             async with client.lease("flaky"):
@@ -440,9 +441,10 @@ async def test_an_error_in_the_body_follows_the_retry_policy(sqlite_url: str) ->
         record = await client.status("flaky")
         assert record is not None and record.status is Status.PENDING
         assert record.attempts == 1 and "disk on fire" in (record.last_error or "")
-        with pytest.raises(InputError):
+        with pytest.raises(JobFailed, match="not a CSV") as failed:  # as a runner's attempt
             async with client.lease("bad"):
                 raise InputError("the input is not a CSV file")
+        assert isinstance(failed.value.__cause__, InputError)
         with pytest.raises(JobFailed, match="not a CSV"):
             async with client.lease("bad"):
                 pass

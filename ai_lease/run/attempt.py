@@ -30,21 +30,20 @@ from ai_lease.errors import (
     JobFailed,
     LeaseError,
     Stalled,
-    StoreUnavailable,
 )
 from ai_lease.failure import FailureKind, kind_of
-from ai_lease.job import Job, JobState, RunFacts
+from ai_lease.job import Job, JobState
 from ai_lease.lease.base import Acquired, Fence, LeaseStore
-from ai_lease.lease.classify import describe, retryable
+from ai_lease.lease.classify import describe
 from ai_lease.lease.events import Event
 from ai_lease.lease.fence import UnansweredCommits, fenced_event
 from ai_lease.lease.keeper import LeaseKeeper, alongside
 from ai_lease.lease.progress import Progress
-from ai_lease.lease.queue import due_now
-from ai_lease.redaction import redact
 from ai_lease.refusal import Refusal
+from ai_lease.run.call_notes import CallNotes
 from ai_lease.run.context import StageContext
 from ai_lease.run.emitter import Emitter
+from ai_lease.run.ending import Ending
 from ai_lease.timeouts import LeaseTimings, StallPolicy
 
 if TYPE_CHECKING:
@@ -97,6 +96,10 @@ class Attempt:
         self.timings = host.timings
         self.ran: dict[str, Any] = {}  # what this attempt ran (the stage context's ``ran``)
         self.lease_gone = False  # ended without the lease (fenced off, lost, self-fenced)
+        self.notes = CallNotes()  # owns the notes of calls cancelled mid-way (see _ended)
+        self.ending = Ending(
+            host.store, self.fence, self.timings.op_timeout, self.events.emit_event, self._ran
+        )
 
     async def run(self) -> JobState | float:
         """Returns the DONE record, or how long to stand aside (following only) before
@@ -129,7 +132,10 @@ class Attempt:
         try:
             return await self._own(left)
         except asyncio.CancelledError:
-            await self.step_down()  # e.g. a worker shutting down: hand over at once
+            try:
+                await self.ending.step_down()  # e.g. a worker shutting down: hand over at once
+            finally:
+                await self.notes.close(wait=0.0)  # no longer than the step-down: the rest dropped
             raise
         except FencingRejected as exc:
             self.events.emit_event(fenced_event(fence, exc))
@@ -150,6 +156,11 @@ class Attempt:
             raise
         except Exception as exc:
             return await self._failed(exc)
+        finally:
+            await self.notes.close()  # the notes of calls cancelled inside, at most 2 s
+
+    def _ran(self) -> dict[str, Any]:
+        return self.ran  # what ran, recorded on a FAILED job
 
     def _backoff(self) -> float:
         """How long to wait after this attempt: the job retry policy's backoff."""
@@ -158,10 +169,7 @@ class Attempt:
     async def _failed(self, exc: Exception) -> float:
         """The attempt's own failure: fail the job (not retryable) or release and retry."""
         fence = self.fence
-        if not retryable(exc):
-            await self.fail(describe(exc), kind_of(exc))
-            raise JobFailed(fence.key, describe(exc), kind_of(exc)) from exc
-        await self.release(describe(exc))
+        await self.ending.failed(exc)  # not retryable: the job FAILED, JobFailed raised
         if self.acquired.job.attempts >= self.host.retry.attempts:
             return 0.0  # the next acquire ends the job FAILED with this error
         backoff = self._backoff()
@@ -235,55 +243,15 @@ class Attempt:
             fault_hook=hooks.fault,
             prepared=self.prepared,
             resume_from=self.acquired.job.checkpoint,  # an earlier owner's stream, if any
+            notes=self.notes,
         )
 
-    # -- handing the lease back ----------------------------------------------------------------
-
-    async def step_down(self) -> None:
-        """Release after a cancellation (Ctrl-C, a shutdown), bounded by the store's op
-        timeout. An interrupt is not the job's failure: the attempt is handed back."""
-        fence, store = self.fence, self.host.store
-        try:
-            async with asyncio.timeout(self.timings.op_timeout * 2):
-                await store.release(fence, interrupted=True)
-                await due_now(store, fence.key)
-            if self.events.listening:
-                self.events.emit_event(_stepped_down(fence))
-        except (StoreUnavailable, TimeoutError) as exc:
-            self.events.emit("store_unavailable", fence.key, fence, f"could not step down: {exc}")
-
-    async def release(self, error: str) -> None:
-        """Hand the lease back with ``error`` (a failed attempt, counted by the store)."""
-        fence, store = self.fence, self.host.store
-        error = redact(error)  # stored: no secret leaves the process in a record
-        try:
-            released = await store.release(fence, error=error)
-            await due_now(store, fence.key)
-            # The log says what the store did: a lease no longer ours was not released.
-            note = "" if released else " (not released: the store no longer held this lease)"
-            self.events.emit("released", fence.key, fence, error + note)
-        except StoreUnavailable as exc:  # the lease lapses on its own
-            self.events.emit("store_unavailable", fence.key, fence, str(exc))
+    # -- handing the lease back: the one path JobLease takes too (run/ending.py) ------------
 
     async def fail(self, reason: str, kind: FailureKind) -> None:
         """End the job FAILED with ``reason`` and ``kind`` (fenced: a stale owner's verdict
         is refused)."""
-        fence = self.fence
-        reason = redact(reason)
-        try:
-            if self.ran:  # what ran, when anything did
-                await self.host.store.fail(fence, reason, kind=kind, facts=RunFacts(**self.ran))
-            else:
-                await self.host.store.fail(fence, reason, kind=kind)
-            if self.events.listening:
-                attrs = {"kind": kind.value}  # the job_failed_total label
-                owner, token = fence.owner_id, fence.token
-                failed = Event("failed", fence.key, owner, token, detail=reason, attrs=attrs)
-                self.events.emit_event(failed)
-        except StoreUnavailable as exc:  # the lease lapses; the next attempt records it
-            self.events.emit("store_unavailable", fence.key, fence, str(exc))
-        except FencingRejected as exc:
-            self.events.emit_event(fenced_event(fence, exc))
+        await self.ending.fail(reason, kind)
 
 
 def _recorded(exc: LeaseError) -> bool:
@@ -302,15 +270,4 @@ def _takeover(fence: Fence, record: JobState, cause: str | None) -> Event:
         fence.token,
         detail=detail,
         attrs={"cause": cause or "", "takeovers": record.takeovers},
-    )
-
-
-def _stepped_down(fence: Fence) -> Event:
-    return Event(
-        "released",
-        fence.key,
-        fence.owner_id,
-        fence.token,
-        detail="cancelled: stepped down",
-        attrs={"reason": "interrupted"},
     )

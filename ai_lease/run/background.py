@@ -106,7 +106,7 @@ async def cancel_left(
         attrs={"provider": provider.name, "response_id": point.response_id, "after": why},
     )
     detail = f"cancel · {provider.name} · response {point.response_id} · after {why} · {outcome}"
-    await note_call(ctx._run.store, ctx.fence, ctx.tracker.stage, detail)
+    await note_call(ctx._run.store, ctx.fence, ctx.tracker.stage, detail, ctx._run.notes)
 
 
 def _wait_s(ctx: StageContext) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import orjson
 
@@ -24,10 +24,11 @@ from ai_lease.lease.progress import Progress
 from ai_lease.prompts import PromptLibrary
 from ai_lease.providers.base import Checkpoint, Provider
 from ai_lease.retry import MODEL_CALL, RetryPolicy
+from ai_lease.run.call_notes import CallNotes
 from ai_lease.run.stream_guard import StreamGuard
-from ai_lease.timeouts import StreamLimits, StreamTimeouts
+from ai_lease.timeouts import StageBudget, StreamLimits, StreamTimeouts
 
-__all__ = ["AttemptState", "FaultHook", "PersistHook", "StageContext"]
+__all__ = ["AttemptState", "FaultHook", "PersistHook", "StageContext", "SubStage"]
 
 PersistHook = Callable[["StageContext", Any], Awaitable[None] | None]
 """Called with the context and the value before the result is committed (fenced: a lost
@@ -67,13 +68,15 @@ class AttemptState:
     checkpoint: Checkpoint | None = None
     guard: StreamGuard | None = None
     serialised: tuple[Checkpoint, str] | None = field(default=None, repr=False)
+    # The notes of calls cancelled mid-way: owned here, closed when the attempt ends.
+    notes: CallNotes = field(default_factory=CallNotes, repr=False)
 
 
 class StageContext:
     """What a stage gets: the job (``input``), earlier outputs (:meth:`output`), the
-    progress handle (:meth:`progress`, ``tracker``), the fence, :meth:`say` and
-    :meth:`commit`. The runner's own state for the attempt (store, keeper, hooks, the
-    stream being resumed) is kept apart, in ``_run``."""
+    progress handle (:meth:`progress`, ``tracker``), named steps (:meth:`stage`), the
+    fence, :meth:`say` and :meth:`commit`. The runner's own state for the attempt (store,
+    keeper, hooks, the stream being resumed) is kept apart, in ``_run``."""
 
     def __init__(
         self,
@@ -127,6 +130,16 @@ class StageContext:
     def progress(self, marker: Hashable | None = None) -> bool:
         """Mark a real step forward (a repeated ``marker`` is not progress)."""
         return self.tracker.progress(marker)
+
+    def stage(self, name: str, *, max_no_progress: float | None = None) -> SubStage:
+        """A named step inside the running stage: ``async with ctx.stage("rerank"):``.
+
+        Entering and leaving it are progress; while it runs, the keeper, the events and
+        the model calls name it (a stall says ``rerank``, not the stage around it) and its
+        no-progress budget is ``max_no_progress`` (default: the stage's). The stage's hard
+        deadline still runs around it. It says ``stage`` and ``stage_done`` (``value``: its
+        seconds) events, ``attrs`` ``within`` naming the stage around it."""
+        return SubStage(self, name, max_no_progress)
 
     def note_checkpoint(self, point: Checkpoint) -> None:
         """A resumable stream's checkpoint (``ChatRequest.on_checkpoint``): kept, not sent;
@@ -209,3 +222,31 @@ class StageContext:
     async def _committed(self, record: JobState) -> None:
         self.committed = record
         await self.fault("after_commit")
+
+
+class SubStage:
+    """A named step of a stage (:meth:`StageContext.stage`): an ``async with`` block."""
+
+    def __init__(self, ctx: StageContext, name: str, max_no_progress: float | None) -> None:
+        self.ctx, self.name, self.max_no_progress = ctx, name, max_no_progress
+        self._around: tuple[str | None, StageBudget] | None = None
+        self._started = 0.0
+
+    async def __aenter__(self) -> Self:
+        tracker = self.ctx.tracker
+        around = (tracker.stage, tracker.budget)
+        limit = around[1].max_no_progress if self.max_no_progress is None else self.max_no_progress
+        tracker.enter(self.name, StageBudget(limit, around[1].deadline))
+        self._around, self._started = around, tracker.clock()
+        self.ctx.say("stage", f"max_no_progress {limit:g}s", attrs={"within": around[0] or ""})
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if self._around is None:
+            return
+        tracker, (stage, budget) = self.ctx.tracker, self._around
+        took = tracker.clock() - self._started
+        if exc_type is None:
+            self.ctx.say("stage_done", stage=self.name, value=took, attrs={"within": stage or ""})
+        if stage is not None:
+            tracker.enter(stage, budget)  # back in the stage around it: progress

@@ -19,8 +19,10 @@ its next ``await``) and the block raises :class:`LeaseLost` / :class:`Stalled`.
 
 **Leaving** without a commit steps down (the next owner starts at once); an exception
 from the body is the attempt's failure: released with its error and counted (the store
-ends the job FAILED after the retry policy's last attempt), or — bad input, a
-non-retryable provider error — failed at once; the exception is then re-raised.
+ends the job FAILED after the retry policy's last attempt) and re-raised, or — bad input,
+a non-retryable provider error — the job failed at once and :class:`JobFailed` raised from
+the exception (its ``__cause__``), as a runner's attempt does: both end on one path,
+:mod:`ai_lease.run.ending`.
 
 Only the no-progress budgets apply: no stage or job deadline runs around the body (wrap it
 in ``asyncio.timeout`` for one). Sync code in the body blocks the keeper too; run it with
@@ -29,24 +31,20 @@ in ``asyncio.timeout`` for one). Sync code in the body blocks the keeper too; ru
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Hashable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from ai_lease.errors import JobCancelled, JobFailed, LeaseError, LeaseLost, StoreUnavailable
-from ai_lease.failure import kind_of
+from ai_lease.errors import JobCancelled, JobFailed, LeaseError, LeaseLost
 from ai_lease.job import Job, JobState, Status
 from ai_lease.lease.base import Acquired, LeaseStore
-from ai_lease.lease.classify import describe, retryable
 from ai_lease.lease.events import EventSink
 from ai_lease.lease.follow import acquire_or_follow
 from ai_lease.lease.keeper import LeaseKeeper, Renewals
 from ai_lease.lease.progress import Progress
-from ai_lease.lease.queue import due_now
-from ai_lease.redaction import redact
 from ai_lease.run.context import StageContext
+from ai_lease.run.ending import Ending
 from ai_lease.timeouts import LeaseTimings, RetryPolicy, StageBudget, StallPolicy
 
 __all__ = ["JobLease", "LeaseOptions"]
@@ -204,23 +202,19 @@ class JobLease:
         return None
 
     async def _step_down(self, exc: BaseException | None) -> None:
-        """No commit: release (an error counts as a failed attempt; a non-retryable one, or
-        bad input, fails the job), or leave it alone if the lease is not ours any more."""
+        """No commit: the attempt ends on the runner's path (:mod:`~ai_lease.run.ending`):
+        handed back, released with its error, or — bad input, a non-retryable error — the job
+        FAILED and :class:`JobFailed` raised from the error. A lease that is not ours any more
+        is left alone."""
         ctx = self._owned()
         if isinstance(exc, LeaseError):
             return  # not ours any more: nothing to write
-        try:
-            async with asyncio.timeout(self.options.timings.op_timeout * 2):
-                if exc is None or not isinstance(exc, Exception):
-                    await self.store.release(ctx.fence, interrupted=True)  # handed back
-                elif retryable(exc):
-                    await self.store.release(ctx.fence, error=redact(describe(exc)))
-                else:
-                    await self.store.fail(ctx.fence, redact(describe(exc)), kind=kind_of(exc))
-                    return
-                await due_now(self.store, self.key)
-        except (StoreUnavailable, TimeoutError, LeaseError):
-            pass  # the lease lapses on its own
+        timings, on_event = self.options.timings, self.options.on_event
+        ending = Ending(self.store, ctx.fence, timings.op_timeout, on_event)
+        if isinstance(exc, Exception):
+            await ending.failed(exc)  # retryable: released, and the error goes on
+        else:
+            await ending.step_down()  # no error, or cancelled: handed back, uncounted
 
     # -- helpers -----------------------------------------------------------------------------
 

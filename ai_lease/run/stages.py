@@ -222,7 +222,7 @@ async def _call(
     sent.append(rid)
     detail = call_detail(n, rid, client_id, provider.name, _model(request, provider))
     ctx.say("model_request", rid, attrs={"request_id": rid, "client_request_id": client_id})
-    async with noting_call(ctx._run.store, fence, ctx.tracker.stage, detail):
+    async with noting_call(ctx._run.store, fence, ctx.tracker.stage, detail, ctx._run.notes):
         if not ctx.job.stream:
             return await provider.complete(request)
         if resume is not None:
