@@ -25,6 +25,7 @@ from selenium.common.exceptions import (
 )
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.harness.node import Cluster, NodeProcess
@@ -39,6 +40,7 @@ __all__ = [
     "TTL",
     "WAIT_S",
     "StartUI",
+    "click",
     "console_errors",
     "finish",
     "missing_browser",
@@ -100,6 +102,17 @@ def wait_for(
         raise AssertionError(
             f"timed out after {timeout:g}s waiting for {what} on {driver.current_url}\n{text}"
         ) from None
+
+
+def click(driver: WebDriver, css: str, what: str) -> None:
+    """Find the element ``css`` names and click it, again if a live update replaced it in
+    between (a stale element, seen on a loaded machine): the click lands once."""
+
+    def clicked(d: WebDriver) -> bool:
+        d.find_element(By.CSS_SELECTOR, css).click()
+        return True
+
+    wait_for(driver, clicked, what)
 
 
 def console_errors(driver: WebDriver) -> list[str]:

@@ -26,6 +26,7 @@ from ai_lease import Status, open_store
 from tests.browser.support import (
     WAIT_S,
     StartUI,
+    click,
     finish,
     run_ok,
     run_takeover,
@@ -217,7 +218,7 @@ async def test_cancel_from_the_page_stops_the_running_owner(
     async with cluster:
         page.get(ui.url(f"/jobs/{key}"))
         wait_for(page, lambda d: d.find_element(By.ID, "cancel").is_enabled(), "the cancel button")
-        page.find_element(By.ID, "cancel").click()
+        click(page, "#cancel", "the cancel button")
         accept_confirmation(page)
         await owner.exited(timeout=WAIT_S)
         exit_line = owner.events("exit")[-1]
@@ -299,7 +300,7 @@ async def test_hostile_keys_owner_and_result_render_as_text(
     # By now an injected <img src=x> would have failed to load and run its onerror.
     await asyncio.sleep(0.5)
     assert_no_injection(page)
-    page.find_element(By.CSS_SELECTOR, "#jobs-body tr.job td.key a").click()  # newest: XSS_IMG
+    click(page, "#jobs-body tr.job td.key a", "the newest row's link")  # newest: XSS_IMG
     title = wait_for(page, lambda d: d.find_elements(By.ID, "job-key"), "the job page")[0]
     assert title.text == XSS_IMG
     assert f"answer from {XSS_OWNER}" in page.find_element(By.ID, "result").text
@@ -344,7 +345,7 @@ async def test_with_a_token_a_request_needs_it_and_the_login_form_lets_the_brows
     page.get(ui.url("/jobs"))
     wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, "a[href^='/login']"), "a login link")
     assert not page.find_elements(By.ID, "jobs")
-    page.find_element(By.CSS_SELECTOR, "a[href^='/login']").click()
+    click(page, "a[href^='/login']", "the login link")
     field = wait_for(
         page,
         lambda d: d.find_elements(By.CSS_SELECTOR, "#login input[name=token]"),

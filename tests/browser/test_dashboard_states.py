@@ -22,7 +22,7 @@ from ai_lease import open_store
 from ai_lease.job import Job
 from ai_lease.lease.queue import MAX_REPORTED_JOBS, WorkerInfo
 from ai_lease.run.runner import Runner
-from tests.browser.support import StartUI, console_errors, finish, run_takeover, wait_for
+from tests.browser.support import StartUI, click, console_errors, finish, run_takeover, wait_for
 from tests.browser.test_dashboard import assert_not_reloaded, mark_window
 from tests.harness.worker_proc import Workers
 from tests.test_ui_states import (
@@ -106,7 +106,7 @@ async def test_a_live_worker_streaming_a_job_on_every_page(
         visit(page, ui.url("/workers"), 'tr.worker[data-id="worker-b1"]', "the worker's row")
         row = 'tr.worker[data-id="worker-b1"]'
         assert text_of(page, f"{row} td.jobs") == "1/2"
-        page.find_element(By.CSS_SELECTOR, f'{row} td.keys a[href="/jobs/{key}"]').click()
+        click(page, f'{row} td.keys a[href="/jobs/{key}"]', "the link to the worker's job")
         wait_for(page, lambda d: text_of(d, "#job-key") == key, "the job's page")
         assert "RUNNING" in text_of(page, "#record")
         assert not console_errors(page)
@@ -164,17 +164,18 @@ async def test_ended_and_corrupt_records_on_every_page(
         await store.aclose()
     ui = start_ui(sqlite_url)
     visit(page, ui.url("/jobs"), 'tr.job[data-key="bad-job"]', "the corrupt row")
-    statuses = {
-        str(tr.get_attribute("data-key")): str(tr.get_attribute("data-status"))
-        for tr in page.find_elements(By.CSS_SELECTOR, "#jobs-body tr.job")
-    }
+    statuses: dict[str, str] = page.execute_script(  # in one script: a live update may
+        "return Object.fromEntries(Array.from("  # replace the rows between two calls
+        "document.querySelectorAll('#jobs-body tr.job'),"
+        " (tr) => [tr.dataset.key, tr.dataset.status]))"
+    )
     assert statuses == {
         "good-done": "DONE",
         "good-failed": "FAILED",
         "good-cancelled": "CANCELLED",
         "bad-job": "CORRUPT",
     }, statuses
-    page.find_element(By.CSS_SELECTOR, 'tr.job[data-key="bad-job"] td.key a').click()
+    click(page, 'tr.job[data-key="bad-job"] td.key a', "the corrupt row's link")
     wait_for(page, lambda d: text_of(d, "#error") == "Corrupt record", "the corrupt page")
     assert "bad-job" in text_of(page, "main")
     console_errors(page)  # the page is a 500, which the console reports: expected here
@@ -222,11 +223,11 @@ async def test_10000_jobs_page_by_page(sqlite_url: str, start_ui: StartUI, page:
     assert time.monotonic() - started < PAGE_BOUND_S
     first = keys_shown(page)
     assert len(set(first)) == 50 and "PENDING 10000" in text_of(page, ".counts")
-    page.find_element(By.ID, "next-page").click()
+    click(page, "#next-page", "the next-page link")
     wait_for(page, lambda d: "after=" in d.current_url, "the next page")
     second = keys_shown(page)
     assert len(set(second)) == 50 and not set(first) & set(second)
-    page.find_element(By.ID, "first-page").click()
+    click(page, "#first-page", "the first-page link")
     wait_for(page, lambda d: keys_shown(d) == first, "the first page again")
     assert not console_errors(page)
 
