@@ -171,6 +171,10 @@ LOOK_HEAVY = (
     "ai_lease.observe.metrics",
     "psycopg",
     "psycopg_pool",
+    "ai_lease.cli.run_cmds",
+    "ai_lease.cli.worker_cmd",
+    "ai_lease.cli.ui_cmd",
+    "ai_lease.cli.admin_cmds",
 )
 
 _FILL = """
@@ -219,3 +223,19 @@ def test_ls_imports_no_settings_stack(tmp_path: Path) -> None:
     # Another section set: the whole settings read it (the same errors, the old cost).
     env["AI_LEASE_STREAM__IDLE"] = "20"
     assert "pydantic_settings" in _ls_imports(tmp_path, env)
+
+
+def test_every_command_is_found_by_its_module() -> None:
+    """The table the CLI loads commands by names each module's COMMANDS, and no others."""
+    from ai_lease.cli.app import COMMAND_MODULES
+
+    modules = {f"ai_lease.cli.{m}" for m in COMMAND_MODULES.values()}
+    found = {
+        command.name: module.rpartition(".")[2]
+        for module in sorted(modules)
+        for command in importlib.import_module(module).COMMANDS
+    }
+    assert found == COMMAND_MODULES
+    cli = Path(ai_lease.__file__).parent / "cli"
+    with_commands = {p.stem for p in cli.glob("*.py") if "\nCOMMANDS = " in p.read_text("utf-8")}
+    assert with_commands == set(COMMAND_MODULES.values())
