@@ -60,7 +60,11 @@ class Context:
         if self._look is None:
             from ai_lease.settings_look import LookSettings, quick_look
 
-            quick = None if self._settings else quick_look(self.config_path, **self._overrides)
+            quick = (
+                None
+                if self._settings is not None
+                else quick_look(self.config_path, **self._overrides)
+            )
             if quick is None:
                 quick = LookSettings.of(self.settings)
             else:  # the only secret such settings can hold (no provider, no key)
