@@ -10,10 +10,11 @@ input: a bad value may be a secret. :func:`report` gives the one text of a ``Con
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, get_args, get_origin
+from typing import TYPE_CHECKING, Any, get_args, get_origin
 
-from pydantic import BaseModel
-from pydantic_core import ErrorDetails
+if TYPE_CHECKING:  # pydantic at run time only where a model is looked into: a look needs none
+    from pydantic import BaseModel
+    from pydantic_core import ErrorDetails
 
 Loc = tuple[str | int, ...]
 """A dotted settings location as a tuple: ``("lease", "ttl")``."""
@@ -90,6 +91,8 @@ def _number(value: float) -> str:
 
 def _constraints(model: type[BaseModel], loc: Loc) -> list[Any]:
     """The annotated-types constraints (Gt, Le, ...) of the field at ``loc``, if any."""
+    from pydantic import BaseModel
+
     field = model.model_fields.get(str(loc[0])) if loc else None
     if field is None:
         return []

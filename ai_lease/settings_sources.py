@@ -10,12 +10,13 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, get_args, get_origin
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any, get_args, get_origin
 
 from ai_lease.errors import ConfigError
 from ai_lease.settings_errors import Loc, overlaps, report
+
+if TYPE_CHECKING:  # pydantic at run time only in env_entries: a look (ls, status) needs none
+    from pydantic import BaseModel
 
 ENV_PREFIX = "AI_LEASE_"
 ENV_DELIMITER = "__"
@@ -81,6 +82,8 @@ def env_entries(variables: Mapping[str, str], model: type[BaseModel]) -> list[En
 
 def _names_a_field(model: type[BaseModel], loc: Loc) -> bool:
     """Whether ``loc`` ends at one field of ``model``; a dict field's keys are free names."""
+    from pydantic import BaseModel
+
     field = model.model_fields.get(str(loc[0]))
     if field is None:
         return False

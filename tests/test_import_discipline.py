@@ -157,3 +157,85 @@ def test_production_code_never_imports_the_testing_helpers() -> None:
         if any(n == "ai_lease.testing" or n.startswith("ai_lease.testing.") for n in names):
             offenders.append(str(relative))
     assert offenders == []
+
+
+# What `ai-lease ls` on a SQLite store, with settings only for the store and the lease, must
+# not pay for: the settings stack itself (pydantic, pydantic-settings), and what the other
+# commands and stores need.
+LOOK_HEAVY = (
+    *HEAVY,
+    "pydantic",
+    "pydantic_core",
+    "ai_lease.settings_provider",
+    "ai_lease.run",
+    "ai_lease.observe.metrics",
+    "psycopg",
+    "psycopg_pool",
+    "ai_lease.cli.run_cmds",
+    "ai_lease.cli.worker_cmd",
+    "ai_lease.cli.ui_cmd",
+    "ai_lease.cli.admin_cmds",
+)
+
+_FILL = """
+import asyncio
+from ai_lease import Job, connect
+
+async def fill():
+    async with connect("sqlite:///.ai-lease/ai-lease.db", provider=None) as client:
+        for n in range(3):
+            await client.submit(Job(f"job-{n}", input="x", prompt_text="{{ input }}"))
+
+asyncio.run(fill())
+"""
+
+
+def _ls_imports(where: Path, env: dict[str, str]) -> list[str]:
+    code = _HELP + _REPORT.format(heavy=LOOK_HEAVY)
+    done = subprocess.run(
+        [sys.executable, "-c", code, "ls"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        input="",
+        cwd=where,
+        env=env,
+    )
+    assert "job-2" in done.stdout, done.stdout + done.stderr
+    last = done.stdout.splitlines()[-1]
+    return [m for m in last.removeprefix("imported:").split(",") if m]
+
+
+def test_ls_imports_no_settings_stack(tmp_path: Path) -> None:
+    """`ai-lease ls` on SQLite, store and lease set by file and environment, lists its jobs
+    without pydantic(-settings), Jinja2, providers, the runner or other stores' clients."""
+    import os
+
+    subprocess.run([sys.executable, "-c", _FILL], cwd=tmp_path, check=True, timeout=60)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "ai-lease.toml").write_text(
+        '[store]\nnamespace = "ai_lease"\n[lease]\nrenew_interval = 4\n', encoding="utf-8"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("AI_LEASE_")}
+    env["AI_LEASE_STORE__OP_TIMEOUT"] = "1.5"
+    assert _ls_imports(tmp_path, env) == []
+    # Another section set: the whole settings read it (the same errors, the old cost).
+    env["AI_LEASE_STREAM__IDLE"] = "20"
+    assert "pydantic_settings" in _ls_imports(tmp_path, env)
+
+
+def test_every_command_is_found_by_its_module() -> None:
+    """The table the CLI loads commands by names each module's COMMANDS, and no others."""
+    from ai_lease.cli.app import COMMAND_MODULES
+
+    modules = {f"ai_lease.cli.{m}" for m in COMMAND_MODULES.values()}
+    found = {
+        command.name: module.rpartition(".")[2]
+        for module in sorted(modules)
+        for command in importlib.import_module(module).COMMANDS
+    }
+    assert found == COMMAND_MODULES
+    cli = Path(ai_lease.__file__).parent / "cli"
+    with_commands = {p.stem for p in cli.glob("*.py") if "\nCOMMANDS = " in p.read_text("utf-8")}
+    assert with_commands == set(COMMAND_MODULES.values())

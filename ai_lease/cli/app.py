@@ -17,6 +17,7 @@ The commands live by what they do: :mod:`~ai_lease.cli.run_cmds` (submit, demo),
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,16 +26,8 @@ import click
 
 # `ai-lease --help` must stay quick: the settings (pydantic-settings), the prompts (Jinja2),
 # the runner, the providers (httpx, openai) and the console (rich) are imported by the
-# commands that use them (tests/test_import_discipline.py holds the line).
-from ai_lease.cli import (
-    admin_cmds,
-    inspect_cmds,
-    lifecycle_cmds,
-    run_cmds,
-    timeline_cmds,
-    ui_cmd,
-    worker_cmd,
-)
+# commands that use them, and each command's module when that command is asked for
+# (tests/test_import_discipline.py holds the line).
 from ai_lease.cli.context import Context
 from ai_lease.cli.exits import exit_code
 from ai_lease.cli.terminal import guard_terminal
@@ -42,6 +35,18 @@ from ai_lease.errors import AiLeaseError
 from ai_lease.redaction import redact
 
 __all__ = ["main"]
+
+
+COMMAND_MODULES = {
+    **dict.fromkeys(("submit", "demo"), "run_cmds"),
+    "worker": "worker_cmd",
+    **dict.fromkeys(("status", "ls", "result", "workers"), "inspect_cmds"),
+    **dict.fromkeys(("cancel", "migrate", "providers", "config", "tune"), "admin_cmds"),
+    **dict.fromkeys(("retry", "rm", "prune"), "lifecycle_cmds"),
+    "events": "timeline_cmds",
+    "ui": "ui_cmd",
+}
+"""Each command's module under ``ai_lease.cli`` (its ``COMMANDS``), by command name."""
 
 
 class _Group(click.Group):
@@ -63,8 +68,26 @@ class _Group(click.Group):
     )
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        names = super().list_commands(ctx)
+        names = {*super().list_commands(ctx), *COMMAND_MODULES}
         return sorted(names, key=lambda n: (self.ORDER.index(n) if n in self.ORDER else 99, n))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The command ``cmd_name``, its module imported on first use: ``ai-lease ls``
+        loads neither the worker's nor the dashboard's nor submit's module."""
+        module = COMMAND_MODULES.get(cmd_name)
+        if cmd_name not in self.commands and module is not None:
+            for command in importlib.import_module(f"ai_lease.cli.{module}").COMMANDS:
+                self.add_command(command)
+        return super().get_command(ctx, cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as exc:  # suggest from every command, loaded or not
+            names = self.list_commands(ctx)
+            raise click.exceptions.NoSuchCommand(exc.command_name, None, names, ctx) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -106,14 +129,3 @@ def main(ctx: click.Context, config: Path | None, store_url: str | None, debug: 
     """
     ctx.obj = Context(config, store_url, debug)
     ctx.call_on_close(guard_terminal())  # what reaches a terminal is shown, never obeyed
-
-
-_ALL = (
-    *run_cmds.COMMANDS,
-    *worker_cmd.COMMANDS,
-    *inspect_cmds.COMMANDS,
-    *admin_cmds.COMMANDS,
-    *lifecycle_cmds.COMMANDS,
-)
-for _command in (*_ALL, *timeline_cmds.COMMANDS, *ui_cmd.COMMANDS):
-    main.add_command(_command)

@@ -3,7 +3,9 @@ and :func:`build_client`, which builds every running :class:`~ai_lease.client.Cl
 uses. Every command reaches the store through a Client, never a store class.
 
 Each is built on first use, so ``--help`` never reads config or imports pydantic-settings,
-Jinja2 or a provider SDK (tests/test_import_discipline.py holds the line).
+Jinja2 or a provider SDK, and a command that only looks (``ls``, ``status``) reads the store's
+settings through :attr:`Context.look`, without them when it can
+(tests/test_import_discipline.py holds the line).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from ai_lease.providers import Provider
     from ai_lease.run.provider_pick import ProviderResolver
     from ai_lease.settings import Settings
+    from ai_lease.settings_look import LookSettings
 
 T = TypeVar("T")
 
@@ -34,34 +37,60 @@ class Context:
     def __init__(self, config: Path | None, store_url: str | None, debug: bool) -> None:
         self.config_path, self.store_url, self.debug = config, store_url, debug
         self._settings: Settings | None = None
+        self._look: LookSettings | None = None
+
+    @property
+    def _overrides(self) -> dict[str, Any]:
+        return {"store": {"url": self.store_url}} if self.store_url else {}
 
     @property
     def settings(self) -> Settings:
         if self._settings is None:
             from ai_lease.settings import load_settings
 
-            overrides: dict[str, Any] = {"store": {"url": self.store_url}} if self.store_url else {}
-            self._settings = load_settings(self.config_path, **overrides)
+            self._settings = load_settings(self.config_path, **self._overrides)
             _register_secrets(self._settings)
         return self._settings
+
+    @property
+    def look(self) -> LookSettings:
+        """The store's settings and the lease's renew interval and φ threshold: read
+        without pydantic-settings when only those are set (:mod:`ai_lease.settings_look`),
+        else from :attr:`settings`; the same values and the same errors either way."""
+        if self._look is None:
+            from ai_lease.settings_look import LookSettings, quick_look
+
+            quick = (
+                None
+                if self._settings is not None
+                else quick_look(self.config_path, **self._overrides)
+            )
+            if quick is None:
+                quick = LookSettings.of(self.settings)
+            else:  # the only secret such settings can hold (no provider, no key)
+                from ai_lease.redaction import register_url_secrets
+
+                register_url_secrets(quick.url)
+            self._look = quick
+        return self._look
 
     @property
     def where(self) -> str:
         from ai_lease.redaction import mask_url
 
-        return mask_url(self.settings.store.url)
+        return mask_url(self.look.url)
 
     def client(self, *, create: bool = True) -> Client:
         """A client (looks and tidies) on the configured store; ``create=False`` for a look
         (it never makes one)."""
         from ai_lease.client import Client
 
-        store = self.settings.store
+        look = self.look
         return Client.open(
-            store.url,
-            namespace=store.namespace,
-            op_timeout=store.op_timeout,
-            poll_interval=min(0.05, store.poll_interval),
+            look.url,
+            namespace=look.namespace,
+            op_timeout=look.op_timeout,
+            poll_interval=min(0.05, look.poll_interval),
             create=create,
         )
 

@@ -75,7 +75,7 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
     job, phi = obj.run(fetch, create=False)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
-    lease = obj.settings.lease
+    lease = obj.look
     if as_json:
         click.echo(to_json(job_json(job, lease.renew_interval, phi, lease.phi_threshold)))
         return
@@ -158,7 +158,7 @@ def list_jobs(
         return found, await _held(client, wanted)
 
     jobs, held = obj.run(fetch, create=False)
-    grace, threshold = obj.settings.lease.renew_interval, obj.settings.lease.phi_threshold
+    grace, threshold = obj.look.renew_interval, obj.look.phi_threshold
     if health:
         jobs = [j for j in jobs if (h := j.health(grace)) is not None and h.value == health]
     if kind:

@@ -31,10 +31,10 @@ def watch_job(
     obj: Context, key: str, *, interval: float, as_json: bool, describe: Describe
 ) -> JobState:
     """Show job ``key`` every ``interval`` seconds until it is terminal; its last record."""
-    grace = obj.settings.lease.renew_interval
+    grace = obj.look.renew_interval
     live = not as_json and sys.stdout.isatty()
     show = _Shown(describe, grace, as_json=as_json, live=live)
-    show.threshold = obj.settings.lease.phi_threshold
+    show.threshold = obj.look.phi_threshold
 
     async def watch(client: Client) -> JobState:
         while True:
