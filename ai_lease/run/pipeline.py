@@ -44,7 +44,7 @@ from ai_lease.run.stages import (
     parse,
     persist,
     read_input,
-    render_request,
+    rendered,
 )
 from ai_lease.timeouts import LeaseTimings, StageBudget
 
@@ -115,8 +115,7 @@ class Pipeline:
         fns = {s.name: s.fn for s in self.stages}
         if fns.get("load") is load and fns.get("build_prompt") is build_prompt:
             data = await read_input(job)
-            request = await asyncio.to_thread(render_request, job, prompts, data)
-            return {"load": data, "build_prompt": request}
+            return {"load": data, "build_prompt": await rendered(job, prompts, data)}
         return {}
 
     def replace(self, name: str, stage: Stage) -> Pipeline:
