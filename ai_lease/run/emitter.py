@@ -2,7 +2,9 @@
 
 A :class:`~ai_lease.Runner` and each :class:`~ai_lease.run.attempt.Attempt` it makes share one
 :class:`Emitter`. The sinks are asked for on each event, so a sink installed after the
-runner was built (a tracer, say) sees the events that follow.
+runner was built (a tracer, say) sees the events that follow. A sink may name the kinds it
+takes (a ``kinds`` attribute, a set of strings): an event no sink takes is not built at all
+(:meth:`Emitter.wants`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ class Emitter:
         """Whether any sink takes events (none: no Event is built at all)."""
         return any(sink is not None for sink in self._sinks())
 
+    def wants(self, kind: str) -> bool:
+        """Whether any sink takes events of ``kind`` (a sink without ``kinds`` takes all)."""
+        for sink in self._sinks():
+            if sink is not None:
+                kinds = getattr(sink, "kinds", None)
+                if kinds is None or kind in kinds:
+                    return True
+        return False
+
     def emit(
         self,
         kind: str,
@@ -42,8 +53,8 @@ class Emitter:
         stage: str | None = None,
         value: float | None = None,
     ) -> None:
-        """Build and hand out one event, if anyone listens."""
-        if not self.listening:
+        """Build and hand out one event, if any sink takes its kind."""
+        if not self.wants(kind):
             return
         owner, token = (fence.owner_id, fence.token) if fence else (None, None)
         self.emit_event(Event(kind, key, owner, token, stage, None, detail, value=value))
