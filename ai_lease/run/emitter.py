@@ -29,6 +29,8 @@ class Emitter:
     def __init__(self, sinks: Callable[[], tuple[EventSink | None, ...]]) -> None:
         self._sinks = sinks
         self.failures = 0
+        self._seen: tuple[EventSink | None, ...] = ()  # the sinks ``_taken`` was worked out for
+        self._taken: frozenset[str] | None = frozenset()  # the kinds they take (None: all)
 
     @property
     def listening(self) -> bool:
@@ -37,12 +39,11 @@ class Emitter:
 
     def wants(self, kind: str) -> bool:
         """Whether any sink takes events of ``kind`` (a sink without ``kinds`` takes all)."""
-        for sink in self._sinks():
-            if sink is not None:
-                kinds = getattr(sink, "kinds", None)
-                if kinds is None or kind in kinds:
-                    return True
-        return False
+        sinks = self._sinks()
+        if sinks != self._seen:  # worked out again only when the sinks change
+            self._seen, self._taken = sinks, _taken(sinks)
+        taken = self._taken
+        return taken is None or kind in taken
 
     def emit(
         self,
@@ -74,3 +75,15 @@ class Emitter:
                         sink,
                         event.kind,
                     )
+
+
+def _taken(sinks: tuple[EventSink | None, ...]) -> frozenset[str] | None:
+    """The kinds ``sinks`` take together (None: every kind)."""
+    taken: set[str] = set()
+    for sink in sinks:
+        if sink is not None:
+            kinds = getattr(sink, "kinds", None)
+            if kinds is None:
+                return None
+            taken.update(kinds)
+    return frozenset(taken)
