@@ -23,6 +23,7 @@ from types import FrameType
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 from ai_lease.errors import JobSpecError
@@ -97,6 +98,21 @@ class _Deadline:
         return self._line
 
 
+def _plain_output(node: nodes.Node) -> bool:
+    """An output of text and variable lookups only (see :meth:`PromptLibrary.is_plain`)."""
+    return isinstance(node, nodes.Output) and all(_plain_expr(n) for n in node.nodes)
+
+
+def _plain_expr(node: nodes.Node) -> bool:
+    if isinstance(node, nodes.TemplateData | nodes.Name):
+        return True
+    if isinstance(node, nodes.Getattr):
+        return _plain_expr(node.node)
+    if isinstance(node, nodes.Getitem):
+        return isinstance(node.arg, nodes.Const) and _plain_expr(node.node)
+    return False
+
+
 class PromptLibrary:
     """Finds and renders templates; every failure is a :class:`JobSpecError` naming it.
 
@@ -120,6 +136,7 @@ class PromptLibrary:
         )
         self._env.max_chars = max_output_chars
         self._compiled: dict[str, jinja2.Template] = {}
+        self._plain: dict[str, bool] = {}  # inline source -> only text and variable lookups
 
     def names(self) -> list[str]:
         """Every template name that can be found (without the ``.j2`` suffix)."""
@@ -152,6 +169,24 @@ class PromptLibrary:
                 self._compiled.pop(next(iter(self._compiled)))
             self._compiled[source] = template
         return self._render(template, variables, "inline prompt")
+
+    def is_plain(self, source: str) -> bool:
+        """Whether the inline template ``source`` is only text and plain variable lookups
+        (``{{ input }}``, ``{{ doc.title }}``): no statement, filter, call or operator, so
+        rendering it costs no more than copying its variables. Such a template can render
+        on the event loop; any other may loop until the render deadline and renders in a
+        thread. A template that does not parse is not plain (rendering it says why)."""
+        plain = self._plain.get(source)
+        if plain is None:
+            try:
+                body = self._env.parse(source).body
+            except jinja2.TemplateSyntaxError:
+                body = None
+            plain = body is not None and all(_plain_output(node) for node in body)
+            if len(self._plain) >= _COMPILED_LIMIT:
+                self._plain.pop(next(iter(self._plain)))
+            self._plain[source] = plain
+        return plain
 
     def _render(self, template: jinja2.Template, variables: Mapping[str, Any], what: str) -> str:
         try:

@@ -86,6 +86,35 @@ async def test_stage_past_its_deadline_raises_naming_stage_and_deadline(harness:
     assert "'slow'" in str(info.value)
 
 
+async def test_each_stage_gets_its_own_deadline_sooner_or_later_than_the_last(
+    harness: Harness,
+) -> None:
+    """Stage deadlines share one timer: a stage with a later deadline than the one before
+    is not cut at the earlier one, and a later stage with a sooner deadline is cut on time."""
+
+    async def naps(ctx: StageContext) -> str:
+        # real: beside a SQLite store (its thread); 0.3 s outlives the first stage's deadline
+        await asyncio.sleep(0.3)
+        return "slept"
+
+    async def quick(ctx: StageContext) -> None:
+        return None
+
+    async def stuck(ctx: StageContext) -> None:
+        # real: beside a SQLite store (its thread); never waited out, a deadline cuts it
+        await asyncio.sleep(10)
+
+    ctx = await harness.context()
+    first = Pipeline([Stage("quick", quick, deadline=0.1), Stage("naps", naps, deadline=5.0)])
+    assert await harness.run(first, ctx) == "slept"
+    ctx = await harness.context()
+    later = [Stage("quick", quick, deadline=5.0), Stage("stuck", stuck, deadline=0.2)]
+    started = time.monotonic()
+    with pytest.raises(StageDeadlineExceeded) as info:
+        await harness.run(Pipeline(later), ctx)
+    assert time.monotonic() - started < 2.0 and info.value.stage == "stuck"
+
+
 async def test_stage_own_timeout_error_is_not_a_deadline(harness: Harness) -> None:
     """A TimeoutError raised by the stage's own code propagates as itself."""
 

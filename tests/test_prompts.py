@@ -143,3 +143,23 @@ def test_shipped_prompts_folder_holds_the_templates() -> None:
 def test_inline_render() -> None:
     """render_text renders an inline template with the given variables."""
     assert PromptLibrary().render_text("Summarise: {{ text }}", {"text": "hi"}) == "Summarise: hi"
+
+
+@pytest.mark.parametrize(
+    ("source", "plain"),
+    [
+        ("{{ input }}", True),
+        ("Summarise {{ doc.title }} by {{ doc['author'] }}.", True),
+        ("no variables at all", True),
+        ("{% for i in range(9) %}{{ i }}{% endfor %}", False),
+        ("{{ input | upper }}", False),
+        ("{{ input * 3 }}", False),
+        ("{{ lipsum() }}", False),
+        ("{{ doc[key] }}", False),
+        ("{{ unclosed", False),
+    ],
+)
+def test_only_text_and_lookups_count_as_plain(source: str, plain: bool) -> None:
+    """A plain inline template (rendered on the loop) has no statement, filter, call or
+    operator: nothing in it can run long; anything else renders in a thread."""
+    assert PromptLibrary().is_plain(source) is plain

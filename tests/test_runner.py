@@ -506,3 +506,40 @@ async def test_three_ctrl_c_submits_leave_the_job_pending_not_failed(tmp_path: A
             assert "One. Two." in out.decode()
         finally:
             await store.aclose()
+
+
+async def test_a_sink_naming_its_kinds_gets_only_those_and_the_rest_are_not_built(
+    store: LeaseStore,
+) -> None:
+    """A sink with ``kinds`` gets those kinds only; a kind no sink takes is never built
+    (a sink without ``kinds`` still gets every kind)."""
+    built: list[str] = []
+    original = Event.__init__
+
+    class Some:
+        kinds = frozenset({"acquired", "stage_done"})
+
+        def __init__(self) -> None:
+            self.got: list[str] = []
+
+        def __call__(self, event: Event) -> None:
+            self.got.append(event.kind)
+
+    def counting(self: Event, *args: Any, **kwargs: Any) -> None:
+        built.append(args[0] if args else kwargs["kind"])
+        original(self, *args, **kwargs)
+
+    some = Some()
+    config = RunConfig(timings=FAST, record_history=False, trace=False)
+    runner = Runner(
+        store, provider=ScriptedProvider(["fine"]), config=config, hooks=RunHooks(on_event=some)
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Event, "__init__", counting)
+        await runner.run(Job("k", input="x"))
+    assert set(some.got) == {"acquired", "stage_done"} and some.got.count("stage_done") == 5
+    assert set(built) <= some.kinds
+    everything: list[str] = []
+    runner.hooks = RunHooks(on_event=lambda event: everything.append(event.kind))
+    await runner.run(Job("k2", input="x"))
+    assert {"acquired", "stage", "stage_done", "committed"} <= set(everything)

@@ -28,10 +28,22 @@ from ai_lease.lease.histogram import DurationHistory, Histogram, Series, bucket_
 __all__ = ["HistoryRecorder", "Suggestion", "suggest"]
 
 
+_SERIES = {  # the event kinds recorded, and the series each goes to
+    "stage_done": "stage",
+    "first_token": "first_token",
+    "first_visible": "first_visible",
+    "stream_gap": "gap",
+    "false_takeover": "false_takeover",
+}
+
+
 class HistoryRecorder:
     """An event sink that aggregates durations in memory; :meth:`flush` adds them to the
     store (one round trip) at most every ``flush_interval`` seconds when called with
-    ``force=False``. Events arrive per stage and per stream, never per chunk."""
+    ``force=False``. Events arrive per stage and per stream, never per chunk; ``kinds``
+    names the ones it takes (no other is built for it)."""
+
+    kinds = frozenset(_SERIES)
 
     def __init__(
         self, store: DurationHistory, pipeline: str = "default", flush_interval: float = 10.0
@@ -41,13 +53,7 @@ class HistoryRecorder:
         self._flushed_at = time.monotonic()
 
     def __call__(self, event: Event) -> None:
-        kind = {
-            "stage_done": "stage",
-            "first_token": "first_token",
-            "first_visible": "first_visible",
-            "stream_gap": "gap",
-            "false_takeover": "false_takeover",
-        }.get(event.kind)
+        kind = _SERIES.get(event.kind)
         if kind is not None and event.value is not None and event.stage:
             self._pending[(self.pipeline, kind, event.stage)][bucket_of(event.value)] += 1
 

@@ -42,6 +42,9 @@ def _ns(seconds: float) -> int:
 
 
 class _Spans:
+    # The event kinds spans are made of (no other event is built for this sink).
+    kinds = frozenset({"acquired", "stage_done", "first_token", "model_call", *_ENDS})
+
     def __init__(self, tracer: Any, trace: Any) -> None:
         self.tracer, self.trace = tracer, trace
         self.jobs: dict[tuple[str, int | None], Any] = {}
@@ -62,6 +65,8 @@ class _Spans:
         span = self.jobs.get(job)
         if span is None:
             return
+        if event.kind not in _ENDS and not span.is_recording():
+            return  # no SDK, or sampled out: its stages and attributes would go nowhere
         if event.kind == "stage_done" and event.value is not None:
             context = self.trace.set_span_in_context(span)
             child = self.tracer.start_span(

@@ -107,7 +107,7 @@ class Attempt:
         fence, record, takeover = self.fence, self.acquired.job, self.acquired.takeover
         note = " (takeover)" if takeover else ""
         self.events.emit("acquired", fence.key, fence, f"attempt {record.attempts}{note}")
-        if takeover and self.events.listening:
+        if takeover and self.events.wants("takeover"):
             self.events.emit_event(_takeover(fence, record, self.acquired.cause))
         # The job deadline runs from the first acquisition: queue time has its own bound.
         started = record.read_at if record.started_at is None else record.started_at
@@ -195,7 +195,7 @@ class Attempt:
                     raise JobDeadlineExceeded(self.job.key, self.timings.job_deadline) from None
                 raise
             committed = ctx.committed or await ctx.commit(value)
-        if events.listening:
+        if events.wants("committed"):
             events.emit_event(
                 Event(
                     "committed",
@@ -244,6 +244,7 @@ class Attempt:
             prepared=self.prepared,
             resume_from=self.acquired.job.checkpoint,  # an earlier owner's stream, if any
             notes=self.notes,
+            wants=self.events.wants,
         )
 
     # -- handing the lease back: the one path JobLease takes too (run/ending.py) ------------

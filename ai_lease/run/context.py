@@ -55,6 +55,7 @@ class AttemptState:
     call_retry: RetryPolicy = MODEL_CALL
     fault_hook: FaultHook | None = None  # tests only: see ai_lease.testing.faults
     emit: EventSink | None = None
+    wants: Callable[[str], bool] | None = None  # whether a sink takes a kind (None: all do)
     prepared: Mapping[str, Any] = field(default_factory=dict)  # outputs preflight worked out
     ran: dict[str, Any] = field(default_factory=dict)  # what ran: RunFacts' fields, recorded
     finish_reason: str | None = None  # the model call's, kept in the committed record
@@ -110,8 +111,8 @@ class StageContext:
         attrs: dict[str, float | int | str] | None = None,
     ) -> None:
         """Emit an event about this job (for logs, metrics, traces, the live view)."""
-        emit = self._run.emit
-        if emit is not None:
+        emit, wants = self._run.emit, self._run.wants
+        if emit is not None and (wants is None or wants(kind)):
             fence = self.fence
             emit(
                 Event(

@@ -44,7 +44,7 @@ from ai_lease.run.stages import (
     parse,
     persist,
     read_input,
-    render_request,
+    rendered,
 )
 from ai_lease.timeouts import LeaseTimings, StageBudget
 
@@ -115,8 +115,7 @@ class Pipeline:
         fns = {s.name: s.fn for s in self.stages}
         if fns.get("load") is load and fns.get("build_prompt") is build_prompt:
             data = await read_input(job)
-            request = await asyncio.to_thread(render_request, job, prompts, data)
-            return {"load": data, "build_prompt": request}
+            return {"load": data, "build_prompt": await rendered(job, prompts, data)}
         return {}
 
     def replace(self, name: str, stage: Stage) -> Pipeline:
@@ -132,26 +131,61 @@ class Pipeline:
         ctx._run.emit = emit
         budgets = self.budgets(timings)
         stage, budget = self.stages[0], budgets[0]  # named for the deadline's error below
-        # One hard-deadline timer for the whole run, moved to each stage's deadline as the
-        # stage starts (cheaper than a timeout context per stage; same semantics). Between
-        # two stages only ensure_lease() and enter() run, with no await, so the previous
-        # stage's deadline cannot fire there.
+        # One hard-deadline scope for the whole run; each stage moves its deadline (a number,
+        # see _Deadline). Between two stages only ensure_lease() and enter() run, with no
+        # await, so the previous stage's deadline cannot fire there.
         hard = asyncio.timeout(None)
+        deadline = _Deadline(hard)
         try:
             async with hard:
                 for stage, budget in zip(self.stages, budgets, strict=True):
-                    value = await _run_stage(ctx, stage, budget, hard)
+                    value = await _run_stage(ctx, stage, budget, deadline)
         except TimeoutError:
             if hard.expired():
                 raise StageDeadlineExceeded(stage.name, budget.deadline) from None
             raise
+        finally:
+            deadline.close()
         return value
 
 
-async def _run_stage(
-    ctx: StageContext, stage: Stage, budget: StageBudget, hard: asyncio.Timeout
-) -> Any:
-    """One stage under ``hard`` (the run's deadline timer, moved to this stage's deadline)."""
+class _Deadline:
+    """The running stage's hard deadline (loop time; None: none) on one timer: moving it
+    later costs nothing (a timer that fires early only re-arms for the current deadline),
+    moving it sooner re-arms the timer. When it is due, ``hard`` (the run's timeout scope)
+    expires and cancels the work, so a stage's cancellation is told apart as before."""
+
+    def __init__(self, hard: asyncio.Timeout) -> None:
+        self.hard = hard
+        self.at: float | None = None
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def move(self, at: float | None) -> None:
+        self.at = at
+        timer = self._timer
+        if at is not None and (timer is None or at < timer.when()):
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(at, self._due)
+
+    def _due(self) -> None:
+        self._timer, at = None, self.at
+        if at is None:  # no deadline now (a fault point): the next stage arms its own
+            return
+        if self._loop.time() < at:  # the deadline moved later since this timer was armed
+            self._timer = self._loop.call_at(at, self._due)
+            return
+        self.hard.reschedule(at)  # past already: the scope cancels the work at once
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+async def _run_stage(ctx: StageContext, stage: Stage, budget: StageBudget, hard: _Deadline) -> Any:
+    """One stage under ``hard`` (the run's deadline, moved to this stage's deadline)."""
     tracker, faults, emit = ctx.tracker, ctx._run.fault_hook is not None, ctx._run.emit
     ctx.ensure_lease()
     tracker.enter(stage.name, budget)
@@ -159,20 +193,20 @@ async def _run_stage(
     if emit is not None:
         ctx.say("stage", f"max_no_progress {budget.max_no_progress:g}s", stage=stage.name)
     if faults:  # fault points stand between stages, under no deadline
-        hard.reschedule(None)
+        hard.move(None)
         await ctx.fault(f"before:{stage.name}")
     if math.isinf(budget.deadline):
-        hard.reschedule(None)
+        hard.move(None)
         ctx._run.deadline_at = None
     else:
-        hard.reschedule(asyncio.get_running_loop().time() + budget.deadline)
+        hard.move(asyncio.get_running_loop().time() + budget.deadline)
         ctx._run.deadline_at = tracker.clock() + budget.deadline
     value = await stage.fn(ctx) if stage.is_async else await _threaded(stage, ctx)
-    if hard.expired():  # the stage swallowed the deadline's cancellation
+    if hard.hard.expired():  # the stage swallowed the deadline's cancellation
         raise StageDeadlineExceeded(stage.name, budget.deadline)
     ctx.outputs[stage.name] = value
     if faults:
-        hard.reschedule(None)
+        hard.move(None)
         await ctx.fault(f"after:{stage.name}")
     took = tracker.clock() - started
     ctx._run.ran.setdefault("stage_durations", {})[stage.name] = took  # kept in the record

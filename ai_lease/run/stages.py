@@ -44,6 +44,7 @@ __all__ = [
     "persist",
     "read_input",
     "render_request",
+    "rendered",
     "tool_message",
 ]
 
@@ -107,7 +108,16 @@ async def build_prompt(ctx: StageContext) -> ChatRequest:
     data = ctx.output("load")
     if "build_prompt" in ctx._run.prepared and data is ctx._run.prepared.get("load"):
         return cast(ChatRequest, ctx._run.prepared["build_prompt"])
-    return await asyncio.to_thread(render_request, ctx.job, ctx._run.prompts, data)
+    return await rendered(ctx.job, ctx._run.prompts, data)
+
+
+async def rendered(job: Job, prompts: PromptLibrary, data: Any) -> ChatRequest:
+    """:func:`render_request`, on the loop for a plain inline template (text and variable
+    lookups only: as cheap as copying its input), else in a thread under the render
+    deadline (a template file, or one that may loop)."""
+    if job.prompt_text is not None and prompts.is_plain(job.prompt_text):
+        return render_request(job, prompts, data)
+    return await asyncio.to_thread(render_request, job, prompts, data)
 
 
 async def call_ai(ctx: StageContext) -> Completion:

@@ -125,7 +125,7 @@ class Worker:
         self.completed = 0
         self._running: dict[str, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()
-        self._slot_freed = asyncio.Event()
+        self._wake = asyncio.Event()  # a stop or a freed slot: the sweep pause ends early
         self._emit: EventSink = on_event or (lambda event: None)
         self.quarantined: dict[str, Quarantined] = {}
         self.outage = StoreOutage(lambda kind, key, detail, _: self._say(kind, detail, key))
@@ -164,10 +164,12 @@ class Worker:
     def stop(self) -> None:
         """Stop taking jobs; running ones get ``grace`` seconds, then step down."""
         self._stopping.set()
+        self._wake.set()
 
     def kill(self) -> None:
         """Stop now: every running job is cancelled (and steps down)."""
         self._stopping.set()
+        self._wake.set()
         self.grace = 0.0
         for task in self._running.values():
             task.cancel()
@@ -286,16 +288,16 @@ class Worker:
         return recoveries, [key for key in fresh if key not in looked]
 
     async def _pause(self) -> None:
-        """Until the next sweep, a freed slot, or a stop."""
-        self._slot_freed.clear()
-        waiters = [asyncio.ensure_future(e.wait()) for e in (self._stopping, self._slot_freed)]
+        """Until the next sweep, a freed slot, or a stop (one event and one timer: no
+        waiter tasks)."""
+        if self._stopping.is_set():
+            return
+        self._wake.clear()
         try:
-            await asyncio.wait(
-                waiters, timeout=self.sweep_interval, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+            async with asyncio.timeout(self.sweep_interval):
+                await self._wake.wait()
+        except TimeoutError:
+            pass  # the sweep interval passed: look for due jobs again
 
     async def _drain(self) -> None:
         running = list(self._running.values())
@@ -347,7 +349,7 @@ class Worker:
         finally:
             self._running.pop(key, None)
             if looked:
-                self._slot_freed.set()
+                self._wake.set()
 
     def _quarantine(self, key: str, reason: str) -> None:
         """Skip ``key`` until the next sweep interval; say so once per key (a key leaves the
