@@ -251,10 +251,14 @@ async def _race(url: str, key: str, out: TextIO, as_json: bool) -> int:
     """Three node processes race for ``key``; the verdict's exit code."""
     timeline = Timeline(out, as_json)
     start_at = time.time() + 1.0
+    # Each node in a session of its own: a terminal's Ctrl-C reaches only the demo, which stops
+    # its nodes in the ``finally`` below. A node still importing when the group's SIGINT came
+    # would print a KeyboardInterrupt traceback before its own handler was in place.
     procs = [
         await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "ai_lease.cli.demo", "node", name, url, key, str(start_at)),
             stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
         for name in ("node-a", "node-b", "node-c")
     ]
@@ -327,7 +331,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     try:
         asyncio.run(_node(args.name, args.url, args.key, float(args.start_at)))
-    except KeyboardInterrupt:  # Ctrl-C reaches the nodes too: the parent says it once
+    except KeyboardInterrupt:  # a node run by hand and stopped: quietly, as the demo would
         sys.exit(130)
 
 
