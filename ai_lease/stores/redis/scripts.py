@@ -41,8 +41,10 @@ SCHEMA = "1"
 # its cause (expired | released | stalled) written to takeover_cause
 # · a granted lease's reply carries the stored checkpoint (a resumable stream's, for the new
 # owner); a following one does not
-# returns {'acquired', now, takeover(0|1), fields...} | {'following', now, fields...}
-#       | {'finished', now, fields...} | {'conflict'} | error AILEASE_CORRUPT
+# returns {'acquired', now, takeover(0|1), read, written} | {'following', now, read}
+#       | {'finished', now, fields...} | {'conflict'} | error AILEASE_CORRUPT, where read is
+# the record's LEAN_FIELDS values and its checkpoint as read (nil: no such field; a follower
+# ignores the checkpoint) and written the field, value list this call wrote over them
 ACQUIRE = (
     PRELUDE
     + r"""
@@ -55,14 +57,6 @@ local ok = ours(k, v[AT_SCHEMA])
 if type(ok) == 'table' then return ok end
 local now = now_us()
 local at = fmt(now)
-local function record(w, checkpoint)  -- the LEAN fields (and the checkpoint), w written over v
-  local put, out = {}, {}
-  for i = 1, #w, 2 do put[w[i]] = w[i + 1] end
-  for i = 1, checkpoint and #READ or #LEAN do
-    add(out, READ[i], put[READ[i]] or v[i] or '')
-  end
-  return out
-end
 local prev, attempts, takeovers, cause, last_error = 0, 0, 0, nil, ''
 local first = {}  -- the fields a new record (or one without a fingerprint yet) gets
 if ok then
@@ -73,8 +67,8 @@ if ok then
     return {'finished', at, unpack(redis.call('HGETALL', k))}
   end
   if v[AT_STATUS] == 'RUNNING' and num(v[AT_LEASE_EXPIRES_AT]) > now then
-    if v[AT_OWNER_ID] == owner then return {'acquired', at, 0, unpack(record({}, true))} end
-    return {'following', at, unpack(record({}, false))}
+    if v[AT_OWNER_ID] == owner then return {'acquired', at, 0, v, {}} end
+    return {'following', at, v}
   end
   prev, attempts, takeovers = num(v[AT_TOKEN]), num(v[AT_ATTEMPTS]), num(v[AT_TAKEOVERS])
   last_error = v[AT_LAST_ERROR] or ''
@@ -133,7 +127,7 @@ else
 end
 write(w)
 index_lease(k, now + ttl)
-return {'acquired', at, cause and 1 or 0, unpack(record(w, true))}
+return {'acquired', at, cause and 1 or 0, v, w}  -- v as read, w as written over it
 """
 )
 
