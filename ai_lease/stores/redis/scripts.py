@@ -400,22 +400,27 @@ SUBMIT = (
     PRELUDE
     + r"""
 local k = KEYS[1]
-local v = redis.call('HMGET', k, 'schema', 'fingerprint', 'spec', 'status')
-local ok = ours(k, v[1])
-if type(ok) == 'table' then return ok end
+local all = whole(k)  -- one read: empty for a new job (the common case), else the reply
+if all.err then return all end
 local now = now_us()
 local function queued()  -- add, or bring forward
   if KEYS[5] then
     redis.call('ZADD', KEYS[5], 'LT', string.format('%.6f', now / 1000000), ARGV[3])
   end
 end
-if ok then
-  if v[2] and v[2] ~= '' and v[2] ~= ARGV[2] then return {'conflict'} end
-  if not v[3] or v[3] == '' then
-    redis.call('HSET', k, 'spec', ARGV[1], 'fingerprint', ARGV[2], 'updated_at', fmt(now))
+if #all > 0 then
+  local f = {}
+  for i = 1, #all, 2 do f[all[i]] = all[i + 1] end
+  if f.fingerprint and f.fingerprint ~= '' and f.fingerprint ~= ARGV[2] then
+    return {'conflict'}
   end
-  if not ended(v[4]) then queued() end
-  return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
+  if not f.spec or f.spec == '' then
+    local w = {'spec', ARGV[1], 'fingerprint', ARGV[2], 'updated_at', fmt(now)}
+    redis.call('HSET', k, unpack(w))
+    for _, x in ipairs(w) do all[#all + 1] = x end  -- a later field wins: read back as written
+  end
+  if not ended(f.status) then queued() end
+  return {'ok', fmt(now), unpack(all)}
 end
 local w = {'schema', '1', 'status', 'PENDING', 'token', '0', 'spec', ARGV[1],
   'fingerprint', ARGV[2], 'created_at', fmt(now), 'updated_at', fmt(now), 'timeline_seq', '0'}
