@@ -9,11 +9,15 @@ valid on Redis Cluster. On a standalone server they also keep ``KEYS[4]``, the l
 leases even when a job has no queue entry; ``SUBMIT`` writes the queue entry (``KEYS[5]``)
 with the record. The scripts that create, re-date, end or delete a job also keep
 ``KEYS[7]`` (created: a sorted set of job hash -> ``created_at`` in microseconds, the
-dashboard's pages, stores/redis/listing.py), ``KEYS[8]`` (counts: indexed jobs per status, a
-sorted set) and ``KEYS[9]`` (names: the job hashes at score 0, for a key prefix's range), so that
-a listing never scans the namespace; ``KEYS[5]`` and ``KEYS[6]`` are the queue and the
-recovery looks. On Cluster those keys live in another slot and are left out (``KEYS[4]``
-onwards are nil).
+dashboard's pages, stores/redis/listing.py), ``KEYS[8]`` (counts: indexed jobs per status
+but PENDING, the index's rest; a sorted set) and ``KEYS[9]`` (names: the job hashes at score
+0, for a key prefix's range), so that a listing never scans the namespace; ``KEYS[5]`` and
+``KEYS[6]`` are the queue and the recovery looks. On Cluster those keys live in another slot
+and are left out (``KEYS[4]`` onwards are nil).
+On their common paths the scripts read the record once (one HMGET, or one HGETALL where the
+whole record is the reply) and write it once (one HSET); the record carries the scripts' own
+bookkeeping in that read and write, ``timeline_seq`` (its timeline's last entry number: an entry is one
+RPUSH) and ``indexed`` (it is in the creation index: a recount needs no ZSCORE).
 The namespace's own keys (queue, lease index, epoch marker) share the hash tag
 ``{<ns>:queue}``; a worker's keys share ``{<ns>:workers}``. Time is the Redis server's
 ``TIME`` in microseconds; durations arrive in microseconds. Numbers are written with ``%d``
