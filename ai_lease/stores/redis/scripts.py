@@ -16,8 +16,8 @@ but PENDING, the index's rest; a sorted set) and ``KEYS[9]`` (names: the job has
 and are left out (``KEYS[4]`` onwards are nil).
 On their common paths the scripts read the record once (one HMGET, or one HGETALL where the
 whole record is the reply) and write it once (one HSET); the record carries the scripts' own
-bookkeeping in that read and write, ``timeline_seq`` (its timeline's last entry number: an entry is one
-RPUSH) and ``indexed`` (it is in the creation index: a recount needs no ZSCORE).
+bookkeeping in that read and write, ``timeline_seq`` (its timeline's last entry number: an
+entry is one RPUSH) and ``indexed`` (it is in the creation index: a recount needs no ZSCORE).
 The namespace's own keys (queue, lease index, epoch marker) share the hash tag
 ``{<ns>:queue}``; a worker's keys share ``{<ns>:workers}``. Time is the Redis server's
 ``TIME`` in microseconds; durations arrive in microseconds. Numbers are written with ``%d``
