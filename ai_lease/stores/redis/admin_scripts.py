@@ -17,17 +17,18 @@ RETRY = (
     PRELUDE
     + r"""
 local k = KEYS[1]
-local ok = check(k)
+local v = redis.call('HMGET', k, 'schema', 'status', 'indexed')
+local ok = ours(k, v[1])
 if type(ok) == 'table' then return ok end
 local now = now_us()
 if not ok then return {fmt(now)} end
-local status = redis.call('HGET', k, 'status')
+local status = v[2]
 if status == 'FAILED' or status == 'CANCELLED' then
   redis.call('HSET', k, 'status', 'PENDING', 'attempts', '0', 'owner_id', '',
     'lease_expires_at', '', 'started_at', '', 'created_at', fmt(now), 'updated_at', fmt(now))
   redis.call('HDEL', k, 'checkpoint', 'failure_kind')
   unindex(k)
-  recount(KEYS[7], KEYS[8], k, status, 'PENDING')
+  recount(KEYS[7], KEYS[8], k, status, 'PENDING', v[3])
   if KEYS[7] then redis.call('ZADD', KEYS[7], 'XX', fmt(now), k) end  -- created again: now
   if KEYS[5] then
     redis.call('ZADD', KEYS[5], string.format('%.6f', now / 1000000), ARGV[1])

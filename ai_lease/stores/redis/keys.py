@@ -15,7 +15,16 @@ from ai_lease.errors import CorruptRecord
 from ai_lease.job import JobState
 from ai_lease.lease.timeline import TimelineEntry
 
-__all__ = ["decode", "hash_tag", "job_keys", "timeline_entry", "untag", "us"]
+__all__ = [
+    "decode",
+    "decode_fields",
+    "decode_read",
+    "hash_tag",
+    "job_keys",
+    "timeline_entry",
+    "untag",
+    "us",
+]
 
 _TIME_FIELDS = frozenset(
     {
@@ -86,6 +95,21 @@ def decode(
         for name, value in extra.items():
             if not data.get(name):
                 data[name] = value
+    return decode_fields(key, data, now_us)
+
+
+def decode_read(
+    key: str, names: tuple[str, ...], values: list[Any], written: list[Any], now_us: Any
+) -> JobState:
+    """A record a script read (the values of ``names``, nil: no such field) and then wrote
+    over (``written``, a flat field, value list), as it now stands."""
+    data = dict(zip(names, values, strict=True))
+    data.update(zip(written[::2], written[1::2], strict=True))
+    return decode_fields(key, data, now_us)
+
+
+def decode_fields(key: str, data: dict[str, Any], now_us: Any) -> JobState:
+    """A job hash's fields (a dict, changed in place) read at ``now_us``."""
     try:
         for name in _TIME_FIELDS & data.keys():
             if data[name]:  # '' or None (nil): no time

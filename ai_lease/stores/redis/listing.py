@@ -6,7 +6,9 @@ the namespace's own hash tag like its queue and lease index; the scripts that cr
 (``ACQUIRE`` of a new key, ``SUBMIT``), re-date it (``RETRY``) or delete it (``REMOVE``,
 ``PRUNE``) keep it (and the name index) in the same script as the record, and the scripts
 that move a job's status keep ``{<ns>:queue}:counts`` (a sorted set: status -> jobs, by
-ZINCRBY). ``count_jobs`` is one ZRANGE of a few members.
+ZINCRBY). PENDING is not counted: it is the index's size less every other count, so that a
+new job and its first acquire move no counter. ``count_jobs`` is one ZCARD and one ZRANGE of
+a few members.
 
 **Bounds.** One page is one ``LIST_PAGE`` script: ZREVRANGEBYSCORE from the cursor in chunks
 of :data:`~ai_lease.stores.redis.listing_scripts.LIST_CHUNK`, reading at most
@@ -36,7 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from ai_lease.errors import CorruptRecord, CorruptSink
-from ai_lease.job import JobState
+from ai_lease.job import JobState, Status
 from ai_lease.lease.base import JobPage
 from ai_lease.lease.listing import (
     check_limit,
@@ -115,8 +117,11 @@ class RedisListing:
         if self._calls._cluster:
             return await self._scanned_counts()
         await self._ensure_index()
-        flat = await self._calls._eval("count_jobs", "COUNT_JOBS", [self._calls._counts], [])
+        keys = [self._calls._counts, self._calls._created]
+        total, *flat = await self._calls._eval("count_jobs", "COUNT_JOBS", keys, [])
         counts = {status: int(float(n)) for status, n in zip(flat[::2], flat[1::2], strict=True)}
+        counts.pop(Status.PENDING.value, None)  # not counted: the rest of the index
+        counts[Status.PENDING.value] = int(total) - sum(counts.values())
         return {status: n for status, n in counts.items() if status and n > 0}
 
     async def _ensure_index(self) -> None:

@@ -113,7 +113,8 @@ return out
 
 # KEYS: creation index, counts, name index, job hashes... · returns how many it indexed: each
 # hash of ours not yet in the index goes in under its created_at (0 when it has none), counted
-# under its status, and into the name index; a hash not ours (or gone) is left out.
+# under its status (PENDING is the uncounted rest), into the name index, and is marked indexed
+# (its 'indexed' field); a hash not ours (or gone) is left out.
 BACKFILL = (
     PRELUDE
     + r"""
@@ -125,7 +126,8 @@ for i = 4, #KEYS do
     if type(v) == 'table' and v[1] == '1' then
       redis.call('ZADD', KEYS[1], fmt(tonumber(v[3] or '') or 0), k)
       redis.call('ZADD', KEYS[3], 0, k)
-      redis.call('ZINCRBY', KEYS[2], 1, v[2] or '')
+      if v[2] ~= 'PENDING' then redis.call('ZINCRBY', KEYS[2], 1, v[2] or '') end
+      redis.call('HSET', k, 'indexed', '1')
       added = added + 1
     end
   end
@@ -134,6 +136,10 @@ return added
 """
 )
 
-# KEYS: counts · returns status, count, status, count, ... (the whole sorted set: a few
-# statuses)
-COUNT_JOBS = "return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')"
+# KEYS: counts, creation index · returns {indexed jobs, status, count, status, count, ...}:
+# the index's size, then the whole counts set (a few statuses). PENDING is not counted (a
+# member left by an older ai-lease is stale): it is the index's size less every other count.
+COUNT_JOBS = (
+    "return {redis.call('ZCARD', KEYS[2]), unpack(redis.call('ZRANGE', KEYS[1], 0, -1, "
+    "'WITHSCORES'))}"
+)

@@ -9,11 +9,15 @@ valid on Redis Cluster. On a standalone server they also keep ``KEYS[4]``, the l
 leases even when a job has no queue entry; ``SUBMIT`` writes the queue entry (``KEYS[5]``)
 with the record. The scripts that create, re-date, end or delete a job also keep
 ``KEYS[7]`` (created: a sorted set of job hash -> ``created_at`` in microseconds, the
-dashboard's pages, stores/redis/listing.py), ``KEYS[8]`` (counts: indexed jobs per status, a
-sorted set) and ``KEYS[9]`` (names: the job hashes at score 0, for a key prefix's range), so that
-a listing never scans the namespace; ``KEYS[5]`` and ``KEYS[6]`` are the queue and the
-recovery looks. On Cluster those keys live in another slot and are left out (``KEYS[4]``
-onwards are nil).
+dashboard's pages, stores/redis/listing.py), ``KEYS[8]`` (counts: indexed jobs per status
+but PENDING, the index's rest; a sorted set) and ``KEYS[9]`` (names: the job hashes at score
+0, for a key prefix's range), so that a listing never scans the namespace; ``KEYS[5]`` and
+``KEYS[6]`` are the queue and the recovery looks. On Cluster those keys live in another slot
+and are left out (``KEYS[4]`` onwards are nil).
+On their common paths the scripts read the record once (one HMGET, or one HGETALL where the
+whole record is the reply) and write it once (one HSET); the record carries the scripts' own
+bookkeeping in that read and write, ``timeline_seq`` (its timeline's last entry number: an
+entry is one RPUSH) and ``indexed`` (it is in the creation index: a recount needs no ZSCORE).
 The namespace's own keys (queue, lease index, epoch marker) share the hash tag
 ``{<ns>:queue}``; a worker's keys share ``{<ns>:workers}``. Time is the Redis server's
 ``TIME`` in microseconds; durations arrive in microseconds. Numbers are written with ``%d``
@@ -41,64 +45,75 @@ SCHEMA = "1"
 # its cause (expired | released | stalled) written to takeover_cause
 # · a granted lease's reply carries the stored checkpoint (a resumable stream's, for the new
 # owner); a following one does not
-# returns {'acquired', now, takeover(0|1), fields...} | {'following', now, fields...}
-#       | {'finished', now, fields...} | {'conflict'} | error AILEASE_CORRUPT
+# returns {'acquired', now, takeover(0|1), read, written} | {'following', now, read}
+#       | {'finished', now, fields...} | {'conflict'} | error AILEASE_CORRUPT, where read is
+# the record's LEAN_FIELDS values and its checkpoint as read (nil: no such field; a follower
+# ignores the checkpoint) and written the field, value list this call wrote over them
 ACQUIRE = (
     PRELUDE
     + r"""
 local k, owner = KEYS[1], ARGV[1]
 local ttl, fp, maxatt = tonumber(ARGV[2]), ARGV[5], tonumber(ARGV[6])
-local v = redis.call('HMGET', k, 'schema', 'status', 'owner_id', 'token', 'lease_expires_at',
-  'fingerprint', 'attempts', 'takeovers', 'last_error', 'started_at', 'stalled_attempt')
-local ok = ours(k, v[1])
+local READ = {unpack(LEAN)}
+READ[#READ + 1] = 'checkpoint'
+local v = redis.call('HMGET', k, unpack(READ))  -- the one read: the reply is built from it
+local ok = ours(k, v[AT_SCHEMA])
 if type(ok) == 'table' then return ok end
 local now = now_us()
 local at = fmt(now)
 local prev, attempts, takeovers, cause, last_error = 0, 0, 0, nil, ''
 local first = {}  -- the fields a new record (or one without a fingerprint yet) gets
 if ok then
-  if fp ~= '' and v[6] and v[6] ~= '' and v[6] ~= fp then return {'conflict'} end
-  if ended(v[2]) then
+  if fp ~= '' and v[AT_FINGERPRINT] and v[AT_FINGERPRINT] ~= '' and v[AT_FINGERPRINT] ~= fp then
+    return {'conflict'}
+  end
+  if ended(v[AT_STATUS]) then
     return {'finished', at, unpack(redis.call('HGETALL', k))}
   end
-  if v[2] == 'RUNNING' and num(v[5]) > now then
-    if v[3] == owner then return {'acquired', at, 0, unpack(with_checkpoint(k))} end
-    return {'following', at, unpack(lean(k))}
+  if v[AT_STATUS] == 'RUNNING' and num(v[AT_LEASE_EXPIRES_AT]) > now then
+    if v[AT_OWNER_ID] == owner then return {'acquired', at, 0, v, {}} end
+    return {'following', at, v}
   end
-  prev, attempts, takeovers = num(v[4]), num(v[7]), num(v[8])
-  last_error = v[9] or ''
-  if v[3] and v[3] ~= '' and node_of(v[3]) ~= node_of(owner) then
-    if num(v[11]) > 0 and num(v[11]) == attempts then
+  prev, attempts, takeovers = num(v[AT_TOKEN]), num(v[AT_ATTEMPTS]), num(v[AT_TAKEOVERS])
+  last_error = v[AT_LAST_ERROR] or ''
+  local was = v[AT_OWNER_ID]
+  if was and was ~= '' and node_of(was) ~= node_of(owner) then
+    if num(v[AT_STALLED_ATTEMPT]) > 0 and num(v[AT_STALLED_ATTEMPT]) == attempts then
       cause = 'stalled'
-    elseif v[2] == 'PENDING' then
+    elseif v[AT_STATUS] == 'PENDING' then
       cause = 'released'
     else
       cause = 'expired'
     end
   end
-  if fp ~= '' and (not v[6] or v[6] == '') then first = {'fingerprint', fp} end
+  if fp ~= '' and (not v[AT_FINGERPRINT] or v[AT_FINGERPRINT] == '') then
+    first = {'fingerprint', fp}
+  end
 else
   first = {'schema', '1', 'created_at', at, 'fingerprint', fp}
-  if ARGV[7] and ARGV[7] ~= '' then redis.call('HSET', k, 'spec', ARGV[7]) end
+  if ARGV[7] and ARGV[7] ~= '' then add(first, 'spec', ARGV[7]) end
 end
+-- the record's timeline_seq ('0' for a new one: no timeline yet)
+local seq = ok and v[AT_TIMELINE_SEQ] or '0'
 local function write(w)  -- one HSET: w and the first fields; indexed or recounted
   for _, f in ipairs(first) do w[#w + 1] = f end
-  redis.call('HSET', k, unpack(w))
   if ok then
-    recount(KEYS[7], KEYS[8], k, v[2], w[2])
-  else
-    created(KEYS[7], KEYS[8], k, now, w[2], KEYS[9])
+    recount(KEYS[7], KEYS[8], k, v[AT_STATUS], w[2], v[AT_INDEXED])
+  elseif created(KEYS[7], KEYS[8], k, now, w[2], KEYS[9]) then
+    add(w, 'indexed', '1')
   end
+  redis.call('HSET', k, unpack(w))
   return w
 end
 if maxatt and attempts >= maxatt then
   -- a code, and the last error kept as it is: Python renders the sentence (ai_lease.failure)
-  redis.call('HDEL', k, 'checkpoint')
-  write({'status', 'FAILED', 'lease_expires_at', '', 'updated_at', at,
-    'failure_kind', 'gave_up'})
+  if v[#READ] then redis.call('HDEL', k, 'checkpoint') end
+  local w = {'status', 'FAILED', 'lease_expires_at', '', 'updated_at', at,
+    'failure_kind', 'gave_up'}
+  note(now, 'failed', v[AT_OWNER_ID], v[AT_TOKEN], '', 'gave_up:' .. fmt(attempts), nil, seq, w)
+  write(w)
   redis.call('PUBLISH', KEYS[2], 'FAILED')
   unindex(k)
-  note(now, 'failed', v[3], v[4], '', 'gave_up:' .. fmt(attempts))
   return {'finished', at, unpack(redis.call('HGETALL', k))}
 end
 local token = fmt(math.max(prev + 1, now))
@@ -107,22 +122,21 @@ local w = {'status', 'RUNNING', 'owner_id', owner, 'token', token,
   'lease_expires_at', fmt(now + ttl), 'max_no_progress', ARGV[3], 'stall_policy', ARGV[4],
   'attempts', fmt(attempts + 1), 'updated_at', at, 'renew_interval', ARGV[8] or ''}
 if cause then add(w, 'takeovers', fmt(takeovers + 1)); add(w, 'takeover_cause', cause) end
-if (v[10] or '') == '' then add(w, 'started_at', at) end  -- the job deadline starts here
+if (v[AT_STARTED_AT] or '') == '' then add(w, 'started_at', at) end  -- the job deadline starts
+if cause then
+  local from = cause .. ' from ' .. v[AT_OWNER_ID] .. ' token ' .. (v[AT_TOKEN] or '')
+  note(now, 'taken_over', owner, token, '', from, nil, seq, w)
+else
+  note(now, 'acquired', owner, token, '', 'attempt ' .. fmt(attempts + 1), nil, seq, w)
+end
 write(w)
 index_lease(k, now + ttl)
-if cause then
-  note(now, 'taken_over', owner, token, '', cause .. ' from ' .. v[3] .. ' token ' .. (v[4] or ''))
-else
-  note(now, 'acquired', owner, token, '', 'attempt ' .. fmt(attempts + 1))
-end
-if not ok then return {'acquired', at, 0, unpack(w)} end  -- a new record: all it holds
-return {'acquired', at, cause and 1 or 0, unpack(with_checkpoint(k))}
+return {'acquired', at, cause and 1 or 0, v, w}  -- v as read, w as written over it
 """
 )
 
 # A fenced script reads the fence's fields (LEAN_FIELDS' first five), and whatever else it
-# needs after them, in one HMGET: READ names them (FINISH reads all of LEAN).
-_FENCE = "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema'}\n"
+# needs after them, in one HMGET: READ names them (FINISH reads all of LEAN and the checkpoint).
 _FENCE_CHECK = r"""
 local k, owner, token = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local v = redis.call('HMGET', k, unpack(READ))
@@ -142,12 +156,12 @@ local mine = num(v[3]) == token and ok and v[2] == owner
 RENEW = (
     PRELUDE
     + "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema',\n"
-    + "  'progress_version', 'last_progress_at', 'stall_policy', 'attempts'}\n"
+    + "  'progress_version', 'last_progress_at', 'stall_policy', 'attempts', 'timeline_seq'}\n"
     + _FENCE_CHECK
     + r"""
 if not ok then return {'missing', 0, '', ''} end
-local function refused(code)  -- a refusal, noted in the timeline
-  note(now, 'renew_refused', owner, ARGV[2], ARGV[4], code)
+local function refused(code, w)  -- a refusal, noted in the timeline (in w's HSET, if any)
+  note(now, 'renew_refused', owner, ARGV[2], ARGV[4], code, nil, v[10], w)
 end
 if not mine then
   refused('not_owner')
@@ -172,18 +186,19 @@ if stalled then
   redis.call('HINCRBY', k, 'missed_renewals', 1)
   add(w, 'stalled_attempt', fmt(num(v[9])))
   if v[8] ~= 'alert' then
+    refused('no_progress', w)
     redis.call('HSET', k, unpack(w))
-    refused('no_progress')
     return {'no_progress', fmt(expires - now), v[3], v[2]}
   end
 end
 add(w, 'heartbeat_at', fmt(now))
 add(w, 'lease_expires_at', fmt(now + tonumber(ARGV[3])))
 if ARGV[8] and ARGV[8] ~= '' then add(w, 'checkpoint', ARGV[8]) end
+local moved = 'progress +' .. fmt(version - num(v[6]))
+moved = stalled and moved .. ', stalled (alert)' or moved
+note(now, 'renewed', owner, ARGV[2], ARGV[4], moved, nil, v[10], w)
 redis.call('HSET', k, unpack(w))
 index_lease(k, now + tonumber(ARGV[3]))
-local moved = 'progress +' .. fmt(version - num(v[6]))
-note(now, 'renewed', owner, ARGV[2], ARGV[4], stalled and moved .. ', stalled (alert)' or moved)
 return {'ok', ARGV[3], stalled and 1 or 0}
 """
 )
@@ -195,29 +210,28 @@ return {'ok', ARGV[3], stalled and 1 or 0}
 RELEASE = (
     PRELUDE
     + "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema',\n"
-    + "  'attempts', 'stage'}\n"
+    + "  'attempts', 'stage', 'timeline_seq', 'indexed'}\n"
     + _FENCE_CHECK
     + r"""
 if not mine or v[1] ~= 'RUNNING' then return 0 end
-redis.call('HSET', k, 'status', 'PENDING', 'lease_expires_at', fmt(now), 'updated_at', fmt(now))
-recount(KEYS[7], KEYS[8], k, 'RUNNING', 'PENDING')
+local w = {'status', 'PENDING', 'lease_expires_at', fmt(now), 'updated_at', fmt(now)}
+recount(KEYS[7], KEYS[8], k, 'RUNNING', 'PENDING', v[9])
 local attempt = v[6] or '0'
 local why = {}
 if ARGV[5] == '1' then why[#why + 1] = 'interrupted' end
 if ARGV[4] ~= '' then why[#why + 1] = 'snapshot stored' end
 if ARGV[3] ~= '' then why[#why + 1] = string.match(ARGV[3], '^[^\n]*') end
-note(now, 'released', owner, ARGV[2], v[7], table.concat(why, '; '))
+note(now, 'released', owner, ARGV[2], v[7], table.concat(why, '; '), nil, v[8], w)
 if ARGV[3] ~= '' then
-  redis.call('HSET', k, 'last_error', ARGV[3], 'last_error_attempt', attempt,
-    'last_error_owner', owner)
+  add(w, 'last_error', ARGV[3]); add(w, 'last_error_attempt', attempt)
+  add(w, 'last_error_owner', owner)
 end
-if ARGV[4] ~= '' then
-  redis.call('HSET', k, 'stall_snapshot', ARGV[4], 'stalled_attempt', attempt)
-end
-index_lease(k, now)  -- free at once: the next sweep takes it first
+if ARGV[4] ~= '' then add(w, 'stall_snapshot', ARGV[4]); add(w, 'stalled_attempt', attempt) end
 if ARGV[5] == '1' then  -- interrupted, not failed: the attempt is handed back
-  redis.call('HSET', k, 'attempts', fmt(math.max(0, num(attempt) - 1)))
+  add(w, 'attempts', fmt(math.max(0, num(attempt) - 1)))
 end
+redis.call('HSET', k, unpack(w))  -- one write
+index_lease(k, now)  -- free at once: the next sweep takes it first
 redis.call('PUBLISH', KEYS[2], 'PENDING')
 return 1
 """
@@ -238,7 +252,7 @@ return 1
 # ARGV[14] first_visible_us, to the first answer text; ARGV[15] a FAILED one's failure_kind)
 FINISH = (
     PRELUDE
-    + "local READ = LEAN\n"
+    + "local READ = {unpack(LEAN)}\nREAD[#READ + 1] = 'checkpoint'\n"
     + _FENCE_CHECK
     + r"""
 if not ok then return {'rejected', 'missing', '', ''} end
@@ -250,11 +264,12 @@ if ended(v[1]) then
   elseif v[1] == 'DONE' and ARGV[3] == 'DONE' then
     why = 'already_committed'
   end
-  note(now, 'fenced_write_rejected', owner, ARGV[2], v[AT_STAGE], why)
+  note(now, 'fenced_write_rejected', owner, ARGV[2], v[AT_STAGE], why, nil, v[AT_TIMELINE_SEQ])
   return {'rejected', why, v[3], v[2]}
 end
 if not mine then
-  note(now, 'fenced_write_rejected', owner, ARGV[2], v[AT_STAGE], 'newer_owner')
+  local seq = v[AT_TIMELINE_SEQ]
+  note(now, 'fenced_write_rejected', owner, ARGV[2], v[AT_STAGE], 'newer_owner', nil, seq)
   return {'rejected', 'newer_owner', v[3], v[2]}
 end
 local at, was = fmt(now), v[1]
@@ -289,16 +304,17 @@ if (ARGV[6] or '') ~= '' then
   add(w, 'finish_reason', ARGV[6])
   v[AT_FINISH_REASON] = ARGV[6]
 end
+local what = ARGV[6] or ''
+if ARGV[3] ~= 'DONE' then what = string.match(ARGV[5], '^[^\n]*') end
+note(now, ARGV[3] == 'DONE' and 'committed' or 'failed', owner, ARGV[2], v[AT_STAGE], what, nil,
+  v[AT_TIMELINE_SEQ], w)
+v[AT_TIMELINE_SEQ] = w[#w]
 redis.call('HSET', k, unpack(w))
-redis.call('HDEL', k, 'checkpoint')
+if v[#READ] then redis.call('HDEL', k, 'checkpoint') end  -- only when there is one
+v[#READ] = nil  -- the reply is LEAN's values
 unindex(k)
-recount(KEYS[7], KEYS[8], k, was, ARGV[3])
+recount(KEYS[7], KEYS[8], k, was, ARGV[3], v[AT_INDEXED])
 redis.call('PUBLISH', KEYS[2], ARGV[3])
-if ARGV[3] == 'DONE' then
-  note(now, 'committed', owner, ARGV[2], v[AT_STAGE], ARGV[6] or '')
-else
-  note(now, 'failed', owner, ARGV[2], v[AT_STAGE], string.match(ARGV[5], '^[^\n]*'))
-end
 return {'written', at, unpack(v)}  -- the record's LEAN_FIELDS values, as written
 """
 )
@@ -308,16 +324,18 @@ return {'written', at, unpack(v)}  -- the record's LEAN_FIELDS values, as writte
 # named by attempt and owner; the attempt is marked stalled) · returns 1 | 0
 REPORT_STALL = (
     PRELUDE
-    + _FENCE
+    + "local READ = {'status', 'owner_id', 'token', 'lease_expires_at', 'schema',\n"
+    + "  'attempts', 'timeline_seq'}\n"
     + _FENCE_CHECK
     + r"""
 if not mine or ended(v[1]) then return 0 end
-local attempt = redis.call('HGET', k, 'attempts') or '0'
-redis.call('HSET', k, 'stall_snapshot', ARGV[4], 'stage', ARGV[3], 'updated_at', fmt(now),
-  'last_error', string.match(ARGV[4], '^[^\n]*'), 'last_error_attempt', attempt,
-  'last_error_owner', owner, 'stalled_attempt', attempt)
+local attempt = v[6] or '0'
 local first_line = string.match(ARGV[4], '^[^\n]*')
-note(now, 'stalled', owner, ARGV[2], ARGV[3], 'snapshot stored: ' .. first_line)
+local w = {'stall_snapshot', ARGV[4], 'stage', ARGV[3], 'updated_at', fmt(now),
+  'last_error', first_line, 'last_error_attempt', attempt,
+  'last_error_owner', owner, 'stalled_attempt', attempt}
+note(now, 'stalled', owner, ARGV[2], ARGV[3], 'snapshot stored: ' .. first_line, nil, v[7], w)
+redis.call('HSET', k, unpack(w))
 return 1
 """
 )
@@ -330,10 +348,11 @@ return 1
 NOTE = (
     PRELUDE
     + r"""
-local ok = check(KEYS[1])
+local v = redis.call('HMGET', KEYS[1], 'schema', 'timeline_seq')
+local ok = ours(KEYS[1], v[1])
 if type(ok) == 'table' then return ok end
 if not ok then return 0 end
-note(now_us(), ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], %NOTE_LIMIT%)
+note(now_us(), ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], %NOTE_LIMIT%, v[2])
 return 1
 """.replace("%NOTE_LIMIT%", str(NOTE_LIMIT))
 )
@@ -347,18 +366,20 @@ CANCEL = (
     PRELUDE
     + r"""
 local k = KEYS[1]
-local ok = check(k)
+local c = redis.call('HMGET', k, 'schema', 'status', 'owner_id', 'token', 'stage',
+  'timeline_seq', 'indexed')
+local ok = ours(k, c[1])
 if type(ok) == 'table' then return ok end
 local now = now_us()
 if not ok then return {fmt(now)} end
-local c = redis.call('HMGET', k, 'status', 'owner_id', 'token', 'stage')
-if not ended(c[1]) then
-  note(now, 'cancelled', c[2], c[3], c[4], ARGV[1])
-  redis.call('HSET', k, 'status', 'CANCELLED', 'lease_expires_at', '', 'last_error', ARGV[1],
-    'last_error_attempt', '', 'last_error_owner', '', 'updated_at', fmt(now))
+if not ended(c[2]) then
+  local w = {'status', 'CANCELLED', 'lease_expires_at', '', 'last_error', ARGV[1],
+    'last_error_attempt', '', 'last_error_owner', '', 'updated_at', fmt(now)}
+  note(now, 'cancelled', c[3], c[4], c[5], ARGV[1], nil, c[6], w)
+  redis.call('HSET', k, unpack(w))
   redis.call('HDEL', k, 'checkpoint')
   unindex(k)
-  recount(KEYS[7], KEYS[8], k, c[1], 'CANCELLED')
+  recount(KEYS[7], KEYS[8], k, c[2], 'CANCELLED', c[7])
   redis.call('PUBLISH', KEYS[2], 'CANCELLED')
 end
 return {fmt(now), unpack(redis.call('HGETALL', k))}
@@ -369,9 +390,9 @@ return {fmt(now), unpack(redis.call('HGETALL', k))}
 GET = (
     PRELUDE
     + r"""
-local ok = check(KEYS[1])
-if type(ok) == 'table' then return ok end
-return {fmt(now_us()), unpack(redis.call('HGETALL', KEYS[1]))}
+local all = whole(KEYS[1])
+if all.err then return all end
+return {fmt(now_us()), unpack(all)}
 """
 )
 
@@ -383,24 +404,33 @@ SUBMIT = (
     PRELUDE
     + r"""
 local k = KEYS[1]
-local ok = check(k)
-if type(ok) == 'table' then return ok end
+local all = whole(k)  -- one read: empty for a new job (the common case), else the reply
+if all.err then return all end
 local now = now_us()
-if ok then
-  local v = redis.call('HMGET', k, 'fingerprint', 'spec')
-  if v[1] and v[1] ~= '' and v[1] ~= ARGV[2] then return {'conflict'} end
-  if not v[2] or v[2] == '' then
-    redis.call('HSET', k, 'spec', ARGV[1], 'fingerprint', ARGV[2], 'updated_at', fmt(now))
+local function queued()  -- add, or bring forward
+  if KEYS[5] then
+    redis.call('ZADD', KEYS[5], 'LT', string.format('%.6f', now / 1000000), ARGV[3])
   end
-else
-  redis.call('HSET', k, 'schema', '1', 'status', 'PENDING', 'token', '0', 'spec', ARGV[1],
-    'fingerprint', ARGV[2], 'created_at', fmt(now), 'updated_at', fmt(now))
-  created(KEYS[7], KEYS[8], k, now, 'PENDING', KEYS[9])
 end
-local status = redis.call('HGET', k, 'status')
-if KEYS[5] and not ended(status) then  -- add, or bring forward
-  redis.call('ZADD', KEYS[5], 'LT', string.format('%.6f', now / 1000000), ARGV[3])
+if #all > 0 then
+  local f = {}
+  for i = 1, #all, 2 do f[all[i]] = all[i + 1] end
+  if f.fingerprint and f.fingerprint ~= '' and f.fingerprint ~= ARGV[2] then
+    return {'conflict'}
+  end
+  if not f.spec or f.spec == '' then
+    local w = {'spec', ARGV[1], 'fingerprint', ARGV[2], 'updated_at', fmt(now)}
+    redis.call('HSET', k, unpack(w))
+    for _, x in ipairs(w) do all[#all + 1] = x end  -- a later field wins: read back as written
+  end
+  if not ended(f.status) then queued() end
+  return {'ok', fmt(now), unpack(all)}
 end
-return {'ok', fmt(now), unpack(redis.call('HGETALL', k))}
+local w = {'schema', '1', 'status', 'PENDING', 'token', '0', 'spec', ARGV[1],
+  'fingerprint', ARGV[2], 'created_at', fmt(now), 'updated_at', fmt(now), 'timeline_seq', '0'}
+if created(KEYS[7], KEYS[8], k, now, 'PENDING', KEYS[9]) then add(w, 'indexed', '1') end
+redis.call('HSET', k, unpack(w))
+queued()
+return {'ok', fmt(now), unpack(w)}  -- a new record: all it holds
 """
 )

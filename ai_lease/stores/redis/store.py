@@ -45,13 +45,15 @@ from ai_lease.redaction import mask_url
 from ai_lease.refusal import Refusal
 from ai_lease.resource import AsyncResource
 from ai_lease.stores.redis.calls import RedisCalls, connect
-from ai_lease.stores.redis.keys import decode, hash_tag, us
+from ai_lease.stores.redis.keys import decode, decode_read, hash_tag, us
 from ai_lease.stores.redis.listing import RedisListing
 from ai_lease.stores.redis.notes import RedisTimeline
 from ai_lease.stores.redis.prelude import LEAN_FIELDS
 from ai_lease.stores.redis.queue import RedisAdmin, RedisQueue
 
 __all__ = ["RedisStore", "hash_tag"]
+
+_ACQUIRE_READ = (*LEAN_FIELDS, "checkpoint")  # what ACQUIRE reads, in order
 
 
 class RedisStore(AsyncResource):
@@ -148,12 +150,13 @@ class RedisStore(AsyncResource):
         if kind == "conflict":
             raise JobConflict(key)
         if kind == "acquired":
-            job = decode(key, reply[3:], reply[1])
+            job = decode_read(key, _ACQUIRE_READ, reply[3], reply[4], reply[1])
             taken = bool(reply[2])
             cause = job.takeover_cause if taken else None
             return Acquired(Fence(key, owner_id, job.token), taken, job, cause)
-        job = decode(key, reply[2:], reply[1])
-        return Following(job) if kind == "following" else Finished(job)
+        if kind == "following":  # the checkpoint is the owner's alone
+            return Following(decode(key, reply[2][:-1], reply[1], names=LEAN_FIELDS))
+        return Finished(decode(key, reply[2:], reply[1]))
 
     async def renew(
         self,
