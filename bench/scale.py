@@ -54,7 +54,7 @@ from ai_lease.errors import StageTimeout
 from ai_lease.providers.base import ChatRequest, Delta
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 
-TIMEOUTS = StreamTimeouts(first_token=1, idle=0.5, total=30)
+TIMEOUTS = StreamTimeouts(first_token=1, idle=0.5, total=30)  # --first-token / --idle change it
 LATE_TARGET_MS, MEM_TARGET_KIB = 50.0, 20.0
 GUARD_P99_TARGET = 1.20  # issue 28, target 6: the guard adds <= 20 % to the bare p99
 
@@ -102,6 +102,8 @@ async def serve_one(rate: float, reader: Any, writer: Any) -> None:
                     return
                 await asyncio.sleep(max(0.0, at - loop.time()))
                 at += period
+                if writer.is_closing():  # the client left (a guard fired): stop writing
+                    return
                 writer.write(frame({"content": stamp(at - period)}))  # sent, due
             writer.write(frame({}, "stop") + DONE)
             await writer.drain()
@@ -393,6 +395,9 @@ def event_report(raw: dict[str, Any], guarded: dict[str, Any]) -> tuple[dict[str
         g / r for g, r in zip(guarded["event_p99_runs"], raw["event_p99_runs"], strict=True)
     ]
     ratio = guarded["events"]["p99"] / raw["events"]["p99"]
+    # A guard that times healthy streams out carries fewer events than the bare consumer
+    # did: its lateness is then that of a lighter load, and not comparable.
+    same_load = guarded["events"]["n"] == raw["events"]["n"]
     print(
         f"guarded / raw event p99: pooled {ratio:.2f}, per round "
         + " ".join(f"{x:.2f}" for x in per_round)
@@ -407,11 +412,16 @@ def event_report(raw: dict[str, Any], guarded: dict[str, Any]) -> tuple[dict[str
         "ratio_event_p99_guarded_vs_raw_round_median": statistics.median(per_round),
         "server_send_lag_p99_ms": max(raw["send_lag"]["p99"], guarded["send_lag"]["p99"]),
     }
-    verdict = (
-        ratio <= GUARD_P99_TARGET,
+    text = (
         f"guard_adds_p99<=20%: guarded/raw event lateness p99 {ratio:.2f} "
-        f"({guarded['events']['p99']:.1f} / {raw['events']['p99']:.1f} ms, pooled over rounds)",
+        f"({guarded['events']['p99']:.1f} / {raw['events']['p99']:.1f} ms, pooled over rounds)"
     )
+    if not same_load:
+        text += (
+            f", not comparable: the guarded phase delivered {guarded['events']['n']} of "
+            f"{raw['events']['n']} events ({guarded['false_timeouts']} false timeouts)"
+        )
+    verdict = (same_load and ratio <= GUARD_P99_TARGET, text)
     return out, verdict
 
 
@@ -425,7 +435,11 @@ def main() -> int:
     p.add_argument("--source", choices=("http", "memory"), default="http")
     p.add_argument("--ramp", type=float, default=1.0, help="streams start within this many s")
     p.add_argument("--pin", action="store_true", help="pin this process to core 0")
+    p.add_argument("--first-token", type=float, default=1.0, help="the guard's first-token s")
+    p.add_argument("--idle", type=float, default=0.5, help="the guard's idle budget, s")
     args = p.parse_args()
+    global TIMEOUTS
+    TIMEOUTS = StreamTimeouts(first_token=args.first_token, idle=args.idle, total=30)
     random.seed(8)
     server, base_url = None, None
     if args.source == "http":
