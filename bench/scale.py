@@ -11,12 +11,23 @@ spread over one period; the client reads them with the lean adapter on aiohttp
 process. ``--source memory``: each stream is an async generator in this process that yields
 one content delta every 1 / ``--rate`` s.
 
-Two kinds of phase, interleaved round by round (``--rounds`` pairs: raw, guarded, raw,
-guarded, …) so that machine drift moves both alike; medians over the rounds are reported:
+Two kinds of phase, interleaved round by round (``--rounds`` pairs: raw, guarded, guarded,
+raw, …) so that machine drift moves both alike; medians over the rounds are reported:
 
 * ``raw``      every stream consumed bare (``stream_batches()`` / ``async for``, texts kept);
 * ``guarded``  every stream through ``StreamGuard(StreamTimeouts(first_token=1, idle=0.5,
-  total=30), Progress())``, as the call_ai stage runs it.
+  total=30), Progress())``, as the call_ai stage runs it (``--first-token`` / ``--idle``).
+
+**Each event's lateness** (issue 28, target 6): the server stamps every content event with
+its send time (and its due time) from ``time.monotonic()``, which on Linux is the
+system-wide ``CLOCK_MONOTONIC``: one clock for the server's process and this one. The
+consumer records when the event's text reaches its code: the bare loop's ``append``, or the
+guard's own ``append`` into ``text_parts`` (the guard collects; no iterator yields to the
+caller), both through one :class:`_scale_late.StampedParts` (the same cost per event).
+Lateness = delivered - sent, every healthy stream's events pooled over the rounds, p50 /
+p99 per phase; the verdict asks guarded p99 <= 1.2x raw p99, judged only when both phases
+delivered the same events (a guard that times healthy streams out carries less load).
+"Send lag" (sent - due) shows how far behind its own schedule the server ran.
 
 Both phases also run ``--canaries`` streams that go silent (hang) at a random moment
 between 0.5 s and ``--seconds`` - 1 s. Under the guard each canary must end with
@@ -291,10 +302,11 @@ def median_phase(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def interleaved(args: argparse.Namespace, source: Source) -> tuple[dict[str, Any], ...]:
-    raws, guardeds = [], []
-    for _ in range(args.rounds):
-        raws.append(await phase(args, False, source))
-        guardeds.append(await phase(args, True, source))
+    raws: list[dict[str, Any]] = []
+    guardeds: list[dict[str, Any]] = []
+    for i in range(args.rounds):  # the order alternates: neither always runs first
+        for guarded in (False, True) if i % 2 == 0 else (True, False):
+            (guardeds if guarded else raws).append(await phase(args, guarded, source))
     return median_phase(raws), median_phase(guardeds)
 
 
