@@ -11,12 +11,23 @@ spread over one period; the client reads them with the lean adapter on aiohttp
 process. ``--source memory``: each stream is an async generator in this process that yields
 one content delta every 1 / ``--rate`` s.
 
-Two kinds of phase, interleaved round by round (``--rounds`` pairs: raw, guarded, raw,
-guarded, …) so that machine drift moves both alike; medians over the rounds are reported:
+Two kinds of phase, interleaved round by round (``--rounds`` pairs: raw, guarded, guarded,
+raw, …) so that machine drift moves both alike; medians over the rounds are reported:
 
 * ``raw``      every stream consumed bare (``stream_batches()`` / ``async for``, texts kept);
 * ``guarded``  every stream through ``StreamGuard(StreamTimeouts(first_token=1, idle=0.5,
-  total=30), Progress())``, as the call_ai stage runs it.
+  total=30), Progress())``, as the call_ai stage runs it (``--first-token`` / ``--idle``).
+
+**Each event's lateness** (issue 28, target 6): the server stamps every content event with
+its send time (and its due time) from ``time.monotonic()``, which on Linux is the
+system-wide ``CLOCK_MONOTONIC``: one clock for the server's process and this one. The
+consumer records when the event's text reaches its code: the bare loop's ``append``, or the
+guard's own ``append`` into ``text_parts`` (the guard collects; no iterator yields to the
+caller), both through one :class:`_scale_late.StampedParts` (the same cost per event).
+Lateness = delivered - sent, every healthy stream's events pooled over the rounds, p50 /
+p99 per phase; the verdict asks guarded p99 <= 1.2x raw p99, judged only when both phases
+delivered the same events (a guard that times healthy streams out carries less load).
+"Send lag" (sent - due) shows how far behind its own schedule the server ran.
 
 Both phases also run ``--canaries`` streams that go silent (hang) at a random moment
 between 0.5 s and ``--seconds`` - 1 s. Under the guard each canary must end with
@@ -47,14 +58,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
+from _scale_late import StampedParts, lateness, stamp, summary
 
 from ai_lease import Progress, StreamGuard, StreamIdleTimeout, StreamTimeouts
 from ai_lease.errors import StageTimeout
 from ai_lease.providers.base import ChatRequest, Delta
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 
-TIMEOUTS = StreamTimeouts(first_token=1, idle=0.5, total=30)
+TIMEOUTS = StreamTimeouts(first_token=1, idle=0.5, total=30)  # --first-token / --idle change it
 LATE_TARGET_MS, MEM_TARGET_KIB = 50.0, 20.0
+GUARD_P99_TARGET = 1.20  # issue 28, target 6: the guard adds <= 20 % to the bare p99
 
 
 async def ticking(
@@ -68,7 +81,7 @@ async def ticking(
             await asyncio.Event().wait()
         await asyncio.sleep(max(0.0, at - loop.time()))
         at += period
-        yield Delta(f"t{i} ")
+        yield Delta(stamp(at - period))
     yield Delta(finish_reason="stop")
 
 
@@ -100,7 +113,9 @@ async def serve_one(rate: float, reader: Any, writer: Any) -> None:
                     return
                 await asyncio.sleep(max(0.0, at - loop.time()))
                 at += period
-                writer.write(frame({"content": f"t{i} "}))
+                if writer.is_closing():  # the client left (a guard fired): stop writing
+                    return
+                writer.write(frame({"content": stamp(at - period)}))  # sent, due
             writer.write(frame({}, "stop") + DONE)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
@@ -139,11 +154,15 @@ def memory_source(period: float) -> Source:
 
 
 class Consumer:
-    """One stream's consumer; ``parts`` is the stream's own buffer (for the memory sums)."""
+    """One stream's consumer; ``parts`` is the stream's own buffer (for the memory sums).
+    ``stamped``: a :class:`StampedParts` that records when each event's text reaches the
+    consumer (the bare loop's append, or the guard's own append into ``text_parts``)."""
 
-    def __init__(self, guarded: bool) -> None:
+    def __init__(self, guarded: bool, stamped: bool = True) -> None:
         self.guard = StreamGuard(TIMEOUTS, Progress()) if guarded else None
-        self.parts: list[str] = self.guard.text_parts if self.guard else []
+        self.parts: list[str] = StampedParts() if stamped else []
+        if self.guard is not None:
+            self.guard.text_parts = self.parts
         self.error: StageTimeout | None = None
         self.late: float | None = None
 
@@ -163,8 +182,11 @@ class Consumer:
 
     async def run_provider(self, provider: OpenAICompatProvider, request: ChatRequest) -> None:
         if self.guard is None:
+            append = self.parts.append
             async for batch in provider.stream_batches(request):
-                self.parts.extend(d.text for d in batch if d.text)
+                for delta in batch:
+                    if delta.text:
+                        append(delta.text)
             return
         try:
             await self.guard.call(provider, request)
@@ -204,7 +226,10 @@ async def phase(args: argparse.Namespace, guarded: bool, source: Source) -> dict
         task.cancel()
     await asyncio.gather(*hung, probe, return_exceptions=True)
     late = [c.late for c in canaries if c.late is not None]
+    events, send_lag = lateness(c.parts for c in healthy if isinstance(c.parts, StampedParts))
     return {
+        "events": events,  # ms, every healthy stream's events: delivered - sent
+        "send_lag": send_lag,  # ms: sent - due (the server behind its own schedule)
         "wall": wall,
         "cpu": cpu / wall,
         "chunks_per_s": sum(len(c.parts) for c in healthy) / wall,
@@ -218,7 +243,7 @@ async def phase(args: argparse.Namespace, guarded: bool, source: Source) -> dict
 
 async def memory(args: argparse.Namespace, guarded: bool) -> tuple[float, float]:
     """(bytes per in-flight stream, of which the stream's own buffers) under tracemalloc."""
-    consumers = [Consumer(guarded) for _ in range(args.streams)]
+    consumers = [Consumer(guarded, stamped=False) for _ in range(args.streams)]
     period, chunks = 1 / args.rate, round(10 * args.seconds * args.rate)
     gc.collect()
     tracemalloc.start()
@@ -270,14 +295,18 @@ def median_phase(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["false_timeouts"] = sum(r["false_timeouts"] for r in runs)
     out["canaries_fired"] = sum(r["canaries_fired"] for r in runs)
     out["cpu_runs"] = [r["cpu"] for r in runs]
+    out["events"] = summary([x for r in runs for x in r["events"]])  # pooled over rounds
+    out["event_p99_runs"] = [summary(r["events"])["p99"] for r in runs]
+    out["send_lag"] = summary([x for r in runs for x in r["send_lag"]])
     return out
 
 
 async def interleaved(args: argparse.Namespace, source: Source) -> tuple[dict[str, Any], ...]:
-    raws, guardeds = [], []
-    for _ in range(args.rounds):
-        raws.append(await phase(args, False, source))
-        guardeds.append(await phase(args, True, source))
+    raws: list[dict[str, Any]] = []
+    guardeds: list[dict[str, Any]] = []
+    for i in range(args.rounds):  # the order alternates: neither always runs first
+        for guarded in (False, True) if i % 2 == 0 else (True, False):
+            (guardeds if guarded else raws).append(await phase(args, guarded, source))
     return median_phase(raws), median_phase(guardeds)
 
 
@@ -312,8 +341,9 @@ async def run(args: argparse.Namespace, base_url: str | None) -> None:
         )
     print(
         f"memory per in-flight stream: raw {raw_mem / 1024:.2f} KiB ({raw_buf / 1024:.2f} KiB "
-        f"buffers), guarded {g_mem / 1024:.2f} KiB ({g_buf / 1024:.2f} KiB buffers)\n"
+        f"buffers), guarded {g_mem / 1024:.2f} KiB ({g_buf / 1024:.2f} KiB buffers)"
     )
+    events, event_verdict = event_report(raw, guarded)
     beyond = (g_mem - g_buf) / 1024
     out = {
         "guarded_chunks_per_s": guarded["chunks_per_s"],
@@ -335,6 +365,7 @@ async def run(args: argparse.Namespace, base_url: str | None) -> None:
         "memory_per_job_beyond_buffers_kib": beyond,
         "memory_guard_only_kib": (g_mem - g_buf - raw_mem + raw_buf) / 1024,
         "memory_raw_beyond_buffers_kib": (raw_mem - raw_buf) / 1024,
+        **events,
     }
     for k, v in out.items():
         print(f"RESULT {k} {v:.3f}")
@@ -351,10 +382,59 @@ async def run(args: argparse.Namespace, base_url: str | None) -> None:
             beyond < MEM_TARGET_KIB,
             f"memory_per_job_beyond_buffers<{MEM_TARGET_KIB:g}KiB ({beyond:.2f})",
         ),
+        event_verdict,
     ]
     print()
     for ok, text in verdicts:
         print(f"VERDICT {'ok' if ok else 'miss'} {text}")
+
+
+def event_report(raw: dict[str, Any], guarded: dict[str, Any]) -> tuple[dict[str, float], Any]:
+    """Every healthy stream's events, delivered - sent (pooled over the rounds): a table,
+    the RESULT figures and the verdict on issue 28's target 6 (guard p99 <= 1.2x bare)."""
+    print(
+        f"\n{'events':<8} {'count':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  "
+        f"{'p99 per round ms':<24} server send lag p99 / max ms"
+    )
+    for name, r in (("raw", raw), ("guarded", guarded)):
+        e, lag = r["events"], r["send_lag"]
+        rounds = " ".join(f"{x:.1f}" for x in r["event_p99_runs"])
+        print(
+            f"{name:<8} {e['n']:8d} {e['p50']:8.1f} {e['p99']:8.1f} {e['max']:8.1f}  "
+            f"{rounds:<24} {lag['p99']:.1f} / {lag['max']:.1f}"
+        )
+    per_round = [
+        g / r for g, r in zip(guarded["event_p99_runs"], raw["event_p99_runs"], strict=True)
+    ]
+    ratio = guarded["events"]["p99"] / raw["events"]["p99"]
+    # A guard that times healthy streams out carries fewer events than the bare consumer
+    # did: its lateness is then that of a lighter load, and not comparable.
+    same_load = guarded["events"]["n"] == raw["events"]["n"]
+    print(
+        f"guarded / raw event p99: pooled {ratio:.2f}, per round "
+        + " ".join(f"{x:.2f}" for x in per_round)
+        + "\n"
+    )
+    out = {
+        "event_lateness_p50_ms_raw": raw["events"]["p50"],
+        "event_lateness_p99_ms_raw": raw["events"]["p99"],
+        "event_lateness_p50_ms_guarded": guarded["events"]["p50"],
+        "event_lateness_p99_ms_guarded": guarded["events"]["p99"],
+        "ratio_event_p99_guarded_vs_raw": ratio,
+        "ratio_event_p99_guarded_vs_raw_round_median": statistics.median(per_round),
+        "server_send_lag_p99_ms": max(raw["send_lag"]["p99"], guarded["send_lag"]["p99"]),
+    }
+    text = (
+        f"guard_adds_p99<=20%: guarded/raw event lateness p99 {ratio:.2f} "
+        f"({guarded['events']['p99']:.1f} / {raw['events']['p99']:.1f} ms, pooled over rounds)"
+    )
+    if not same_load:
+        text += (
+            f", not comparable: the guarded phase delivered {guarded['events']['n']} of "
+            f"{raw['events']['n']} events ({guarded['false_timeouts']} false timeouts)"
+        )
+    verdict = (same_load and ratio <= GUARD_P99_TARGET, text)
+    return out, verdict
 
 
 def main() -> int:
@@ -367,7 +447,11 @@ def main() -> int:
     p.add_argument("--source", choices=("http", "memory"), default="http")
     p.add_argument("--ramp", type=float, default=1.0, help="streams start within this many s")
     p.add_argument("--pin", action="store_true", help="pin this process to core 0")
+    p.add_argument("--first-token", type=float, default=1.0, help="the guard's first-token s")
+    p.add_argument("--idle", type=float, default=0.5, help="the guard's idle budget, s")
     args = p.parse_args()
+    global TIMEOUTS
+    TIMEOUTS = StreamTimeouts(first_token=args.first_token, idle=args.idle, total=30)
     random.seed(8)
     server, base_url = None, None
     if args.source == "http":
