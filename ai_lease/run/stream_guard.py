@@ -173,9 +173,11 @@ class StreamGuard:
         mean, std = normal_fit(gaps, PHI_MIN_STD_S)
         return last + crossing_s(self.timeouts.phi_threshold, mean, std)
 
-    def _arm(self) -> None:
+    def _arm(self, when: float | None = None) -> None:
+        """Wake at ``when`` (our clock), or at the next deadline worked out now."""
         assert self._loop is not None
-        when, _, _ = self._next_deadline()
+        if when is None:
+            when, _, _ = self._next_deadline()
         if when != float("inf"):
             # Convert from our clock to the loop's clock (both monotonic, possibly offset).
             self._handle = self._loop.call_at(self._loop.time() + (when - self.clock()), self._wake)
@@ -188,7 +190,7 @@ class StreamGuard:
     def _wake(self) -> None:
         when, error, budget = self._next_deadline()
         if self.clock() < when:  # content arrived since we armed: sleep until the new deadline
-            self._arm()
+            self._arm(when)  # the deadline just worked out: φ's fit is not done twice
             return
         if error is _PhiCheck and not self._suspect():
             self._arm()  # an alert only: the fixed budgets still stand
