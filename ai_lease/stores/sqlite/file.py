@@ -1,7 +1,10 @@
 """The SQLite store's file: its connection, its schema and one transaction per operation.
 
 All SQLite work runs on one thread per store, keeping the event loop free while another
-process holds the write lock (closing too). A file this user cannot write is opened
+process holds the write lock (closing too). Writes that arrive while that thread is busy
+are committed together (a group commit): one ``BEGIN IMMEDIATE`` ... ``COMMIT`` around them,
+each in its own savepoint, so each one still applies whole or not at all, and none is
+answered before the ``COMMIT`` that made it durable. A file this user cannot write is opened
 read-only: reads work, a write fails saying why. The store owns one :class:`SQLiteFile`
 and hands it to each of its parts (queue, admin, listing, timeline in
 :mod:`ai_lease.stores.sqlite.queue`, :mod:`~ai_lease.stores.sqlite.listing` and
@@ -13,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -141,6 +145,9 @@ class SQLiteFile:
         self._op_timeout, self._poll, self._clock = op_timeout, poll_interval, clock
         self._conn: sqlite3.Connection | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ai-lease-sqlite")
+        # writes waiting for the thread, and whether a group commit is queued to take them
+        self._pending: list[_Write] = []
+        self._pending_lock, self._drain_queued = threading.Lock(), False
         self.read_only = False
         self.lost_data: None = None  # an embedded file does not lose data behind our back
 
@@ -213,14 +220,17 @@ class SQLiteFile:
         try:
             return await loop.run_in_executor(self._executor, lambda: fn(self._connect()))
         except (sqlite3.Error, OSError) as exc:
-            # A failed statement or transaction is rolled back: nothing was applied.
-            detail = str(exc)
-            if self.read_only and "readonly" in detail:
-                detail = (
-                    f"the file is not writable by this user, so it was opened read-only: {op} "
-                    "needs write access (make the file and its directory writable)"
-                )
-            raise StoreUnavailable(self.where, op, detail, maybe_applied=False) from exc
+            raise self._unavailable(op, exc) from exc
+
+    def _unavailable(self, op: str, exc: sqlite3.Error | OSError) -> StoreUnavailable:
+        """A failed statement or transaction is rolled back: nothing was applied."""
+        detail = str(exc)
+        if self.read_only and "readonly" in detail:
+            detail = (
+                f"the file is not writable by this user, so it was opened read-only: {op} "
+                "needs write access (make the file and its directory writable)"
+            )
+        return StoreUnavailable(self.where, op, detail, maybe_applied=False)
 
     def _load(self, conn: sqlite3.Connection, key: str, now: float) -> JobState | None:
         row = conn.execute("SELECT record FROM ai_lease_jobs WHERE key = ?", (key,)).fetchone()
@@ -254,19 +264,45 @@ class SQLiteFile:
         )
 
     async def _write(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in one write transaction (``BEGIN IMMEDIATE``: processes queue here)."""
+        """Run ``fn`` in a write transaction (``BEGIN IMMEDIATE``: processes queue here),
+        answered once it is committed. Writes queued while the thread is busy share one
+        transaction, each in its own savepoint (:meth:`_drain`)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = loop.create_future()
+        with self._pending_lock:
+            self._pending.append((fn, answer))
+            queue_drain, self._drain_queued = not self._drain_queued, True
+        if queue_drain:
+            drained = loop.run_in_executor(self._executor, self._drain)
+            drained.add_done_callback(_deliver)
+        try:
+            return await answer
+        except (sqlite3.Error, OSError) as exc:
+            raise self._unavailable(op, exc) from exc
 
-        def work(conn: sqlite3.Connection) -> T:
+    def _drain(self) -> list[_Outcome]:
+        """On the store's thread: every write queued so far (but those whose caller gave up
+        before it ran), in one transaction; each write's answer or error. A write that fails
+        is rolled back to its savepoint alone; a failure of the transaction fails them all."""
+        with self._pending_lock:
+            batch, self._pending, self._drain_queued = self._pending, [], False
+        batch = [(fn, answer) for fn, answer in batch if not answer.cancelled()]
+        if not batch:
+            return []
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = self._connect()
             conn.execute("BEGIN IMMEDIATE")
-            try:
-                answer = fn(conn)
-                conn.execute("COMMIT")
-            except BaseException:
+            if len(batch) == 1:
+                outcomes = [(batch[0][1], True, batch[0][0](conn))]
+            else:
+                outcomes = [(answer, *_in_savepoint(conn, fn)) for fn, answer in batch]
+            conn.execute("COMMIT")
+            return outcomes
+        except BaseException as exc:  # nothing of this transaction was applied
+            if conn is not None and conn.in_transaction:
                 conn.execute("ROLLBACK")
-                raise
-            return answer
-
-        return await self._run(op, work)
+            return [(answer, False, exc) for _, answer in batch]
 
     async def _transact(
         self,
@@ -308,6 +344,37 @@ class SQLiteFile:
         # Work queued behind the close may still run (seconds, on a held write lock):
         # wait for it off the event loop.
         await asyncio.to_thread(self._executor.shutdown, wait=True)
+
+
+_Write = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]"]
+_Outcome = tuple["asyncio.Future[Any]", bool, Any]
+"""A write's future, whether it succeeded, and its answer (or its error)."""
+
+
+def _in_savepoint(
+    conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]
+) -> tuple[bool, Any]:
+    """``fn`` inside a savepoint of the open transaction: kept, or rolled back alone."""
+    conn.execute("SAVEPOINT ai_lease_write")
+    try:
+        answer = fn(conn)
+    except Exception as exc:
+        conn.execute("ROLLBACK TO ai_lease_write")
+        conn.execute("RELEASE ai_lease_write")
+        return False, exc
+    conn.execute("RELEASE ai_lease_write")
+    return True, answer
+
+
+def _deliver(drained: asyncio.Future[list[_Outcome]]) -> None:
+    """On the event loop: hand each write of a group commit its answer or its error."""
+    for answer, ok, value in drained.result():
+        if answer.done():  # its caller gave up while it ran
+            continue
+        if ok:
+            answer.set_result(value)
+        else:
+            answer.set_exception(value)
 
 
 def _holds_a_store(conn: sqlite3.Connection) -> bool:
