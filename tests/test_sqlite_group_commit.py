@@ -1,8 +1,8 @@
 """The SQLite store commits writes that queue behind its thread together, each still whole.
 
-Writes that arrive while the store's one thread is busy share one transaction, each in its
-own savepoint: a write that fails is rolled back alone, a caller that gave up before its
-write ran has nothing applied, and no write is answered before the commit that holds it.
+Writes that arrive while the store's one thread is busy share one transaction: a write that
+fails is rolled back alone (the others run again without it), a caller that gave up before
+its write ran has nothing applied, and no write is answered before the commit that holds it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 
 from ai_lease import Acquired
 from ai_lease.errors import JobConflict
+from ai_lease.lease.listing import created_us
 from ai_lease.stores.sqlite.store import SQLiteStore
 
 
@@ -120,5 +121,40 @@ async def test_an_answered_write_is_committed_for_another_connection(tmp_path: P
             (n,) = other.execute("SELECT count(*) FROM ai_lease_jobs").fetchone()
             (t,) = other.execute("SELECT count(*) FROM ai_lease_timeline").fetchone()
         assert (n, t) == (10, 10)
+    finally:
+        await store.aclose()
+
+
+async def test_the_indexed_columns_follow_the_record_through_a_job(tmp_path: Path) -> None:
+    """Status, lease expiry and creation time in the row match the record after each write."""
+    store = SQLiteStore(tmp_path / "g.db")
+
+    async def columns_match() -> None:
+        row = await store._run(
+            "row",
+            lambda c: c.execute(
+                "SELECT status, lease_expires_at, created_us FROM ai_lease_jobs WHERE key = 'k'"
+            ).fetchone(),
+        )
+        rec = await store.get("k")
+        assert rec is not None
+        assert row == (rec.status.value, rec.lease_expires_at, created_us(rec.created_at))
+
+    try:
+        await store.submit("k", '{"input": "x"}', "fp")
+        await columns_match()
+        got = await store.acquire("k", "node-1", ttl=30, max_no_progress=5)
+        assert isinstance(got, Acquired)
+        await columns_match()
+        renewal = await store.renew(
+            got.fence, ttl=60, stage="load", progress_version=1, max_no_progress=5, grace=1
+        )
+        assert renewal.ok
+        await columns_match()
+        await store.commit(got.fence, '"done"')
+        await columns_match()
+        assert (await store.count_jobs()).get("DONE") == 1
+        assert await store.retry("k") is not None
+        await columns_match()
     finally:
         await store.aclose()

@@ -2,13 +2,14 @@
 
 All SQLite work runs on one thread per store, keeping the event loop free while another
 process holds the write lock (closing too). Writes that arrive while that thread is busy
-are committed together (a group commit): one ``BEGIN IMMEDIATE`` ... ``COMMIT`` around them,
-each in its own savepoint, so each one still applies whole or not at all, and none is
-answered before the ``COMMIT`` that made it durable. A file this user cannot write is opened
-read-only: reads work, a write fails saying why. The store owns one :class:`SQLiteFile`
-and hands it to each of its parts (queue, admin, listing, timeline in
-:mod:`ai_lease.stores.sqlite.queue`, :mod:`~ai_lease.stores.sqlite.listing` and
-:mod:`~ai_lease.stores.sqlite.notes`), so they share one connection and one thread.
+are committed together (a group commit): one ``BEGIN IMMEDIATE`` ... ``COMMIT`` around
+them; a write that raises is rolled back and the others run again without it, so each one
+still applies whole or not at all, and none is answered before the ``COMMIT`` that holds
+it. A file this user cannot write is opened read-only: reads work, a write fails saying
+why. The store owns one :class:`SQLiteFile` and hands it to each of its parts (queue,
+admin, listing, timeline in :mod:`ai_lease.stores.sqlite.queue`,
+:mod:`~ai_lease.stores.sqlite.listing` and :mod:`~ai_lease.stores.sqlite.notes`), so they
+share one connection and one thread.
 """
 
 from __future__ import annotations
@@ -97,6 +98,10 @@ CREATED_FROM_RECORD = (
     "CASE WHEN json_valid(CAST(record AS TEXT)) THEN coalesce(CAST(round("
     "json_extract(CAST(record AS TEXT), '$.created_at') * 1000000) AS INTEGER), 0) ELSE 0 END"
 )
+
+
+# The jobs' columns the indexes read (the record's own fields, kept beside it).
+_INDEXED = ("status", "lease_expires_at", "created_us")
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -236,6 +241,16 @@ class SQLiteFile:
         row = conn.execute("SELECT record FROM ai_lease_jobs WHERE key = ?", (key,)).fetchone()
         return None if row is None else self._decode(key, row[0], now)
 
+    def _load_row(
+        self, conn: sqlite3.Connection, key: str, now: float
+    ) -> tuple[JobState | None, tuple[Any, ...] | None]:
+        """The record and its row's indexed columns as stored (:data:`_INDEXED`), in one read."""
+        row = conn.execute(
+            "SELECT record, status, lease_expires_at, created_us FROM ai_lease_jobs WHERE key = ?",
+            (key,),
+        ).fetchone()
+        return (None, None) if row is None else (self._decode(key, row[0], now), row[1:])
+
     @staticmethod
     def _decode(key: str, blob: bytes, now: float) -> JobState:
         """A stored record as a job read at ``now`` (:class:`CorruptRecord` if not ours)."""
@@ -248,25 +263,39 @@ class SQLiteFile:
         return JobState.from_fields(key, data, now)
 
     @staticmethod
-    def _save(conn: sqlite3.Connection, job: JobState) -> None:
+    def _save(
+        conn: sqlite3.Connection, job: JobState, stored: tuple[Any, ...] | None = None
+    ) -> None:
+        """Write ``job``'s record. ``stored``: its row's indexed columns as read in this
+        transaction, so only those that changed are set (an index whose columns are set is
+        rewritten, changed or not: pages written, and checkpointed, for nothing)."""
         data = job.to_dict()
         del data["key"], data["read_at"]
         # A given-up record keeps the code and the last error, not the sentence readers see.
         data["last_error"] = stored_error(job.failure_kind, job.attempts, job.last_error)
         data["schema"] = 1
-        created = created_us(job.created_at)
+        blob, created = orjson.dumps(data), created_us(job.created_at)
+        if stored is not None:
+            values = (job.status.value, job.lease_expires_at, created)
+            changed = [
+                (c, v) for c, v, old in zip(_INDEXED, values, stored, strict=True) if v != old
+            ]
+            sets = "".join(f", {column} = ?" for column, _ in changed)
+            args = (blob, *(value for _, value in changed), job.key)
+            conn.execute(f"UPDATE ai_lease_jobs SET record = ?{sets} WHERE key = ?", args)
+            return
         conn.execute(
             "INSERT INTO ai_lease_jobs (key, status, lease_expires_at, record, created_us)"
             " VALUES (?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET status = excluded.status,"
             " lease_expires_at = excluded.lease_expires_at, record = excluded.record,"
             " created_us = excluded.created_us",
-            (job.key, job.status.value, job.lease_expires_at, orjson.dumps(data), created),
+            (job.key, job.status.value, job.lease_expires_at, blob, created),
         )
 
     async def _write(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` in a write transaction (``BEGIN IMMEDIATE``: processes queue here),
         answered once it is committed. Writes queued while the thread is busy share one
-        transaction, each in its own savepoint (:meth:`_drain`)."""
+        transaction (:meth:`_drain`)."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[T] = loop.create_future()
         with self._pending_lock:
@@ -282,27 +311,31 @@ class SQLiteFile:
 
     def _drain(self) -> list[_Outcome]:
         """On the store's thread: every write queued so far (but those whose caller gave up
-        before it ran), in one transaction; each write's answer or error. A write that fails
-        is rolled back to its savepoint alone; a failure of the transaction fails them all."""
+        before it ran), in one transaction; each write's answer or error. A write that raises
+        rolls the transaction back and the others run again without it (rare: a refusal that
+        raises, or a bug), so each write still applies whole or not at all."""
         with self._pending_lock:
             batch, self._pending, self._drain_queued = self._pending, [], False
         batch = [(fn, answer) for fn, answer in batch if not answer.cancelled()]
-        if not batch:
-            return []
+        failed: list[_Outcome] = []
         conn: sqlite3.Connection | None = None
         try:
-            conn = self._connect()
-            conn.execute("BEGIN IMMEDIATE")
-            if len(batch) == 1:
-                outcomes = [(batch[0][1], True, batch[0][0](conn))]
-            else:
-                outcomes = [(answer, *_in_savepoint(conn, fn)) for fn, answer in batch]
-            conn.execute("COMMIT")
-            return outcomes
+            while batch:
+                conn = self._connect()
+                conn.execute("BEGIN IMMEDIATE")
+                done, index, error = _each(conn, batch)
+                if error is None:
+                    conn.execute("COMMIT")
+                    return failed + done
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                failed.append((batch[index][1], False, error))
+                batch = batch[:index] + batch[index + 1 :]
         except BaseException as exc:  # nothing of this transaction was applied
             if conn is not None and conn.in_transaction:
                 conn.execute("ROLLBACK")
-            return [(answer, False, exc) for _, answer in batch]
+            return failed + [(answer, False, exc) for _, answer in batch]
+        return failed
 
     async def _transact(
         self,
@@ -317,14 +350,14 @@ class SQLiteFile:
 
         def work(conn: sqlite3.Connection) -> T | FencingRejected:
             now = self._clock()
-            rec = self._load(conn, key, now)
+            rec, stored = self._load_row(conn, key, now)
             try:
                 new, answer = rule(rec, now)
             except FencingRejected as exc:
                 timeline.append(conn, key, now, timeline.rejected(rec, exc))
                 return exc
             if new is not None:
-                self._save(conn, new)
+                self._save(conn, new, stored)
             if note is not None:
                 timeline.append(conn, key, now, note(rec, new, answer))
             return answer
@@ -351,19 +384,18 @@ _Outcome = tuple["asyncio.Future[Any]", bool, Any]
 """A write's future, whether it succeeded, and its answer (or its error)."""
 
 
-def _in_savepoint(
-    conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]
-) -> tuple[bool, Any]:
-    """``fn`` inside a savepoint of the open transaction: kept, or rolled back alone."""
-    conn.execute("SAVEPOINT ai_lease_write")
-    try:
-        answer = fn(conn)
-    except Exception as exc:
-        conn.execute("ROLLBACK TO ai_lease_write")
-        conn.execute("RELEASE ai_lease_write")
-        return False, exc
-    conn.execute("RELEASE ai_lease_write")
-    return True, answer
+def _each(
+    conn: sqlite3.Connection, batch: list[_Write]
+) -> tuple[list[_Outcome], int, Exception | None]:
+    """Run the writes in order in the open transaction: their answers, or where the first
+    one that raised stands and what it raised (the caller rolls back)."""
+    done: list[_Outcome] = []
+    for index, (fn, answer) in enumerate(batch):
+        try:
+            done.append((answer, True, fn(conn)))
+        except Exception as exc:
+            return done, index, exc
+    return done, len(batch), None
 
 
 def _deliver(drained: asyncio.Future[list[_Outcome]]) -> None:
