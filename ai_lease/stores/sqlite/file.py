@@ -243,13 +243,18 @@ class SQLiteFile:
 
     def _load_row(
         self, conn: sqlite3.Connection, key: str, now: float
-    ) -> tuple[JobState | None, tuple[Any, ...] | None]:
-        """The record and its row's indexed columns as stored (:data:`_INDEXED`), in one read."""
-        row = conn.execute(
-            "SELECT record, status, lease_expires_at, created_us FROM ai_lease_jobs WHERE key = ?",
+    ) -> tuple[JobState | None, tuple[Any, ...] | None, int]:
+        """In one read: the record, its row's indexed columns as stored (:data:`_INDEXED`;
+        None without a row) and the last ``seq`` of its timeline (0 for none)."""
+        blob, *stored, last = conn.execute(
+            "SELECT j.record, j.status, j.lease_expires_at, j.created_us,"
+            " (SELECT max(seq) FROM ai_lease_timeline WHERE key = ?1)"
+            " FROM (SELECT 1) LEFT JOIN ai_lease_jobs j ON j.key = ?1",
             (key,),
         ).fetchone()
-        return (None, None) if row is None else (self._decode(key, row[0], now), row[1:])
+        if blob is None:
+            return None, None, last or 0
+        return self._decode(key, blob, now), tuple(stored), last or 0
 
     @staticmethod
     def _decode(key: str, blob: bytes, now: float) -> JobState:
@@ -350,16 +355,16 @@ class SQLiteFile:
 
         def work(conn: sqlite3.Connection) -> T | FencingRejected:
             now = self._clock()
-            rec, stored = self._load_row(conn, key, now)
+            rec, stored, last = self._load_row(conn, key, now)
             try:
                 new, answer = rule(rec, now)
             except FencingRejected as exc:
-                timeline.append(conn, key, now, timeline.rejected(rec, exc))
+                timeline.append(conn, key, now, timeline.rejected(rec, exc), last)
                 return exc
             if new is not None:
                 self._save(conn, new, stored)
             if note is not None:
-                timeline.append(conn, key, now, note(rec, new, answer))
+                timeline.append(conn, key, now, note(rec, new, answer), last)
             return answer
 
         answer = await self._write(op, work)
