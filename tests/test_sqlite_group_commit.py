@@ -158,3 +158,13 @@ async def test_the_indexed_columns_follow_the_record_through_a_job(tmp_path: Pat
         await columns_match()
     finally:
         await store.aclose()
+
+
+async def test_a_write_to_a_closed_store_fails_at_once_every_time(tmp_path: Path) -> None:
+    """After aclose a write raises at once, and so does the next (none waits for a thread)."""
+    store = SQLiteStore(tmp_path / "g.db")
+    await store.acquire("a", "node-1", ttl=30, max_no_progress=5)
+    await store.aclose()
+    for key in ("b", "c"):
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(store.acquire(key, "node-1", ttl=30, max_no_progress=5), 5)

@@ -307,7 +307,12 @@ class SQLiteFile:
             self._pending.append((fn, answer))
             queue_drain, self._drain_queued = not self._drain_queued, True
         if queue_drain:
-            drained = loop.run_in_executor(self._executor, self._drain)
+            try:
+                drained = loop.run_in_executor(self._executor, self._drain)
+            except BaseException:  # a closed store: leave no write waiting for a thread
+                with self._pending_lock:
+                    self._pending, self._drain_queued = [], False
+                raise
             drained.add_done_callback(_deliver)
         try:
             return await answer
