@@ -210,22 +210,25 @@ def _report(runs: dict[tuple[str, str], list[dict[str, float]]], trees: list[str
         )
     print()
     med = {k: statistics.median(v) for k, v in rate.items()}
+    shown = [v for v in ("store", "pipeline") if ("this", v) in rate]
     for tree in trees:
-        for variant in ("store", "pipeline"):
+        for variant in shown:
             per_round = [
                 s / p for s, p in zip(rate[tree, variant], rate["this", "pair"], strict=True)
             ]
             each = " / ".join(f"{x:.3f}" for x in per_round)
             print(f"RESULT {tree}_{variant}_vs_pair {statistics.median(per_round):.3f} ({each})")
-        print(f"RESULT {tree}_store_jobs_per_s {med[tree, 'store']:.0f}")
-        print(f"RESULT {tree}_pipeline_jobs_per_s {med[tree, 'pipeline']:.0f}")
+        for variant in shown:
+            print(f"RESULT {tree}_{variant}_jobs_per_s {med[tree, variant]:.0f}")
     this = trees[0]
+    if "store" not in shown:
+        return
     ratio = statistics.median(
         [s / p for s, p in zip(rate[this, "store"], rate[this, "pair"], strict=True)]
     )
     verdicts = [(ratio >= PAIR_TARGET, f"sqlite_store_vs_pair>={PAIR_TARGET:g} ({ratio:.3f})")]
     if len(trees) > 1:
-        for variant in ("store", "pipeline"):
+        for variant in shown:
             up = [
                 a / b for a, b in zip(rate[this, variant], rate["baseline", variant], strict=True)
             ]
