@@ -1,11 +1,15 @@
 """The SQLite store's file: its connection, its schema and one transaction per operation.
 
 All SQLite work runs on one thread per store, keeping the event loop free while another
-process holds the write lock (closing too). A file this user cannot write is opened
-read-only: reads work, a write fails saying why. The store owns one :class:`SQLiteFile`
-and hands it to each of its parts (queue, admin, listing, timeline in
-:mod:`ai_lease.stores.sqlite.queue`, :mod:`~ai_lease.stores.sqlite.listing` and
-:mod:`~ai_lease.stores.sqlite.notes`), so they share one connection and one thread.
+process holds the write lock (closing too). Writes that arrive while that thread is busy
+are committed together (a group commit): one ``BEGIN IMMEDIATE`` ... ``COMMIT`` around
+them; a write that raises is rolled back and the others run again without it, so each one
+still applies whole or not at all, and none is answered before the ``COMMIT`` that holds
+it. A file this user cannot write is opened read-only: reads work, a write fails saying
+why. The store owns one :class:`SQLiteFile` and hands it to each of its parts (queue,
+admin, listing, timeline in :mod:`ai_lease.stores.sqlite.queue`,
+:mod:`~ai_lease.stores.sqlite.listing` and :mod:`~ai_lease.stores.sqlite.notes`), so they
+share one connection and one thread.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -95,6 +100,10 @@ CREATED_FROM_RECORD = (
 )
 
 
+# The jobs' columns the indexes read (the record's own fields, kept beside it).
+_INDEXED = ("status", "lease_expires_at", "created_us")
+
+
 def _migrate(conn: sqlite3.Connection) -> None:
     """Give a file made before the listing its ``created_us`` column, filled in from each
     record, in one write transaction (a racing process finds it done and does nothing)."""
@@ -141,6 +150,9 @@ class SQLiteFile:
         self._op_timeout, self._poll, self._clock = op_timeout, poll_interval, clock
         self._conn: sqlite3.Connection | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ai-lease-sqlite")
+        # writes waiting for the thread, and whether a group commit is queued to take them
+        self._pending: list[_Write] = []
+        self._pending_lock, self._drain_queued = threading.Lock(), False
         self.read_only = False
         self.lost_data: None = None  # an embedded file does not lose data behind our back
 
@@ -213,18 +225,36 @@ class SQLiteFile:
         try:
             return await loop.run_in_executor(self._executor, lambda: fn(self._connect()))
         except (sqlite3.Error, OSError) as exc:
-            # A failed statement or transaction is rolled back: nothing was applied.
-            detail = str(exc)
-            if self.read_only and "readonly" in detail:
-                detail = (
-                    f"the file is not writable by this user, so it was opened read-only: {op} "
-                    "needs write access (make the file and its directory writable)"
-                )
-            raise StoreUnavailable(self.where, op, detail, maybe_applied=False) from exc
+            raise self._unavailable(op, exc) from exc
+
+    def _unavailable(self, op: str, exc: sqlite3.Error | OSError) -> StoreUnavailable:
+        """A failed statement or transaction is rolled back: nothing was applied."""
+        detail = str(exc)
+        if self.read_only and "readonly" in detail:
+            detail = (
+                f"the file is not writable by this user, so it was opened read-only: {op} "
+                "needs write access (make the file and its directory writable)"
+            )
+        return StoreUnavailable(self.where, op, detail, maybe_applied=False)
 
     def _load(self, conn: sqlite3.Connection, key: str, now: float) -> JobState | None:
         row = conn.execute("SELECT record FROM ai_lease_jobs WHERE key = ?", (key,)).fetchone()
         return None if row is None else self._decode(key, row[0], now)
+
+    def _load_row(
+        self, conn: sqlite3.Connection, key: str, now: float
+    ) -> tuple[JobState | None, tuple[Any, ...] | None, int]:
+        """In one read: the record, its row's indexed columns as stored (:data:`_INDEXED`;
+        None without a row) and the last ``seq`` of its timeline (0 for none)."""
+        blob, *stored, last = conn.execute(
+            "SELECT j.record, j.status, j.lease_expires_at, j.created_us,"
+            " (SELECT max(seq) FROM ai_lease_timeline WHERE key = ?1)"
+            " FROM (SELECT 1) LEFT JOIN ai_lease_jobs j ON j.key = ?1",
+            (key,),
+        ).fetchone()
+        if blob is None:
+            return None, None, last or 0
+        return self._decode(key, blob, now), tuple(stored), last or 0
 
     @staticmethod
     def _decode(key: str, blob: bytes, now: float) -> JobState:
@@ -238,35 +268,84 @@ class SQLiteFile:
         return JobState.from_fields(key, data, now)
 
     @staticmethod
-    def _save(conn: sqlite3.Connection, job: JobState) -> None:
+    def _save(
+        conn: sqlite3.Connection, job: JobState, stored: tuple[Any, ...] | None = None
+    ) -> None:
+        """Write ``job``'s record. ``stored``: its row's indexed columns as read in this
+        transaction, so only those that changed are set (an index whose columns are set is
+        rewritten, changed or not: pages written, and checkpointed, for nothing)."""
         data = job.to_dict()
         del data["key"], data["read_at"]
         # A given-up record keeps the code and the last error, not the sentence readers see.
         data["last_error"] = stored_error(job.failure_kind, job.attempts, job.last_error)
         data["schema"] = 1
-        created = created_us(job.created_at)
+        blob, created = orjson.dumps(data), created_us(job.created_at)
+        if stored is not None:
+            values = (job.status.value, job.lease_expires_at, created)
+            changed = [
+                (c, v) for c, v, old in zip(_INDEXED, values, stored, strict=True) if v != old
+            ]
+            sets = "".join(f", {column} = ?" for column, _ in changed)
+            args = (blob, *(value for _, value in changed), job.key)
+            conn.execute(f"UPDATE ai_lease_jobs SET record = ?{sets} WHERE key = ?", args)
+            return
         conn.execute(
             "INSERT INTO ai_lease_jobs (key, status, lease_expires_at, record, created_us)"
             " VALUES (?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET status = excluded.status,"
             " lease_expires_at = excluded.lease_expires_at, record = excluded.record,"
             " created_us = excluded.created_us",
-            (job.key, job.status.value, job.lease_expires_at, orjson.dumps(data), created),
+            (job.key, job.status.value, job.lease_expires_at, blob, created),
         )
 
     async def _write(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in one write transaction (``BEGIN IMMEDIATE``: processes queue here)."""
-
-        def work(conn: sqlite3.Connection) -> T:
-            conn.execute("BEGIN IMMEDIATE")
+        """Run ``fn`` in a write transaction (``BEGIN IMMEDIATE``: processes queue here),
+        answered once it is committed. Writes queued while the thread is busy share one
+        transaction (:meth:`_drain`)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = loop.create_future()
+        with self._pending_lock:
+            self._pending.append((fn, answer))
+            queue_drain, self._drain_queued = not self._drain_queued, True
+        if queue_drain:
             try:
-                answer = fn(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
+                drained = loop.run_in_executor(self._executor, self._drain)
+            except BaseException:  # a closed store: leave no write waiting for a thread
+                with self._pending_lock:
+                    self._pending, self._drain_queued = [], False
                 raise
-            return answer
+            drained.add_done_callback(_deliver)
+        try:
+            return await answer
+        except (sqlite3.Error, OSError) as exc:
+            raise self._unavailable(op, exc) from exc
 
-        return await self._run(op, work)
+    def _drain(self) -> list[_Outcome]:
+        """On the store's thread: every write queued so far (but those whose caller gave up
+        before it ran), in one transaction; each write's answer or error. A write that raises
+        rolls the transaction back and the others run again without it (rare: a refusal that
+        raises, or a bug), so each write still applies whole or not at all."""
+        with self._pending_lock:
+            batch, self._pending, self._drain_queued = self._pending, [], False
+        batch = [(fn, answer) for fn, answer in batch if not answer.cancelled()]
+        failed: list[_Outcome] = []
+        conn: sqlite3.Connection | None = None
+        try:
+            while batch:
+                conn = self._connect()
+                conn.execute("BEGIN IMMEDIATE")
+                done, index, error = _each(conn, batch)
+                if error is None:
+                    conn.execute("COMMIT")
+                    return failed + done
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                failed.append((batch[index][1], False, error))
+                batch = batch[:index] + batch[index + 1 :]
+        except BaseException as exc:  # nothing of this transaction was applied
+            if conn is not None and conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return failed + [(answer, False, exc) for _, answer in batch]
+        return failed
 
     async def _transact(
         self,
@@ -281,16 +360,16 @@ class SQLiteFile:
 
         def work(conn: sqlite3.Connection) -> T | FencingRejected:
             now = self._clock()
-            rec = self._load(conn, key, now)
+            rec, stored, last = self._load_row(conn, key, now)
             try:
                 new, answer = rule(rec, now)
             except FencingRejected as exc:
-                timeline.append(conn, key, now, timeline.rejected(rec, exc))
+                timeline.append(conn, key, now, timeline.rejected(rec, exc), last)
                 return exc
             if new is not None:
-                self._save(conn, new)
+                self._save(conn, new, stored)
             if note is not None:
-                timeline.append(conn, key, now, note(rec, new, answer))
+                timeline.append(conn, key, now, note(rec, new, answer), last)
             return answer
 
         answer = await self._write(op, work)
@@ -308,6 +387,36 @@ class SQLiteFile:
         # Work queued behind the close may still run (seconds, on a held write lock):
         # wait for it off the event loop.
         await asyncio.to_thread(self._executor.shutdown, wait=True)
+
+
+_Write = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]"]
+_Outcome = tuple["asyncio.Future[Any]", bool, Any]
+"""A write's future, whether it succeeded, and its answer (or its error)."""
+
+
+def _each(
+    conn: sqlite3.Connection, batch: list[_Write]
+) -> tuple[list[_Outcome], int, Exception | None]:
+    """Run the writes in order in the open transaction: their answers, or where the first
+    one that raised stands and what it raised (the caller rolls back)."""
+    done: list[_Outcome] = []
+    for index, (fn, answer) in enumerate(batch):
+        try:
+            done.append((answer, True, fn(conn)))
+        except Exception as exc:
+            return done, index, exc
+    return done, len(batch), None
+
+
+def _deliver(drained: asyncio.Future[list[_Outcome]]) -> None:
+    """On the event loop: hand each write of a group commit its answer or its error."""
+    for answer, ok, value in drained.result():
+        if answer.done():  # its caller gave up while it ran
+            continue
+        if ok:
+            answer.set_result(value)
+        else:
+            answer.set_exception(value)
 
 
 def _holds_a_store(conn: sqlite3.Connection) -> bool:

@@ -46,10 +46,15 @@ class SQLiteTimeline:
         owner_id, stage = diagnostic(owner_id) or "", diagnostic(stage)
 
         def work(conn: sqlite3.Connection) -> bool:
-            if conn.execute("SELECT 1 FROM ai_lease_jobs WHERE key = ?", (key,)).fetchone() is None:
+            row = conn.execute(  # whether the job exists, and its timeline's last seq
+                "SELECT (SELECT max(seq) FROM ai_lease_timeline WHERE key = ?1)"
+                " FROM ai_lease_jobs WHERE key = ?1",
+                (key,),
+            ).fetchone()
+            if row is None:
                 return False
             entry = (kind, owner_id, token, stage or "", detail)
-            timeline.append(conn, key, self._file._clock(), entry)
+            timeline.append(conn, key, self._file._clock(), entry, row[0] or 0)
             return True
 
         return await self._file._write("note", work)

@@ -38,15 +38,19 @@ def _first_line(text: str | None) -> str:
     return (text or "").split("\n", 1)[0]
 
 
-def append(conn: sqlite3.Connection, key: str, now: float, note: Note | None) -> None:
-    """Note one entry for ``key`` (nothing for ``None``), dropping the oldest past the cap."""
+def append(
+    conn: sqlite3.Connection, key: str, now: float, note: Note | None, last: int | None = None
+) -> None:
+    """Note one entry for ``key`` (nothing for ``None``), dropping the oldest past the cap.
+    ``last``: the timeline's last ``seq``, if this transaction read it already."""
     if note is None:
         return
     kind, owner, token, stage, detail = note
     limit = NOTE_LIMIT if kind in NOTE_KINDS else _DETAIL  # a ladder step says more
-    (last,) = conn.execute(
-        "SELECT max(seq) FROM ai_lease_timeline WHERE key = ?", (key,)
-    ).fetchone()
+    if last is None:
+        (last,) = conn.execute(
+            "SELECT max(seq) FROM ai_lease_timeline WHERE key = ?", (key,)
+        ).fetchone()
     seq = (last or 0) + 1
     conn.execute(
         "INSERT INTO ai_lease_timeline VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
