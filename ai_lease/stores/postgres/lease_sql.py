@@ -108,84 +108,91 @@ RETURNS TABLE (o_kind text, o_at double precision, o_taken boolean, o_cause text
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
-  v_now double precision := %NOW%; v_seq int;
+  v_now double precision := %NOW%; v_seq int; v_judged boolean := false;
   r ail_jobs; n ail_jobs; v_new boolean := false; v_cause text; v_token bigint;
 BEGIN
-  -- Again only if the record went (a forced remove) between a lost insert and the lock.
-  LOOP
-    SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key FOR UPDATE;
+  LOOP  -- a job nobody held (submitted) granted in one statement; else locked and judged
+    UPDATE ail_jobs j SET status = 'RUNNING', owner_id = p_owner,
+      token = greatest(nextval('ail_tokens'), j.token + 1),
+      stage = NULL, progress_version = 0, heartbeat_at = v_now, last_progress_at = v_now,
+      lease_expires_at = v_now + p_ttl, max_no_progress = p_mnp, stall_policy = p_policy,
+      renew_interval = p_renew_interval, attempts = j.attempts + 1,
+      started_at = coalesce(j.started_at, v_now),
+      fingerprint = coalesce(nullif(j.fingerprint, ''), nullif(p_fp, '')), updated_at = v_now,
+      takeovers = j.takeovers + (v_cause IS NOT NULL)::int,
+      takeover_cause = coalesce(v_cause, j.takeover_cause)
+    WHERE j.key = p_key AND (v_judged OR (j.status = 'PENDING' AND coalesce(j.owner_id, '') = ''
+      AND (p_max_attempts IS NULL OR j.attempts < p_max_attempts)
+      AND (p_fp = '' OR coalesce(j.fingerprint, '') IN ('', p_fp))))
+    RETURNING * INTO n;
     EXIT WHEN FOUND;
-    IF coalesce(p_max_attempts, 1) > 0 THEN  -- a new job, granted in one write
-      v_token := nextval('ail_tokens');
-      INSERT INTO ail_jobs AS j (key, status, owner_id, token, heartbeat_at, last_progress_at,
-        lease_expires_at, max_no_progress, stall_policy, renew_interval, attempts, started_at,
-        fingerprint, created_at, updated_at)
-      VALUES (p_key, 'RUNNING', p_owner, v_token, v_now, v_now, v_now + p_ttl, p_mnp,
-        p_policy, p_renew_interval, 1, v_now, nullif(p_fp, ''), v_now, v_now)
-      ON CONFLICT (key) DO NOTHING RETURNING * INTO n;
-      IF n.key IS NOT NULL THEN
-        {_note("'acquired'", "p_owner", "v_token", "''", "'attempt 1'")}
-        {_lean("n", True)}
-        RETURN QUERY SELECT 'acquired'::text, v_now, false, NULL::text, n;
-        RETURN;
-      END IF;  -- a racing acquirer made it first: judged below like any record
-    ELSE  -- a new job with no attempts allowed: given up at once
-      INSERT INTO ail_jobs (key, status, created_at, updated_at)
-      VALUES (p_key, 'PENDING', v_now, v_now) ON CONFLICT (key) DO NOTHING;
-      v_new := FOUND;
-    END IF;
-  END LOOP;
-  {_ours("r")}
-  IF NOT v_new THEN
-    IF p_fp <> '' AND coalesce(r.fingerprint, '') <> '' AND r.fingerprint <> p_fp THEN
-      RETURN QUERY SELECT 'conflict'::text, v_now, false, NULL::text, NULL::ail_jobs;
-      RETURN;
-    END IF;
-    IF {_ended("r.status")} THEN
-      RETURN QUERY SELECT 'finished'::text, v_now, false, NULL::text, r;
-      RETURN;
-    END IF;
-    IF r.status = 'RUNNING' AND coalesce(r.lease_expires_at, 0) > v_now THEN
-      IF r.owner_id = p_owner THEN  -- a repeated acquire (a lost reply): the same token
-        {_lean("r", True)}
-        RETURN QUERY SELECT 'acquired'::text, v_now, false, NULL::text, r;
-      ELSE
-        {_lean("r", False)}
-        RETURN QUERY SELECT 'following'::text, v_now, false, NULL::text, r;
+    -- Again only if the record went (a forced remove) between a lost insert and the lock.
+    LOOP
+      SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key FOR UPDATE;
+      EXIT WHEN FOUND;
+      IF coalesce(p_max_attempts, 1) > 0 THEN  -- a new job, granted in one write
+        v_token := nextval('ail_tokens');
+        INSERT INTO ail_jobs AS j (key, status, owner_id, token, heartbeat_at, last_progress_at,
+          lease_expires_at, max_no_progress, stall_policy, renew_interval, attempts, started_at,
+          fingerprint, created_at, updated_at)
+        VALUES (p_key, 'RUNNING', p_owner, v_token, v_now, v_now, v_now + p_ttl, p_mnp,
+          p_policy, p_renew_interval, 1, v_now, nullif(p_fp, ''), v_now, v_now)
+        ON CONFLICT (key) DO NOTHING RETURNING * INTO n;
+        IF n.key IS NOT NULL THEN
+          {_note("'acquired'", "p_owner", "v_token", "''", "'attempt 1'")}
+          {_lean("n", True)}
+          RETURN QUERY SELECT 'acquired'::text, v_now, false, NULL::text, n;
+          RETURN;
+        END IF;  -- a racing acquirer made it first: judged below like any record
+      ELSE  -- a new job with no attempts allowed: given up at once
+        INSERT INTO ail_jobs (key, status, created_at, updated_at)
+        VALUES (p_key, 'PENDING', v_now, v_now) ON CONFLICT (key) DO NOTHING;
+        v_new := FOUND;
       END IF;
+    END LOOP;
+    {_ours("r")}
+    IF NOT v_new THEN
+      IF p_fp <> '' AND coalesce(r.fingerprint, '') <> '' AND r.fingerprint <> p_fp THEN
+        RETURN QUERY SELECT 'conflict'::text, v_now, false, NULL::text, NULL::ail_jobs;
+        RETURN;
+      END IF;
+      IF {_ended("r.status")} THEN
+        RETURN QUERY SELECT 'finished'::text, v_now, false, NULL::text, r;
+        RETURN;
+      END IF;
+      IF r.status = 'RUNNING' AND coalesce(r.lease_expires_at, 0) > v_now THEN
+        IF r.owner_id = p_owner THEN  -- a repeated acquire (a lost reply): the same token
+          {_lean("r", True)}
+          RETURN QUERY SELECT 'acquired'::text, v_now, false, NULL::text, r;
+        ELSE
+          {_lean("r", False)}
+          RETURN QUERY SELECT 'following'::text, v_now, false, NULL::text, r;
+        END IF;
+        RETURN;
+      END IF;
+    END IF;
+    IF p_max_attempts IS NOT NULL AND r.attempts >= p_max_attempts THEN  -- given up
+      UPDATE ail_jobs j SET status = 'FAILED', lease_expires_at = NULL, checkpoint = NULL,
+        updated_at = v_now, fingerprint = coalesce(nullif(j.fingerprint, ''), nullif(p_fp, '')),
+        failure_kind = 'gave_up'  -- a code; the last error is kept, Python renders the words
+      WHERE j.key = p_key RETURNING * INTO n;
+      IF NOT v_new THEN
+        {_note("'failed'", "r.owner_id", "r.token", "''", "format('gave_up:%s', r.attempts)")}
+      END IF;
+      {_NOTIFY}
+      RETURN QUERY SELECT 'finished'::text, v_now, false, NULL::text, n;
       RETURN;
     END IF;
-  END IF;
-  IF p_max_attempts IS NOT NULL AND r.attempts >= p_max_attempts THEN  -- given up
-    UPDATE ail_jobs j SET status = 'FAILED', lease_expires_at = NULL, checkpoint = NULL,
-      updated_at = v_now, fingerprint = coalesce(nullif(j.fingerprint, ''), nullif(p_fp, '')),
-      failure_kind = 'gave_up'  -- a code; the last error is kept, Python renders the words
-    WHERE j.key = p_key RETURNING * INTO n;
-    IF NOT v_new THEN
-      {_note("'failed'", "r.owner_id", "r.token", "''", "format('gave_up:%s', r.attempts)")}
+    IF coalesce(r.owner_id, '') <> '' AND {_node_of("r.owner_id")} <> {_node_of("p_owner")} THEN
+      v_cause := CASE WHEN r.stalled_attempt > 0 AND r.stalled_attempt = r.attempts
+        THEN 'stalled' WHEN r.status = 'PENDING' THEN 'released' ELSE 'expired' END;
     END IF;
-    {_NOTIFY}
-    RETURN QUERY SELECT 'finished'::text, v_now, false, NULL::text, n;
-    RETURN;
-  END IF;
-  IF coalesce(r.owner_id, '') <> '' AND {_node_of("r.owner_id")} <> {_node_of("p_owner")} THEN
-    v_cause := CASE WHEN r.stalled_attempt > 0 AND r.stalled_attempt = r.attempts
-      THEN 'stalled' WHEN r.status = 'PENDING' THEN 'released' ELSE 'expired' END;
-  END IF;
-  v_token := greatest(nextval('ail_tokens'), r.token + 1);
-  UPDATE ail_jobs j SET status = 'RUNNING', owner_id = p_owner, token = v_token,
-    stage = NULL, progress_version = 0, heartbeat_at = v_now, last_progress_at = v_now,
-    lease_expires_at = v_now + p_ttl, max_no_progress = p_mnp, stall_policy = p_policy,
-    renew_interval = p_renew_interval, attempts = j.attempts + 1,
-    started_at = coalesce(j.started_at, v_now),
-    fingerprint = coalesce(nullif(j.fingerprint, ''), nullif(p_fp, '')), updated_at = v_now,
-    takeovers = j.takeovers + (v_cause IS NOT NULL)::int,
-    takeover_cause = coalesce(v_cause, j.takeover_cause)
-  WHERE j.key = p_key RETURNING * INTO n;
+    v_judged := true;  -- the record is locked and may be taken: written on the next turn
+  END LOOP;
   IF v_cause IS NOT NULL THEN
-    {_note("'taken_over'", "p_owner", "v_token", "''", _TAKEN)}
+    {_note("'taken_over'", "p_owner", "n.token", "''", _TAKEN)}
   ELSE
-    {_note("'acquired'", "p_owner", "v_token", "''", "format('attempt %s', n.attempts)")}
+    {_note("'acquired'", "p_owner", "n.token", "''", "format('attempt %s', n.attempts)")}
   END IF;
   {_lean("n", True)}
   RETURN QUERY SELECT 'acquired'::text, v_now, v_cause IS NOT NULL, v_cause, n;
@@ -298,45 +305,51 @@ DECLARE
   v_now double precision := %NOW%; v_seq int;
   r ail_jobs; n ail_jobs; v_mine boolean; v_code text; v_done boolean := p_status = 'DONE';
 BEGIN
-  SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key FOR UPDATE;
-  IF NOT FOUND THEN
-    RETURN QUERY SELECT 'rejected'::text, v_now, 'missing'::text, NULL::bigint, NULL::text,
-      NULL::ail_jobs;
-    RETURN;
-  END IF;
-  {_ours("r")}
-  v_mine := coalesce(r.token = p_token AND r.owner_id = p_owner, false);
-  IF {_ended("r.status")} AND v_mine AND r.status = p_status THEN  -- repeated: as stored
-    RETURN QUERY SELECT 'ok'::text, v_now, NULL::text, NULL::bigint, NULL::text, r;
-    RETURN;
-  END IF;
-  IF {_ended("r.status")} OR NOT v_mine THEN
-    v_code := CASE WHEN NOT {_ended("r.status")} THEN 'newer_owner'
-      WHEN r.status = 'CANCELLED' THEN 'cancelled'
-      WHEN r.status = 'DONE' AND v_done THEN 'already_committed'
-      ELSE 'already_finished' END;
-    {_note("'fenced_write_rejected'", "p_owner", "p_token", "r.stage", "v_code")}
-    RETURN QUERY SELECT 'rejected'::text, v_now, v_code, r.token, r.owner_id, NULL::ail_jobs;
-    RETURN;
-  END IF;
-  UPDATE ail_jobs j SET status = p_status, lease_expires_at = NULL, updated_at = v_now,
-    finished_at = v_now, checkpoint = NULL,
-    result = CASE WHEN v_done THEN p_value ELSE j.result END,
-    stage = CASE WHEN v_done THEN 'done' ELSE j.stage END,
-    finish_reason = CASE WHEN v_done THEN nullif(p_reason, '') ELSE j.finish_reason END,
-    last_error = CASE WHEN v_done THEN j.last_error ELSE {_clip("p_value")} END,
-    failure_kind = CASE WHEN v_done THEN NULL ELSE coalesce(p_failure_kind, 'error') END,
-    last_error_attempt = CASE WHEN v_done THEN j.last_error_attempt ELSE j.attempts END,
-    last_error_owner = CASE WHEN v_done THEN j.last_error_owner ELSE j.owner_id END,
-    provider = coalesce(nullif(p_provider, ''), j.provider),
-    model = coalesce(nullif(p_model, ''), j.model),
-    prompt_tokens = coalesce(p_prompt, j.prompt_tokens),
-    completion_tokens = coalesce(p_completion, j.completion_tokens),
-    reasoning_tokens = coalesce(p_reasoning, j.reasoning_tokens),
-    first_token_s = coalesce(p_first_token, j.first_token_s),
-    first_visible_s = coalesce(p_first_visible, j.first_visible_s),
-    stage_durations = coalesce(p_durations, j.stage_durations)
-  WHERE j.key = p_key RETURNING * INTO n;
+  -- The fence holding a job not yet ended (the common case): written in one statement,
+  -- no lock taken first; else the record is locked and judged.
+  LOOP
+    UPDATE ail_jobs j SET status = p_status, lease_expires_at = NULL, updated_at = v_now,
+      finished_at = v_now, checkpoint = NULL,
+      result = CASE WHEN v_done THEN p_value ELSE j.result END,
+      stage = CASE WHEN v_done THEN 'done' ELSE j.stage END,
+      finish_reason = CASE WHEN v_done THEN nullif(p_reason, '') ELSE j.finish_reason END,
+      last_error = CASE WHEN v_done THEN j.last_error ELSE {_clip("p_value")} END,
+      failure_kind = CASE WHEN v_done THEN NULL ELSE coalesce(p_failure_kind, 'error') END,
+      last_error_attempt = CASE WHEN v_done THEN j.last_error_attempt ELSE j.attempts END,
+      last_error_owner = CASE WHEN v_done THEN j.last_error_owner ELSE j.owner_id END,
+      provider = coalesce(nullif(p_provider, ''), j.provider),
+      model = coalesce(nullif(p_model, ''), j.model),
+      prompt_tokens = coalesce(p_prompt, j.prompt_tokens),
+      completion_tokens = coalesce(p_completion, j.completion_tokens),
+      reasoning_tokens = coalesce(p_reasoning, j.reasoning_tokens),
+      first_token_s = coalesce(p_first_token, j.first_token_s),
+      first_visible_s = coalesce(p_first_visible, j.first_visible_s),
+      stage_durations = coalesce(p_durations, j.stage_durations)
+    WHERE j.key = p_key AND j.token = p_token AND j.owner_id = p_owner
+      AND j.status IN ('PENDING', 'RUNNING') RETURNING * INTO n;
+    EXIT WHEN FOUND;
+    SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key FOR UPDATE;
+    IF NOT FOUND THEN
+      RETURN QUERY SELECT 'rejected'::text, v_now, 'missing'::text, NULL::bigint, NULL::text,
+        NULL::ail_jobs;
+      RETURN;
+    END IF;
+    {_ours("r")}
+    v_mine := coalesce(r.token = p_token AND r.owner_id = p_owner, false);
+    IF {_ended("r.status")} AND v_mine AND r.status = p_status THEN  -- repeated: as stored
+      RETURN QUERY SELECT 'ok'::text, v_now, NULL::text, NULL::bigint, NULL::text, r;
+      RETURN;
+    END IF;
+    IF {_ended("r.status")} OR NOT v_mine THEN
+      v_code := CASE WHEN NOT {_ended("r.status")} THEN 'newer_owner'
+        WHEN r.status = 'CANCELLED' THEN 'cancelled'
+        WHEN r.status = 'DONE' AND v_done THEN 'already_committed'
+        ELSE 'already_finished' END;
+      {_note("'fenced_write_rejected'", "p_owner", "p_token", "r.stage", "v_code")}
+      RETURN QUERY SELECT 'rejected'::text, v_now, v_code, r.token, r.owner_id, NULL::ail_jobs;
+      RETURN;
+    END IF;
+  END LOOP;  -- the fence holds after all: written on the next turn
   IF v_done THEN
     {_note("'committed'", "p_owner", "p_token", "n.stage", "coalesce(p_reason, '')")}
   ELSE

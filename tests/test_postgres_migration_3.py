@@ -1,7 +1,9 @@
 """The PostgreSQL timeline numbered from the timeline itself (migration 3): a schema at
 migration 2 (a heads table numbering the entries, the helper functions) is upgraded in place
 with its entries kept and numbered on from the last one; notes written at once by many
-callers on one job still get one number each, in order, none twice."""
+callers on one job still get one number each, in order, none twice. And the one-statement
+paths of acquire (a submitted job nobody held) and commit (the fence that holds), judged
+like any record when they do not apply."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from ai_lease.errors import FencingRejected, JobConflict
+from ai_lease.job import Status
 from ai_lease.lease import Acquired
 from ai_lease.stores.postgres.schema import VERSION
 from ai_lease.stores.postgres.store import PostgresStore
@@ -116,5 +120,67 @@ async def test_notes_written_at_once_get_one_number_each(
         assert [e.seq for e in entries] == list(range(1, 52))
         details = {e.detail for e in entries if e.kind == "model_call"}
         assert details == {f"call {i}" for i in range(40)}
+    finally:
+        await store.aclose()
+
+
+async def test_a_submitted_job_is_granted_once_and_judged_like_any_record(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """A job submitted and never held is granted in one statement: racing acquirers get one
+    owner; another fingerprint conflicts and no attempt left gives up, as for any record;
+    the grant's timeline entry carries the token it issued."""
+    store = _store(pg_server, namespace)
+    try:
+        for key in ("raced", "other-fp", "no-attempts"):
+            await store.submit(key, '{"input": "x"}', "fp-1")
+        outcomes = await asyncio.gather(
+            *(
+                store.acquire(
+                    "raced", f"node-{i}#1", ttl=30, max_no_progress=30, fingerprint="fp-1"
+                )
+                for i in range(12)
+            )
+        )
+        owners = [o for o in outcomes if isinstance(o, Acquired)]
+        assert len(owners) == 1 and owners[0].fence.token > 0
+        assert all(type(o).__name__ == "Following" for o in outcomes if o is not owners[0])
+        entries, _ = await store.timeline("raced")
+        assert [(e.kind, e.token, e.detail) for e in entries] == [
+            ("acquired", owners[0].fence.token, "attempt 1")
+        ]
+        with pytest.raises(JobConflict):
+            await store.acquire("other-fp", "A", ttl=30, max_no_progress=30, fingerprint="fp-2")
+        gave_up = await store.acquire(
+            "no-attempts", "A", ttl=30, max_no_progress=30, max_attempts=0
+        )
+        assert type(gave_up).__name__ == "Finished" and gave_up.job.status is Status.FAILED
+    finally:
+        await store.aclose()
+
+
+async def test_a_commit_after_a_takeover_is_rejected_and_its_owners_repeat_answered(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """The one-statement commit writes only under the fence that holds: the old owner's
+    late commit is rejected (naming the new fence), the new owner's commit lands, and its
+    repeat answers with the stored record."""
+    store = _store(pg_server, namespace)
+    try:
+        old = await store.acquire("k", "node-a#1", ttl=0.2, max_no_progress=30)
+        assert isinstance(old, Acquired)
+        await asyncio.sleep(0.35)
+        new = await store.acquire("k", "node-b#1", ttl=30, max_no_progress=30)
+        assert isinstance(new, Acquired) and new.takeover
+        with pytest.raises(FencingRejected) as rejected:
+            await store.commit(old.fence, "late")
+        assert rejected.value.current == new.fence
+        done = await store.commit(new.fence, "answer")
+        again = await store.commit(new.fence, "answer")
+        assert done.status is Status.DONE and again.result == done.result == "answer"
+        entries, _ = await store.timeline("k")
+        assert [e.kind for e in entries] == [
+            "acquired", "taken_over", "fenced_write_rejected", "committed"
+        ]  # fmt: skip
     finally:
         await store.aclose()
