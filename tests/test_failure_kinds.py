@@ -39,6 +39,7 @@ from ai_lease.observe.metrics import Metrics
 from ai_lease.retry import RetryPolicy
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
+from ai_lease.stores.postgres.schema import VERSION
 from ai_lease.stores.postgres.store import PostgresStore
 from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.testing.contract_support import own
@@ -140,7 +141,7 @@ async def test_a_schema_at_migration_1_is_upgraded(
     finally:
         await store.aclose()
     rows = pg_server.execute(f"SELECT max(version) FROM {namespace}.ail_migrations")
-    assert rows == [(2,)]
+    assert rows == [(VERSION,)]
 
 
 async def test_the_failed_jobs_counter_is_labelled_by_kind(sqlite_store: SQLiteStore) -> None:

@@ -211,7 +211,6 @@ BEGIN
   DELETE FROM ail_queue WHERE key = ANY(p_keys);
   DELETE FROM ail_recovery WHERE key = ANY(p_keys);
   DELETE FROM ail_timeline WHERE key = ANY(p_keys);
-  DELETE FROM ail_timeline_heads WHERE key = ANY(p_keys);
 END $$;
 
 -- Delete the job and its entries unless it is RUNNING under a live lease and not forced

@@ -36,10 +36,16 @@ __all__ = [
     "notify_payload",
 ]
 
-VERSION = 2
-"""The migration this code installs and expects (2: ``failure_kind``, see :data:`UPGRADES`)."""
+VERSION = 3
+"""The migration this code installs and expects (2: ``failure_kind``; 3: timeline entries
+numbered from the timeline itself, no ``ail_timeline_heads``; see :data:`UPGRADES`)."""
 
-UPGRADES: dict[int, str] = {2: "ALTER TABLE ail_jobs ADD COLUMN failure_kind text;"}
+UPGRADES: dict[int, str] = {
+    2: "ALTER TABLE ail_jobs ADD COLUMN failure_kind text;",
+    # The next entry's seq is the key's last one + 1 (read under the job's row lock): the
+    # heads table's upsert per entry went; the entries already written keep their numbers.
+    3: "DROP TABLE IF EXISTS ail_timeline_heads;",
+}
 """What takes a schema from the version before each key to it: the tables' changes; the
 functions are then made again from this code's SQL (:func:`_upgrade`)."""
 
@@ -86,8 +92,6 @@ CREATE TABLE ail_timeline (key text COLLATE "C", seq int, at double precision NO
   kind text NOT NULL, owner_id text NOT NULL, token bigint NOT NULL,
   stage text NOT NULL, detail text NOT NULL,
   PRIMARY KEY (key, seq));
-CREATE TABLE ail_timeline_heads (key text COLLATE "C" PRIMARY KEY, next_seq int NOT NULL,
-  dropped int NOT NULL);
 CREATE TABLE ail_workers (worker_id text PRIMARY KEY, expires_at double precision NOT NULL,
   info text NOT NULL);
 
@@ -106,9 +110,11 @@ SET search_path FROM CURRENT AS $$ SELECT pg_notify({channel},
 PAYLOAD_LIMIT = 1000
 """A NOTIFY payload is the job's key up to this many bytes (UTF-8), else its digest."""
 
-DDL = DDL.replace("%PAYLOAD_LIMIT%", str(PAYLOAD_LIMIT))
 
-PARTS = [DDL, lease_sql.FUNCTIONS, queue_sql.FUNCTIONS]
+PARTS = [
+    part.replace("%PAYLOAD_LIMIT%", str(PAYLOAD_LIMIT))
+    for part in (DDL, lease_sql.FUNCTIONS, queue_sql.FUNCTIONS)
+]
 """The migration's SQL, run in this order in one transaction."""
 
 
