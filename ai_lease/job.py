@@ -19,7 +19,7 @@ import orjson
 
 from ai_lease.errors import CorruptRecord, JobSpecError
 from ai_lease.failure import ended_by, render
-from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS
+from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS, KIND_SAME_TYPE
 from ai_lease.job_provider import ProviderChoice
 from ai_lease.job_shapes import check_shapes
 from ai_lease.text_safety import UNSAFE
@@ -411,15 +411,11 @@ _TEMPLATE: dict[str, Any] = {
     name: None if f.default is MISSING else f.default
     for name, f in JobState.__dataclass_fields__.items()
 }
-# The exact type each kind's function returns a value of that type as (unchanged), so
-# ``from_fields`` may take such a value without the call: str (non-empty), int, float.
-_SAME = {"str": str, "int": int, "count": int, "time": float, "time0": float}
-
 # Each stored field with the function that checks and converts it, its value when unset
 # (the function's answer for None) and the type it passes through unchanged (hot: two
 # records per job).
 _CONVERTERS: tuple[tuple[str, Callable[[Any], Any], Any, type | None], ...] = tuple(
-    (name, convert, convert(None), _SAME.get(kind))
+    (name, convert, convert(None), KIND_SAME_TYPE.get(kind))
     for name, kind in FIELD_KINDS.items()
     for convert in (_status if kind == "status" else KIND_CONVERTERS[kind],)
 )

@@ -12,7 +12,7 @@ import pytest
 from ai_lease.errors import CorruptRecord
 from ai_lease.failure import render
 from ai_lease.job import JobState, Status
-from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS
+from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS, KIND_SAME_TYPE
 
 READ_AT = 1_764_780_000.5
 
@@ -134,3 +134,11 @@ def test_evolve_is_dataclasses_replace() -> None:
     assert rec.evolve() == rec and rec.evolve() is not rec
     with pytest.raises(TypeError, match="no_such_field"):
         rec.evolve(no_such_field=1)
+
+
+@pytest.mark.parametrize("kind", list(KIND_SAME_TYPE))
+def test_a_kind_returns_a_value_of_its_same_type_unchanged(kind: str) -> None:
+    same = KIND_SAME_TYPE[kind]
+    samples = {str: ["a", "RUNNING", " ", "\x00", "é" * 600], int: [0, 1, -5, 1 << 80]}
+    for value in samples.get(same, [0.0, -1.5, 1e300, float("inf")]):
+        assert KIND_CONVERTERS[kind](value) is value
