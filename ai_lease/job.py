@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 import orjson
 
 from ai_lease.errors import CorruptRecord, JobSpecError
 from ai_lease.failure import ended_by, render
-from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS
+from ai_lease.job_fields import FIELD_KINDS, KIND_CONVERTERS, KIND_SAME_TYPE
 from ai_lease.job_provider import ProviderChoice
 from ai_lease.job_shapes import check_shapes
 from ai_lease.text_safety import UNSAFE
@@ -313,15 +314,27 @@ class JobState:
 
     @classmethod
     def from_fields(cls, key: str, data: Mapping[str, Any], read_at: float) -> JobState:
-        """Build a record from stored fields, checking every type; raise :class:`CorruptRecord`."""
-        kwargs: dict[str, Any] = {"key": key, "read_at": read_at}
+        """Build a record from stored fields, checking every type; raise :class:`CorruptRecord`.
+
+        Each field is checked as its kind's function in :mod:`ai_lease.job_fields` checks it
+        (same errors, same bounds); an unset field, or a value already of the exact type
+        that function would return it as (a non-empty ``str``, an ``int``, a ``float``), is
+        taken as it is, without the call."""
+        kwargs = _TEMPLATE.copy()  # every field, in field order
+        kwargs["key"], kwargs["read_at"] = key, read_at
         get = data.get
         try:
-            for name, convert in _CONVERTERS:
+            for name, convert, unset, same in _CONVERTERS:
                 value = get(name)
+                if value is None:
+                    kwargs[name] = unset
+                    continue
                 if value.__class__ is bytes:
                     value = value.decode()
-                kwargs[name] = convert(value)
+                if value.__class__ is same and value != "":
+                    kwargs[name] = value
+                else:
+                    kwargs[name] = convert(value)
         except (TypeError, ValueError, UnicodeDecodeError):
             raise CorruptRecord(key, f"field {name!r} holds {str(value)[:40]!r}") from None
         if kwargs["status"] is None:
@@ -332,7 +345,18 @@ class JobState:
             kwargs["last_error"] = render(
                 kwargs["failure_kind"], kwargs["attempts"], kwargs["last_error"]
             )
-        return cls(**kwargs)
+        return _built(cls, kwargs)
+
+    def evolve(self, **changes: Any) -> JobState:
+        """A copy with ``changes`` (what :func:`dataclasses.replace` gives: the values are
+        taken as given, an unknown field name is a ``TypeError``), without calling the
+        frozen ``__init__`` field by field: the rules build several records per job."""
+        if not _FIELD_NAMES.issuperset(changes):
+            unknown = sorted(set(changes) - _FIELD_NAMES)
+            raise TypeError(f"JobState has no field {unknown[0]!r}")
+        values = self.__dict__.copy()
+        values.update(changes)
+        return _built(self.__class__, values)
 
     @property
     def ended_by(self) -> str | None:
@@ -347,7 +371,7 @@ class JobState:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (status as its name)."""
-        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out = dict(zip(_STATE_NAMES, _values_of(self.__dict__), strict=True))
         out["status"] = self.status.value
         out["stage_durations"] = self.durations
         return out
@@ -361,12 +385,37 @@ class JobState:
         return value
 
 
+_BY_VALUE: dict[str, Status] = {member.value: member for member in Status}
+
+
 def _status(value: Any) -> Status | None:
+    if value.__class__ is str and (member := _BY_VALUE.get(value)) is not None:
+        return member
     return None if value is None or value == "" else Status(value)
 
 
-# Each stored field with the function that checks and converts it (hot: two records per job).
-_CONVERTERS: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
-    (name, _status if kind == "status" else KIND_CONVERTERS[kind])
+def _built(cls: type[JobState], values: dict[str, Any]) -> JobState:
+    """A record of ``values`` (every field, in field order), as ``cls(**values)`` builds it
+    (JobState has no ``__post_init__``) but without its frozen field-by-field setattrs."""
+    job = object.__new__(cls)
+    job.__dict__.update(values)
+    return job
+
+
+# Computed once: the field names (in order), a getter of their values, and every field's
+# default (for the fields ``from_fields`` sets, each is overwritten).
+_STATE_NAMES: tuple[str, ...] = tuple(JobState.__dataclass_fields__)
+_FIELD_NAMES = frozenset(_STATE_NAMES)
+_values_of = operator.itemgetter(*_STATE_NAMES)
+_TEMPLATE: dict[str, Any] = {
+    name: None if f.default is MISSING else f.default
+    for name, f in JobState.__dataclass_fields__.items()
+}
+# Each stored field with the function that checks and converts it, its value when unset
+# (the function's answer for None) and the type it passes through unchanged (hot: two
+# records per job).
+_CONVERTERS: tuple[tuple[str, Callable[[Any], Any], Any, type | None], ...] = tuple(
+    (name, convert, convert(None), KIND_SAME_TYPE.get(kind))
     for name, kind in FIELD_KINDS.items()
+    for convert in (_status if kind == "status" else KIND_CONVERTERS[kind],)
 )

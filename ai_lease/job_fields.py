@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["FIELD_KINDS", "KIND_CONVERTERS"]
+__all__ = ["FIELD_KINDS", "KIND_CONVERTERS", "KIND_SAME_TYPE"]
 
 FIELD_KINDS: dict[str, str] = {
     "status": "status",
@@ -119,4 +119,15 @@ KIND_CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "json": _json,
     "time": _time,
     "time0": _time0,
+}
+
+# For a kind here, its function returns a value of exactly this type (a non-empty one, for
+# ``str``) as it is: :meth:`~ai_lease.job.JobState.from_fields` takes such a value without
+# the call. Keep it in step with the functions above (tests/test_job_decode.py checks).
+KIND_SAME_TYPE: dict[str, type] = {
+    "str": str,
+    "int": int,
+    "count": int,
+    "time": float,
+    "time0": float,
 }

@@ -12,7 +12,6 @@ because the store's clock has moved on since any token was issued.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from ai_lease.errors import FencingRejected, JobConflict
@@ -98,17 +97,16 @@ def acquire(
         done = _gave_up(base, now, fingerprint)
         return done, Finished(done)
     cause = takeover_cause(base, owner_id)
-    new = _granted(base, owner_id, now, ttl, max_no_progress, stall_policy, fingerprint)
-    new = replace(new, renew_interval=renew_interval)
+    more: dict[str, Any] = {"renew_interval": renew_interval}
     if cause is not None:
-        new = replace(new, takeovers=base.takeovers + 1, takeover_cause=cause)
+        more.update(takeovers=base.takeovers + 1, takeover_cause=cause)
+    new = _granted(base, owner_id, now, ttl, max_no_progress, stall_policy, fingerprint, more)
     return new, Acquired(Fence.of(new), cause is not None, new, cause)
 
 
 def _gave_up(base: JobState, now: float, fingerprint: str | None) -> JobState:
     """The record of a job out of attempts: FAILED, naming the last error."""
-    return replace(
-        base,
+    return base.evolve(
         status=Status.FAILED,
         failure_kind=FailureKind.GAVE_UP.value,  # the record says so; readers see the sentence
         last_error=render(FailureKind.GAVE_UP, base.attempts, base.last_error),
@@ -128,10 +126,10 @@ def _granted(
     max_no_progress: float,
     stall_policy: str,
     fingerprint: str | None,
+    more: dict[str, Any],
 ) -> JobState:
-    """The record of a new lease for ``owner_id``: RUNNING under a fresh token."""
-    return replace(
-        base,
+    """The record of a new lease for ``owner_id``: RUNNING under a fresh token (and ``more``)."""
+    return base.evolve(
         status=Status.RUNNING,
         owner_id=owner_id,
         token=next_token(base.token, now),
@@ -147,6 +145,7 @@ def _granted(
         fingerprint=base.fingerprint or fingerprint,
         updated_at=now,
         read_at=now,
+        **more,
     )
 
 
@@ -184,25 +183,27 @@ def renew(
     version = rec.progress_version
     if progress_version > version:
         version, last_progress = progress_version, now
-    base = replace(
-        rec,
-        stage=stage,
-        max_no_progress=max_no_progress,
-        renew_interval=grace,  # the keeper's grace is its renew interval
-        progress_version=version,
-        last_progress_at=last_progress,
-        updated_at=now,
-        read_at=now,
-    )
+    changes: dict[str, Any] = {
+        "stage": stage,
+        "max_no_progress": max_no_progress,
+        "renew_interval": grace,  # the keeper's grace is its renew interval
+        "progress_version": version,
+        "last_progress_at": last_progress,
+        "updated_at": now,
+        "read_at": now,
+    }
     stalled = now - last_progress > max_no_progress + grace
     if stalled:
-        base = replace(base, missed_renewals=rec.missed_renewals + 1, stalled_attempt=rec.attempts)
+        changes.update(missed_renewals=rec.missed_renewals + 1, stalled_attempt=rec.attempts)
         if rec.stall_policy != "alert":
             remaining = max(0.0, (rec.lease_expires_at or now) - now)
-            return base, Renewal(False, Refusal.NO_PROGRESS, remaining, current=fence)
-    renewed = replace(base, heartbeat_at=now, lease_expires_at=now + ttl)
+            return rec.evolve(**changes), Renewal(
+                False, Refusal.NO_PROGRESS, remaining, current=fence
+            )
+    changes.update(heartbeat_at=now, lease_expires_at=now + ttl)
     if checkpoint is not None:
-        renewed = replace(renewed, checkpoint=checkpoint)
+        changes["checkpoint"] = checkpoint
+    renewed = rec.evolve(**changes)
     return renewed, Renewal(True, None, ttl, stalled=stalled)
 
 
@@ -220,8 +221,7 @@ def release(
     marks = _errored(rec, error)
     if snapshot is not None:  # a stall snapshot: this attempt stalled
         marks["stalled_attempt"] = rec.attempts
-    new = replace(
-        rec,
+    new = rec.evolve(
         **marks,
         # An interrupted owner (cancelled, not failed) gives its attempt back.
         attempts=max(0, rec.attempts - 1) if interrupted else rec.attempts,
@@ -278,8 +278,7 @@ def finish(
         else {**_errored(rec, value), "failure_kind": kept_kind(kind, value)}
     )
     field.update(_facts(rec, facts))
-    new = replace(
-        rec,
+    new = rec.evolve(
         status=status,
         lease_expires_at=None,
         updated_at=now,
@@ -337,8 +336,7 @@ def cancel(rec: JobState | None, now: float, reason: str) -> tuple[Change, JobSt
     record is returned); an unknown key gives None."""
     if rec is None or rec.status.terminal:
         return None, rec
-    new = replace(
-        rec,
+    new = rec.evolve(
         status=Status.CANCELLED,
         lease_expires_at=None,
         checkpoint=None,
@@ -356,8 +354,7 @@ def report_stall(
 ) -> tuple[Change, bool]:
     if rec is None or not fence.holds(rec) or rec.status.terminal:
         return None, False
-    new = replace(
-        rec,
+    new = rec.evolve(
         **_errored(rec, snapshot.split("\n", 1)[0]),
         stalled_attempt=rec.attempts,
         stall_snapshot=clip(snapshot),
@@ -377,7 +374,7 @@ def submit(
             raise JobConflict(key)
         if rec.spec is not None:
             return None, rec
-        new = replace(rec, spec=spec, fingerprint=fingerprint, updated_at=now, read_at=now)
+        new = rec.evolve(spec=spec, fingerprint=fingerprint, updated_at=now, read_at=now)
         return new, new
     new = JobState(
         key=key,
@@ -405,8 +402,7 @@ def retry(rec: JobState | None, now: float) -> tuple[Change, JobState | None]:
     ``started_at``). Any other job is returned unchanged; an unknown key gives None."""
     if rec is None or rec.status not in RETRYABLE:
         return None, rec
-    new = replace(
-        rec,
+    new = rec.evolve(
         status=Status.PENDING,
         attempts=0,
         owner_id=None,
