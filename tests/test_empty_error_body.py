@@ -88,3 +88,18 @@ async def test_a_body_with_a_message_keeps_the_servers_words() -> None:
         server.enqueue(raw(400, b"bad header", "text/plain"))
         error = await _error(PATHS["httpx"](server), True)
     assert str(error).endswith("HTTP 400: bad header"), str(error)
+
+
+async def test_the_sdk_names_its_key_header_only_when_it_sent_one() -> None:
+    """The SDK adds its key's header past the request an error carries: the message names it
+    when the server got it, and not when `provider.headers` dropped it."""
+    for headers, sent in (({}, True), ({"Authorization": ""}, False)):
+        async with SSEServer() as server:
+            server.enqueue(EMPTY_400)
+            provider = OpenAISDKProvider(base_url=server.base_url, api_key=KEY, model="m",
+                                         headers=headers)  # fmt: skip
+            text = str(await _error(provider, stream=False))
+            got = {name.lower() for name in server.requests[0].headers.keys()}
+        assert ("authorization" in got) is sent, got
+        assert (re.search(r"(?i)\bauthorization\b", text) is not None) is sent, text
+        assert KEY not in text

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import openai
@@ -113,12 +113,19 @@ class OpenAISDKProvider(AsyncResource):
     def __repr__(self) -> str:
         return f"OpenAISDKProvider(base_url={str(self._client.base_url)!r}, model={self.model!r})"
 
+    def _auth_header_names(self) -> list[str]:
+        """The names of the headers the SDK adds for its key at send time, past the request
+        an error carries (openai 3.x signs in an auth flow), less those dropped on purpose."""
+        dropped = {name.lower() for name, value in self._extra.items() if not value}
+        names = getattr(self._client, "auth_headers", None) or {}
+        return [name for name in names if name.lower() not in dropped]
+
     def _translate(self, exc: Exception, chunks: int) -> ProviderError:
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             retryable = status >= 500 or status in (408, 409, 425, 429)
             retry_after = retry_hint(status, exc.response.headers, exc.body)
-            message = f"HTTP {status}: {_status_message(exc)}"
+            message = f"HTTP {status}: {_status_message(exc, self._auth_header_names())}"
             if chunks == 0 and request_fault(status, error_message({"error": exc.body})):
                 return RequestRefused(message, provider=self.name, status=status)
             return ProviderError(
@@ -293,14 +300,16 @@ def _not_a_completion(provider: str, exc: json.JSONDecodeError) -> ProviderError
     return stream_error(provider, f"not a chat completion: {exc.doc.encode()[:80]!r}", 0)
 
 
-def _status_message(exc: openai.APIStatusError) -> str:
-    """The SDK's message, or for an answer with an empty body what the request carried."""
+def _status_message(exc: openai.APIStatusError, auth_names: Iterable[str] = ()) -> str:
+    """The SDK's message, or for an answer with an empty body what the request carried
+    (``auth_names``: the key's headers, which the request object may not show)."""
     try:
         response = exc.response
         if response.content.strip():
             return exc.message
         request = response.request
-        sent = describe_sent(request.method, request.headers.keys(), request.content)
+        names = {name.lower(): name for name in [*auth_names, *request.headers.keys()]}
+        sent = describe_sent(request.method, names.values(), request.content)
     except Exception:  # a body not read: the SDK's message is all there is
         return exc.message
     return empty_answer(sent)
