@@ -169,7 +169,7 @@ async def test_a_commit_after_a_takeover_is_rejected_and_its_owners_repeat_answe
     try:
         old = await store.acquire("k", "node-a#1", ttl=0.2, max_no_progress=30)
         assert isinstance(old, Acquired)
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(0.35)  # real: the lease lapses on the server's clock
         new = await store.acquire("k", "node-b#1", ttl=30, max_no_progress=30)
         assert isinstance(new, Acquired) and new.takeover
         with pytest.raises(FencingRejected) as rejected:

@@ -70,7 +70,7 @@ async def test_a_failing_write_in_a_group_is_rolled_back_alone(tmp_path: Path) -
             store.acquire("conflict", "node-2", ttl=30, max_no_progress=5, fingerprint="b")
         )
         last = asyncio.ensure_future(store.acquire("b", "node-3", ttl=30, max_no_progress=5))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # real: the writes queue behind the held store thread
         release.set()
         await busy
         assert isinstance(await first, Acquired) and isinstance(await last, Acquired)
@@ -96,7 +96,7 @@ async def test_a_write_given_up_before_it_ran_is_not_applied(tmp_path: Path) -> 
         release, busy = await _hold_thread(store)
         gone = asyncio.ensure_future(store.acquire("gone", "node-1", ttl=30, max_no_progress=5))
         kept = asyncio.ensure_future(store.acquire("kept", "node-1", ttl=30, max_no_progress=5))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # real: the writes queue behind the held store thread
         gone.cancel()
         release.set()
         await busy
