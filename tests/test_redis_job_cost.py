@@ -50,18 +50,28 @@ async def _acquire(store: RedisStore, key: str, owner: str = "node-a#1") -> Acqu
     return won
 
 
-async def test_a_queued_job_costs_at_most_23_commands(rstore: RedisStore, raw: redis.Redis) -> None:
-    """submit + acquire + commit: 3 round trips and at most 20 commands inside them (32 before
-    the record carried its own bookkeeping), none of them a timeline or an index look-up."""
+async def test_a_queued_job_costs_4_round_trips_and_at_most_26_commands(
+    rstore: RedisStore, raw: redis.Redis
+) -> None:
+    """What a worker's job sends: submit, the worker's look (the record, and its queue entry
+    moved to when the lease could lapse), acquire, commit (which also takes the job off the
+    queue): 4 round trips and at most 26 commands inside them (32 for submit + acquire +
+    commit alone before the record carried its own bookkeeping; 6 round trips and 27
+    commands when the worker read, moved and unqueued the job apart), none of them a
+    timeline or an index look-up."""
     await rstore.submit("warm", SPEC, "fp")  # scripts loaded, connections open
     raw.config_resetstat()
     await rstore.submit("job", SPEC, "fp")
+    looked = await rstore.look("job", 30.0)
+    assert looked is not None and looked.spec == SPEC
     won = await _acquire(rstore, "job")
     await rstore.commit(won.fence, '"r"')
     calls = _calls(raw)
-    assert calls.pop("evalsha") == 3
+    assert calls.pop("evalsha") == 4
     assert not {"lindex", "zscore", "exists", "hget", "hdel"} & calls.keys(), calls
-    assert sum(calls.values()) <= 20, calls
+    assert sum(calls.values()) <= 26, sorted(calls.items())
+    assert not raw.zscore(rstore._calls._queue, "job")  # off the schedule
+    assert not raw.zscore(rstore._calls._recovery, "job")
 
 
 async def test_timeline_numbering_follows_entries_another_writer_added(

@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from ai_lease.errors import CorruptRecord, CorruptSink, InputError
-from ai_lease.job import JobState
+from ai_lease.job import JobState, Status
 from ai_lease.lease.storable import diagnostic, storable
 
 __all__ = [
@@ -20,7 +20,11 @@ __all__ = [
     "QueueGauges",
     "WorkerInfo",
     "due_now",
+    "look_at",
+    "next_look",
+    "runnable",
     "storable_worker",
+    "unschedules_ended",
 ]
 
 
@@ -130,6 +134,52 @@ class JobQueue(Protocol):
     async def list_workers(self, *, on_corrupt: CorruptSink | None = None) -> list[WorkerInfo]:
         """Live workers; a corrupt entry raises, or with ``on_corrupt`` is skipped."""
         ...
+
+
+def runnable(record: JobState | None) -> bool:
+    """Whether a worker that read ``record`` should try to run its job: it has a spec, has
+    not ended, and no live lease holds it."""
+    if record is None or record.status.terminal or record.spec is None:
+        return False
+    return not (record.status is Status.RUNNING and record.lease_live)
+
+
+def next_look(record: JobState | None, ttl: float) -> float | None:
+    """When (store clock) a worker that read ``record`` looks at its job again: never (None:
+    nothing to run, the job leaves the schedule), when the live owner's lease may lapse, or,
+    for a job the reader is about to run, ``ttl`` on, when its own lease could lapse should
+    it die. Every store's ``look`` moves the queue entry by this rule."""
+    if record is None or record.status.terminal or record.spec is None:
+        return None
+    if record.status is Status.RUNNING and record.lease_live:
+        return record.lease_expires_at or record.read_at
+    return record.read_at + ttl
+
+
+async def look_at(store: Any, key: str, ttl: float) -> JobState | None:
+    """A worker's look at ``key``: its record, its queue entry moved by :func:`next_look`
+    (off the schedule, a recovery look at a live owner's expiry, or at ``ttl`` on). One call
+    on a store with a ``look`` method (every built-in store: one round trip on a standalone
+    Redis, one statement on PostgreSQL, one transaction on SQLite), else a read and a write
+    of the queue."""
+    own = getattr(store, "look", None)
+    if own is not None:
+        job: JobState | None = await own(key, ttl)
+        return job
+    record: JobState | None = await store.get(key)
+    at = next_look(record, ttl)
+    if at is None:
+        await store.reschedule(key, None)
+    else:
+        await store.recover_at(key, at)
+    return record
+
+
+def unschedules_ended(store: object) -> bool:
+    """Whether ``store``'s commit and fail take the job off the workers' schedule in the
+    same write (then a worker need not :meth:`~JobQueue.reschedule` it after its own
+    finish). Built-in stores do, but for a Redis Cluster (the queue is in another slot)."""
+    return bool(getattr(store, "unschedules_ended", False))
 
 
 async def due_now(store: object, key: str) -> None:

@@ -59,10 +59,17 @@ from ai_lease.errors import (
     StoreUnavailable,
 )
 from ai_lease.failure import FailureKind
-from ai_lease.job import Job, Status
+from ai_lease.job import Job
 from ai_lease.lease.base import Acquired, Following, LeaseStore, require_store
 from ai_lease.lease.events import Event, EventSink
-from ai_lease.lease.queue import MAX_REPORTED_JOBS, JobQueue, WorkerInfo
+from ai_lease.lease.queue import (
+    MAX_REPORTED_JOBS,
+    JobQueue,
+    WorkerInfo,
+    look_at,
+    runnable,
+    unschedules_ended,
+)
 from ai_lease.providers.base import Provider
 from ai_lease.run.isolation import ChildPool, check_isolation, isolated
 from ai_lease.run.outage import StoreOutage
@@ -119,6 +126,7 @@ class Worker:
         self.provider_factory = provider_factory
         self.pool: ChildPool | None = None  # the warm children, while a process worker runs
         self.store, self.queue, self.runner = store, store, runner
+        self._unschedules = unschedules_ended(store)
         self.concurrency, self.sweep_interval, self.grace = concurrency, sweep_interval, grace
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self.started_at = time.time()
@@ -368,15 +376,12 @@ class Worker:
         )
 
     async def _look_at(self, key: str) -> None:
-        record = await self.store.get(key)
-        if record is None or record.status.terminal or record.spec is None:
-            await self.queue.reschedule(key, None)
+        # One call: the record, and its queue entry moved (off the schedule: nothing to run;
+        # to a live owner's expiry; or to when our own lease could lapse, should we die).
+        record = await look_at(self.queue, key, self.runner.timings.ttl)
+        if record is None or not runnable(record):
             return
-        if record.status is Status.RUNNING and record.lease_live:
-            await self.queue.recover_at(key, record.lease_expires_at or record.read_at)
-            return
-        # Look again when our own lease could have lapsed, should this process die.
-        await self.queue.recover_at(key, record.read_at + self.runner.timings.ttl)
+        assert record.spec is not None  # runnable
         try:
             job = Job.from_spec(record.spec)
             if job.key != key:
@@ -392,6 +397,8 @@ class Worker:
             return
         if (done.owner_id or "").startswith(f"{self.runner.node_id}#"):  # ours, not a follow
             self.completed += 1
+            if self._unschedules:  # our commit or fail took it off the schedule
+                return
         await self.queue.reschedule(key, None)
 
     async def _fail_unprepared(self, key: str, reason: str) -> None:

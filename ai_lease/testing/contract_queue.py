@@ -9,7 +9,8 @@ import pytest
 
 from ai_lease.errors import FencingRejected, JobConflict
 from ai_lease.job import Status
-from ai_lease.lease.base import Acquired
+from ai_lease.lease.base import Acquired, Fence
+from ai_lease.lease.queue import look_at, unschedules_ended
 from ai_lease.testing.contract_support import key_for, own, renew
 
 
@@ -64,6 +65,61 @@ class JobQueueContract:
         await store.reschedule(orphan, None)
         assert orphan not in await store.due_recoveries(1000)
         assert orphan not in await store.due(1000)
+
+    async def test_a_workers_look_moves_the_entry_by_what_it_read(self, store: Any) -> None:
+        """look_at() returns the record and moves its queue entry by next_look(): a job to
+        run ``ttl`` on (a recovery look), a live owner's job to its lease expiry, an ended
+        or unknown job off the schedule (whether the store looks in one call or two)."""
+        soon, later, held, ended = (key_for(f"look-{n}") for n in ("soon", "later", "held", "end"))
+        for key in (soon, later, held, ended):
+            await store.submit(key, "{}", "fp")
+        job = await look_at(store, soon, -1.0)  # to run, its own lease "lapsed" already
+        assert job is not None and job.status is Status.PENDING and job.spec == "{}"
+        assert soon in await store.due_recoveries(1000) and soon in await store.due(1000)
+        assert (await look_at(store, later, 60.0)) is not None
+        assert later not in await store.due(1000)
+        assert later not in await store.due_recoveries(1000)
+        fence = await own(store, held, ttl=30.0)
+        await store.reschedule(held, job.read_at - 1)  # due again: a look will move it
+        running = await look_at(store, held, -1.0)  # the live lease wins over ttl
+        assert running is not None and running.status is Status.RUNNING
+        assert running.owner_id == fence.owner_id
+        assert held not in await store.due(1000)
+        assert held not in await store.due_recoveries(1000)
+        await store.commit(await own(store, ended), "r")
+        await store.recover_at(ended, job.read_at - 1)  # due again, as after a lost reply
+        done = await look_at(store, ended, -1.0)
+        assert done is not None and done.status is Status.DONE
+        assert ended not in await store.due(1000)
+        assert ended not in await store.due_recoveries(1000)
+        unknown = key_for("look-unknown")
+        await store.recover_at(unknown, job.read_at - 1)
+        assert await look_at(store, unknown, -1.0) is None
+        assert unknown not in await store.due(1000)
+        assert unknown not in await store.due_recoveries(1000)
+
+    async def test_an_owners_end_takes_the_job_off_the_schedule(self, store: Any) -> None:
+        """A store that says it does (``unschedules_ended``): a commit or a fail takes the
+        job out of the queue and the recovery looks in the same write; a refused one does
+        not. One that does not leaves them to the worker's ``reschedule(key, None)``."""
+        committed, failed = key_for("end-commit"), key_for("end-fail")
+        for key in (committed, failed):
+            job = await store.submit(key, "{}", "fp")
+            await store.recover_at(key, job.read_at - 1)
+        done, broken = await own(store, committed), await own(store, failed)
+        await store.commit(done, "r")
+        await store.fail(broken, "broken")
+        if not unschedules_ended(store):
+            assert {committed, failed} <= set(await store.due_recoveries(1000))
+            for key in (committed, failed):
+                await store.reschedule(key, None)
+        due, recoveries = await store.due(1000), await store.due_recoveries(1000)
+        for key in (committed, failed):
+            assert key not in due and key not in recoveries
+        await store.recover_at(committed, job.read_at - 1)  # a repeat changes nothing
+        with pytest.raises(FencingRejected):
+            await store.commit(Fence(committed, done.owner_id, done.token + 1), "other")
+        assert committed in await store.due_recoveries(1000)
 
     async def test_due_is_bounded_by_limit(self, store: Any) -> None:
         """due() returns at most ``limit`` keys, the longest-due first."""

@@ -355,6 +355,8 @@ BEGIN
   ELSE
     {_note("'failed'", "p_owner", "p_token", "n.stage", _first_line("p_value"))}
   END IF;
+  DELETE FROM ail_queue q WHERE q.key = p_key;  -- off the workers' schedule: nothing to run
+  DELETE FROM ail_recovery q WHERE q.key = p_key;
   {_NOTIFY}
   {_lean("n", False)}
   RETURN QUERY SELECT 'written'::text, v_now, NULL::text, NULL::bigint, NULL::text, n;

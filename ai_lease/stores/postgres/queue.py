@@ -112,6 +112,14 @@ class PostgresQueue:
             (job_key(key), None if at is None else float(at)),
         )
 
+    async def look(self, key: str, ttl: float) -> JobState | None:
+        """A worker's look (:func:`~ai_lease.lease.queue.look_at`): the job, and its queue
+        entry moved by :func:`~ai_lease.lease.queue.next_look`, in one statement."""
+        row = await self._conn._fetchone(
+            "look", f"SELECT o_now, {JOB} FROM {{schema}}.ail_look(%s, %s)", (job_key(key), ttl)
+        )
+        return None if row is None else self._conn._job(row[1:], row[0])
+
     async def recover_at(self, key: str, at: float) -> None:
         await self._conn._fetch(
             "recover_at", "SELECT {schema}.ail_recover_at(%s, %s)", (job_key(key), float(at))

@@ -151,6 +151,41 @@ BEGIN
 END $$;
 """
 
+_LOOK = r"""
+-- A worker's look (ai_lease.lease.queue.next_look): the job, and its queue entry moved: off
+-- the schedule when there is nothing to run (no job, an ended one, no spec), to a live
+-- owner's lease expiry, or p_ttl on (the worker is about to run it: its own lease could
+-- lapse then). No row: no such job. A status none of ours moves nothing.
+CREATE FUNCTION ail_look(p_key text, p_ttl double precision)
+RETURNS TABLE (o_now double precision, o_job ail_jobs)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+  v_now double precision := extract(epoch FROM clock_timestamp());
+  r ail_jobs; v_found boolean; v_at double precision;
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
+  SELECT * INTO r FROM ail_jobs j WHERE j.key = p_key;
+  v_found := FOUND;
+  IF v_found AND r.status NOT IN ('PENDING', 'RUNNING', 'DONE', 'FAILED', 'CANCELLED') THEN
+    NULL;  -- not a record of ours: left as it is (the caller finds it corrupt)
+  ELSIF v_found AND r.status IN ('PENDING', 'RUNNING') AND coalesce(r.spec, '') <> '' THEN
+    v_at := CASE WHEN r.status = 'RUNNING' AND r.lease_expires_at > v_now
+      THEN r.lease_expires_at ELSE v_now + p_ttl END;
+    INSERT INTO ail_queue VALUES (p_key, v_at)
+      ON CONFLICT (key) DO UPDATE SET due_at = excluded.due_at;
+    INSERT INTO ail_recovery VALUES (p_key, v_at)
+      ON CONFLICT (key) DO UPDATE SET due_at = excluded.due_at;
+  ELSE
+    DELETE FROM ail_recovery q WHERE q.key = p_key;
+    DELETE FROM ail_queue q WHERE q.key = p_key;
+  END IF;
+  IF v_found THEN
+    RETURN QUERY SELECT v_now, r;
+  END IF;
+END $$;
+"""
+
 _WORKERS = r"""
 -- A worker's heartbeat: its entry (JSON, last_seen the server's clock) live for p_ttl
 -- seconds; entries long expired go.
@@ -261,6 +296,6 @@ BEGIN
 END $$;
 """
 
-FUNCTIONS = _SUBMIT + _DUE + _SCHEDULE + _WORKERS + _ADMIN
+FUNCTIONS = _SUBMIT + _DUE + _SCHEDULE + _LOOK + _WORKERS + _ADMIN
 """The SQL the migration runs for the queue, workers, history and admin (after the jobs'
 tables and the lease functions)."""

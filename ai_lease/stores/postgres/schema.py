@@ -36,15 +36,18 @@ __all__ = [
     "notify_payload",
 ]
 
-VERSION = 3
+VERSION = 4
 """The migration this code installs and expects (2: ``failure_kind``; 3: timeline entries
-numbered from the timeline itself, no ``ail_timeline_heads``; see :data:`UPGRADES`)."""
+numbered from the timeline itself, no ``ail_timeline_heads``; 4: ``ail_look``, and a commit
+or fail takes the job off the queue; see :data:`UPGRADES`)."""
 
 UPGRADES: dict[int, str] = {
     2: "ALTER TABLE ail_jobs ADD COLUMN failure_kind text;",
     # The next entry's seq is the key's last one + 1 (read under the job's row lock): the
     # heads table's upsert per entry went; the entries already written keep their numbers.
     3: "DROP TABLE IF EXISTS ail_timeline_heads;",
+    # Functions only: a worker's look in one call (ail_look), and ail_finish unqueues.
+    4: "SELECT 1;",
 }
 """What takes a schema from the version before each key to it: the tables' changes; the
 functions are then made again from this code's SQL (:func:`_upgrade`)."""

@@ -78,6 +78,9 @@ class PostgresStore(AsyncResource):
     callers see one object.
     """
 
+    unschedules_ended = True
+    """A commit or fail takes the job off the workers' schedule in its own transaction."""
+
     def __init__(self, conninfo: str, **kw: Any) -> None:
         self._conn = conn = PostgresConn(conninfo, **kw)
         self.where, self.namespace, self.schema = conn.where, conn.namespace, conn.schema
@@ -88,6 +91,7 @@ class PostgresStore(AsyncResource):
         queue = self.queue
         self.submit, self.due, self.reschedule = queue.submit, queue.due, queue.reschedule
         self.recover_at, self.due_recoveries = queue.recover_at, queue.due_recoveries
+        self.look = queue.look
         self.worker_beat, self.worker_gone = queue.worker_beat, queue.worker_gone
         self.list_workers, self.gauges = queue.list_workers, queue.gauges
         self.add_durations, self.load_durations = queue.add_durations, queue.load_durations

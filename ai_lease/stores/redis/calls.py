@@ -43,16 +43,17 @@ log = logging.getLogger("ai_lease.store")
 
 _SCRIPTS = {  # each script by name, from the module that holds its text
     **{name: lua for name in ("ACQUIRE", "RENEW", "RELEASE", "FINISH", "REPORT_STALL")},
-    **{name: lua for name in ("CANCEL", "GET", "SUBMIT", "NOTE")},
+    **{name: lua for name in ("CANCEL", "GET", "LOOK", "SUBMIT", "NOTE")},
     **{name: admin_lua for name in ("RETRY", "REMOVE", "PRUNE")},
     **{name: ns_lua for name in ("EPOCH", "DUE", "RESCHEDULE", "RECOVER_AT", "DUE_RECOVERIES")},
     **{name: ns_lua for name in ("BEAT", "WORKER_GONE", "LIST_WORKERS")},
     **{name: list_lua for name in ("LIST_PAGE", "BACKFILL", "COUNT_JOBS")},
 }
 # Job scripts that also keep the namespace's keys: the lease index, the queue (SUBMIT, RETRY,
-# REMOVE), the recovery looks (RETRY, REMOVE), the creation index and its counts.
+# REMOVE, LOOK, FINISH), the recovery looks (RETRY, REMOVE, LOOK, FINISH), the creation index
+# and its counts.
 _INDEXED = frozenset(
-    {"ACQUIRE", "RENEW", "RELEASE", "FINISH", "CANCEL", "SUBMIT", "RETRY", "REMOVE"}
+    {"ACQUIRE", "RENEW", "RELEASE", "FINISH", "CANCEL", "SUBMIT", "RETRY", "REMOVE", "LOOK"}
 )
 # Specs remembered to write back into a record re-created after a data loss.
 _SPECS_KEPT, _SPEC_CHARS_KEPT = 64, 32 * 1024 * 1024

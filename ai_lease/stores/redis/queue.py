@@ -68,6 +68,21 @@ class RedisQueue:
         keys = [self._calls._queue, self._calls._leases, self._calls._recovery]
         await self._calls._eval("reschedule", "RESCHEDULE", keys, args)
 
+    async def look(self, key: str, ttl: float) -> JobState | None:
+        """A worker's look (:func:`~ai_lease.lease.queue.look_at`): the record, and its
+        queue entry moved by :func:`~ai_lease.lease.queue.next_look`, in one script (on
+        Cluster, where the queue is in another slot, its write follows as a second call)."""
+        reply = await self._calls._call("look", key, "LOOK", [key, us(ttl)])
+        at = reply[1]
+        if self._calls._cluster and at != "-":
+            await (self.reschedule(key, None) if at == "" else self.recover_at(key, float(at)))
+        if len(reply) <= 2:
+            return None
+        job = decode(key, reply[2:], reply[0])
+        if job.spec and not job.status.terminal:
+            self._calls._remember(key, job.spec)
+        return job
+
     async def recover_at(self, key: str, at: float) -> None:
         keys = [self._calls._queue, self._calls._recovery]
         await self._calls._eval("recover_at", "RECOVER_AT", keys, [key, repr(float(at))])

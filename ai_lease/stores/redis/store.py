@@ -91,12 +91,19 @@ class RedisStore(AsyncResource):
         queue = self.queue
         self.submit, self.due, self.reschedule = queue.submit, queue.due, queue.reschedule
         self.recover_at, self.due_recoveries = queue.recover_at, queue.due_recoveries
+        self.look = queue.look
         self.worker_beat, self.worker_gone = queue.worker_beat, queue.worker_gone
         self.list_workers, self.gauges = queue.list_workers, queue.gauges
         self.add_durations, self.load_durations = queue.add_durations, queue.load_durations
         self.retry, self.remove, self.prune = self.admin.retry, self.admin.remove, self.admin.prune
         self.list_page, self.count_jobs = self.listing.list_page, self.listing.count_jobs
         self.timeline, self.note = self.notes.timeline, self.notes.note
+
+    @property
+    def unschedules_ended(self) -> bool:
+        """Whether a commit or fail takes the job off the workers' schedule in its own
+        script: on a standalone server (on Cluster the queue is in another slot)."""
+        return not self._calls._cluster
 
     @property
     def lost_data(self) -> StoreDataLost | None:
@@ -210,7 +217,7 @@ class RedisStore(AsyncResource):
         kind: str = "",
     ) -> JobState:
         args = [fence.owner_id, fence.token, status, field, value, reason, *_facts_args(facts)]
-        args.append(kind)
+        args += [kind, fence.key]
         reply = await self._calls._call(op, fence.key, "FINISH", args)
         if reply[0] == "rejected":
             current = _current(fence, reply[2], reply[3]) if reply[2] else None

@@ -33,7 +33,7 @@ from ai_lease.lease.listing import created_us
 from ai_lease.retry import while_locked
 from ai_lease.stores.sqlite import timeline
 
-__all__ = ["SQLiteFile"]
+__all__ = ["SQLiteFile", "unqueue"]
 
 T = TypeVar("T")
 
@@ -102,6 +102,12 @@ CREATED_FROM_RECORD = (
 
 # The jobs' columns the indexes read (the record's own fields, kept beside it).
 _INDEXED = ("status", "lease_expires_at", "created_us")
+
+
+def unqueue(conn: sqlite3.Connection, key: str) -> None:
+    """Take ``key`` off the workers' schedule: its queue entry and its recovery look."""
+    conn.execute("DELETE FROM ai_lease_queue WHERE key = ?", (key,))
+    conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -353,10 +359,13 @@ class SQLiteFile:
         key: str,
         rule: Callable[[JobState | None, float], tuple[JobState | None, T]],
         note: Callable[[JobState | None, JobState | None, T], timeline.Note | None] | None = None,
+        *,
+        ends: bool = False,
     ) -> T:
         """Read, decide and write one job's record in one write transaction, noting in the
         job's timeline what ``note`` makes of it (the record before, after, the answer); a
-        fenced write the rule rejects is noted too, in the same transaction."""
+        fenced write the rule rejects is noted too, in the same transaction. ``ends``: a
+        record written takes the job off the workers' schedule (a commit, a fail)."""
 
         def work(conn: sqlite3.Connection) -> T | FencingRejected:
             now = self._clock()
@@ -368,6 +377,8 @@ class SQLiteFile:
                 return exc
             if new is not None:
                 self._save(conn, new, stored)
+                if ends:
+                    unqueue(conn, key)
             if note is not None:
                 timeline.append(conn, key, now, note(rec, new, answer), last)
             return answer

@@ -19,11 +19,21 @@ from ai_lease.job import JobState, Status, validate_key
 from ai_lease.lease import rules
 from ai_lease.lease.admin import TERMINAL_STATUSES, Removal
 from ai_lease.lease.histogram import checked_histogram
-from ai_lease.lease.queue import QueueGauges, WorkerInfo, storable_worker
+from ai_lease.lease.queue import QueueGauges, WorkerInfo, next_look, storable_worker
 from ai_lease.lease.storable import exact
-from ai_lease.stores.sqlite.file import SQLiteFile
+from ai_lease.stores.sqlite.file import SQLiteFile, unqueue
 
 __all__ = ["SQLiteAdmin", "SQLiteQueue"]
+
+
+def _upsert_looks(conn: sqlite3.Connection, key: str, at: float) -> None:
+    """A recovery look at ``key`` at ``at``: in the queue and in the recovery looks."""
+    for table in ("ai_lease_queue", "ai_lease_recovery"):
+        conn.execute(
+            f"INSERT INTO {table} VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
+            " SET due_at = excluded.due_at",
+            (key, at),
+        )
 
 
 class SQLiteQueue:
@@ -74,10 +84,10 @@ class SQLiteQueue:
 
     async def reschedule(self, key: str, at: float | None) -> None:
         def work(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
             if at is None:
-                conn.execute("DELETE FROM ai_lease_queue WHERE key = ?", (key,))
+                unqueue(conn, key)
             else:
+                conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
                 conn.execute(
                     "INSERT INTO ai_lease_queue VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
                     " SET due_at = excluded.due_at",
@@ -86,16 +96,23 @@ class SQLiteQueue:
 
         await self._file._write("reschedule", work)
 
-    async def recover_at(self, key: str, at: float) -> None:
-        def work(conn: sqlite3.Connection) -> None:
-            for table in ("ai_lease_queue", "ai_lease_recovery"):
-                conn.execute(
-                    f"INSERT INTO {table} VALUES (?, ?) ON CONFLICT(key) DO UPDATE"
-                    " SET due_at = excluded.due_at",
-                    (key, at),
-                )
+    async def look(self, key: str, ttl: float) -> JobState | None:
+        """A worker's look (:func:`~ai_lease.lease.queue.look_at`): the record, and its
+        queue entry moved by :func:`~ai_lease.lease.queue.next_look`, in one transaction."""
 
-        await self._file._write("recover_at", work)
+        def work(conn: sqlite3.Connection) -> JobState | None:
+            record = self._file._load(conn, key, self._file._clock())
+            at = next_look(record, ttl)
+            if at is None:
+                unqueue(conn, key)
+            else:
+                _upsert_looks(conn, key, at)
+            return record
+
+        return await self._file._write("look", work)
+
+    async def recover_at(self, key: str, at: float) -> None:
+        await self._file._write("recover_at", lambda conn: _upsert_looks(conn, key, at))
 
     async def due_recoveries(self, limit: int) -> list[str]:
         def work(conn: sqlite3.Connection) -> list[str]:

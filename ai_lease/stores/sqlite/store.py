@@ -28,7 +28,7 @@ from ai_lease.lease.base import AcquireOutcome, Fence, Renewal, check_checkpoint
 from ai_lease.lease.storable import check_owner, diagnostic, exact, ran
 from ai_lease.resource import AsyncResource
 from ai_lease.stores.sqlite import timeline
-from ai_lease.stores.sqlite.file import SQLiteFile
+from ai_lease.stores.sqlite.file import SQLiteFile, unqueue
 from ai_lease.stores.sqlite.listing import SQLiteListing
 from ai_lease.stores.sqlite.notes import SQLiteTimeline
 from ai_lease.stores.sqlite.queue import SQLiteAdmin, SQLiteQueue
@@ -49,6 +49,9 @@ class SQLiteStore(AsyncResource):
     ``timeline`` (the job's timeline and its notes). The lease operations are its own methods;
     the parts' methods are bound onto the store, so callers see one object.
     """
+
+    unschedules_ended = True
+    """A commit or fail takes the job off the workers' schedule in its own transaction."""
 
     def __init__(
         self,
@@ -71,6 +74,7 @@ class SQLiteStore(AsyncResource):
         queue = self.queue
         self.submit, self.due, self.reschedule = queue.submit, queue.due, queue.reschedule
         self.recover_at, self.due_recoveries = queue.recover_at, queue.due_recoveries
+        self.look = queue.look
         self.worker_beat, self.worker_gone = queue.worker_beat, queue.worker_gone
         self.list_workers, self.gauges = queue.list_workers, queue.gauges
         self.add_durations, self.load_durations = queue.add_durations, queue.load_durations
@@ -179,6 +183,7 @@ class SQLiteStore(AsyncResource):
             fence.key,
             lambda rec, now: rules.commit(rec, fence, now, result, finish_reason, facts),
             lambda _, new, __: timeline.finished(new, fence, finish_reason or ""),
+            ends=True,
         )
 
     async def fail(
@@ -190,6 +195,7 @@ class SQLiteStore(AsyncResource):
             fence.key,
             lambda rec, now: rules.fail(rec, fence, now, reason, facts, kind),
             lambda _, new, __: timeline.finished(new, fence, reason),
+            ends=True,
         )
 
     async def report_stall(self, fence: Fence, stage: str | None, snapshot: str) -> bool:
@@ -211,8 +217,7 @@ class SQLiteStore(AsyncResource):
             if new is not None:
                 self._file._save(conn, new)
                 timeline.append(conn, key, now, timeline.cancelled(rec, new, reason))
-                conn.execute("DELETE FROM ai_lease_queue WHERE key = ?", (key,))
-                conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
+                unqueue(conn, key)
             return job
 
         return await self._file._write("cancel", work)
