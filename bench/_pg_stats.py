@@ -28,7 +28,7 @@ _SETTINGS = {
     "pg_stat_statements.max": "5000",
 }
 _TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux
-_OP = re.compile(r"\bail_(\w+)\(")
+_OP = re.compile(r"\b(?:ail_(\w+)|(pair_\w+))\(")
 
 
 def cluster(fsync: bool = True) -> PostgresServer:
@@ -40,10 +40,11 @@ def cluster(fsync: bool = True) -> PostgresServer:
 
 
 def _name(query: str) -> str:
-    """A statement's short name: its ``ail_<op>`` function, else its first word."""
+    """A statement's short name: its ``ail_<op>`` function (``<op>``), the hand-rolled pair's
+    ``pair_<op>`` function (bench/_pg_pair.py), else its first word."""
     found = _OP.search(query)
     if found is not None:
-        return found.group(1)
+        return found.group(1) or found.group(2)
     return query.split(None, 1)[0].lower() if query.strip() else "?"
 
 
