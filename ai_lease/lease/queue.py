@@ -103,6 +103,12 @@ class JobQueue(Protocol):
     ``due()`` hands out keys whose time has come, any number of workers may look at the
     same key, and ``acquire`` decides who runs it. A worker that finds a live lease moves
     the key to that lease's expiry; a finished job leaves the schedule.
+
+    Two optional members save a worker round trips (every built-in store has them):
+    ``async look(key, ttl)``, the record read and its entry moved by :func:`next_look` in
+    one call (else :func:`look_at` reads, then reschedules), and ``unschedules_ended``, true
+    when a commit or fail takes the job off the schedule itself (else the worker
+    reschedules it off).
     """
 
     async def submit(self, key: str, spec: str, fingerprint: str) -> JobState: ...

@@ -43,9 +43,10 @@ log = logging.getLogger("ai_lease.store")
 
 _SCRIPTS = {  # each script by name, from the module that holds its text
     **{name: lua for name in ("ACQUIRE", "RENEW", "RELEASE", "FINISH", "REPORT_STALL")},
-    **{name: lua for name in ("CANCEL", "GET", "LOOK", "SUBMIT", "NOTE")},
+    **{name: lua for name in ("CANCEL", "GET", "SUBMIT", "NOTE")},
     **{name: admin_lua for name in ("RETRY", "REMOVE", "PRUNE")},
     **{name: ns_lua for name in ("EPOCH", "DUE", "RESCHEDULE", "RECOVER_AT", "DUE_RECOVERIES")},
+    "LOOK": ns_lua,
     **{name: ns_lua for name in ("BEAT", "WORKER_GONE", "LIST_WORKERS")},
     **{name: list_lua for name in ("LIST_PAGE", "BACKFILL", "COUNT_JOBS")},
 }

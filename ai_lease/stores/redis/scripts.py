@@ -402,48 +402,6 @@ return {fmt(now_us()), unpack(all)}
 )
 
 # KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
-# ARGV: job key (the queue's member), ttl_us · a worker's look (ai_lease.lease.queue.next_look):
-# the record, and its queue entry moved: off the schedule (and the lease index) when there is
-# nothing to run (no record, an ended job, no spec), to a live owner's lease expiry, or ttl on
-# (the worker is about to run it: its own lease could lapse then). On Cluster the queue is in
-# another slot: nothing is moved, the caller moves it by the returned time.
-# returns {now, at (seconds, '%.6f'; '' = off the schedule; '-' = a status none of ours:
-# nothing moved), fields...} (no fields: unknown)
-LOOK = (
-    PRELUDE
-    + r"""
-local all = whole(KEYS[1])
-if all.err then return all end
-local now, at = now_us(), ''
-local f = {}
-for i = 1, #all, 2 do f[all[i]] = all[i + 1] end
-local known = {PENDING = true, RUNNING = true, DONE = true, FAILED = true, CANCELLED = true}
-if #all > 0 and not known[f.status] then  -- not a record of ours: nothing moved
-  return {fmt(now), '-', unpack(all)}
-end
-if #all > 0 and not ended(f.status) and (f.spec or '') ~= '' then
-  local expires = tonumber(f.lease_expires_at or '')
-  if f.status == 'RUNNING' and expires and expires > now then
-    at = string.format('%.6f', expires / 1000000)
-  else
-    at = string.format('%.6f', (now + tonumber(ARGV[2])) / 1000000)
-  end
-end
-if KEYS[5] then
-  if at == '' then
-    redis.call('ZREM', KEYS[5], ARGV[1])
-    redis.call('ZREM', KEYS[6], ARGV[1])
-    unindex(KEYS[1])
-  else
-    redis.call('ZADD', KEYS[5], at, ARGV[1])
-    redis.call('ZADD', KEYS[6], at, ARGV[1])
-  end
-end
-return {fmt(now), at, unpack(all)}
-"""
-)
-
-# KEYS: job, events, timeline[, lease index, queue, recovery looks, created, counts, names] ·
 # ARGV: spec, fingerprint, job key (the queue's member)
 # returns {'ok', now, fields...} | {'conflict'}. The record and its queue entry are written
 # together: a job is never stored without the entry that makes a worker look at it.
