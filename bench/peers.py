@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -81,6 +82,13 @@ COUNTS_KEY = "{ai_lease:queue}:counts"  # the per-status counts the job scripts 
 # typer < 0.20: pgqueuer 1.6's `pgq run` fails on newer typer ('str' object has no attribute
 # 'name' in its --log-level parser).
 PEER_PACKAGES = ("saq", "arq", "pgqueuer", "asyncpg", "typer<0.20")
+
+
+def signal_if_alive(pid: int, sig: int) -> None:
+    """Signal ``pid`` unless it has exited since it was listed (a short-lived child of the
+    worker, gone between the listing and the signal)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
 
 
 @dataclass
@@ -288,7 +296,7 @@ class Peers:
             await self.wait(system, c, proc)
             pids = with_descendants([proc.pid])
             for pid in pids:
-                os.kill(pid, signal.SIGSTOP)
+                signal_if_alive(pid, signal.SIGSTOP)
             s0, cpu_s0 = await self.counts(system), self.server_cpu(system)
             await self.enqueue(system, store, "bench", n)
             s1, cpu_s1 = await self.counts(system), self.server_cpu(system)
@@ -297,7 +305,7 @@ class Peers:
             w0 = cpu_seconds(pids)
             started = time.time()
             for pid in pids:
-                os.kill(pid, signal.SIGCONT)
+                signal_if_alive(pid, signal.SIGCONT)
             await self.wait(system, c + n, proc)
             w1 = cpu_seconds(with_descendants([proc.pid]))
             s2, cpu_s2 = await self.counts(system), self.server_cpu(system)
