@@ -20,16 +20,18 @@ from __future__ import annotations
 __all__ = ["FUNCTIONS", "TABLES"]
 
 TABLES = """
-CREATE TABLE ail_slot_limits (limit_name text COLLATE "C" PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS ail_slot_limits (limit_name text COLLATE "C" PRIMARY KEY,
   last bigint NOT NULL DEFAULT 0);
-CREATE TABLE ail_slots (limit_name text COLLATE "C", owner_id text COLLATE "C",
-  token bigint NOT NULL, expires_at double precision NOT NULL,
+CREATE TABLE IF NOT EXISTS ail_slots (limit_name text COLLATE "C",
+  owner_id text COLLATE "C", token bigint NOT NULL, expires_at double precision NOT NULL,
   PRIMARY KEY (limit_name, owner_id));
-CREATE TABLE ail_slot_waiters (limit_name text COLLATE "C", owner_id text COLLATE "C",
-  priority int NOT NULL, seq bigint NOT NULL, expires_at double precision NOT NULL,
+CREATE TABLE IF NOT EXISTS ail_slot_waiters (limit_name text COLLATE "C",
+  owner_id text COLLATE "C", priority int NOT NULL, seq bigint NOT NULL,
+  expires_at double precision NOT NULL,
   PRIMARY KEY (limit_name, owner_id));
 """
-"""The slot tables, made by a fresh install and by the upgrade to migration 5."""
+"""The slot tables, made by a fresh install and by the upgrade to migration 5 (``IF NOT
+EXISTS``: a schema taken back to an older migration by hand may still hold them)."""
 
 _WAKE = "PERFORM pg_notify({channel}, chr(31) || p_limit);"
 
