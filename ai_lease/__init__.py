@@ -60,6 +60,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers; _LAZY serves th
     from .lease.admin import Removal
     from .lease.events import Event
     from .lease.progress import Progress
+    from .lease.slot_hold import SlotHold
+    from .lease.slots import SlotLost, SlotWaitTimeout
     from .observe.logs import JobLogger, configure_logging, fan_out
     from .observe.metrics import Metrics, serve_metrics
     from .prompts import PromptLibrary
@@ -150,6 +152,9 @@ _LAZY: dict[str, str] = {
     "Runner": ".run.runner",
     "SQLiteStore": ".stores.sqlite",
     "Settings": ".settings",
+    "SlotHold": ".lease.slot_hold",
+    "SlotLost": ".lease.slots",
+    "SlotWaitTimeout": ".lease.slots",
     "Stage": ".run.pipeline",
     "StageBudget": ".timeouts",
     "StageContext": ".run.context",
@@ -237,6 +242,9 @@ __all__ = [
     "Runner",
     "SQLiteStore",
     "Settings",
+    "SlotHold",
+    "SlotLost",
+    "SlotWaitTimeout",
     "Stage",
     "StageBudget",
     "StageContext",

@@ -70,9 +70,11 @@ class Client(StoreSides, AsyncResource):
     waits for its value; ``cancel(key)`` cancels it; ``retry(key)``, ``remove(key)`` and
     ``prune(older_than)`` tidy up finished ones; ``jobs()``, ``counts()``, ``events(key)``
     and ``workers()`` look (what ``ai-lease ls``, ``events`` and ``workers`` show);
-    ``worker()`` makes a worker; and ``lease(key)`` holds a job's lease around your own code
-    (:class:`JobLease`). ``Client(store)`` with no runner (or :meth:`open`) only looks and
-    tidies: ``run``, ``submit``, ``worker`` and ``lease`` need :func:`connect`'s runner.
+    ``worker()`` makes a worker; ``lease(key)`` holds a job's lease around your own code
+    (:class:`JobLease`); and ``slot(limit, capacity=N)`` one of a provider limit's slots,
+    shared by every process on the store (:class:`SlotHold`). ``Client(store)`` with no
+    runner (or :meth:`open`) only looks and tidies (and holds slots): ``run``, ``submit``,
+    ``worker`` and ``lease`` need :func:`connect`'s runner.
     """
 
     def __init__(

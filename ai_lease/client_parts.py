@@ -10,14 +10,25 @@ from ai_lease.errors import ConfigError, StoreDataLost
 from ai_lease.lease.admin import JobAdmin
 from ai_lease.lease.base import JobListing, LeaseStore
 from ai_lease.lease.queue import JobQueue
+from ai_lease.lease.slots import WAIT_TTL, SlotStore
 from ai_lease.lease.timeline import JobTimeline
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from ai_lease.lease.slot_hold import SlotHold
     from ai_lease.observe.store_metrics import StoreCollector
+    from ai_lease.run.runner import Runner
 
-__all__ = ["StoreSides", "admin_of", "close_all", "listing_of", "queue_of", "timeline_of"]
+__all__ = [
+    "StoreSides",
+    "admin_of",
+    "close_all",
+    "listing_of",
+    "queue_of",
+    "slots_of",
+    "timeline_of",
+]
 
 
 class StoreSides:
@@ -26,6 +37,7 @@ class StoreSides:
 
     store: LeaseStore
     _closed: bool
+    _runner: Runner | None
 
     def serves(self, side: type) -> bool:
         """Whether the store has ``side``, a protocol of :mod:`ai_lease.lease` (``JobListing``,
@@ -45,6 +57,41 @@ class StoreSides:
         from ai_lease.observe.store_metrics import watch_store
 
         return watch_store(registry, self._open().store)
+
+    def slot(
+        self,
+        limit: str,
+        *,
+        capacity: int,
+        ttl: float = 30.0,
+        max_wait: float = 60.0,
+        priority: int = 0,
+        wait_ttl: float = WAIT_TTL,
+    ) -> SlotHold:
+        """Hold one of ``capacity`` slots of ``limit`` around your own calls, shared by every
+        process on this store (see :class:`~ai_lease.lease.slot_hold.SlotHold`)::
+
+            async with client.slot("openai:gpt-4o-mini", capacity=4, max_wait=30):
+                answer = await my_model_call()
+
+        Waits first come, first served (a higher ``priority`` first) up to ``max_wait``
+        seconds (:class:`SlotWaitTimeout`); renews every ``ttl / 3`` while the block runs; a
+        slot lost meanwhile cancels the block (:class:`SlotLost`); leaving releases it."""
+        from ai_lease.lease.fence import default_node_id, new_owner_id
+        from ai_lease.lease.slot_hold import SlotHold
+
+        runner = self._runner
+        node = runner.node_id if runner is not None else default_node_id()
+        return SlotHold(
+            slots_of(self._open().store),
+            limit,
+            new_owner_id(node),
+            capacity=capacity,
+            ttl=ttl,
+            max_wait=max_wait,
+            priority=priority,
+            wait_ttl=wait_ttl,
+        )
 
     def _open(self) -> Self:
         """This client, unless it was closed (then a RuntimeError that says so)."""
@@ -79,6 +126,13 @@ def queue_of(store: LeaseStore) -> JobQueue:
     if isinstance(store, JobQueue):
         return store
     raise ConfigError(f"{store!r} keeps no job queue")
+
+
+def slots_of(store: LeaseStore) -> SlotStore:
+    """``store``'s :class:`SlotStore` side (provider slots)."""
+    if isinstance(store, SlotStore):
+        return store
+    raise ConfigError(f"{store!r} keeps no provider slots")
 
 
 async def close_all(resources: tuple[Any, ...]) -> None:

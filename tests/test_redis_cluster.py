@@ -16,6 +16,7 @@ from ai_lease.testing.contract import (
     JobQueueContract,
     LeaseStoreContract,
     ListingContract,
+    SlotContract,
     TimelineContract,
 )
 from ai_lease.testing.scripted import ScriptedProvider
@@ -54,6 +55,10 @@ class TestClusterHistory(ClusterStore, DurationHistoryContract):
 
 class TestClusterTimeline(ClusterStore, TimelineContract):
     """Each job's timeline shares its hash tag: written and read on one slot."""
+
+
+class TestClusterSlots(ClusterStore, SlotContract):
+    """Every slot script touches one limit's keys, under one hash tag: one slot each."""
 
 
 class TestClusterListing(ListingContract):

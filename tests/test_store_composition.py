@@ -15,6 +15,7 @@ from ai_lease.lease.admin import JobAdmin
 from ai_lease.lease.base import JobListing, LeaseStore
 from ai_lease.lease.histogram import DurationHistory
 from ai_lease.lease.queue import GaugedStore, JobQueue
+from ai_lease.lease.slots import SlotStore
 from ai_lease.lease.timeline import JobNotes, JobTimeline
 from ai_lease.stores.postgres.conn import PostgresConn
 from ai_lease.stores.postgres.store import PostgresStore
@@ -32,6 +33,10 @@ PARTS = {  # a part's name on the store: the protocols it implements, the method
     "admin": ((JobAdmin,), ["retry", "remove", "prune"]),
     "listing": ((JobListing,), ["list_page", "count_jobs"]),
     "notes": ((JobTimeline, JobNotes), ["timeline", "note"]),
+    "slots": (
+        (SlotStore,),
+        "acquire_slot renew_slot release_slot leave_slot slot_state wait_slot".split(),
+    ),
 }
 
 

@@ -9,6 +9,7 @@ from ai_lease.testing.contract import (
     JobQueueContract,
     LeaseStoreContract,
     ListingContract,
+    SlotContract,
     TimelineContract,
 )
 
@@ -33,6 +34,10 @@ class TestTimelineContract(TimelineContract):
 
 class TestListingContract(ListingContract):
     """Both built-in stores list pages of jobs off their own indexes."""
+
+
+class TestSlotContract(SlotContract):
+    """Every built-in store keeps provider slots."""
 
 
 # -- recovery before fresh work (issue 12 C), on both stores ------------------------------------

@@ -38,6 +38,7 @@ from ai_lease.testing.contract_failure import FailureContract
 from ai_lease.testing.contract_listing import ListingContract
 from ai_lease.testing.contract_queue import DurationHistoryContract, JobQueueContract
 from ai_lease.testing.contract_record import RecordContract
+from ai_lease.testing.contract_slots import SlotContract
 from ai_lease.testing.contract_support import key_for, own, renew
 from ai_lease.testing.contract_timeline import TimelineContract
 from ai_lease.testing.contract_writes import WriteContract
@@ -47,6 +48,7 @@ __all__ = [
     "JobQueueContract",
     "LeaseStoreContract",
     "ListingContract",
+    "SlotContract",
     "TimelineContract",
 ]
 

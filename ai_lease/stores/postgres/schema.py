@@ -2,10 +2,11 @@
 
 Everything lives in one PostgreSQL schema named after the store's namespace: the tables
 below, the fencing-token sequence and the lease functions (stores/postgres/lease_sql.py, the
-queue's in stores/postgres/queue_sql.py). A migration version table says what is installed;
-the store applies the migration on first use and ``ai-lease migrate`` applies it explicitly,
-both in one transaction under an advisory lock, so processes starting at once wait for the
-first one and then find it done. A schema that already holds a table of our name but no
+queue's in stores/postgres/queue_sql.py, the slots' tables and functions in
+stores/postgres/slots_sql.py). A migration version table says what is installed; the store
+applies the migration on first use and ``ai-lease migrate`` applies it explicitly, both in
+one transaction under an advisory lock, so processes starting at once wait for the first one
+and then find it done. A schema that already holds a table of our name but no
 version table is somebody else's: the store refuses it and changes nothing.
 
 Every function is created with ``SET search_path FROM CURRENT`` while the migration's
@@ -23,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 from ai_lease.errors import ConfigError
-from ai_lease.stores.postgres import lease_sql, queue_sql
+from ai_lease.stores.postgres import lease_sql, queue_sql, slots_sql
 
 __all__ = [
     "DDL",
@@ -36,10 +37,11 @@ __all__ = [
     "notify_payload",
 ]
 
-VERSION = 4
+VERSION = 5
 """The migration this code installs and expects (2: ``failure_kind``; 3: timeline entries
 numbered from the timeline itself, no ``ail_timeline_heads``; 4: ``ail_look``, and a commit
-or fail takes the job off the queue; see :data:`UPGRADES`)."""
+or fail takes the job off the queue; 5: provider slots, stores/postgres/slots_sql.py; see
+:data:`UPGRADES`)."""
 
 UPGRADES: dict[int, str] = {
     2: "ALTER TABLE ail_jobs ADD COLUMN failure_kind text;",
@@ -48,6 +50,7 @@ UPGRADES: dict[int, str] = {
     3: "DROP TABLE IF EXISTS ail_timeline_heads;",
     # Functions only: a worker's look in one call (ail_look), and ail_finish unqueues.
     4: "SELECT 1;",
+    5: slots_sql.TABLES,  # provider slots: their tables (and functions, made below)
 }
 """What takes a schema from the version before each key to it: the tables' changes; the
 functions are then made again from this code's SQL (:func:`_upgrade`)."""
@@ -116,9 +119,18 @@ PAYLOAD_LIMIT = 1000
 
 PARTS = [
     part.replace("%PAYLOAD_LIMIT%", str(PAYLOAD_LIMIT))
-    for part in (DDL, lease_sql.FUNCTIONS, queue_sql.FUNCTIONS)
+    for part in (
+        DDL,
+        slots_sql.TABLES,
+        lease_sql.FUNCTIONS,
+        queue_sql.FUNCTIONS,
+        slots_sql.FUNCTIONS,
+    )
 ]
-"""The migration's SQL, run in this order in one transaction."""
+"""The migration's SQL, run in this order in one transaction: the tables' parts (the first
+:data:`TABLE_PARTS`), then the functions' (made again by every upgrade)."""
+
+TABLE_PARTS = 2
 
 
 def channel_name(schema: str) -> str:
@@ -231,7 +243,7 @@ async def _upgrade(conn: psycopg.AsyncConnection[Any], schema: str, version: int
     for (name,) in await cur.fetchall():
         await conn.execute(f"DROP FUNCTION {name}".encode())
     channel = sql.Literal(channel_name(schema)).as_string(conn)
-    for part in PARTS[1:]:
+    for part in PARTS[TABLE_PARTS:]:
         await conn.execute(part.replace("{channel}", channel).encode())
     await conn.execute("INSERT INTO ail_migrations VALUES (%s, clock_timestamp())", (VERSION,))
 

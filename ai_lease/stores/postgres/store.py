@@ -10,7 +10,8 @@ Followers wait on LISTEN/NOTIFY through one listening connection per store
 (stores/postgres/notify.py). The connection layer is stores/postgres/conn.py, the schema and
 its migration stores/postgres/schema.py. The store is composed of parts sharing its
 connection: the job queue, workers, history and admin (stores/postgres/queue.py), the
-listing (stores/postgres/listing.py) and the timeline (stores/postgres/notes.py).
+listing (stores/postgres/listing.py), the timeline (stores/postgres/notes.py) and provider
+slots (stores/postgres/slots.py).
 
 >>> store = PostgresStore.from_url("postgresql://app@db:5432/jobs")   # doctest: +SKIP
 """
@@ -42,6 +43,7 @@ from ai_lease.stores.postgres.notes import PostgresTimeline
 from ai_lease.stores.postgres.notify import Listener
 from ai_lease.stores.postgres.queue import PostgresAdmin, PostgresQueue
 from ai_lease.stores.postgres.schema import channel_name
+from ai_lease.stores.postgres.slots import WAKE, PostgresSlots
 
 __all__ = ["PostgresStore"]
 
@@ -73,9 +75,9 @@ class PostgresStore(AsyncResource):
     The store owns one :class:`PostgresConn` (the pool, the bounded calls, the record
     decoding) and is composed of parts that share it: ``queue`` (queue, workers, gauges,
     duration history), ``admin`` (retry / remove / prune), ``listing`` (whole lists, pages
-    and counts) and ``notes`` (the job's timeline and its notes). The lease operations and
-    followers' waits are its own methods; the parts' methods are bound onto the store, so
-    callers see one object.
+    and counts), ``notes`` (the job's timeline and its notes) and ``slots`` (provider
+    slots). The lease operations and followers' waits are its own methods; the parts'
+    methods are bound onto the store, so callers see one object.
     """
 
     unschedules_ended = True
@@ -106,6 +108,10 @@ class PostgresStore(AsyncResource):
             poll_interval=conn._poll,
             ready_timeout=conn._op_timeout,
         )
+        self.slots = slots = PostgresSlots(conn, self._listener)
+        self.acquire_slot, self.renew_slot = slots.acquire_slot, slots.renew_slot
+        self.release_slot, self.leave_slot = slots.release_slot, slots.leave_slot
+        self.slot_state, self.wait_slot = slots.slot_state, slots.wait_slot
 
     @classmethod
     def from_url(
@@ -252,6 +258,8 @@ class PostgresStore(AsyncResource):
         await self._listener.wait(job_key(key), timeout)
 
     async def _version(self, key: str) -> Any:
+        if key.startswith(WAKE):  # a limit's waiters (stores/postgres/slots.py)
+            return await self.slots.seen(key[len(WAKE) :])
         return await self._conn._fetchone("wait", _VERSION, (key,))
 
     async def aclose(self) -> None:

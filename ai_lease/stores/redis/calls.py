@@ -8,7 +8,7 @@ twice. The data-loss marker (an epoch id the store keeps) is checked on every ne
 connection, and the specs of jobs this process may run are kept to re-create a record lost
 with the data. :class:`RedisCalls` is the connection the store owns and hands to each of its parts
 (:mod:`ai_lease.stores.redis.queue`, :mod:`~ai_lease.stores.redis.listing`,
-:mod:`~ai_lease.stores.redis.notes`).
+:mod:`~ai_lease.stores.redis.notes`, :mod:`~ai_lease.stores.redis.slots`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ai_lease.stores.redis import admin_scripts as admin_lua
 from ai_lease.stores.redis import listing_scripts as list_lua
 from ai_lease.stores.redis import queue_scripts as ns_lua
 from ai_lease.stores.redis import scripts as lua
+from ai_lease.stores.redis import slot_scripts as slot_lua
 from ai_lease.stores.redis.keys import job_keys, untag
 from ai_lease.stores.redis.wire import WARM_CONNECTIONS, Tasks, WarmPool, within
 
@@ -49,6 +50,7 @@ _SCRIPTS = {  # each script by name, from the module that holds its text
     "LOOK": ns_lua,
     **{name: ns_lua for name in ("BEAT", "WORKER_GONE", "LIST_WORKERS")},
     **{name: list_lua for name in ("LIST_PAGE", "BACKFILL", "COUNT_JOBS")},
+    **{name: slot_lua for name in ("ACQUIRE_SLOT", "RENEW_SLOT", "RELEASE_SLOT", "SLOT_STATE")},
 }
 # Job scripts that also keep the namespace's keys: the lease index, the queue (SUBMIT, RETRY,
 # REMOVE, LOOK, FINISH), the recovery looks (RETRY, REMOVE, LOOK, FINISH), the creation index

@@ -21,6 +21,7 @@ __all__ = [
     "decode_read",
     "hash_tag",
     "job_keys",
+    "slot_keys",
     "timeline_entry",
     "untag",
     "us",
@@ -63,6 +64,15 @@ def job_keys(namespace: str, key: str) -> list[str]:
     under one hash tag."""
     tag = hash_tag(key)
     return [f"{namespace}:{{{tag}}}:{part}" for part in ("job", "events", "timeline")]
+
+
+def slot_keys(namespace: str, limit: str) -> list[str]:
+    """The Redis keys of one provider limit, under one hash tag: its holders (a sorted set
+    of lease expiries), their tokens (a hash), the waiters' expiries and their order (sorted
+    sets), its counter, and its wake-up channel."""
+    tag = f"{{{namespace}:slot:{hash_tag(limit)}}}"
+    parts = ("holders", "tokens", "waiting", "order", "counter", "wake")
+    return [f"{tag}:{part}" for part in parts]
 
 
 def timeline_entry(raw: str) -> TimelineEntry:

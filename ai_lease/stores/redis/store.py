@@ -5,16 +5,14 @@ Every call goes through redis-py (hiredis parses), one code path for ``redis://`
 (stores/redis/calls.py). Followers wait on a pub/sub channel per job, falling back to sleeping
 out the poll interval when pub/sub is unavailable. The store is composed of parts sharing its
 calls: the job queue, workers, history and admin (stores/redis/queue.py), the listing
-(stores/redis/listing.py) and the timeline (stores/redis/notes.py); keys and decoding are in
-stores/redis/keys.py.
+(stores/redis/listing.py), the timeline (stores/redis/notes.py) and provider slots
+(stores/redis/slots.py); keys and decoding are in stores/redis/keys.py.
 
 >>> store = RedisStore.from_url("redis://127.0.0.1:6379/0")   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -50,6 +48,8 @@ from ai_lease.stores.redis.listing import RedisListing
 from ai_lease.stores.redis.notes import RedisTimeline
 from ai_lease.stores.redis.prelude import LEAN_FIELDS
 from ai_lease.stores.redis.queue import RedisAdmin, RedisQueue
+from ai_lease.stores.redis.slots import RedisSlots
+from ai_lease.stores.redis.wire import wait_message
 
 __all__ = ["RedisStore", "hash_tag"]
 
@@ -64,9 +64,9 @@ class RedisStore(AsyncResource):
 
     The store owns one :class:`RedisCalls` (the client, its scripts, every call bounded) and
     is composed of parts that share it: ``queue`` (queue, workers, gauges, duration history),
-    ``admin`` (retry / remove / prune), ``listing`` (pages and counts) and ``notes`` (the
-    job's timeline and its notes). The lease operations are its own methods; the parts'
-    methods are bound onto the store, so callers see one object.
+    ``admin`` (retry / remove / prune), ``listing`` (pages and counts), ``notes`` (the
+    job's timeline and its notes) and ``slots`` (provider slots). The lease operations are
+    its own methods; the parts' methods are bound onto the store, so callers see one object.
     """
 
     def __init__(
@@ -98,6 +98,10 @@ class RedisStore(AsyncResource):
         self.retry, self.remove, self.prune = self.admin.retry, self.admin.remove, self.admin.prune
         self.list_page, self.count_jobs = self.listing.list_page, self.listing.count_jobs
         self.timeline, self.note = self.notes.timeline, self.notes.note
+        self.slots = slots = RedisSlots(calls)
+        self.acquire_slot, self.renew_slot = slots.acquire_slot, slots.renew_slot
+        self.release_slot, self.leave_slot = slots.release_slot, slots.leave_slot
+        self.slot_state, self.wait_slot = slots.slot_state, slots.wait_slot
 
     @property
     def unschedules_ended(self) -> bool:
@@ -306,29 +310,7 @@ class RedisStore(AsyncResource):
 
     async def wait(self, key: str, timeout: float) -> None:
         """Return on the job's next event (commit, fail, release) or after ``timeout``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        if not hasattr(self._calls._pubsub, "pubsub"):  # redis-py's asyncio Cluster client: poll
-            await asyncio.sleep(timeout)
-            return
-        pubsub = self._calls._pubsub.pubsub()
-        try:
-            async with asyncio.timeout(timeout):
-                await pubsub.subscribe(self._calls.keys(key)[1])
-                # Every read has a bound of its own too: redis-py (8.1) can lose the timeout's
-                # cancellation inside subscribe's connect under load, and a read without a
-                # bound then blocks until the job's next event, which may never come.
-                while (left := deadline - loop.time()) > 0:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
-                    if message is not None:
-                        return
-        except TimeoutError:
-            return
-        except (RedisError, OSError):  # pub/sub unavailable: poll instead
-            await asyncio.sleep(max(0.0, deadline - loop.time()))
-        finally:
-            with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()
+        await wait_message(self._calls._pubsub, self._calls.keys(key)[1], timeout)
 
     async def aclose(self) -> None:
         await self._calls.aclose()

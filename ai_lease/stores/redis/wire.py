@@ -19,12 +19,14 @@ link does not turn into a store that times out on every call (a trap measured he
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.exceptions import RedisError
 
-__all__ = ["WARM_CONNECTIONS", "Tasks", "WarmPool", "within"]
+__all__ = ["WARM_CONNECTIONS", "Tasks", "WarmPool", "wait_message", "within"]
 
 T = TypeVar("T")
 
@@ -147,3 +149,32 @@ class Tasks:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
+
+
+async def wait_message(client: Any, channel: str, timeout: float) -> None:
+    """Return on the next message published on ``channel`` or after ``timeout``: one
+    subscription on ``client``, closed after; sleeping out the timeout instead when pub/sub
+    is unavailable (redis-py's asyncio Cluster client has none: a caller then polls)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    if not hasattr(client, "pubsub"):
+        await asyncio.sleep(timeout)
+        return
+    pubsub = client.pubsub()
+    try:
+        async with asyncio.timeout(timeout):
+            await pubsub.subscribe(channel)
+            # Every read has a bound of its own too: redis-py (8.1) can lose the timeout's
+            # cancellation inside subscribe's connect under load, and a read without a
+            # bound then blocks until the channel's next message, which may never come.
+            while (left := deadline - loop.time()) > 0:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+                if message is not None:
+                    return
+    except TimeoutError:
+        return
+    except (RedisError, OSError):  # pub/sub unavailable: poll instead
+        await asyncio.sleep(max(0.0, deadline - loop.time()))
+    finally:
+        with contextlib.suppress(RedisError, OSError):
+            await pubsub.aclose()

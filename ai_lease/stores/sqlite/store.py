@@ -32,6 +32,7 @@ from ai_lease.stores.sqlite.file import SQLiteFile, unqueue
 from ai_lease.stores.sqlite.listing import SQLiteListing
 from ai_lease.stores.sqlite.notes import SQLiteTimeline
 from ai_lease.stores.sqlite.queue import SQLiteAdmin, SQLiteQueue
+from ai_lease.stores.sqlite.slots import SQLiteSlots
 
 __all__ = ["SQLiteStore"]
 
@@ -45,9 +46,10 @@ class SQLiteStore(AsyncResource):
 
     The store owns one :class:`SQLiteFile` (the connection, its thread, one transaction per
     operation) and is composed of parts that share it: ``queue`` (queue, workers, gauges,
-    duration history), ``admin`` (retry / remove / prune), ``listing`` (pages and counts) and
-    ``timeline`` (the job's timeline and its notes). The lease operations are its own methods;
-    the parts' methods are bound onto the store, so callers see one object.
+    duration history), ``admin`` (retry / remove / prune), ``listing`` (pages and counts),
+    ``timeline`` (the job's timeline and its notes) and ``slots`` (provider slots). The lease
+    operations are its own methods; the parts' methods are bound onto the store, so callers
+    see one object.
     """
 
     unschedules_ended = True
@@ -81,6 +83,10 @@ class SQLiteStore(AsyncResource):
         self.retry, self.remove, self.prune = self.admin.retry, self.admin.remove, self.admin.prune
         self.list_page, self.count_jobs = self.listing.list_page, self.listing.count_jobs
         self.timeline, self.note = self.notes.timeline, self.notes.note
+        self.slots = slots = SQLiteSlots(file)
+        self.acquire_slot, self.renew_slot = slots.acquire_slot, slots.renew_slot
+        self.release_slot, self.leave_slot = slots.release_slot, slots.leave_slot
+        self.slot_state, self.wait_slot = slots.slot_state, slots.wait_slot
 
     @property
     def read_only(self) -> bool:

@@ -1,0 +1,134 @@
+"""The PostgreSQL store's provider-slot tables and functions (plpgsql), one call per operation.
+
+The tables (:data:`TABLES`, migration 5): ``ail_slot_limits`` (one row per limit: its
+counter, and the row every acquire of that limit locks first, so one caller at a time
+decides), ``ail_slots`` (the holders: token, lease expiry) and ``ail_slot_waiters`` (the line:
+priority, number from the counter, when the entry lapses). Each function judges time by the
+server's clock and is one transaction; the migration installs them with ``SET search_path
+FROM CURRENT``, so tables are named unqualified.
+
+A slot freed (released, left, found lapsed by a renewal) NOTIFYs the namespace's channel with
+the payload ``chr(31) || limit`` (:data:`~ai_lease.stores.postgres.slots.WAKE`): no job key
+holds a control character, so it never wakes a job's followers. The connection layer resends
+a call whose connection broke, so each is safe to run twice: a holder asking again gets its
+own slot back, a waiter keeps its place, a renewal renews again, a second release answers
+False.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FUNCTIONS", "TABLES"]
+
+TABLES = """
+CREATE TABLE IF NOT EXISTS ail_slot_limits (limit_name text COLLATE "C" PRIMARY KEY,
+  last bigint NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS ail_slots (limit_name text COLLATE "C",
+  owner_id text COLLATE "C", token bigint NOT NULL, expires_at double precision NOT NULL,
+  PRIMARY KEY (limit_name, owner_id));
+CREATE TABLE IF NOT EXISTS ail_slot_waiters (limit_name text COLLATE "C",
+  owner_id text COLLATE "C", priority int NOT NULL, seq bigint NOT NULL,
+  expires_at double precision NOT NULL,
+  PRIMARY KEY (limit_name, owner_id));
+"""
+"""The slot tables, made by a fresh install and by the upgrade to migration 5 (``IF NOT
+EXISTS``: a schema taken back to an older migration by hand may still hold them)."""
+
+_WAKE = "PERFORM pg_notify({channel}, chr(31) || p_limit);"
+
+_NOW = "extract(epoch FROM clock_timestamp())"
+
+# o_kind granted (o_token, o_expires) | wait (o_ahead waiters first, o_in_use slots taken).
+_ACQUIRE = rf"""
+CREATE FUNCTION ail_slot_acquire(p_limit text, p_owner text, p_capacity int,
+  p_ttl double precision, p_wait_ttl double precision, p_priority int)
+RETURNS TABLE (o_kind text, o_token bigint, o_expires double precision, o_ahead int,
+  o_in_use int, o_at double precision)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE v_now double precision := {_NOW}; v_token bigint; v_prio int; v_seq bigint;
+  v_in_use int; v_ahead int;
+BEGIN
+  INSERT INTO ail_slot_limits VALUES (p_limit, 0) ON CONFLICT (limit_name) DO NOTHING;
+  PERFORM 1 FROM ail_slot_limits l WHERE l.limit_name = p_limit FOR UPDATE;  -- the limit's lock
+  DELETE FROM ail_slots s WHERE s.limit_name = p_limit AND s.expires_at <= v_now;
+  DELETE FROM ail_slot_waiters w WHERE w.limit_name = p_limit AND w.expires_at <= v_now;
+  UPDATE ail_slots s SET expires_at = v_now + p_ttl
+    WHERE s.limit_name = p_limit AND s.owner_id = p_owner RETURNING s.token INTO v_token;
+  IF FOUND THEN  -- asked again (a lost reply): its own slot, renewed
+    RETURN QUERY SELECT 'granted'::text, v_token, v_now + p_ttl, 0, 0, v_now;
+    RETURN;
+  END IF;
+  SELECT count(*) INTO v_in_use FROM ail_slots s WHERE s.limit_name = p_limit;
+  SELECT w.priority, w.seq INTO v_prio, v_seq FROM ail_slot_waiters w
+    WHERE w.limit_name = p_limit AND w.owner_id = p_owner;
+  IF NOT FOUND THEN v_prio := p_priority; v_seq := NULL; END IF;
+  SELECT count(*) INTO v_ahead FROM ail_slot_waiters w
+    WHERE w.limit_name = p_limit AND w.owner_id <> p_owner
+      AND (w.priority > v_prio OR (w.priority = v_prio AND (v_seq IS NULL OR w.seq < v_seq)));
+  IF v_ahead < p_capacity - v_in_use THEN
+    DELETE FROM ail_slot_waiters w WHERE w.limit_name = p_limit AND w.owner_id = p_owner;
+    UPDATE ail_slot_limits l SET last = l.last + 1 WHERE l.limit_name = p_limit
+      RETURNING l.last INTO v_token;
+    INSERT INTO ail_slots VALUES (p_limit, p_owner, v_token, v_now + p_ttl);
+    RETURN QUERY SELECT 'granted'::text, v_token, v_now + p_ttl, 0, v_in_use, v_now;
+    RETURN;
+  END IF;
+  IF v_seq IS NULL THEN
+    UPDATE ail_slot_limits l SET last = l.last + 1 WHERE l.limit_name = p_limit
+      RETURNING l.last INTO v_seq;
+  END IF;
+  INSERT INTO ail_slot_waiters AS w VALUES (p_limit, p_owner, v_prio, v_seq, v_now + p_wait_ttl)
+    ON CONFLICT (limit_name, owner_id) DO UPDATE SET expires_at = excluded.expires_at;
+  RETURN QUERY SELECT 'wait'::text, NULL::bigint, NULL::double precision, v_ahead, v_in_use,
+    v_now;
+END $$;
+"""
+
+# true: renewed; false: the fence is stale, or its lease lapsed (then reclaimed here).
+_RENEW = rf"""
+CREATE FUNCTION ail_slot_renew(p_limit text, p_owner text, p_token bigint,
+  p_ttl double precision) RETURNS boolean
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE v_now double precision := {_NOW}; r ail_slots;
+BEGIN
+  SELECT * INTO r FROM ail_slots s WHERE s.limit_name = p_limit AND s.owner_id = p_owner
+    FOR UPDATE;
+  IF NOT FOUND OR r.token <> p_token THEN RETURN false; END IF;
+  IF r.expires_at <= v_now THEN
+    DELETE FROM ail_slots s WHERE s.limit_name = p_limit AND s.owner_id = p_owner;
+    {_WAKE}
+    RETURN false;
+  END IF;
+  UPDATE ail_slots s SET expires_at = v_now + p_ttl
+    WHERE s.limit_name = p_limit AND s.owner_id = p_owner;
+  RETURN true;
+END $$;
+"""
+
+# p_token NULL: the owner gave up (its place in line and any slot it holds go). Else fenced:
+# true when this fence's live slot was freed; a stale fence frees nothing.
+_RELEASE = rf"""
+CREATE FUNCTION ail_slot_release(p_limit text, p_owner text, p_token bigint) RETURNS boolean
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE v_now double precision := {_NOW}; v_expires double precision; v_left int;
+BEGIN
+  IF p_token IS NULL THEN
+    DELETE FROM ail_slot_waiters w WHERE w.limit_name = p_limit AND w.owner_id = p_owner;
+    GET DIAGNOSTICS v_left = ROW_COUNT;
+    DELETE FROM ail_slots s WHERE s.limit_name = p_limit AND s.owner_id = p_owner;
+    IF FOUND OR v_left > 0 THEN {_WAKE} END IF;
+    RETURN false;
+  END IF;
+  DELETE FROM ail_slots s
+    WHERE s.limit_name = p_limit AND s.owner_id = p_owner AND s.token = p_token
+    RETURNING s.expires_at INTO v_expires;
+  IF NOT FOUND THEN RETURN false; END IF;
+  {_WAKE}
+  RETURN v_expires > v_now;
+END $$;
+"""
+
+FUNCTIONS = _ACQUIRE + _RENEW + _RELEASE
+"""The slot functions (made again by every upgrade, like the lease's and the queue's)."""

@@ -1,0 +1,216 @@
+"""The SQLite store's provider slots (:class:`~ai_lease.lease.slots.SlotStore`): tables beside
+the jobs' (``ai_lease_slots``, ``ai_lease_slot_waiters``, ``ai_lease_slot_limits``: the
+holders, the waiting line and each limit's counter), one write transaction per operation.
+
+Processes on one machine share the file, so waiters poll for a release every
+``poll_interval`` (as followers do): there is no channel between processes to wake them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from typing import Any
+
+from ai_lease.lease.slots import (
+    WAIT_TTL,
+    SlotFence,
+    SlotGrant,
+    SlotOutcome,
+    SlotState,
+    SlotWait,
+    check_limit,
+    check_slot_args,
+)
+from ai_lease.lease.storable import check_owner
+from ai_lease.stores.sqlite.file import SQLiteFile
+
+__all__ = ["SQLiteSlots"]
+
+_HOLDER = "SELECT token, expires_at FROM ai_lease_slots WHERE limit_name = ? AND owner_id = ?"
+
+
+def _sweep(conn: sqlite3.Connection, limit: str, now: float) -> None:
+    """Reclaim the limit's lapsed slots and drop the waiters that stopped asking."""
+    for table in ("ai_lease_slots", "ai_lease_slot_waiters"):
+        conn.execute(f"DELETE FROM {table} WHERE limit_name = ? AND expires_at <= ?", (limit, now))
+
+
+def _next(conn: sqlite3.Connection, limit: str) -> int:
+    """The limit's counter, moved on by one (tokens and places in line both come from it)."""
+    conn.execute(
+        "INSERT INTO ai_lease_slot_limits VALUES (?, 1) ON CONFLICT(limit_name)"
+        " DO UPDATE SET last = last + 1",
+        (limit,),
+    )
+    row = conn.execute(
+        "SELECT last FROM ai_lease_slot_limits WHERE limit_name = ?", (limit,)
+    ).fetchone()
+    return int(row[0])
+
+
+def _place(
+    conn: sqlite3.Connection, limit: str, owner: str, priority: int
+) -> tuple[int, int | None, int]:
+    """The caller's place in line: its priority and number (kept from its first ask; None
+    for a newcomer, numbered only if it must wait), and how many waiters come before it (a
+    higher priority, or the same and asked first: for a newcomer, every one of them)."""
+    row = conn.execute(
+        "SELECT priority, seq FROM ai_lease_slot_waiters WHERE limit_name = ? AND owner_id = ?",
+        (limit, owner),
+    ).fetchone()
+    prio, seq = (int(row[0]), int(row[1])) if row is not None else (priority, None)
+    (ahead,) = conn.execute(
+        "SELECT count(*) FROM ai_lease_slot_waiters WHERE limit_name = ?1 AND owner_id <> ?2"
+        " AND (priority > ?3 OR (priority = ?3 AND (?4 IS NULL OR seq < ?4)))",
+        (limit, owner, prio, seq),
+    ).fetchone()
+    return prio, seq, int(ahead)
+
+
+class SQLiteSlots:
+    """The slots part of the SQLite store."""
+
+    def __init__(self, file: SQLiteFile) -> None:
+        self._file = file
+
+    async def acquire_slot(
+        self,
+        limit: str,
+        owner_id: str,
+        *,
+        capacity: int,
+        ttl: float,
+        priority: int = 0,
+        wait_ttl: float = WAIT_TTL,
+    ) -> SlotOutcome:
+        limit = check_slot_args(
+            limit, capacity=capacity, ttl=ttl, priority=priority, wait_ttl=wait_ttl
+        )
+        owner = check_owner(owner_id)
+
+        def work(conn: sqlite3.Connection) -> SlotOutcome:
+            now = self._file._clock()
+            _sweep(conn, limit, now)
+            held = conn.execute(_HOLDER, (limit, owner)).fetchone()
+            if held is not None:  # asked again (a lost reply): its own slot, renewed
+                return self._hold(conn, limit, owner, int(held[0]), now, ttl)
+            (in_use,) = conn.execute(
+                "SELECT count(*) FROM ai_lease_slots WHERE limit_name = ?", (limit,)
+            ).fetchone()
+            prio, seq, ahead = _place(conn, limit, owner, priority)
+            if ahead < capacity - in_use:
+                conn.execute(
+                    "DELETE FROM ai_lease_slot_waiters WHERE limit_name = ? AND owner_id = ?",
+                    (limit, owner),
+                )
+                return self._hold(conn, limit, owner, _next(conn, limit), now, ttl)
+            conn.execute(
+                "INSERT INTO ai_lease_slot_waiters VALUES (?, ?, ?, ?, ?) ON CONFLICT"
+                " (limit_name, owner_id) DO UPDATE SET expires_at = excluded.expires_at",
+                (limit, owner, prio, _next(conn, limit) if seq is None else seq, now + wait_ttl),
+            )
+            return SlotWait(ahead, int(in_use))
+
+        return await self._file._write("acquire_slot", work)
+
+    @staticmethod
+    def _hold(
+        conn: sqlite3.Connection, limit: str, owner: str, token: int, now: float, ttl: float
+    ) -> SlotGrant:
+        conn.execute(
+            "INSERT INTO ai_lease_slots VALUES (?, ?, ?, ?) ON CONFLICT (limit_name, owner_id)"
+            " DO UPDATE SET expires_at = excluded.expires_at",
+            (limit, owner, token, now + ttl),
+        )
+        return SlotGrant(SlotFence(limit, owner, token), now + ttl, now)
+
+    async def renew_slot(self, fence: SlotFence, ttl: float) -> bool:
+        """Extend the slot's lease by ``ttl`` from now; False once it lapsed or is not yours."""
+        check_slot_args(fence.limit, capacity=1, ttl=ttl)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            now = self._file._clock()
+            live = self._holds(conn, fence, now)
+            if live:
+                conn.execute(
+                    "UPDATE ai_lease_slots SET expires_at = ?"
+                    " WHERE limit_name = ? AND owner_id = ?",
+                    (now + ttl, fence.limit, fence.owner_id),
+                )
+            return live
+
+        return await self._file._write("renew_slot", work)
+
+    async def release_slot(self, fence: SlotFence) -> bool:
+        check_limit(fence.limit)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            return self._holds(conn, fence, self._file._clock(), drop=True)
+
+        return await self._file._write("release_slot", work)
+
+    def _holds(
+        self, conn: sqlite3.Connection, fence: SlotFence, now: float, *, drop: bool = False
+    ) -> bool:
+        """Whether ``fence`` holds a live slot; its entry is dropped if it lapsed (or if
+        ``drop``). A stale fence (another token) touches nothing."""
+        row = conn.execute(_HOLDER, (fence.limit, fence.owner_id)).fetchone()
+        if row is None or int(row[0]) != fence.token:
+            return False
+        live = bool(row[1] > now)
+        if drop or not live:
+            conn.execute(
+                "DELETE FROM ai_lease_slots WHERE limit_name = ? AND owner_id = ?",
+                (fence.limit, fence.owner_id),
+            )
+        return live
+
+    async def leave_slot(self, limit: str, owner_id: str) -> None:
+        limit = check_limit(limit)
+
+        def work(conn: sqlite3.Connection) -> None:
+            for table in ("ai_lease_slots", "ai_lease_slot_waiters"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE limit_name = ? AND owner_id = ?", (limit, owner_id)
+                )
+
+        await self._file._write("leave_slot", work)
+
+    async def slot_state(self, limit: str) -> SlotState:
+        limit = check_limit(limit)
+
+        def work(conn: sqlite3.Connection) -> SlotState:
+            in_use, waiting = _counts(conn, limit, self._file._clock())
+            return SlotState(limit, in_use, waiting)
+
+        return await self._file._run("slot_state", work)
+
+    async def wait_slot(self, limit: str, timeout: float) -> None:
+        """Return once the limit's holders change (a release, a grant, a lapse) or after
+        ``timeout``, polling every ``poll_interval``."""
+        limit = check_limit(limit)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        first = await self._file._run("wait_slot", lambda conn: self._seen(conn, limit))
+        while (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(self._file._poll, left))
+            if await self._file._run("wait_slot", lambda conn: self._seen(conn, limit)) != first:
+                return
+
+    def _seen(self, conn: sqlite3.Connection, limit: str) -> Any:
+        """What changes when a slot is freed or taken: live holders, and the counter."""
+        last = conn.execute(
+            "SELECT last FROM ai_lease_slot_limits WHERE limit_name = ?", (limit,)
+        ).fetchone()
+        return _counts(conn, limit, self._file._clock())[0], last
+
+
+def _counts(conn: sqlite3.Connection, limit: str, now: float) -> tuple[int, int]:
+    """Live holders and live waiters of ``limit`` at ``now``."""
+    in_use, waiting = conn.execute(
+        "SELECT (SELECT count(*) FROM ai_lease_slots WHERE limit_name = ?1 AND expires_at > ?2),"
+        " (SELECT count(*) FROM ai_lease_slot_waiters WHERE limit_name = ?1 AND expires_at > ?2)",
+        (limit, now),
+    ).fetchone()
+    return int(in_use), int(waiting)

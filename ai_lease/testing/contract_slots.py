@@ -1,0 +1,191 @@
+"""The provider-slot contract: what a :class:`~ai_lease.lease.slots.SlotStore` promises.
+
+A third-party store subclasses :class:`SlotContract` and provides a ``store`` fixture, as for
+the lease contract. Lapses are judged by the store's own clock, so those tests wait in real
+time, with small leases and generous bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+import pytest
+
+from ai_lease.errors import InputError
+from ai_lease.lease.slots import MAX_CAPACITY, SlotFence, SlotGrant, SlotState, SlotWait
+
+__all__ = ["SlotContract"]
+
+_ids = itertools.count()
+
+
+def limit_for(name: str) -> str:
+    return f"contract:{name}-{time.time_ns()}-{next(_ids)}"
+
+
+async def grant(store: Any, limit: str, owner: str, capacity: int = 1, **kw: Any) -> SlotFence:
+    outcome = await store.acquire_slot(limit, owner, capacity=capacity, ttl=kw.pop("ttl", 30), **kw)
+    assert isinstance(outcome, SlotGrant), outcome
+    return outcome.fence
+
+
+async def wait(store: Any, limit: str, owner: str, capacity: int = 1, **kw: Any) -> SlotWait:
+    outcome = await store.acquire_slot(limit, owner, capacity=capacity, ttl=30, **kw)
+    assert isinstance(outcome, SlotWait), outcome
+    return outcome
+
+
+class SlotContract:
+    """Slots every built-in store keeps (``ai_lease.lease.slots.SlotStore``)."""
+
+    async def test_never_more_than_capacity_holders(self, store: Any) -> None:
+        """Of eight callers asking for three slots, three hold one and five wait; the state
+        says so; each holder's token is its own and they increase."""
+        limit = limit_for("cap")
+        outcomes = [await store.acquire_slot(limit, f"o{n}", capacity=3, ttl=30) for n in range(8)]
+        grants = [o for o in outcomes if isinstance(o, SlotGrant)]
+        assert [o.fence.owner_id for o in grants] == ["o0", "o1", "o2"]
+        tokens = [o.fence.token for o in grants]
+        assert tokens == sorted(set(tokens))
+        waits = [o for o in outcomes if isinstance(o, SlotWait)]
+        assert [o.ahead for o in waits] == [0, 1, 2, 3, 4]
+        assert all(o.in_use == 3 for o in waits)
+        assert await store.slot_state(limit) == SlotState(limit, 3, 5)
+        assert isinstance(grants[0].lease_remaining, float) and grants[0].lease_remaining > 20
+
+    async def test_waiters_are_served_first_come_first_served(self, store: Any) -> None:
+        """A freed slot goes to the waiter that asked first: a later one asking before it
+        gets none; a higher priority goes before both."""
+        limit = limit_for("fifo")
+        first = await grant(store, limit, "holder")
+        assert (await wait(store, limit, "b")).ahead == 0
+        assert (await wait(store, limit, "c")).ahead == 1
+        assert (await wait(store, limit, "urgent", priority=5)).ahead == 0
+        assert (await wait(store, limit, "b")).ahead == 1  # asking again keeps its place
+        assert await store.release_slot(first)
+        assert (await wait(store, limit, "c")).ahead == 2, "c is behind urgent and b"
+        assert (await wait(store, limit, "b")).ahead == 1
+        second = await grant(store, limit, "urgent")
+        assert await store.release_slot(second)
+        assert (await wait(store, limit, "c")).ahead == 1
+        third = await grant(store, limit, "b")
+        assert third.token > second.token > first.token
+
+    async def test_asking_again_while_holding_gives_the_same_slot(self, store: Any) -> None:
+        """A holder asking again (its reply was lost) gets its own slot and token back."""
+        limit = limit_for("again")
+        fence = await grant(store, limit, "a")
+        assert await grant(store, limit, "a") == fence
+        assert (await store.slot_state(limit)).in_use == 1
+
+    async def test_a_lapsed_holder_is_reclaimed_by_the_next_acquire(self, store: Any) -> None:
+        """A holder that stopped renewing loses its slot to the next caller after its ttl;
+        its late renewal and release are refused."""
+        limit = limit_for("lapse")
+        old = await grant(store, limit, "zombie", ttl=0.3)
+        await wait(store, limit, "next")
+        await asyncio.sleep(0.6)  # real: the lease lapses on the store's own clock
+        new = await grant(store, limit, "next")
+        assert new.token > old.token
+        assert not await store.renew_slot(old, 30)
+        assert not await store.release_slot(old)
+        assert await store.slot_state(limit) == SlotState(limit, 1, 0)
+
+    async def test_renewal_keeps_the_slot_and_a_lapse_refuses_it(self, store: Any) -> None:
+        """A renewed slot outlives its first ttl; one left to lapse is refused renewal."""
+        limit = limit_for("renew")
+        fence = await grant(store, limit, "a", ttl=0.6)
+        for _ in range(3):
+            await asyncio.sleep(0.3)  # real: renewals on the store's own clock
+            assert await store.renew_slot(fence, 0.6)
+        await wait(store, limit, "b")
+        await asyncio.sleep(0.9)  # real: the lease lapses on the store's own clock
+        assert not await store.renew_slot(fence, 0.6)
+        assert (await store.slot_state(limit)).in_use == 0
+
+    async def test_a_stale_fence_releases_and_renews_nothing(self, store: Any) -> None:
+        """Another token, or the same token under another owner id, frees nothing."""
+        limit = limit_for("stale")
+        fence = await grant(store, limit, "a")
+        for stale in (
+            SlotFence(limit, "a", fence.token + 1),
+            SlotFence(limit, "a", fence.token - 1),
+            SlotFence(limit, "b", fence.token),
+        ):
+            assert not await store.release_slot(stale)
+            assert not await store.renew_slot(stale, 30)
+        assert (await store.slot_state(limit)).in_use == 1
+        assert await store.renew_slot(fence, 30)
+        assert await store.release_slot(fence)
+        assert not await store.release_slot(fence), "released once only"
+        assert (await store.slot_state(limit)).in_use == 0
+
+    async def test_a_waiter_that_stopped_asking_does_not_block(self, store: Any) -> None:
+        """A waiter's place lapses ``wait_ttl`` after its last ask: the one behind it gets
+        the freed slot, and the state no longer counts it."""
+        limit = limit_for("gone")
+        holder = await grant(store, limit, "holder")
+        await wait(store, limit, "dead", wait_ttl=0.3)
+        assert (await wait(store, limit, "alive")).ahead == 1
+        assert await store.release_slot(holder)
+        await asyncio.sleep(0.6)  # real: the waiter's entry lapses on the store's own clock
+        assert await store.slot_state(limit) == SlotState(limit, 0, 1)
+        await grant(store, limit, "alive")
+
+    async def test_leaving_gives_up_the_place_in_line_and_the_slot(self, store: Any) -> None:
+        """``leave_slot`` drops a waiter's place at once, and a slot its owner holds."""
+        limit = limit_for("leave")
+        holder = await grant(store, limit, "holder")
+        await wait(store, limit, "quitter")
+        assert (await wait(store, limit, "patient")).ahead == 1
+        await store.leave_slot(limit, "quitter")
+        assert (await wait(store, limit, "patient")).ahead == 0
+        await store.leave_slot(limit, "holder")
+        assert not await store.renew_slot(holder, 30)
+        await grant(store, limit, "patient")
+
+    async def test_limits_are_independent(self, store: Any) -> None:
+        """Each limit has its own slots and line."""
+        one, two = limit_for("one"), limit_for("two")
+        await grant(store, one, "a")
+        await grant(store, two, "a")
+        await wait(store, one, "b")
+        assert await store.slot_state(two) == SlotState(two, 1, 0)
+
+    async def test_a_release_wakes_a_waiter(self, store: Any) -> None:
+        """``wait_slot`` returns soon after a release, long before its timeout."""
+        limit = limit_for("wake")
+        fence = await grant(store, limit, "a")
+        waiting = asyncio.ensure_future(store.wait_slot(limit, 20))
+        await asyncio.sleep(0.3)  # real: the waiter subscribes (or reads) before the release
+        started = time.monotonic()
+        assert await store.release_slot(fence)
+        await asyncio.wait_for(waiting, 10)
+        assert time.monotonic() - started < 5
+
+    async def test_bad_inputs_are_refused_before_anything_is_sent(self, store: Any) -> None:
+        """Capacity out of 1..10,000, a bad ttl or priority, or a limit name that is empty,
+        too long or holds odd characters: an InputError naming the value."""
+        limit = limit_for("bad")
+        bad: list[tuple[str, dict[str, Any]]] = [
+            (limit, {"capacity": 0}),
+            (limit, {"capacity": MAX_CAPACITY + 1}),
+            (limit, {"capacity": True}),
+            (limit, {"ttl": 0}),
+            (limit, {"ttl": float("nan")}),
+            (limit, {"priority": 101}),
+            (limit, {"wait_ttl": 0}),
+            ("", {}),
+            ("x" * 201, {}),
+            ("open ai", {}),
+            ("{tag}", {}),
+            (":leading", {}),
+        ]
+        for name, change in bad:
+            args = {"capacity": 1, "ttl": 30.0} | change
+            with pytest.raises(InputError):
+                await store.acquire_slot(name, "a", **args)
+        assert await store.slot_state(limit) == SlotState(limit, 0, 0)

@@ -1,0 +1,88 @@
+"""Provider slots on PostgreSQL (migration 5): a schema at migration 4 (no slot tables or
+functions) is upgraded in place, its jobs kept, and then keeps slots; a slot freed wakes its
+waiters through the store's one LISTEN connection, never a job's followers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from ai_lease.lease import Acquired
+from ai_lease.lease.slots import SlotGrant, SlotState, SlotWait
+from ai_lease.stores.postgres.schema import VERSION
+from ai_lease.stores.postgres.store import PostgresStore
+from tests.harness.pg_server import PostgresServer
+
+pytestmark = pytest.mark.postgres
+
+# What migration 5 adds, taken away again: the schema as migration 4 left it.
+_BACK_TO_V4 = """
+DROP FUNCTION {ns}.ail_slot_acquire, {ns}.ail_slot_renew, {ns}.ail_slot_release;
+DROP TABLE {ns}.ail_slot_limits, {ns}.ail_slots, {ns}.ail_slot_waiters;
+DELETE FROM {ns}.ail_migrations WHERE version > 4;
+INSERT INTO {ns}.ail_migrations VALUES (4, clock_timestamp()) ON CONFLICT DO NOTHING
+"""
+
+
+@pytest.fixture
+def namespace(pg_server: PostgresServer) -> Iterator[str]:
+    name = f"ail_sl_{uuid.uuid4().hex[:10]}"
+    yield name
+    pg_server.terminate_backends()
+    pg_server.reset(name)
+
+
+def _store(pg_server: PostgresServer, namespace: str) -> PostgresStore:
+    return PostgresStore.from_url(pg_server.url, namespace=namespace, op_timeout=5.0)
+
+
+async def test_a_schema_at_migration_4_is_upgraded_and_keeps_slots(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """The job written before the upgrade is still there; slots work after it."""
+    store = _store(pg_server, namespace)
+    try:
+        assert isinstance(await store.acquire("old", "A", ttl=30, max_no_progress=30), Acquired)
+    finally:
+        await store.aclose()
+    for statement in _BACK_TO_V4.format(ns=namespace).strip().split(";\n"):
+        pg_server.execute(statement)
+    pg_server.terminate_backends()
+    store = _store(pg_server, namespace)
+    try:
+        assert (await store.get("old")) is not None
+        assert isinstance(await store.acquire_slot("vllm:big", "a", capacity=1, ttl=30), SlotGrant)
+        assert isinstance(await store.acquire_slot("vllm:big", "b", capacity=1, ttl=30), SlotWait)
+        assert await store.slot_state("vllm:big") == SlotState("vllm:big", 1, 1)
+    finally:
+        await store.aclose()
+    rows = pg_server.execute(f"SELECT max(version) FROM {namespace}.ail_migrations")
+    assert rows == [(VERSION,)] and VERSION == 5
+
+
+async def test_a_release_wakes_the_limits_waiters_not_a_jobs_followers(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """A freed slot's NOTIFY ends a waiter's wait at once; a follower of a job whose key is
+    the limit's name sleeps on."""
+    store = _store(pg_server, namespace)
+    try:
+        got = await store.acquire_slot("vllm:big", "a", capacity=1, ttl=30)
+        assert isinstance(got, SlotGrant)
+        await store.wait_slot("vllm:big", 2)  # LISTEN comes up (its first connect wakes all)
+        slot_wait = asyncio.ensure_future(store.wait_slot("vllm:big", 20))
+        job_wait = asyncio.ensure_future(store.wait("vllm:big", 1.5))
+        await asyncio.sleep(0.3)  # real: both waits are filed before the release
+        assert not slot_wait.done()
+        started = time.monotonic()
+        assert await store.release_slot(got.fence)
+        await asyncio.wait_for(slot_wait, 10)
+        assert time.monotonic() - started < 3
+        assert not job_wait.done(), "a job's follower is not woken by a slot"
+        await job_wait
+    finally:
+        await store.aclose()
