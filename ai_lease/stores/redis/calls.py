@@ -36,7 +36,7 @@ from ai_lease.stores.redis import queue_scripts as ns_lua
 from ai_lease.stores.redis import scripts as lua
 from ai_lease.stores.redis import slot_scripts as slot_lua
 from ai_lease.stores.redis.keys import job_keys, untag
-from ai_lease.stores.redis.wire import WARM_CONNECTIONS, Tasks, WarmPool, within
+from ai_lease.stores.redis.wire import WARM_CONNECTIONS, NodePubSub, Tasks, WarmPool, within
 
 __all__ = ["RedisCalls", "connect"]
 
@@ -160,7 +160,7 @@ class RedisCalls:
         self._tasks, self._rewarming = Tasks(), False
         pool = getattr(client, "connection_pool", None)
         self._pool = pool if isinstance(pool, WarmPool) else None
-        self._pubsub: Any = client
+        self._pubsub: Any = NodePubSub(client) if self._cluster else client
         if pool is not None and not self._cluster:
             # Pub/sub closes its connection after each wait: a pool of its own, so that it
             # never takes (and closes) one of the warm ones.

@@ -92,6 +92,6 @@ class RedisSlots:
         return SlotState(limit, int(in_use), int(waiting))
 
     async def wait_slot(self, limit: str, timeout: float) -> None:
-        """Return on the limit's next release (its channel) or after ``timeout``; on a
-        Cluster client without pub/sub, sleep out ``timeout`` (waiters ask again then)."""
+        """Return on the limit's next release (its channel) or after ``timeout``; where
+        pub/sub is unavailable, sleep out ``timeout`` (waiters ask again then)."""
         await wait_message(self._calls._pubsub, self._keys(check_limit(limit))[5], timeout)

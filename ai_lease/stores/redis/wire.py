@@ -23,10 +23,11 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import RedisError
 
-__all__ = ["WARM_CONNECTIONS", "Tasks", "WarmPool", "wait_message", "within"]
+__all__ = ["WARM_CONNECTIONS", "NodePubSub", "Tasks", "WarmPool", "wait_message", "within"]
 
 T = TypeVar("T")
 
@@ -151,16 +152,45 @@ class Tasks:
         await asyncio.gather(*running, return_exceptions=True)
 
 
+class NodePubSub:
+    """Pub/sub for a Cluster client, on a plain connection to one of its nodes. A PUBLISH
+    reaches the subscribers of every node in a Redis Cluster, so any node will do; redis-py's
+    asyncio Cluster client has no ``pubsub()`` in the 5.x releases, so this one works on every
+    version the package allows. One plain client per node, closed with the store."""
+
+    def __init__(self, cluster: Any) -> None:
+        self._cluster = cluster
+        self._plain: dict[tuple[str, int], Any] = {}
+
+    def pubsub(self) -> Any:
+        node = self._cluster.get_default_node()
+        if node is None:  # not yet initialised: no node known
+            raise OSError("the cluster has no node to subscribe on yet")
+        plain = self._plain.get((node.host, node.port))
+        if plain is None:
+            kw = {k: v for k, v in node.connection_kwargs.items() if k != "redis_connect_func"}
+            pool = ConnectionPool(connection_class=node.connection_class, **kw)
+            plain = self._plain[(node.host, node.port)] = Redis.from_pool(pool)
+        return plain.pubsub()
+
+    async def aclose(self) -> None:
+        plain, self._plain = list(self._plain.values()), {}
+        for client in plain:
+            with contextlib.suppress(RedisError, OSError):
+                await client.aclose()
+
+
 async def wait_message(client: Any, channel: str, timeout: float) -> None:
     """Return on the next message published on ``channel`` or after ``timeout``: one
-    subscription on ``client``, closed after; sleeping out the timeout instead when pub/sub
-    is unavailable (redis-py's asyncio Cluster client has none: a caller then polls)."""
+    subscription on ``client`` (a Redis client or a :class:`NodePubSub`), closed after;
+    sleeping out the timeout instead when pub/sub is unavailable (a caller then polls)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    if not hasattr(client, "pubsub"):
+    try:
+        pubsub = client.pubsub()
+    except OSError:  # pub/sub unavailable: the caller polls after the timeout
         await asyncio.sleep(timeout)
         return
-    pubsub = client.pubsub()
     try:
         async with asyncio.timeout(timeout):
             await pubsub.subscribe(channel)
