@@ -38,6 +38,7 @@ from ai_lease.prompts import DEFAULT_MAX_PROMPT_CHARS
 from ai_lease.redaction import mask_url
 from ai_lease.run.config import RunConfig
 from ai_lease.settings_errors import Loc, Origins, allowed, report, rule, where
+from ai_lease.settings_limits import LimitsSettings
 from ai_lease.settings_provider import EndpointSettings, ProviderSettings, _Section
 from ai_lease.settings_sources import CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENV_DELIMITER, ENV_PREFIX
 from ai_lease.settings_ui import UiSettings
@@ -214,6 +215,7 @@ class Settings(BaseSettings):
     job: JobSettings = JobSettings()
     ui: UiSettings = UiSettings()  # ai-lease ui: host, port, token, refresh
     worker: WorkerSettings = WorkerSettings()  # ai-lease worker: isolation, terminate_grace
+    limits: LimitsSettings = LimitsSettings()  # [limits."openai:gpt-4o-mini"] concurrency = 4
 
     @classmethod
     def settings_customise_sources(
@@ -250,7 +252,7 @@ class Settings(BaseSettings):
             problems = self._cross_field_problems()
         except ValidationError as exc:
             problems = [
-                (err["loc"], rule(err) + allowed(err, Settings))
+                (_public_loc(err["loc"]), rule(err) + allowed(err, Settings))
                 for err in exc.errors(include_input=False)
             ]
         # Raised outside the except block, so no __context__ carries the inputs along.
@@ -316,7 +318,8 @@ class Settings(BaseSettings):
 
     def run_config(self) -> RunConfig:
         """What a runner runs under, from these settings: lease timings, job retries,
-        stream budgets and limits, adaptive budgets and the input size bound."""
+        stream budgets and limits, adaptive budgets, the input size bound and the provider
+        limits."""
         return RunConfig(
             timings=self.lease_timings(),
             retry=self.retry_policy(),
@@ -324,6 +327,7 @@ class Settings(BaseSettings):
             stream_limits=self.stream_limits(),
             adaptive=self.adaptive_budgets(),
             max_input_bytes=self.job.max_input_bytes,
+            limits=self.limits.call_limits(),
         )
 
 
@@ -333,6 +337,14 @@ _SECTIONS = {
     "StreamLimits": "stream",
     "RetryPolicy": "retry",
 }
+
+
+def _public_loc(loc: Loc) -> Loc:
+    """A field's location as a user writes it: ``limits.<name>.concurrency``, without the
+    ``each`` the section keeps its limits under."""
+    if tuple(loc[:2]) == ("limits", "each"):
+        return ("limits", *loc[2:])
+    return loc
 
 
 def _settings_loc(name: str) -> Loc:

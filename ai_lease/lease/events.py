@@ -33,9 +33,11 @@ class Event:
     ours was skipped: ``detail`` names it), ``terminated`` (a signal sent to the job's child
     process: ``attrs`` signal ``"term"``/``"kill"``, pid), ``reaped`` (the child collected:
     ``detail`` the ladder's outcome, ``attrs`` exit_code), ``child_audit`` (what the kill
-    left behind); workers add ``worker_*`` and ``job_*`` kinds, and ``loop_blocked``
-    (``idle_s``: seconds the event loop ran nothing, ``detail``: the loop thread's stack) and
-    ``loop_resumed`` (:mod:`ai_lease.observe.loop_watchdog`).
+    left behind), ``slot_wait`` (a model call waits for a provider slot: ``attrs`` limit,
+    ahead), ``slot_taken`` (``value``: seconds waited), ``slot_released``, ``rate_limited``
+    (a 429 under a limit: ``attrs`` limit); workers add ``worker_*`` and ``job_*`` kinds, and
+    ``loop_blocked`` (``idle_s``: seconds the event loop ran nothing, ``detail``: the loop
+    thread's stack) and ``loop_resumed`` (:mod:`ai_lease.observe.loop_watchdog`).
     """
 
     kind: str

@@ -14,6 +14,10 @@ renewal the store refuses (the lease lapsed: this process was stopped, say), or 
 landing before ``ttl - ttl / 6`` after the last good one was sent (the store unreachable),
 **cancels the block** and it raises :class:`~ai_lease.lease.slots.SlotLost`: work that lost
 its slot stops before another holder could be given it. A cancellation from outside wins.
+With a ``stuck`` hook (the runner's: did the job make progress within its stage's budget?)
+each renewal asks it first, and a stuck holder gives the slot back at once and raises
+:class:`~ai_lease.lease.slots.SlotStopped`; ``renew_every`` (at most ``ttl / 3``) is then
+how soon that is seen. ``on_wait(ahead)`` is called after each ask that found no slot.
 
 **Leaving** releases the slot (fenced: a slot lost meanwhile is left alone) and wakes the
 next waiter. Sync code in the block blocks the renewals too: run it with ``asyncio.to_thread``.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
@@ -33,18 +38,24 @@ from ai_lease.lease.slots import (
     SlotFence,
     SlotGrant,
     SlotLost,
+    SlotStopped,
     SlotStore,
     SlotWaitTimeout,
     check_seconds,
     check_slot_args,
 )
 
-__all__ = ["MAX_WAIT_RANGE", "SlotHold"]
+__all__ = ["MAX_WAIT_RANGE", "SlotHold", "Stuck"]
 
 log = logging.getLogger("ai_lease.slots")
 
 MAX_WAIT_RANGE = (0.0, 86_400.0)
 """The ``max_wait`` a caller may ask for (seconds)."""
+
+Stuck = Callable[[], tuple[str, float] | None]
+"""Asked before each renewal: why the holder's work is stuck and the budget it broke, or
+None. A stuck holder gives its slot back at once (:class:`SlotStopped`), so a zombie
+cannot keep it: the runner asks whether the job made progress within its stage's budget."""
 
 
 class SlotHold:
@@ -62,6 +73,9 @@ class SlotHold:
         max_wait: float = 60.0,
         priority: int = 0,
         wait_ttl: float = WAIT_TTL,
+        renew_every: float | None = None,
+        stuck: Stuck | None = None,
+        on_wait: Callable[[int], None] | None = None,
     ) -> None:
         self.limit = check_slot_args(
             limit, capacity=capacity, ttl=ttl, priority=priority, wait_ttl=wait_ttl
@@ -69,9 +83,11 @@ class SlotHold:
         self.max_wait = check_seconds(limit, "max_wait", max_wait, *MAX_WAIT_RANGE)
         self.store, self.owner_id, self.capacity = store, owner_id, capacity
         self.ttl, self.priority, self.wait_ttl = float(ttl), priority, float(wait_ttl)
+        self.renew_every = min(self.ttl / 3, renew_every or self.ttl / 3)
+        self.stuck, self.on_wait = stuck, on_wait
         self.fence: SlotFence | None = None
         self.waited = 0.0
-        self._failure: SlotLost | None = None
+        self._failure: SlotLost | SlotStopped | None = None
         self._group: asyncio.TaskGroup | None = None
         self._scope = asyncio.timeout(None)  # expired by the renewals to stop the block
         self._keeper: asyncio.Task[None] | None = None
@@ -116,6 +132,8 @@ class SlotHold:
                 outcome = None  # asking again is safe: a grant whose reply was lost comes back
             if isinstance(outcome, SlotGrant):
                 return outcome, sent
+            if outcome is not None and self.on_wait is not None:
+                self.on_wait(outcome.ahead)
             ahead = outcome.ahead if outcome is not None else ahead
             left = deadline - loop.time()
             if left <= 0:
@@ -153,10 +171,13 @@ class SlotHold:
 
     async def _renew_until_lost(self, fence: SlotFence, sent: float) -> None:
         loop = asyncio.get_running_loop()
-        interval = self.ttl / 3
+        interval = self.renew_every
         while True:
-            fence_at = sent + self.ttl - interval / 2
+            fence_at = sent + self.ttl - self.ttl / 6
             await asyncio.sleep(max(0.0, sent + interval - loop.time()))
+            if self.stuck is not None and (why := self.stuck()) is not None:
+                self._failure = SlotStopped(fence.limit, *why)
+                return
             while True:
                 attempt = loop.time()
                 try:
@@ -199,7 +220,7 @@ class SlotHold:
 
     async def _give_back(self) -> None:
         fence, self.fence = self.fence, None
-        if fence is None or self._failure is not None:
+        if fence is None or isinstance(self._failure, SlotLost):
             return  # lost: not ours to release
         try:
             await self.store.release_slot(fence)

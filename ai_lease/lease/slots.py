@@ -43,6 +43,7 @@ __all__ = [
     "SlotLost",
     "SlotOutcome",
     "SlotState",
+    "SlotStopped",
     "SlotStore",
     "SlotWait",
     "SlotWaitTimeout",
@@ -212,3 +213,13 @@ class SlotWaitTimeout(StageTimeout):
             f"no slot of {limit!r} came free in {waited_s:.2f}s (max_wait {budget_s:g}s; "
             f"{ahead} still ahead): raise max_wait or the limit's capacity"
         )
+
+
+class SlotStopped(StageTimeout):
+    """A model call of a job stopped because of its slot: the call made no progress within
+    its budget (the slot was given back to the next waiter), or the slot was lost. The job
+    is tried again, like any other timeout."""
+
+    def __init__(self, limit: str, reason: str, budget_s: float) -> None:
+        self.limit, self.reason, self.budget_s = limit, reason, budget_s
+        super().__init__(f"the model call's slot of {limit!r} was given up: {reason}")

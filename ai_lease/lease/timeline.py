@@ -24,10 +24,12 @@ __all__ = [
 TIMELINE_CAP = 200
 """Entries a job's timeline keeps: the oldest go first, and are counted as dropped."""
 
-NOTE_KINDS = ("terminated", "reaped", "model_call")
+NOTE_KINDS = ("terminated", "reaped", "model_call", "slot_wait")
 """What :meth:`JobNotes.note` may append: the termination ladder's steps (a signal sent to
 an owner's child process, the child collected), written by the worker that sent them; and
-each model call's ids (``model_call``: its ``X-Request-Id`` and client id), by its owner."""
+each model call's ids (``model_call``: its ``X-Request-Id`` and client id), by its owner;
+a model call that has to wait for a provider slot (``slot_wait``: which limit, how many
+ahead), by its owner, once per wait."""
 
 NOTE_LIMIT = 2000
 """Characters of a note's ``detail`` kept (the rest is clipped)."""

@@ -30,6 +30,7 @@ from prometheus_client.exposition import start_http_server
 from ai_lease.errors import ConfigError
 from ai_lease.failure import FailureKind
 from ai_lease.lease.events import Event, EventSink
+from ai_lease.observe.slot_metrics import SLOT_KINDS, SlotMetrics
 from ai_lease.redaction import redact
 from ai_lease.refusal import RENEWAL_REFUSALS, WRITE_REFUSALS
 
@@ -185,6 +186,7 @@ class Metrics:
             "model",
             "kind",
         )
+        self.slots = SlotMetrics(self.registry, _Capped())
 
     def _declare_stream_counters(self) -> None:
         counter = partial(_counter, self.registry)
@@ -253,6 +255,8 @@ class Metrics:
         handler = _HANDLERS.get(event.kind)
         if handler is not None:
             handler(self, event, pipeline)
+        elif event.kind in SLOT_KINDS:
+            self.slots.observe(event, pipeline)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format (what ``GET /metrics`` returns)."""

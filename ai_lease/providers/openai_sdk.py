@@ -111,7 +111,12 @@ class OpenAISDKProvider(AsyncResource):
         )
 
     def __repr__(self) -> str:
-        return f"OpenAISDKProvider(base_url={str(self._client.base_url)!r}, model={self.model!r})"
+        return f"OpenAISDKProvider(base_url={self.base_url!r}, model={self.model!r})"
+
+    @property
+    def base_url(self) -> str:
+        """What it calls ([limits] may name it): the SDK client's base URL."""
+        return str(self._client.base_url).rstrip("/")
 
     def _auth_header_names(self) -> list[str]:
         """The names of the headers the SDK adds for its key at send time, past the request

@@ -135,6 +135,7 @@ class HTTPStreamProvider(AsyncResource, abc.ABC):
         """``base_url`` checked; ``temperature`` / ``max_tokens`` the defaults of requests
         that set none; ``options`` the connection's (:class:`StreamOptions`)."""
         check_base_url(base_url)
+        self.base_url = base_url.rstrip("/")  # what it calls: [limits] may name it
         self.model = model
         self.defaults = sampling_defaults(temperature, max_tokens)
         self._headers: dict[str, str] = {}  # every request's (the key's): set by the adapter

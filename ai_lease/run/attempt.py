@@ -238,6 +238,7 @@ class Attempt:
             prompts=host.prompts,
             stream_timeouts=config.stream_timeouts,
             stream_limits=config.stream_limits,
+            limits=config.limits,
             persist_hook=hooks.persist_hook,
             call_retry=config.call_retry,
             fault_hook=hooks.fault,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ai_lease.inputs import DEFAULT_MAX_INPUT_BYTES
+from ai_lease.lease.call_limits import CallLimits
 from ai_lease.retry import JOB_ATTEMPTS, MODEL_CALL, RetryPolicy
 from ai_lease.timeouts import (
     AdaptiveBudgets,
@@ -40,7 +41,9 @@ class RunConfig:
     call (:data:`~ai_lease.retry.MODEL_CALL`); ``stream_timeouts`` / ``stream_limits``: a
     streamed call's budgets and sizes; ``stall_policy``: what a stall does (None: the
     timings'); ``adaptive``: learned budgets (None: off); ``max_input_bytes``: the largest
-    ``input_file`` read; ``pipeline_name``: the name durations are recorded under;
+    ``input_file`` read; ``limits``: the provider slots a model call holds, shared through
+    the store (:class:`~ai_lease.lease.call_limits.CallLimits`; none: no slot, no cost);
+    ``pipeline_name``: the name durations are recorded under;
     ``node_id``: this node in records and logs (None: ``host:pid``); ``record_history``:
     record stage durations in the store; ``trace``: OpenTelemetry spans, when installed.
     """
@@ -53,6 +56,7 @@ class RunConfig:
     stall_policy: StallPolicy | None = None
     adaptive: AdaptiveBudgets | None = None
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    limits: CallLimits = field(default_factory=CallLimits)
     pipeline_name: str = "default"
     node_id: str | None = None
     record_history: bool = True

@@ -17,6 +17,7 @@ import orjson
 from ai_lease.errors import JobSpecError, LeaseLost
 from ai_lease.job import Job, JobState, RunFacts
 from ai_lease.lease.base import Fence, LeaseStore
+from ai_lease.lease.call_limits import CallLimits
 from ai_lease.lease.events import Event, EventSink
 from ai_lease.lease.fence import fenced_commit
 from ai_lease.lease.keeper import LeaseKeeper
@@ -60,6 +61,8 @@ class AttemptState:
     ran: dict[str, Any] = field(default_factory=dict)  # what ran: RunFacts' fields, recorded
     finish_reason: str | None = None  # the model call's, kept in the committed record
     deadline_at: float | None = None  # the running stage's hard deadline (monotonic clock)
+    hard: Any = None  # the pipeline's deadline timer (run/pipeline.py): a slot wait pauses it
+    limits: CallLimits = field(default_factory=CallLimits)  # [limits]: run/slot_call.py
     # Resuming a stream after a takeover (issue 15): the record's checkpoint as acquired, the
     # model calls made so far (each one's X-Request-Id ends in its number), and the running
     # stream's latest checkpoint with the guard collecting its text (the keeper's renewals

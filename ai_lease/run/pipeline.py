@@ -135,7 +135,7 @@ class Pipeline:
         # see _Deadline). Between two stages only ensure_lease() and enter() run, with no
         # await, so the previous stage's deadline cannot fire there.
         hard = asyncio.timeout(None)
-        deadline = _Deadline(hard)
+        deadline = ctx._run.hard = _Deadline(hard)
         try:
             async with hard:
                 for stage, budget in zip(self.stages, budgets, strict=True):

@@ -42,6 +42,7 @@ from ai_lease.lease.fence import UnansweredCommits, default_node_id, new_owner_i
 from ai_lease.lease.follow import acquire_or_follow
 from ai_lease.lease.histogram import DurationHistory
 from ai_lease.lease.queue import JobQueue
+from ai_lease.lease.slots import SlotStore
 from ai_lease.observe.history import HistoryRecorder
 from ai_lease.observe.tracing import tracing_sink
 from ai_lease.prompts import PromptLibrary
@@ -116,6 +117,9 @@ class Runner:
     ) -> None:
         store = require_store(store, "Runner()")
         config, hooks = config or RunConfig(), hooks or RunHooks()
+        if config.limits and not isinstance(store, SlotStore):
+            names = ", ".join(limit.name for limit in config.limits.limits)
+            raise ConfigError(f"limits ({names}): {store!r} keeps no provider slots")
         self.store, self.provider, self.config, self.hooks = store, provider, config, hooks
         self.providers = ProviderPicker(provider_resolver, serves=provider_serves)
         self.pipeline = pipeline or Pipeline.default()

@@ -29,6 +29,7 @@ from ai_lease.retry import call_with_retries
 from ai_lease.run.background import cancel_left, cancelling_abandoned, retry_point
 from ai_lease.run.call_notes import call_detail, noting_call
 from ai_lease.run.empty_answer import capped, empty_answer_why
+from ai_lease.run.slot_call import holding_slots
 from ai_lease.run.stream_guard import StreamGuard
 
 if TYPE_CHECKING:
@@ -223,7 +224,21 @@ async def _call(
     sent: list[str],
 ) -> Completion:
     """One model call (the ``n``-th of the attempt), on a live lease only: a side effect.
-    Its ids (a fresh UUID, the job's correlation) go with it and into the timeline."""
+    Its ids (a fresh UUID, the job's correlation) go with it and into the timeline. Under
+    ``[limits]`` it holds a slot of each matching limit first (:mod:`~ai_lease.run.slot_call`)."""
+    if ctx._run.limits:
+        async with holding_slots(ctx, provider, _model(request, provider)):
+            return await _send(ctx, provider, request, resume, sent)
+    return await _send(ctx, provider, request, resume, sent)
+
+
+async def _send(
+    ctx: StageContext,
+    provider: Provider,
+    request: ChatRequest,
+    resume: Checkpoint | None,
+    sent: list[str],
+) -> Completion:
     ctx.ensure_lease()
     ctx._run.calls += 1
     fence, n, rid = ctx.fence, ctx._run.calls, new_request_id()

@@ -58,6 +58,7 @@ from ai_lease.run.isolation.ladder import (
 from ai_lease.run.isolation.ladder_notes import noting
 from ai_lease.run.isolation.pool import Child, ChildPool, receive
 from ai_lease.run.pipeline import Pipeline
+from ai_lease.run.slot_call import holding_slots
 from ai_lease.timeouts import LeaseTimings
 
 if TYPE_CHECKING:
@@ -132,6 +133,18 @@ async def isolated(
         await pool.aclose()
 
 
+def _slots(ctx: StageContext) -> contextlib.AbstractAsyncContextManager[None]:
+    """The job's provider slots ([limits]), taken by the worker around its child: the
+    child's model call runs under them, and a stuck child stopped by the ladder gives them
+    back as its run ends here (none configured or matching: nothing)."""
+    provider = ctx._run.provider
+    if not ctx._run.limits or provider is None:
+        return contextlib.nullcontext()
+    choice = ctx.job.provider
+    model = choice.model if choice is not None and choice.model else None
+    return holding_slots(ctx, provider, model or getattr(provider, "model", None))
+
+
 def split_at_persist(pipeline: Pipeline) -> int:
     """How many leading stages run in the child: every stage before ``persist``."""
     names = [s.name for s in pipeline.stages]
@@ -191,6 +204,17 @@ class IsolatedPipeline(Pipeline):
         if self.cut == 0:  # nothing to run in a child
             return await super().run(ctx, timings, emit)
         ctx._run.emit = emit
+        async with _slots(ctx):  # [limits]: held here, for the child's whole run
+            kind, value = await self._in_child(ctx, timings)
+        if kind == "failed":
+            raise value
+        if self.tail is None:
+            return value
+        return await self.tail.run(ctx, timings, emit)
+
+    async def _in_child(self, ctx: StageContext, timings: LeaseTimings) -> tuple[str, Any]:
+        """The stages before ``persist`` in a warm child, stopped by the ladder if the
+        attempt ends any other way meanwhile; the child goes back to the pool if clean."""
         child = await self.pool.take()
         keeper, watch = ctx._run.keeper, ChildWatch(child)
         hooks = keeper.checkpoint, keeper.on_stall
@@ -206,11 +230,7 @@ class IsolatedPipeline(Pipeline):
             self.pool.give_back(child)
         else:  # a stage thread still runs in it (a deadline gave up on it): retire it
             await _shielded(self._stop(watch, ctx, None))
-        if kind == "failed":
-            raise value
-        if self.tail is None:
-            return value
-        return await self.tail.run(ctx, timings, emit)
+        return kind, value
 
     async def _remote(
         self, watch: ChildWatch, ctx: StageContext, timings: LeaseTimings

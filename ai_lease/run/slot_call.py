@@ -1,0 +1,179 @@
+"""A model call under the fleet's provider limits (``[limits]``: :mod:`ai_lease.lease.call_limits`).
+
+Before a call sends anything it takes one slot of every limit that matches it (its
+provider, ``provider:model``, its base URL), from the store every worker shares; it holds
+them until its answer has ended, then gives them back, which wakes the next waiter. A call
+that matches no limit takes nothing and costs nothing.
+
+**Waiting is its own budget.** While every slot is taken the call waits its turn (first come,
+first served), at most the limit's ``max_wait``; then the attempt fails with
+:class:`~ai_lease.lease.slots.SlotWaitTimeout` (a timeout: the job is tried again). The
+wait is not charged to the call: the job is in a ``slot_wait`` step whose no-progress
+budget is ``max_wait`` plus the lease's ttl, the stage's hard deadline is paused and resumes
+with what it had left, and the stream's first-token clock starts only once the call is sent.
+The job says it waits: a ``slot_wait`` event ("waiting for a slot of X (3 ahead)") each time
+its place changes, and one ``slot_wait`` entry in its timeline (``status``, the dashboard).
+
+**Holding is progress-aware.** The slot is a lease with the job's ttl, renewed every
+``lease.renew_interval`` only while the job made progress within its stage's budget: a
+stream that stops making progress gives its slot back within that budget plus one renew
+interval (:class:`~ai_lease.lease.slots.SlotStopped`; the stream guard's idle timeout
+usually stops it first), and a SIGKILLed or paused owner's slot lapses within the ttl.
+With ``lease.stall_policy = "alert"`` a stalled job keeps its slot, as it keeps its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from ai_lease.errors import ConfigError, ProviderError
+from ai_lease.lease.call_limits import CallLimit
+from ai_lease.lease.slot_hold import SlotHold
+from ai_lease.lease.slots import SlotLost, SlotStopped, SlotStore
+from ai_lease.timeouts import StageBudget, StallPolicy
+
+if TYPE_CHECKING:
+    from ai_lease.providers.base import Provider
+    from ai_lease.run.context import StageContext
+
+__all__ = ["holding_slots"]
+
+
+@contextlib.asynccontextmanager
+async def holding_slots(
+    ctx: StageContext, provider: Provider, model: str | None
+) -> AsyncIterator[None]:
+    """Hold one slot of each limit the call matches while the block runs (none: nothing)."""
+    limits = ctx._run.limits.matching(provider.name, model, _base_url(provider))
+    if not limits:
+        yield
+        return
+    store = ctx._run.store
+    if not isinstance(store, SlotStore):
+        raise ConfigError(f"[limits] {limits[0].name!r}: {store!r} keeps no provider slots")
+    try:
+        async with contextlib.AsyncExitStack() as held:
+            for limit in limits:
+                await held.enter_async_context(_Slot(ctx, store, limit))
+            try:
+                yield
+            except ProviderError as exc:
+                if exc.status == 429:  # counted per limit: provider_rate_limited_total
+                    for limit in limits:
+                        ctx.say("rate_limited", str(exc)[:200], attrs={"limit": limit.name})
+                raise
+    except SlotLost as exc:  # a renewal refused or none landed: the job's lease first
+        if (lost := ctx.lease_lapsed()) is not None:
+            raise lost from exc
+        raise SlotStopped(exc.limit, exc.reason, ctx._run.keeper.timings.ttl) from exc
+
+
+def _base_url(provider: Provider) -> str | None:
+    url = getattr(provider, "base_url", None)
+    return url if isinstance(url, str) and url else None
+
+
+class _Slot:
+    """One limit's slot for one call: the wait said and not charged, the hold renewed only
+    while the job makes progress, the give-back said."""
+
+    def __init__(self, ctx: StageContext, store: SlotStore, limit: CallLimit) -> None:
+        self.ctx, self.limit = ctx, limit
+        timings = ctx._run.keeper.timings
+        fence = ctx.fence
+        alert = ctx._run.keeper.policy is StallPolicy.ALERT
+        self.hold = SlotHold(
+            store,
+            limit.name,
+            f"{fence.owner_id}/{secrets.token_hex(6)}",  # one per call: never shared by two
+            capacity=limit.concurrency,
+            ttl=timings.ttl,
+            max_wait=limit.max_wait,
+            renew_every=timings.renew_interval,
+            stuck=None if alert else self._stuck,
+            on_wait=self._waiting,
+        )
+        self.ahead: int | None = None  # set once the call has had to wait
+        self._around: tuple[str | None, StageBudget] | None = None
+        self._paused: tuple[float, float | None] | None = None  # (when, hard deadline left)
+
+    async def __aenter__(self) -> _Slot:
+        try:
+            await self.hold.__aenter__()
+        finally:
+            self._resume()
+        self.ctx.say(
+            "slot_taken",
+            f"a slot of {self.limit.name}",
+            value=self.hold.waited,
+            attrs={"limit": self.limit.name},
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.hold.__aexit__(*exc)  # type: ignore[arg-type]
+        finally:
+            self.ctx.say("slot_released", self.limit.name, attrs={"limit": self.limit.name})
+
+    def _waiting(self, ahead: int) -> None:
+        """After an ask that found no slot: the first one pauses the call's budgets."""
+        ctx, name = self.ctx, self.limit.name
+        first = self.ahead is None
+        if ahead == self.ahead:
+            return
+        self.ahead = ahead
+        text = f"waiting for a slot of {name} ({ahead} ahead)"
+        ctx.say("slot_wait", text, value=float(ahead), attrs={"limit": name, "ahead": ahead})
+        if first:
+            self._pause()
+            run = ctx._run
+            note = getattr(run.store, "note", None)
+            if note is not None:
+                fence = ctx.fence
+                task = asyncio.ensure_future(
+                    note(fence.key, "slot_wait", text, owner_id=fence.owner_id, token=fence.token)
+                )
+                run.notes.adopt(task, fence.key)
+
+    def _pause(self) -> None:
+        """The wait is its own budget: a ``slot_wait`` step, the hard deadline paused."""
+        ctx, run = self.ctx, self.ctx._run
+        tracker, hard = ctx.tracker, run.hard
+        self._around = (tracker.stage, tracker.budget)
+        wait_budget = self.limit.max_wait + run.keeper.timings.ttl
+        tracker.enter("slot_wait", StageBudget(wait_budget, tracker.budget.deadline))
+        now = asyncio.get_running_loop().time()
+        left = None if hard is None or hard.at is None else hard.at - now
+        self._paused = (now, left)
+        if hard is not None:
+            hard.move(None)
+
+    def _resume(self) -> None:
+        """After the wait: the stage again (entering it is progress), its deadline resumed
+        with what it had left, and the retry deadline moved by the time waited."""
+        if self._paused is None or self._around is None:
+            return
+        ctx, run = self.ctx, self.ctx._run
+        (paused_at, left), (stage, budget) = self._paused, self._around
+        self._paused = None
+        loop_now = asyncio.get_running_loop().time()
+        if stage is not None:
+            ctx.tracker.enter(stage, budget)
+        if run.hard is not None and left is not None:
+            run.hard.move(loop_now + left)
+        if run.deadline_at is not None:
+            run.deadline_at += loop_now - paused_at
+
+    def _stuck(self) -> tuple[str, float] | None:
+        """Why the job holding this slot is stuck (no progress within its budget), or None."""
+        tracker = self.ctx.tracker
+        idle, budget = tracker.idle(), tracker.budget.max_no_progress
+        if idle <= budget:
+            return None
+        why = f"no progress for {idle:.1f}s in {tracker.stage!r} (max_no_progress {budget:g}s)"
+        return why, budget

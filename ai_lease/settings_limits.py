@@ -1,0 +1,95 @@
+"""The ``[limits]`` section of the settings: provider slots shared by the whole fleet.
+
+>>> LimitsSettings.model_validate({"openai:gpt-4o-mini": {"concurrency": 4}}).call_limits()
+CallLimits(limits=(CallLimit(name='openai:gpt-4o-mini', concurrency=4, max_wait=60.0),))
+
+One table per limit, named by what it limits (see :mod:`ai_lease.lease.call_limits`)::
+
+    [limits]
+    max_wait = 60                        # seconds a call waits for a slot (every limit's default)
+
+    [limits."openai-compatible:qwen2.5"] # a provider's model
+    concurrency = 4
+
+    [limits."http://10.0.0.5:8080/v1"]   # one server, whatever model a job names
+    concurrency = 1
+    max_wait = 300
+
+The tables are read from the TOML file only (a limit's name is not an environment variable's);
+``AI_LEASE_LIMITS__MAX_WAIT`` sets the default wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import Field, model_validator
+
+from ai_lease.errors import InputError
+from ai_lease.lease.call_limits import (
+    DEFAULT_MAX_WAIT,
+    MAX_WAIT_RANGE,
+    CallLimit,
+    CallLimits,
+    url_limit,
+)
+from ai_lease.lease.slots import MAX_CAPACITY, check_limit
+from ai_lease.settings_provider import _Section
+
+__all__ = ["MAX_LIMITS", "LimitSettings", "LimitsSettings"]
+
+MAX_LIMITS = 256
+"""The most limits one configuration may name."""
+
+Wait = Annotated[float, Field(ge=MAX_WAIT_RANGE[0], le=MAX_WAIT_RANGE[1], allow_inf_nan=False)]
+
+
+class LimitSettings(_Section):
+    """One limit: how many calls hold a slot at once, fleet-wide; how long one may wait."""
+
+    concurrency: Annotated[int, Field(ge=1, le=MAX_CAPACITY)]
+    max_wait: Wait | None = None  # None: the section's
+
+
+class LimitsSettings(_Section):
+    """Every limit (``each``, keyed by name) and the default ``max_wait``."""
+
+    max_wait: Wait = DEFAULT_MAX_WAIT
+    each: dict[str, LimitSettings] = Field(default_factory=dict, max_length=MAX_LIMITS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tables_are_limits(cls, data: Any) -> Any:
+        """A table under ``[limits]`` is a limit; the scalars are the section's own."""
+        if not isinstance(data, Mapping) or "each" in data:
+            return data
+        own = {k: v for k, v in data.items() if not isinstance(v, Mapping)}
+        return {**own, "each": {k: v for k, v in data.items() if isinstance(v, Mapping)}}
+
+    @model_validator(mode="after")
+    def _names(self) -> LimitsSettings:
+        seen: set[str] = set()
+        for name in self.each:
+            normal = url_limit(name) if "://" in name else name
+            try:
+                check_limit(normal)
+            except InputError as exc:
+                raise ValueError(str(exc)) from None
+            if normal in seen:
+                raise ValueError(f"limit {name!r} is given twice (a trailing '/' is the same URL)")
+            seen.add(normal)
+        return self
+
+    def call_limits(self) -> CallLimits:
+        """The limits as the runner takes them."""
+        return CallLimits(
+            tuple(
+                CallLimit(
+                    name,
+                    entry.concurrency,
+                    self.max_wait if entry.max_wait is None else entry.max_wait,
+                )
+                for name, entry in sorted(self.each.items())
+            )
+        )
