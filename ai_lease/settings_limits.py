@@ -42,7 +42,9 @@ __all__ = ["MAX_LIMITS", "LimitSettings", "LimitsSettings"]
 MAX_LIMITS = 256
 """The most limits one configuration may name."""
 
-Wait = Annotated[float, Field(ge=MAX_WAIT_RANGE[0], le=MAX_WAIT_RANGE[1], allow_inf_nan=False)]
+Wait = Annotated[float, Field(gt=0, le=MAX_WAIT_RANGE[1], allow_inf_nan=False)]
+"""A configured wait is above 0: a fleet whose calls never wait would fail a job at every busy
+slot (``client.slot(..., max_wait=0)`` is the API's try-once)."""
 
 
 class LimitSettings(_Section):
