@@ -138,14 +138,14 @@ class SlotHold:
             left = deadline - loop.time()
             if left <= 0:
                 raise SlotWaitTimeout(self.limit, loop.time() - started, self.max_wait, ahead)
-            await self._pause(min(left, self.wait_ttl / 3))
+            await self._pause(min(left, self.wait_ttl / 3), ahead)
 
-    async def _pause(self, timeout: float) -> None:
+    async def _pause(self, timeout: float, ahead: int) -> None:
         """Until the limit's next release, or ``timeout`` (slept out if the store fails)."""
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout
         try:
-            await self.store.wait_slot(self.limit, timeout)
+            await self.store.wait_slot(self.limit, timeout, ahead=ahead)
         except StoreError:
             await asyncio.sleep(max(0.0, until - loop.time()))
 

@@ -187,8 +187,9 @@ class SlotStore(Protocol):
 
     async def slot_state(self, limit: str) -> SlotState: ...
 
-    async def wait_slot(self, limit: str, timeout: float) -> None:
-        """Return on the limit's next release or after ``timeout`` (may return early)."""
+    async def wait_slot(self, limit: str, timeout: float, *, ahead: int = 0) -> None:
+        """Return on the limit's next release or after ``timeout`` (may return early);
+        ``ahead``, the waiters before this one, lets a polling store look less often."""
         ...
 
 

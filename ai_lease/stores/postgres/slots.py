@@ -94,7 +94,7 @@ class PostgresSlots:
         assert row is not None  # one row, always
         return SlotState(limit, int(row[0]), int(row[1]))
 
-    async def wait_slot(self, limit: str, timeout: float) -> None:
+    async def wait_slot(self, limit: str, timeout: float, *, ahead: int = 0) -> None:
         """Return on the limit's next wake-up NOTIFY or after ``timeout``."""
         await self._listener.wait(WAKE + check_limit(limit), timeout)
 

@@ -91,7 +91,7 @@ class RedisSlots:
         in_use, waiting = await self._calls._eval("slot_state", "SLOT_STATE", keys, [])
         return SlotState(limit, int(in_use), int(waiting))
 
-    async def wait_slot(self, limit: str, timeout: float) -> None:
+    async def wait_slot(self, limit: str, timeout: float, *, ahead: int = 0) -> None:
         """Return on the limit's next release (its channel) or after ``timeout``; where
         pub/sub is unavailable, sleep out ``timeout`` (waiters ask again then)."""
         await wait_message(self._calls._pubsub, self._keys(check_limit(limit))[5], timeout)

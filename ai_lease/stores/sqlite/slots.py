@@ -27,6 +27,12 @@ from ai_lease.stores.sqlite.file import SQLiteFile
 
 __all__ = ["SQLiteSlots"]
 
+SLOT_POLL_S = 0.05
+"""How often a slot's waiter looks for a release on SQLite (no push between processes here):
+the ``store.poll_interval`` if shorter; a waiter further back in line looks ``ahead + 1`` times
+less often. A one-slot limit hands over about this late at worst, not a whole
+``poll_interval`` (1 s by default) per call; a look is one indexed read."""
+
 _HOLDER = "SELECT token, expires_at FROM ai_lease_slots WHERE limit_name = ? AND owner_id = ?"
 
 
@@ -186,15 +192,17 @@ class SQLiteSlots:
 
         return await self._file._run("slot_state", work)
 
-    async def wait_slot(self, limit: str, timeout: float) -> None:
+    async def wait_slot(self, limit: str, timeout: float, *, ahead: int = 0) -> None:
         """Return once the limit's holders change (a release, a grant, a lapse) or after
-        ``timeout``, polling every ``poll_interval``."""
+        ``timeout``, polling every :data:`SLOT_POLL_S` while first in line, ``ahead + 1``
+        times that further back (``poll_interval`` at most): the one to be granted next looks
+        often, the line behind it does not load the file."""
         limit = check_limit(limit)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         first = await self._file._run("wait_slot", lambda conn: self._seen(conn, limit))
         while (left := deadline - loop.time()) > 0:
-            await asyncio.sleep(min(self._file._poll, left))
+            await asyncio.sleep(min(self._file._poll, SLOT_POLL_S * (1 + max(0, ahead)), left))
             if await self._file._run("wait_slot", lambda conn: self._seen(conn, limit)) != first:
                 return
 
