@@ -207,7 +207,7 @@ async def test_text_json_and_page_print_one_phi_value(store_url: str) -> None:
         await renewing_owner(store, beats=6)
         # real: renewals are timed by the real store's clock
         await asyncio.sleep(0.5)  # φ somewhere between calm and far past the threshold
-        job, phi = await job_and_phi(Client(store), KEY)
+        job, phi, _ = await job_and_phi(Client(store), KEY)
         assert job is not None and phi is not None and isinstance(store, JobTimeline)
         entries, dropped = await store.timeline(KEY)
     finally:

@@ -14,7 +14,7 @@ import orjson
 
 from ai_lease.cli.context import Context
 from ai_lease.cli.exits import EXIT_TIMED_OUT
-from ai_lease.cli.look import job_and_phi
+from ai_lease.cli.look import Look, job_and_phi
 from ai_lease.cli.output import (
     SINCE_FORMS,
     ago,
@@ -32,7 +32,6 @@ from ai_lease.failure import FailureKind
 if TYPE_CHECKING:
     from ai_lease.client import Client
     from ai_lease.job import JobState
-    from ai_lease.observe.phi import OwnerPhi
 
 EXIT_INTERRUPTED = 130
 """Ctrl-C during ``status --watch``: the shell's code for SIGINT, and no traceback."""
@@ -67,19 +66,21 @@ def status(obj: Context, key: str, as_json: bool, watch: bool, interval: float) 
         _raise_unless_done(ended)
         return
 
-    async def fetch(client: Client) -> tuple[JobState | None, OwnerPhi | None]:
+    async def fetch(client: Client) -> Look:
         found = await job_and_phi(client, key)
         await warn_data_lost(client)
         return found
 
-    job, phi = obj.run(fetch, create=False)
+    job, phi, waiting = obj.run(fetch, create=False)
     if job is None:
         raise InputError(f"no job {key!r} in {obj.where}")
     lease = obj.look
     if as_json:
-        click.echo(to_json(job_json(job, lease.renew_interval, phi, lease.phi_threshold)))
+        out = job_json(job, lease.renew_interval, phi, lease.phi_threshold, waiting=waiting)
+        click.echo(to_json(out))
         return
-    for label, value in describe(job, lease.renew_interval, phi, lease.phi_threshold):
+    rows = describe(job, lease.renew_interval, phi, lease.phi_threshold, waiting=waiting)
+    for label, value in rows:
         click.echo(f"{label:<11} {value}")
 
 

@@ -66,7 +66,12 @@ def duration(job: JobState) -> float | None:
 
 
 def job_json(
-    job: JobState, grace: float, phi: OwnerPhi | None = None, threshold: float = DEFAULT_THRESHOLD
+    job: JobState,
+    grace: float,
+    phi: OwnerPhi | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    *,
+    waiting: str | None = None,
 ) -> dict[str, Any]:
     """A record as one JSON object, the same for ``status --json``, ``status --watch --json``
     and ``ls --json``: its health, φ of its owner's renewals (``phi``: the value the text
@@ -81,6 +86,7 @@ def job_json(
     value = None if phi is None else phi.value
     out["phi"] = value
     out["phi_text"] = None if phi is None else phi_text(value, threshold)
+    out["waiting"] = waiting  # "waiting for a slot of … (N ahead), since …"; null: not read
     out["suspect"] = is_suspect(value, state, threshold)
     out["cpu_idle_pct"] = cpu_idle_of(job.stall_snapshot)
     out["since_heartbeat"] = job.since_heartbeat  # the age of stage and progress figures
@@ -103,8 +109,11 @@ def describe(
     grace: float,
     phi: OwnerPhi | None = None,
     threshold: float = DEFAULT_THRESHOLD,
+    *,
+    waiting: str | None = None,
 ) -> list[tuple[str, str]]:
-    """The rows ``status`` prints for ``job`` (with ``phi``: its owner's suspicion)."""
+    """The rows ``status`` prints for ``job`` (with ``phi``: its owner's suspicion; with
+    ``waiting``: what its owner waits for, a slot)."""
     health = job.health(grace)
     shown = health.value if health else "-"
     value = None if phi is None else phi.value
@@ -113,6 +122,7 @@ def describe(
         ("health", shown + (", suspect" if is_suspect(value, health, threshold) else "")),
         ("owner", f"{job.owner_id or '-'} (token {job.token})"),
         ("stage", (job.stage or "-") + _as_of(job)),
+        *([("waiting", redact(waiting))] if waiting else []),
         ("progress", _progress(job)),
         ("heartbeat", ago(job.since_heartbeat)),
         ("lease", f"{span(job.lease_remaining)} left" if job.lease_live else "lapsed or none"),

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import click
 import orjson
@@ -24,7 +23,19 @@ if TYPE_CHECKING:
     from ai_lease.job import JobState
     from ai_lease.observe.phi import OwnerPhi
 
-Describe = Callable[["JobState", float, "OwnerPhi | None", float], list[tuple[str, str]]]
+
+class Describe(Protocol):
+    """The rows shown for one look (:func:`ai_lease.cli.record_view.describe`)."""
+
+    def __call__(
+        self,
+        job: JobState,
+        grace: float,
+        phi: OwnerPhi | None,
+        threshold: float,
+        *,
+        waiting: str | None = None,
+    ) -> list[tuple[str, str]]: ...
 
 
 def watch_job(
@@ -38,10 +49,10 @@ def watch_job(
 
     async def watch(client: Client) -> JobState:
         while True:
-            job, phi = await job_and_phi(client, key)
+            job, phi, waiting = await job_and_phi(client, key)
             if job is None:
                 raise InputError(f"no job {key!r} in {obj.where}")
-            show.update(job, phi)
+            show.update(job, phi, waiting)
             if job.status.terminal:
                 return job
             await asyncio.sleep(interval)
@@ -76,8 +87,10 @@ class _Shown:
         if self._live is not None:
             self._live.__exit__(*exc)
 
-    def update(self, job: JobState, phi: OwnerPhi | None = None) -> None:
-        described = self.describe(job, self.grace, phi, self.threshold)
+    def update(
+        self, job: JobState, phi: OwnerPhi | None = None, waiting: str | None = None
+    ) -> None:
+        described = self.describe(job, self.grace, phi, self.threshold, waiting=waiting)
         rows = "\n".join(f"{label:<11} {value}" for label, value in described)
         if self._live is not None:
             from rich.text import Text
@@ -95,7 +108,7 @@ class _Shown:
         if self.as_json:
             from ai_lease.cli.record_view import job_json
 
-            out = job_json(job, self.grace, phi, self.threshold)
+            out = job_json(job, self.grace, phi, self.threshold, waiting=waiting)
             click.echo(orjson.dumps(out).decode())
         else:
             click.echo(rows)

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ai_lease.failure import timeline_detail
 from ai_lease.lease.storable import diagnostic
+
+if TYPE_CHECKING:
+    from ai_lease.job import JobState
 
 __all__ = [
     "NOTE_KINDS",
@@ -18,6 +22,7 @@ __all__ = [
     "JobTimeline",
     "TimelineEntry",
     "check_note",
+    "slot_waiting",
 ]
 
 
@@ -107,3 +112,13 @@ class JobNotes(Protocol):
         owner's process, often after its lease was lost. An unknown key writes nothing and
         answers False; True when written."""
         ...
+
+
+def slot_waiting(entries: Sequence[TimelineEntry], job: JobState) -> TimelineEntry | None:
+    """While a RUNNING job's last heartbeat put its owner in the ``slot_wait`` step: the
+    timeline's note of that wait (its detail names the limit and how many were ahead), for
+    ``status`` and the dashboard; else None."""
+    if job.status.value != "RUNNING" or job.stage != "slot_wait":
+        return None
+    notes = [e for e in entries if e.kind == "slot_wait" and e.token == job.token]
+    return notes[-1] if notes else None

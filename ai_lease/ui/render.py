@@ -16,7 +16,7 @@ import orjson
 from markupsafe import Markup
 
 from ai_lease.job import JobState
-from ai_lease.lease.timeline import TimelineEntry
+from ai_lease.lease.timeline import TimelineEntry, slot_waiting
 from ai_lease.observe.cpu_idle import cpu_idle_of, cpu_idle_text
 from ai_lease.observe.phi import DEFAULT_THRESHOLD, owner_phi
 from ai_lease.redaction import redact
@@ -155,7 +155,9 @@ def job_context(
     lease length, marks a lapsed lease's expiry)."""
     phi = owner_phi(entries, job, phi_threshold)
     idle = cpu_idle_of(job.stall_snapshot)
+    waiting = slot_waiting(entries, job)
     return {
+        "waiting": None if waiting is None else redact(waiting.detail),
         "phi": None if phi is None else phi.text,
         "cpu_idle": None if idle is None else cpu_idle_text(idle),
         "job": job,
