@@ -1,7 +1,7 @@
 """The ``[limits]`` section of the settings: provider slots shared by the whole fleet.
 
 >>> LimitsSettings.model_validate({"openai:gpt-4o-mini": {"concurrency": 4}}).call_limits()
-CallLimits(limits=(CallLimit(name='openai:gpt-4o-mini', concurrency=4, max_wait=60.0),))
+CallLimits(limits=(CallLimit(name='openai:gpt-4o-mini', concurrency=4, max_wait=60.0, rpm=None),))
 
 One table per limit, named by what it limits (see :mod:`ai_lease.lease.call_limits`)::
 
@@ -14,6 +14,9 @@ One table per limit, named by what it limits (see :mod:`ai_lease.lease.call_limi
     [limits."http://10.0.0.5:8080/v1"]   # one server, whatever model a job names
     concurrency = 1
     max_wait = 300
+
+    [limits."openai:gpt-4o-mini"]        # calls started in any minute, fleet-wide
+    rpm = 500
 
 The tables are read from the TOML file only (a limit's name is not an environment variable's);
 ``AI_LEASE_LIMITS__MAX_WAIT`` sets the default wait.
@@ -50,8 +53,15 @@ slot (``client.slot(..., max_wait=0)`` is the API's try-once)."""
 class LimitSettings(_Section):
     """One limit: how many calls hold a slot at once, fleet-wide; how long one may wait."""
 
-    concurrency: Annotated[int, Field(ge=1, le=MAX_CAPACITY)]
+    concurrency: Annotated[int, Field(ge=1, le=MAX_CAPACITY)] | None = None
+    rpm: Annotated[int, Field(ge=1, le=MAX_CAPACITY)] | None = None
     max_wait: Wait | None = None  # None: the section's
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> LimitSettings:
+        if self.concurrency is None and self.rpm is None:
+            raise ValueError("a limit needs concurrency, rpm or both")
+        return self
 
 
 class LimitsSettings(_Section):
@@ -91,6 +101,7 @@ class LimitsSettings(_Section):
                     name,
                     entry.concurrency,
                     self.max_wait if entry.max_wait is None else entry.max_wait,
+                    rpm=entry.rpm,
                 )
                 for name, entry in sorted(self.each.items())
             )

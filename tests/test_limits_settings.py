@@ -62,7 +62,9 @@ def test_no_limits_by_default_cost_nothing() -> None:
             "openai:m.concurrency: must be at least 1",
         ),
         ('[limits."openai:m"]\nconcurrency = 10001\n', "limits.openai:m.concurrency"),
-        ('[limits."openai:m"]\n', "limits.openai:m.concurrency"),
+        ('[limits."openai:m"]\n', "limits.openai:m: a limit needs concurrency, rpm or both"),
+        ('[limits."openai:m"]\nrpm = 0\n', "openai:m.rpm: must be at least 1"),
+        ('[limits."openai:m"]\nrpm = 10001\n', "limits.openai:m.rpm"),
         (
             '[limits."openai:m"]\nconcurrency = 2\ncolour = 3\n',
             "limits.openai:m.colour: unknown key",
@@ -123,3 +125,28 @@ def test_the_slot_events_feed_the_three_metrics() -> None:
     assert sample("provider_slot_wait_seconds_count", labels) == 2.0
     assert sample("provider_slot_wait_seconds_sum", labels) == 2.5
     assert sample("provider_rate_limited_total", labels) == 1.0
+
+
+def test_rpm_is_a_limit_alone_or_beside_concurrency(tmp_path: Path) -> None:
+    """``rpm`` alone, or with ``concurrency``; the window has its own store name."""
+    text = '[limits."openai:a"]\nrpm = 60\n[limits."openai:b"]\nconcurrency = 2\nrpm = 500\n'
+    a, b = _load(tmp_path, text).run_config().limits.limits  # type: ignore[attr-defined]
+    assert (a.concurrency, a.rpm, a.rate_name) == (None, 60, "openai:a~rpm")
+    assert (b.concurrency, b.rpm) == (2, 500)
+    assert CallLimit("x", 1).rate_name is None
+    with pytest.raises(InputError, match="give concurrency, rpm or both"):
+        CallLimit("x")
+    with pytest.raises(InputError, match="rpm 0 is not in"):
+        CallLimit("x", rpm=0)
+
+
+def test_a_place_in_an_rpm_window_is_not_a_slot_in_use() -> None:
+    """A place in the rpm window is taken, never released: it feeds the wait histogram, not
+    the slots-in-use gauge (which would only ever grow)."""
+    metrics = Metrics(pipeline="p")
+    limit = {"limit": "openai:gpt-4o-mini"}
+    metrics(Event("slot_taken", "j1", value=1.5, attrs={**limit, "window": "rpm"}))
+    labels = {"pipeline": "p", **limit}
+    sample = metrics.registry.get_sample_value
+    assert not sample("provider_slots_in_use", labels)
+    assert sample("provider_slot_wait_seconds_sum", labels) == 1.5

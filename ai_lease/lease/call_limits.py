@@ -21,13 +21,25 @@ from dataclasses import dataclass
 from ai_lease.errors import InputError
 from ai_lease.lease.slots import MAX_CAPACITY, check_limit, check_seconds
 
-__all__ = ["DEFAULT_MAX_WAIT", "MAX_WAIT_RANGE", "CallLimit", "CallLimits", "url_limit"]
+__all__ = [
+    "DEFAULT_MAX_WAIT",
+    "MAX_WAIT_RANGE",
+    "RATE_WINDOW_S",
+    "CallLimit",
+    "CallLimits",
+    "url_limit",
+]
 
 DEFAULT_MAX_WAIT = 60.0
 """Seconds a model call waits for a slot before its job fails (``limits.max_wait``)."""
 
 MAX_WAIT_RANGE = (0.0, 86_400.0)
 """The ``max_wait`` a limit may have (seconds)."""
+
+RATE_WINDOW_S = 61.0
+"""How long one request's place in an ``rpm`` window is kept (seconds): a minute, and one
+second for the network's and the clocks' jitter, so that a server counting arrivals in its own
+minute never sees more than ``rpm``."""
 
 
 def url_limit(base_url: str) -> str:
@@ -41,21 +53,40 @@ def url_limit(base_url: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CallLimit:
-    """One limit: ``concurrency`` slots shared by every process on the store; a call waits
-    at most ``max_wait`` seconds for one (then its job fails, saying so)."""
+    """One limit, shared by every process on the store: ``concurrency`` calls at once (each
+    holds a slot while it runs), and or ``rpm`` calls started in any minute (each takes a
+    place in the window that lapses :data:`RATE_WINDOW_S` later, never given back); a call
+    waits at most ``max_wait`` seconds for them (then its job fails, saying so)."""
 
     name: str
-    concurrency: int
+    concurrency: int | None = None
     max_wait: float = DEFAULT_MAX_WAIT
+    rpm: int | None = None
 
     def __post_init__(self) -> None:
         name = check_limit(url_limit(self.name) if "://" in self.name else self.name)
         object.__setattr__(self, "name", name)
-        c = self.concurrency
-        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_CAPACITY:
-            raise InputError(f"limit {name!r}: concurrency {c!r:.40} is not in 1..{MAX_CAPACITY}")
+        for field, value in (("concurrency", self.concurrency), ("rpm", self.rpm)):
+            if value is None:
+                continue
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or not 1 <= value <= MAX_CAPACITY
+            ):
+                raise InputError(
+                    f"limit {name!r}: {field} {value!r:.40} is not in 1..{MAX_CAPACITY}"
+                )
+        if self.concurrency is None and self.rpm is None:
+            raise InputError(f"limit {name!r}: give concurrency, rpm or both")
+        check_limit(self.rate_name or name)  # the window's name fits too
         wait = check_seconds(name, "max_wait", self.max_wait, *MAX_WAIT_RANGE)
         object.__setattr__(self, "max_wait", wait)
+
+    @property
+    def rate_name(self) -> str | None:
+        """The store's name of the ``rpm`` window (None: no rpm): the limit's, ``~rpm`` after."""
+        return None if self.rpm is None else f"{self.name}~rpm"
 
 
 @dataclass(frozen=True, slots=True)

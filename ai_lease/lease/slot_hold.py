@@ -155,6 +155,20 @@ class SlotHold:
         with contextlib.suppress(StoreError):
             await self.store.leave_slot(self.limit, self.owner_id)
 
+    async def take(self) -> SlotGrant:
+        """Wait in line as entering does, and take a slot without holding it: it is never
+        renewed nor given back, and lapses ``ttl`` after it was granted (one request's place
+        in a rate window: ``rpm`` slots of a minute). ``waited`` is set."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            grant, _ = await self._take(started)
+        except BaseException:
+            await self._leave()
+            raise
+        self.waited = loop.time() - started
+        return grant
+
     # -- while the block runs: renew ----------------------------------------------------------
 
     async def _keep(self, fence: SlotFence, sent: float) -> None:

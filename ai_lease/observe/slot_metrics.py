@@ -57,7 +57,8 @@ class SlotMetrics:
         attrs = event.attrs or {}
         limit = self._capped(str(attrs.get("limit", "")) or None)
         if event.kind == "slot_taken":
-            self.in_use.labels(pipeline, limit).inc()
+            if "window" not in attrs:  # a place in an rpm window is not held: never released
+                self.in_use.labels(pipeline, limit).inc()
             self.wait.labels(pipeline, limit).observe(max(0.0, event.value or 0.0))
         elif event.kind == "slot_released":
             self.in_use.labels(pipeline, limit).dec()

@@ -20,6 +20,11 @@ stream that stops making progress gives its slot back within that budget plus on
 interval (:class:`~ai_lease.lease.slots.SlotStopped`; the stream guard's idle timeout
 usually stops it first), and a SIGKILLed or paused owner's slot lapses within the ttl.
 With ``lease.stall_policy = "alert"`` a stalled job keeps its slot, as it keeps its lease.
+
+**A limit's ``rpm``** is a window of ``rpm`` places, each kept
+:data:`~ai_lease.lease.call_limits.RATE_WINDOW_S`: after its concurrency slots, just before
+sending, the call takes a place, waiting as above when the window is full; the place is never
+given back and lapses by itself, so at most ``rpm`` calls start in any minute.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from ai_lease.errors import ConfigError, ProviderError
-from ai_lease.lease.call_limits import CallLimit
+from ai_lease.lease.call_limits import RATE_WINDOW_S, CallLimit
 from ai_lease.lease.slot_hold import SlotHold
 from ai_lease.lease.slots import SlotLost, SlotStopped, SlotStore
 from ai_lease.timeouts import StageBudget, StallPolicy
@@ -58,7 +63,11 @@ async def holding_slots(
     try:
         async with contextlib.AsyncExitStack() as held:
             for limit in limits:
-                await held.enter_async_context(_Slot(ctx, store, limit))
+                if limit.concurrency is not None:
+                    await held.enter_async_context(_Slot(ctx, store, limit))
+            for limit in limits:  # last: a place in a rate window is taken just before sending
+                if limit.rpm is not None:
+                    await held.enter_async_context(_Slot(ctx, store, limit, rate=True))
             try:
                 yield
             except ProviderError as exc:
@@ -81,40 +90,63 @@ class _Slot:
     """One limit's slot for one call: the wait said and not charged, the hold renewed only
     while the job makes progress, the give-back said."""
 
-    def __init__(self, ctx: StageContext, store: SlotStore, limit: CallLimit) -> None:
-        self.ctx, self.limit = ctx, limit
+    def __init__(
+        self, ctx: StageContext, store: SlotStore, limit: CallLimit, *, rate: bool = False
+    ) -> None:
+        self.ctx, self.limit, self.rate = ctx, limit, rate
         timings = ctx._run.keeper.timings
         fence = ctx.fence
         alert = ctx._run.keeper.policy is StallPolicy.ALERT
-        self.hold = SlotHold(
-            store,
-            limit.name,
-            f"{fence.owner_id}/{secrets.token_hex(6)}",  # one per call: never shared by two
-            capacity=limit.concurrency,
-            ttl=timings.ttl,
-            max_wait=limit.max_wait,
-            renew_every=timings.renew_interval,
-            stuck=None if alert else self._stuck,
-            on_wait=self._waiting,
-        )
+        owner = f"{fence.owner_id}/{secrets.token_hex(6)}"  # one per call: never shared by two
+        if rate:  # a place in the rpm window: taken, never held nor given back
+            assert limit.rpm is not None and limit.rate_name is not None
+            self.window = f"rpm {limit.rpm}, "
+            self.hold = SlotHold(
+                store,
+                limit.rate_name,
+                owner,
+                capacity=limit.rpm,
+                ttl=RATE_WINDOW_S,
+                max_wait=limit.max_wait,
+                on_wait=self._waiting,
+            )
+        else:
+            assert limit.concurrency is not None
+            self.window = ""
+            self.hold = SlotHold(
+                store,
+                limit.name,
+                owner,
+                capacity=limit.concurrency,
+                ttl=timings.ttl,
+                max_wait=limit.max_wait,
+                renew_every=timings.renew_interval,
+                stuck=None if alert else self._stuck,
+                on_wait=self._waiting,
+            )
         self.ahead: int | None = None  # set once the call has had to wait
         self._around: tuple[str | None, StageBudget] | None = None
         self._paused: tuple[float, float | None] | None = None  # (when, hard deadline left)
 
     async def __aenter__(self) -> _Slot:
         try:
-            await self.hold.__aenter__()
+            if self.rate:
+                await self.hold.take()
+            else:
+                await self.hold.__aenter__()
         finally:
             self._resume()
         self.ctx.say(
             "slot_taken",
-            f"a slot of {self.limit.name}",
+            f"a slot of {self.limit.name}" + (f" ({self.window[:-2]})" if self.window else ""),
             value=self.hold.waited,
-            attrs={"limit": self.limit.name},
+            attrs={"limit": self.limit.name, **({"window": "rpm"} if self.rate else {})},
         )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.rate:
+            return  # the window's place lapses by itself
         try:
             await self.hold.__aexit__(*exc)  # type: ignore[arg-type]
         finally:
@@ -127,7 +159,7 @@ class _Slot:
         if ahead == self.ahead:
             return
         self.ahead = ahead
-        text = f"waiting for a slot of {name} ({ahead} ahead)"
+        text = f"waiting for a slot of {name} ({self.window}{ahead} ahead)"
         ctx.say("slot_wait", text, value=float(ahead), attrs={"limit": name, "ahead": ahead})
         if first:
             self._pause()

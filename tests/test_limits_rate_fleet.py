@@ -1,0 +1,142 @@
+"""A fleet under one ``rpm`` limit (issue 29, the second measurement): eight real
+``ai-lease worker`` processes, sixteen jobs each, against a loopback server that allows 60
+requests in any 60 seconds and answers the 61st with 429 and a Retry-After, with ``rpm = 60``
+for its base URL in the settings they share. On every store: the server never sees more than
+60 requests in a minute window, no job fails, and the 429s number at most one per worker.
+
+128 jobs at 60 a minute: the run takes a little over two minutes of real time per store."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ai_lease import Status, open_store
+from ai_lease.job import Job
+from ai_lease.run.runner import Runner
+from tests.harness.node import REPO_ROOT
+from tests.harness.sse_server import Request, Response, SSEServer, chat_chunks, json_response, sse
+
+REAL_TIME = "the server counts requests in real minutes; the workers are real OS processes"
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+WORKERS, PER_WORKER = 8, 16
+JOBS = WORKERS * PER_WORKER
+PER_MINUTE = 60
+WINDOW_S = 60.0
+
+
+class RateLimited:
+    """The server's limit: at most 60 requests answered in any 60 s; past it, 429 with a
+    Retry-After of the seconds until the oldest leaves the window."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []  # every request's arrival, refused ones too
+        self.answered: list[float] = []
+        self.refused = 0
+
+    def __call__(self, request: Request) -> Response:
+        now = time.monotonic()
+        self.seen.append(now)
+        recent = [t for t in self.answered if t > now - WINDOW_S]
+        if len(recent) >= PER_MINUTE:
+            self.refused += 1
+            wait = math.ceil(recent[0] + WINDOW_S - now)
+            body = {"error": {"message": "rate limit", "type": "rate_limit_exceeded"}}
+            return json_response(429, body, {"Retry-After": str(max(1, wait))})
+        self.answered.append(now)
+        return sse(*chat_chunks(["within ", "the ", "limit"]))
+
+    def most_in_a_window(self) -> int:
+        """The most requests (refused ones too) that arrived within any 60 s."""
+        times = self.seen
+        return max(bisect.bisect_left(times, t + WINDOW_S) - i for i, t in enumerate(times))
+
+
+def _settings(tmp_path: Path, store_url: str, base_url: str) -> Path:
+    path = tmp_path / "ai-lease.toml"
+    path.write_text(
+        f'[store]\nurl = "{store_url}"\npoll_interval = 0.2\n\n'
+        f'[provider]\nname = "openai-compatible"\nbase_url = "{base_url}"\nmodel = "m"\n\n'
+        f'[limits."{base_url}"]\nrpm = {PER_MINUTE}\nmax_wait = 300\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+async def _workers(config: Path, tmp_path: Path) -> list[asyncio.subprocess.Process]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
+    env["OPENAI_API_KEY"] = "sk-test"  # a local server: any key
+    procs = []
+    for n in range(WORKERS):
+        with (tmp_path / f"worker{n}.log").open("wb") as log:  # the process has its own copy
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    *(sys.executable, "-m", "ai_lease", "--config", str(config), "worker"),
+                    *("-c", str(PER_WORKER), "--worker-id", f"w{n}"),
+                    cwd=REPO_ROOT,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                )
+            )
+    return procs
+
+
+async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
+    for proc in procs:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def _logs(tmp_path: Path) -> str:
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+        for p in sorted(tmp_path.glob("worker*.log"))
+    )
+
+
+async def test_eight_workers_stay_under_the_servers_rpm(store_url: str, tmp_path: Path) -> None:
+    server_limit = RateLimited()
+    async with SSEServer(responder=server_limit) as server:
+        store = open_store(store_url)
+        try:
+            runner = Runner(store)
+            keys = [f"rate-{n:03d}" for n in range(JOBS)]
+            for key in keys:
+                await runner.submit(Job(key, input=key, prompt_text="{{ input }}"))
+            procs = await _workers(_settings(tmp_path, store_url, server.base_url), tmp_path)
+            try:
+                deadline = time.monotonic() + 3 * WINDOW_S + 180
+                while True:
+                    records = [await store.get(key) for key in keys]
+                    if all(r is not None and r.status.terminal for r in records):
+                        break
+                    assert time.monotonic() < deadline, _logs(tmp_path)
+                    await asyncio.sleep(0.5)  # real: the jobs run at the server's pace
+            finally:
+                await _stop(procs)
+        finally:
+            await store.aclose()
+    logs = _logs(tmp_path)
+    failed = {r.key: r.last_error for r in records if r is not None and r.status != Status.DONE}
+    assert not failed, f"{failed}\n{logs}"
+    assert len(server_limit.answered) == JOBS
+    assert server_limit.most_in_a_window() <= PER_MINUTE
+    assert server_limit.refused <= WORKERS, f"{server_limit.refused} answered 429"
