@@ -3,7 +3,8 @@ first measurement): four `ai-lease worker` processes running eight jobs at once 
 server with its default single slot that cuts a running stream when another request arrives,
 and ``concurrency = 1`` for its base URL in the settings the workers share. No stream is
 cut, every job is DONE on its first attempt with the server's own answer, and the fleet
-finishes a job as often as one caller calling the server directly in sequence (within 10 %).
+finishes a job about as often as one caller calling the server directly in sequence
+(0.87-1.19x its gap beside a CI run; asserted within 1.5x, see the test).
 
 Throughput is compared as the median gap between consecutive finished answers: the fleet's
 (each job's commit time) against the direct caller's (each answer read whole), the direct
@@ -124,6 +125,12 @@ def test_four_workers_share_the_one_slot_without_cutting_a_stream(
     cut = llama.text()[mark:].count("disconnected\n")
     assert cut == 0, f"{cut} streams cut under concurrency = 1:\n{llama.tail()}"
     fleet_gap = statistics.median(_gaps([r.updated_at for r in records]))
-    assert fleet_gap <= 1.10 * direct_gap, (
+    # The target, within 10 %, is asserted against the loopback server on every store
+    # (tests/test_limits_fleet.py): there the server's pace does not depend on the CPU. Here
+    # the model computes on the same two cores as the four workers and whatever else the
+    # machine runs, so its own speed moves with the load (measured: 0.87-1.19x beside a CI
+    # run, 1.04-1.31x with two busy loops too). The bound is what a fleet that loses its
+    # hand-over would break: a missed wake-up costs a whole poll per call, 2x or more.
+    assert fleet_gap <= 1.5 * direct_gap, (
         f"the fleet finished a job every {fleet_gap:.3f}s, one caller every {direct_gap:.3f}s"
     )
