@@ -7,9 +7,7 @@ one beside it (its renewal is refused: the slot is fenced). On every store."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,7 +19,7 @@ from ai_lease import open_store
 from ai_lease.job import Job
 from ai_lease.lease.slot_hold import SlotHold
 from ai_lease.run.runner import Runner
-from tests.harness.node import REPO_ROOT
+from tests.harness.fleet import start_workers, worker_logs
 from tests.harness.sse_server import Request, Response, Sleep, SSEServer, chat_chunks, sse
 
 REAL_TIME = "a real worker process is killed or frozen in real time; leases lapse by the clock"
@@ -57,24 +55,14 @@ async def holding(store_url: str, tmp_path: Path) -> AsyncIterator[tuple[Any, st
     """(store, limit, worker process): a worker mid-stream, holding the server's one slot."""
     async with SSEServer(responder=_endless) as server:
         store = open_store(store_url, op_timeout=2.0, poll_interval=0.05)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
-        env["OPENAI_API_KEY"] = "sk-test"  # a local server: any key
         config = _config(tmp_path, store_url, server.base_url)
         await Runner(store).submit(Job("held", input="x", prompt_text="{{ input }}"))
-        with (tmp_path / "worker.log").open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *(sys.executable, "-m", "ai_lease", "--config", str(config), "worker"),
-                cwd=REPO_ROOT,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
+        (proc,) = await start_workers(config, tmp_path, 1)
         try:
             deadline = time.monotonic() + 30
             while (await store.slot_state(server.base_url)).in_use != 1:
-                assert proc.returncode is None, (tmp_path / "worker.log").read_text()
-                assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
+                assert proc.returncode is None, worker_logs(tmp_path)
+                assert time.monotonic() < deadline, worker_logs(tmp_path)
                 await asyncio.sleep(0.05)  # real: the worker starts and calls in real time
             yield store, server.base_url, proc
         finally:

@@ -12,9 +12,6 @@ sequence by the test, in the same run (so a busy machine slows both)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +22,7 @@ from ai_lease.job import Job
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.run.runner import Runner
-from tests.harness.node import REPO_ROOT
+from tests.harness.fleet import start_workers, stop_workers, worker_logs
 from tests.harness.sse_server import Request, Response, Sleep, SSEServer, chat_chunks, sse
 
 REAL_TIME = "workers are separate OS processes and the server streams in real time"
@@ -95,39 +92,6 @@ async def _direct(server: SSEServer, calls: int) -> None:
         await provider.aclose()
 
 
-async def _workers(config: Path, tmp_path: Path) -> list[asyncio.subprocess.Process]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
-    env["OPENAI_API_KEY"] = "sk-test"  # a local server: any key
-    procs = []
-    for n in range(WORKERS):
-        with (tmp_path / f"worker{n}.log").open("wb") as log:  # the process has its own copy
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    *(sys.executable, "-m", "ai_lease", "--config", str(config), "worker"),
-                    *("-c", str(PER_WORKER), "--sweep-interval", "0.05", "--grace", "2"),
-                    *("--worker-id", f"w{n}"),
-                    cwd=REPO_ROOT,
-                    env=env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                )
-            )
-    return procs
-
-
-async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
-    for proc in procs:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            await asyncio.wait_for(proc.wait(), 20)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-
-
 async def test_four_workers_share_a_one_slot_server_without_cutting_a_stream(
     store_url: str, tmp_path: Path
 ) -> None:
@@ -141,15 +105,18 @@ async def test_four_workers_share_a_one_slot_server_without_cutting_a_stream(
             keys = [f"fleet-{n:02d}" for n in range(JOBS)]
             for key in keys:
                 await runner.submit(Job(key, input=key, prompt_text="{{ input }}"))
-            procs = await _workers(_settings(tmp_path, store_url, server.base_url), tmp_path)
+            config = _settings(tmp_path, store_url, server.base_url)
+            procs = await start_workers(
+                config, tmp_path, WORKERS, "-c", str(PER_WORKER), "--sweep-interval", "0.05"
+            )
             try:
                 records = await _until_ended(store, keys, tmp_path, timeout=JOBS * 0.8 * 3 + 60)
             finally:
-                await _stop(procs)
+                await stop_workers(procs)
             state = await store.slot_state(server.base_url)  # type: ignore[attr-defined]
         finally:
             await store.aclose()
-    logs = _logs(tmp_path)
+    logs = worker_logs(tmp_path, 3000)
     assert [r.status for r in records] == [Status.DONE] * JOBS, logs
     assert {r.output for r in records} == {"".join(WORDS)}
     assert server.interrupted == 0, logs
@@ -167,12 +134,5 @@ async def _until_ended(store: object, keys: list[str], tmp_path: Path, timeout: 
         records = [await store.get(key) for key in keys]  # type: ignore[attr-defined]
         if all(r is not None and r.status.terminal for r in records):
             return records
-        assert time.monotonic() < deadline, _logs(tmp_path)
+        assert time.monotonic() < deadline, worker_logs(tmp_path, 3000)
         await asyncio.sleep(0.2)  # real: the workers run the jobs in real time
-
-
-def _logs(tmp_path: Path) -> str:
-    return "\n".join(
-        f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-        for p in sorted(tmp_path.glob("worker*.log"))
-    )

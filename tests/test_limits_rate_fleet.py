@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
-import os
-import signal
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +19,7 @@ import pytest
 from ai_lease import Status, open_store
 from ai_lease.job import Job
 from ai_lease.run.runner import Runner
-from tests.harness.node import REPO_ROOT
+from tests.harness.fleet import start_workers, stop_workers, worker_logs
 from tests.harness.sse_server import Request, Response, SSEServer, chat_chunks, json_response, sse
 
 REAL_TIME = "the server counts requests in real minutes; the workers are real OS processes"
@@ -73,45 +70,6 @@ def _settings(tmp_path: Path, store_url: str, base_url: str) -> Path:
     return path
 
 
-async def _workers(config: Path, tmp_path: Path) -> list[asyncio.subprocess.Process]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
-    env["OPENAI_API_KEY"] = "sk-test"  # a local server: any key
-    procs = []
-    for n in range(WORKERS):
-        with (tmp_path / f"worker{n}.log").open("wb") as log:  # the process has its own copy
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    *(sys.executable, "-m", "ai_lease", "--config", str(config), "worker"),
-                    *("-c", str(PER_WORKER), "--worker-id", f"w{n}"),
-                    cwd=REPO_ROOT,
-                    env=env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                )
-            )
-    return procs
-
-
-async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
-    for proc in procs:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            await asyncio.wait_for(proc.wait(), 30)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-
-
-def _logs(tmp_path: Path) -> str:
-    return "\n".join(
-        f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-        for p in sorted(tmp_path.glob("worker*.log"))
-    )
-
-
 async def test_eight_workers_stay_under_the_servers_rpm(store_url: str, tmp_path: Path) -> None:
     server_limit = RateLimited()
     async with SSEServer(responder=server_limit) as server:
@@ -121,20 +79,21 @@ async def test_eight_workers_stay_under_the_servers_rpm(store_url: str, tmp_path
             keys = [f"rate-{n:03d}" for n in range(JOBS)]
             for key in keys:
                 await runner.submit(Job(key, input=key, prompt_text="{{ input }}"))
-            procs = await _workers(_settings(tmp_path, store_url, server.base_url), tmp_path)
+            config = _settings(tmp_path, store_url, server.base_url)
+            procs = await start_workers(config, tmp_path, WORKERS, "-c", str(PER_WORKER))
             try:
                 deadline = time.monotonic() + 3 * WINDOW_S + 180
                 while True:
                     records = [await store.get(key) for key in keys]
                     if all(r is not None and r.status.terminal for r in records):
                         break
-                    assert time.monotonic() < deadline, _logs(tmp_path)
+                    assert time.monotonic() < deadline, worker_logs(tmp_path)
                     await asyncio.sleep(0.5)  # real: the jobs run at the server's pace
             finally:
-                await _stop(procs)
+                await stop_workers(procs)
         finally:
             await store.aclose()
-    logs = _logs(tmp_path)
+    logs = worker_logs(tmp_path)
     failed = {r.key: r.last_error for r in records if r is not None and r.status != Status.DONE}
     assert not failed, f"{failed}\n{logs}"
     assert len(server_limit.answered) == JOBS

@@ -1,0 +1,61 @@
+"""Real ``ai-lease worker`` processes for the fleet tests (tests/test_limits_*.py): started
+with one settings file and a clean environment, stopped with SIGTERM (SIGKILL after a
+timeout), their logs read back for an assertion's message."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from tests.harness.node import REPO_ROOT
+
+__all__ = ["start_workers", "stop_workers", "worker_logs"]
+
+
+async def start_workers(
+    config: Path, tmp_path: Path, count: int, *args: str
+) -> list[asyncio.subprocess.Process]:
+    """``count`` workers on ``config`` (``--worker-id w0``…, then ``args``), each logging to
+    ``tmp_path/worker<n>.log``; no ``AI_LEASE_*`` or ``OPENAI*`` variable of the caller's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_LEASE_", "OPENAI"))}
+    env["OPENAI_API_KEY"] = "sk-test"  # a local server: any key
+    procs = []
+    for n in range(count):
+        with (tmp_path / f"worker{n}.log").open("wb") as log:  # the process has its own copy
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    *(sys.executable, "-m", "ai_lease", "--config", str(config), "worker"),
+                    *("--worker-id", f"w{n}", *args),
+                    cwd=REPO_ROOT,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                )
+            )
+    return procs
+
+
+async def stop_workers(procs: list[asyncio.subprocess.Process], timeout: float = 30) -> None:
+    """SIGTERM each (a stopped one is sent SIGCONT first), SIGKILL what outlives ``timeout``."""
+    for proc in procs:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def worker_logs(tmp_path: Path, tail: int = 2000) -> str:
+    """The last ``tail`` characters of each worker's log, named."""
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
+        for p in sorted(tmp_path.glob("worker*.log"))
+    )
