@@ -82,13 +82,17 @@ def fingerprint(payload: Any) -> str:
 @dataclass(frozen=True)
 class Job:
     """What to run. ``key`` names the job across nodes (its idempotency key); everything
-    else is its payload: resubmitting the same key with another payload is a conflict.
+    else but ``priority`` is its payload: resubmitting the same key with another payload is a
+    conflict.
 
     ``tools``, ``tool_choice`` and ``response_format`` go to the model as OpenAI's chat
     fields; ``images`` (http(s) or data: URLs) become image parts of the user message.
     They are checked and bounded by :mod:`ai_lease.job_shapes`. ``provider`` (a
     :class:`~ai_lease.job_provider.ProviderChoice`, or a mapping of its fields) names the
-    provider that must answer it, wherever it runs (never a key).
+    provider that must answer it, wherever it runs (never a key). ``priority`` (-100..100,
+    default 0) is its place among the calls waiting for a provider slot under ``[limits]``
+    (higher first, then first come): how urgent, not what to compute, so it travels in the
+    stored spec but a resubmission need not match it.
 
     >>> Job("report-42", input="Long text to summarise…", prompt="summarize").key
     'report-42'
@@ -112,6 +116,7 @@ class Job:
     images: Sequence[str] | None = None
     provider: ProviderChoice | None = None
     allow_empty: bool = False  # an answer with no text (and no tool call) may be stored
+    priority: int = 0  # its turn for a provider slot: higher first (not in the payload)
 
     def __post_init__(self) -> None:
         validate_key(self.key)
@@ -121,6 +126,15 @@ class Job:
             raise JobSpecError(f"job {self.key!r}: {exc}") from None
         if problem := sampling_problem(self.temperature, self.max_tokens):
             raise JobSpecError(f"job {self.key!r}: {problem}")
+        if (
+            isinstance(self.priority, bool)
+            or not isinstance(self.priority, int)
+            or not -100 <= self.priority <= 100
+        ):
+            raise JobSpecError(
+                f"job {self.key!r}: priority must be an integer in -100..100, "
+                f"got {self.priority!r:.40}"
+            )
         if self.output not in ("text", "json"):
             raise JobSpecError(
                 f"job {self.key!r}: output must be 'text' or 'json', got {self.output!r}"
@@ -136,7 +150,11 @@ class Job:
     def payload(self) -> dict[str, Any]:
         """Everything but the key: what the fingerprint covers (tools, tool choice,
         response format, images, the provider choice and ``allow_empty`` only when set)."""
-        out = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "key"}
+        out = {
+            name: getattr(self, name)
+            for name in self.__dataclass_fields__
+            if name not in ("key", "priority")
+        }
         out["variables"] = dict(self.variables)
         if self.provider is not None:
             out["provider"] = self.provider.options()
@@ -151,8 +169,9 @@ class Job:
         return fingerprint(self.payload())
 
     def to_spec(self) -> str:
-        """The job as JSON (key included), as stored for workers."""
-        return orjson.dumps({"key": self.key, **self.payload()}).decode()
+        """The job as JSON (key included, and a priority other than 0), as stored for workers."""
+        urgency = {"priority": self.priority} if self.priority else {}
+        return orjson.dumps({"key": self.key, **self.payload(), **urgency}).decode()
 
     @classmethod
     def from_spec(cls, spec: str) -> Job:

@@ -1,5 +1,6 @@
-"""Provider slots on PostgreSQL (migration 5): a schema at migration 4 (no slot tables or
-functions) is upgraded in place, its jobs kept, and then keeps slots; a slot freed wakes its
+"""Provider slots on PostgreSQL (migrations 5 and 6): a schema at migration 4 (no slot tables
+or functions) or 5 (no pauses) is upgraded in place, its jobs and slots kept, and then keeps
+slots and pauses; a slot freed wakes its
 waiters through the store's one LISTEN connection, never a job's followers."""
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from tests.harness.pg_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 
-# What migration 5 adds, taken away again: the schema as migration 4 left it.
+# What migrations 5 and 6 add, taken away again: the schema as migration 4 left it.
 _BACK_TO_V4 = """
-DROP FUNCTION {ns}.ail_slot_acquire, {ns}.ail_slot_renew, {ns}.ail_slot_release;
-DROP TABLE {ns}.ail_slot_limits, {ns}.ail_slots, {ns}.ail_slot_waiters;
+DROP FUNCTION {ns}.ail_slot_acquire, {ns}.ail_slot_renew, {ns}.ail_slot_release,
+  {ns}.ail_slot_pause;
+DROP TABLE {ns}.ail_slot_limits, {ns}.ail_slots, {ns}.ail_slot_waiters, {ns}.ail_slot_pauses;
 DELETE FROM {ns}.ail_migrations WHERE version > 4;
 INSERT INTO {ns}.ail_migrations VALUES (4, clock_timestamp()) ON CONFLICT DO NOTHING
 """
@@ -58,10 +60,45 @@ async def test_a_schema_at_migration_4_is_upgraded_and_keeps_slots(
         assert isinstance(await store.acquire_slot("vllm:big", "a", capacity=1, ttl=30), SlotGrant)
         assert isinstance(await store.acquire_slot("vllm:big", "b", capacity=1, ttl=30), SlotWait)
         assert await store.slot_state("vllm:big") == SlotState("vllm:big", 1, 1)
+        assert await store.pause_slot("vllm:big", 30) > 29  # migration 6: pauses
+        assert (await store.acquire_slot("vllm:big", "c", capacity=3, ttl=30)).paused > 29
     finally:
         await store.aclose()
     rows = pg_server.execute(f"SELECT max(version) FROM {namespace}.ail_migrations")
-    assert rows == [(VERSION,)] and VERSION == 5
+    assert rows == [(VERSION,)] and VERSION == 6
+
+
+_BACK_TO_V5 = """
+DROP FUNCTION {ns}.ail_slot_pause;
+DROP TABLE {ns}.ail_slot_pauses;
+DELETE FROM {ns}.ail_migrations WHERE version > 5;
+INSERT INTO {ns}.ail_migrations VALUES (5, clock_timestamp()) ON CONFLICT DO NOTHING
+"""
+
+
+async def test_a_schema_at_migration_5_keeps_its_slots_and_gains_pauses(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """A slot held before the upgrade is still held after it; a limit can then be paused."""
+    store = _store(pg_server, namespace)
+    try:
+        held = await store.acquire_slot("vllm:big", "a", capacity=1, ttl=60)
+        assert isinstance(held, SlotGrant)
+    finally:
+        await store.aclose()
+    for statement in _BACK_TO_V5.format(ns=namespace).strip().split(";\n"):
+        pg_server.execute(statement)
+    pg_server.terminate_backends()
+    store = _store(pg_server, namespace)
+    try:
+        assert await store.renew_slot(held.fence, 60)
+        assert await store.pause_slot("vllm:big", 30) > 29
+        waiting = await store.acquire_slot("vllm:big", "b", capacity=2, ttl=30)
+        assert isinstance(waiting, SlotWait) and waiting.paused > 29
+    finally:
+        await store.aclose()
+    rows = pg_server.execute(f"SELECT max(version) FROM {namespace}.ail_migrations")
+    assert rows == [(VERSION,)]
 
 
 async def test_a_release_wakes_the_limits_waiters_not_a_jobs_followers(

@@ -21,7 +21,8 @@ own settings hold for it, or fails it at once saying why. A key never goes in a 
 
 A job may also give ``tools`` (OpenAI function tools), ``tool_choice``, ``response_format``
 (``json_object`` or ``json_schema``) and ``images`` (http(s) or ``data:`` URLs, sent as image
-parts of the user message); :mod:`ai_lease.job_shapes` says their bounds.
+parts of the user message); :mod:`ai_lease.job_shapes` says their bounds. ``priority``
+(-100..100) is the job's turn for a provider slot under ``[limits]``: higher first.
 
 Every problem is a :class:`JobSpecError` naming the file, and the line and column for a
 syntax error, or the field for a bad value. A relative ``input_file`` is read relative to
@@ -136,6 +137,7 @@ def _check_types(where: str, data: Mapping[str, Any]) -> None:
         "variables": (dict,),
         "temperature": (int, float),
         "max_tokens": (int,),
+        "priority": (int,),
         "tools": (list,),
         "tool_choice": (str, dict),
         "response_format": (dict,),

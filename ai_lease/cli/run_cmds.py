@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 )
 @click.option("--provider", help="Override the provider (see `ai-lease providers`).")
 @click.option("--model", help="Override the model.")
+@click.option(
+    "--priority",
+    type=click.IntRange(-100, 100),
+    help="Its turn for a provider slot under [limits]: higher first (default 0).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the result.")
 @click.option(
@@ -69,6 +74,7 @@ def submit(
     prompts_dir: Path | None,
     provider: str | None,
     model: str | None,
+    priority: int | None,
     as_json: bool,
     quiet: bool,
     detach: bool,
@@ -96,6 +102,7 @@ def submit(
             "model": model,
             "provider": provider,
             "provider_model": model,
+            "priority": priority,
         },
     )
     overrides = choice_overrides(obj.settings, spec.job.provider)

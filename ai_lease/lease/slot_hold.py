@@ -17,7 +17,11 @@ its slot stops before another holder could be given it. A cancellation from outs
 With a ``stuck`` hook (the runner's: did the job make progress within its stage's budget?)
 each renewal asks it first, and a stuck holder gives the slot back at once and raises
 :class:`~ai_lease.lease.slots.SlotStopped`; ``renew_every`` (at most ``ttl / 3``) is then
-how soon that is seen. ``on_wait(ahead)`` is called after each ask that found no slot.
+how soon that is seen. ``on_wait(ahead)`` is called after each ask that found no slot
+(``paused`` then says how long the limit stays paused).
+
+**A 429 with a retry hint** in your block: ``await held.pause(seconds)`` pauses the whole
+limit for every process on the store (nobody is granted a slot until then), not only you.
 
 **Leaving** releases the slot (fenced: a slot lost meanwhile is left alone) and wakes the
 next waiter. Sync code in the block blocks the renewals too: run it with ``asyncio.to_thread``.
@@ -87,6 +91,7 @@ class SlotHold:
         self.stuck, self.on_wait = stuck, on_wait
         self.fence: SlotFence | None = None
         self.waited = 0.0
+        self.paused = 0.0  # after an ask that found no slot: seconds the limit stays paused
         self._failure: SlotLost | SlotStopped | None = None
         self._group: asyncio.TaskGroup | None = None
         self._scope = asyncio.timeout(None)  # expired by the renewals to stop the block
@@ -132,13 +137,16 @@ class SlotHold:
                 outcome = None  # asking again is safe: a grant whose reply was lost comes back
             if isinstance(outcome, SlotGrant):
                 return outcome, sent
-            if outcome is not None and self.on_wait is not None:
-                self.on_wait(outcome.ahead)
+            if outcome is not None:
+                self.paused = outcome.paused
+                if self.on_wait is not None:
+                    self.on_wait(outcome.ahead)
             ahead = outcome.ahead if outcome is not None else ahead
             left = deadline - loop.time()
             if left <= 0:
                 raise SlotWaitTimeout(self.limit, loop.time() - started, self.max_wait, ahead)
-            await self._pause(min(left, self.wait_ttl / 3), ahead)
+            # Paused: ask again as it ends (or sooner, to keep the place in line).
+            await self._pause(min(left, self.wait_ttl / 3, self.paused or left), ahead)
 
     async def _pause(self, timeout: float, ahead: int) -> None:
         """Until the limit's next release, or ``timeout`` (slept out if the store fails)."""
@@ -154,6 +162,11 @@ class SlotHold:
         the entry lapses by itself after ``wait_ttl`` anyway."""
         with contextlib.suppress(StoreError):
             await self.store.leave_slot(self.limit, self.owner_id)
+
+    async def pause(self, seconds: float) -> float:
+        """Grant no slot of this limit to anyone for ``seconds`` (a provider's 429 asked to
+        wait that long): the seconds the pause now lasts (a later end already set is kept)."""
+        return await self.store.pause_slot(self.limit, seconds)
 
     async def take(self) -> SlotGrant:
         """Wait in line as entering does, and take a slot without holding it: it is never

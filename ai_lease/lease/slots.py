@@ -13,6 +13,7 @@ own clock:
 ``leave_slot``    a caller that gave up: its place in line and any slot it holds go
 ``slot_state``    how many slots are in use and how many callers wait (:class:`SlotState`)
 ``wait_slot``     return on the limit's next release (or after a timeout): no polling storm
+``pause_slot``    no slot is granted for the next ``seconds`` (a provider's 429 said to wait)
 
 Waiters are served first come, first served per limit (a higher ``priority`` first, then
 arrival). A waiter keeps its place only while it keeps asking: its entry lapses
@@ -20,6 +21,10 @@ arrival). A waiter keeps its place only while it keeps asking: its entry lapses
 lease lapsed (``ttl`` passed without a renewal) is reclaimed by the next acquire. Asking again
 with the same owner id is safe (a lost reply): a holder gets its own slot back, renewed, and a
 waiter keeps its place.
+
+A paused limit (``pause_slot``: a 429 with a retry hint, seen by any caller) grants nothing
+until the pause ends, to anyone: waiters keep their places and hear how long is left
+(:attr:`SlotWait.paused`); slots already held stay held. Pausing again keeps the later end.
 
 The errors a slot's holder meets sit in the one tree (:mod:`ai_lease.errors`):
 :class:`SlotLost` is a :class:`~ai_lease.errors.LeaseError`, :class:`SlotWaitTimeout` a
@@ -48,6 +53,7 @@ __all__ = [
     "SlotWait",
     "SlotWaitTimeout",
     "check_limit",
+    "check_pause",
     "check_slot_args",
 ]
 
@@ -62,6 +68,9 @@ PRIORITIES = range(-100, 101)
 
 WAIT_TTL = 3.0
 """Seconds a waiter's place in line lasts after its last ask (callers ask every third)."""
+
+PAUSE_RANGE = (0.001, 3_600.0)
+"""How long one pause may be (seconds)."""
 
 TTL_RANGE = (0.1, 86_400.0)
 WAIT_TTL_RANGE = (0.05, 60.0)
@@ -99,6 +108,12 @@ def check_slot_args(
     check_seconds(limit, "ttl", ttl, *TTL_RANGE)
     check_seconds(limit, "wait_ttl", wait_ttl, *WAIT_TTL_RANGE)
     return limit
+
+
+def check_pause(limit: str, seconds: float) -> float:
+    """``seconds`` if a limit may be paused that long (:data:`PAUSE_RANGE`), else
+    :class:`InputError`."""
+    return check_seconds(check_limit(limit), "pause", seconds, *PAUSE_RANGE)
 
 
 def check_seconds(limit: str, name: str, value: float, low: float, high: float) -> float:
@@ -142,10 +157,12 @@ class SlotGrant:
 
 @dataclass(frozen=True, slots=True)
 class SlotWait:
-    """No slot yet: ``ahead`` waiters come first, ``in_use`` slots are taken."""
+    """No slot yet: ``ahead`` waiters come first, ``in_use`` slots are taken, and the limit
+    stays paused ``paused`` seconds more (0: not paused)."""
 
     ahead: int
     in_use: int
+    paused: float = 0.0
 
 
 SlotOutcome = SlotGrant | SlotWait
@@ -190,6 +207,11 @@ class SlotStore(Protocol):
     async def wait_slot(self, limit: str, timeout: float, *, ahead: int = 0) -> None:
         """Return on the limit's next release or after ``timeout`` (may return early);
         ``ahead``, the waiters before this one, lets a polling store look less often."""
+        ...
+
+    async def pause_slot(self, limit: str, seconds: float) -> float:
+        """Grant no slot of ``limit`` for ``seconds`` from now (a later end already set is
+        kept): the seconds the pause now lasts."""
         ...
 
 

@@ -5,12 +5,13 @@ provider, ``provider:model``, its base URL), from the store every worker shares;
 them until its answer has ended, then gives them back, which wakes the next waiter. A call
 that matches no limit takes nothing and costs nothing.
 
-**Waiting is its own budget.** While every slot is taken the call waits its turn (first come,
-first served), at most the limit's ``max_wait``; then the attempt fails with
-:class:`~ai_lease.lease.slots.SlotWaitTimeout` (a timeout: the job is tried again). The
-wait is not charged to the call: the job is in a ``slot_wait`` step whose no-progress
-budget is ``max_wait`` plus the lease's ttl, the stage's hard deadline is paused and resumes
-with what it had left, and the stream's first-token clock starts only once the call is sent.
+**Waiting is its own budget.** While every slot is taken the call waits its turn (a higher
+``Job.priority`` first, then first come, first served), at most the limit's ``max_wait``;
+then the attempt fails with :class:`~ai_lease.lease.slots.SlotWaitTimeout` (a timeout: the job
+is tried again). The wait is not charged to the call: the job is in a ``slot_wait`` step whose
+no-progress budget is ``max_wait`` plus the lease's ttl, the stage's hard deadline is paused
+and resumes with what it had left, and the stream's first-token clock starts only once the
+call is sent.
 The job says it waits: a ``slot_wait`` event ("waiting for a slot of X (3 ahead)") each time
 its place changes, and one ``slot_wait`` entry in its timeline (``status``, the dashboard).
 
@@ -25,17 +26,24 @@ With ``lease.stall_policy = "alert"`` a stalled job keeps its slot, as it keeps 
 :data:`~ai_lease.lease.call_limits.RATE_WINDOW_S`: after its concurrency slots, just before
 sending, the call takes a place, waiting as above when the window is full; the place is never
 given back and lapses by itself, so at most ``rpm`` calls start in any minute.
+
+**A 429 pauses the limit, not only the job.** A call refused with 429 and a retry hint
+(``Retry-After``, ``retry-after-ms``, OpenAI's ``x-ratelimit-reset-*``, Gemini's
+``retryDelay``: :func:`~ai_lease.providers.errors.retry_hint`) pauses every limit it held for
+that long, in the store: no worker's call of those limits is sent until the pause ends (they
+wait in line, saying so), so one 429 reaches the fleet instead of every worker finding its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from ai_lease.errors import ConfigError, ProviderError
+from ai_lease.errors import ConfigError, ProviderError, StoreError
 from ai_lease.lease.call_limits import RATE_WINDOW_S, CallLimit
 from ai_lease.lease.slot_hold import SlotHold
 from ai_lease.lease.slots import SlotLost, SlotStopped, SlotStore
@@ -46,6 +54,8 @@ if TYPE_CHECKING:
     from ai_lease.run.context import StageContext
 
 __all__ = ["holding_slots"]
+
+log = logging.getLogger("ai_lease.slots")
 
 
 @contextlib.asynccontextmanager
@@ -72,13 +82,33 @@ async def holding_slots(
                 yield
             except ProviderError as exc:
                 if exc.status == 429:  # counted per limit: provider_rate_limited_total
-                    for limit in limits:
-                        ctx.say("rate_limited", str(exc)[:200], attrs={"limit": limit.name})
+                    await _rate_limited(ctx, store, limits, exc)
                 raise
     except SlotLost as exc:  # a renewal refused or none landed: the job's lease first
         if (lost := ctx.lease_lapsed()) is not None:
             raise lost from exc
         raise SlotStopped(exc.limit, exc.reason, ctx._run.keeper.timings.ttl) from exc
+
+
+async def _rate_limited(
+    ctx: StageContext, store: SlotStore, limits: tuple[CallLimit, ...], exc: ProviderError
+) -> None:
+    """Say the 429 per limit; with a retry hint, pause each limit (its slots and its rate
+    window) in the store for that long, best effort: the job's own retry waits it anyway."""
+    hint = exc.retry_after
+    for limit in limits:
+        paused = 0.0
+        if hint:
+            names = [n for n in (limit.concurrency and limit.name, limit.rate_name) if n]
+            try:
+                for name in names:
+                    paused = max(paused, await store.pause_slot(name, hint))
+            except StoreError as err:
+                log.warning("limit %s not paused after a 429 (%s)", limit.name, err)
+        attrs: dict[str, float | int | str] = {"limit": limit.name}
+        if paused:
+            attrs["paused"] = round(paused, 3)
+        ctx.say("rate_limited", str(exc)[:200], value=paused or None, attrs=attrs)
 
 
 def _base_url(provider: Provider) -> str | None:
@@ -98,6 +128,7 @@ class _Slot:
         fence = ctx.fence
         alert = ctx._run.keeper.policy is StallPolicy.ALERT
         owner = f"{fence.owner_id}/{secrets.token_hex(6)}"  # one per call: never shared by two
+        priority = ctx.job.priority  # its turn among the waiters: higher first
         if rate:  # a place in the rpm window: taken, never held nor given back
             assert limit.rpm is not None and limit.rate_name is not None
             self.window = f"rpm {limit.rpm}, "
@@ -108,6 +139,7 @@ class _Slot:
                 capacity=limit.rpm,
                 ttl=RATE_WINDOW_S,
                 max_wait=limit.max_wait,
+                priority=priority,
                 on_wait=self._waiting,
             )
         else:
@@ -120,11 +152,13 @@ class _Slot:
                 capacity=limit.concurrency,
                 ttl=timings.ttl,
                 max_wait=limit.max_wait,
+                priority=priority,
                 renew_every=timings.renew_interval,
                 stuck=None if alert else self._stuck,
                 on_wait=self._waiting,
             )
         self.ahead: int | None = None  # set once the call has had to wait
+        self.paused = False  # the last ask found the limit paused
         self._around: tuple[str | None, StageBudget] | None = None
         self._paused: tuple[float, float | None] | None = None  # (when, hard deadline left)
 
@@ -156,10 +190,12 @@ class _Slot:
         """After an ask that found no slot: the first one pauses the call's budgets."""
         ctx, name = self.ctx, self.limit.name
         first = self.ahead is None
-        if ahead == self.ahead:
+        paused = self.hold.paused
+        if ahead == self.ahead and bool(paused) == self.paused:
             return
-        self.ahead = ahead
-        text = f"waiting for a slot of {name} ({self.window}{ahead} ahead)"
+        self.ahead, self.paused = ahead, bool(paused)
+        why = f"paused {paused:.1f}s more by a 429, " if paused else ""
+        text = f"waiting for a slot of {name} ({self.window}{why}{ahead} ahead)"
         ctx.say("slot_wait", text, value=float(ahead), attrs={"limit": name, "ahead": ahead})
         if first:
             self._pause()

@@ -74,6 +74,27 @@ class SlotContract:
         third = await grant(store, limit, "b")
         assert third.token > second.token > first.token
 
+    async def test_a_paused_limit_grants_nothing_until_the_pause_ends(self, store: Any) -> None:
+        """While paused no one gets a slot, even with slots free: waiters keep their places
+        in order and hear how long is left; a holder keeps its slot; a shorter pause keeps
+        the later end; after the end the first in line is granted."""
+        limit = limit_for("pause")
+        held = await grant(store, limit, "holder", capacity=3)
+        left = await store.pause_slot(limit, 0.8)
+        assert 0.7 < left <= 0.8
+        assert 0.7 < await store.pause_slot(limit, 0.1) <= 0.8, "the later end is kept"
+        first = await wait(store, limit, "first", capacity=3)
+        second = await wait(store, limit, "second", capacity=3)
+        assert (first.ahead, second.ahead, first.in_use) == (0, 1, 1)
+        assert 0.2 < second.paused <= 0.8
+        assert await store.renew_slot(held, 30), "a held slot stays held through a pause"
+        await asyncio.sleep(1.0)  # real: the pause ends on the store's own clock
+        granted = await grant(store, limit, "first", capacity=3)
+        assert granted.token > held.token
+        assert (await wait(store, limit, "third", capacity=2)).paused == 0
+        with pytest.raises(InputError, match="pause"):
+            await store.pause_slot(limit, 0)
+
     async def test_asking_again_while_holding_gives_the_same_slot(self, store: Any) -> None:
         """A holder asking again (its reply was lost) gets its own slot and token back."""
         limit = limit_for("again")

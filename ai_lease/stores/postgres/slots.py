@@ -16,6 +16,7 @@ from ai_lease.lease.slots import (
     SlotState,
     SlotWait,
     check_limit,
+    check_pause,
     check_slot_args,
 )
 from ai_lease.lease.storable import check_owner
@@ -30,6 +31,7 @@ WAKE = "\x1f"
 _ACQUIRE = "SELECT * FROM {schema}.ail_slot_acquire(%s, %s, %s, %s, %s, %s)"
 _RENEW = "SELECT {schema}.ail_slot_renew(%s, %s, %s, %s)"
 _RELEASE = "SELECT {schema}.ail_slot_release(%s, %s, %s)"
+_PAUSE = "SELECT {schema}.ail_slot_pause(%s, %s)"
 _NOW = "extract(epoch FROM clock_timestamp())"
 _STATE = (
     f"SELECT (SELECT count(*) FROM {{schema}}.ail_slots WHERE limit_name = %s"
@@ -66,10 +68,10 @@ class PostgresSlots:
         args = (limit, owner, capacity, float(ttl), float(wait_ttl), priority)
         row = await self._conn._fetchone("acquire_slot", _ACQUIRE, args)
         assert row is not None  # one row, always
-        kind, token, expires, ahead, in_use, now = row
+        kind, token, expires, ahead, in_use, now, paused = row
         if kind == "granted":
             return SlotGrant(SlotFence(limit, owner, int(token)), float(expires), float(now))
-        return SlotWait(int(ahead), int(in_use))
+        return SlotWait(int(ahead), int(in_use), float(paused))
 
     async def renew_slot(self, fence: SlotFence, ttl: float) -> bool:
         """Extend the slot's lease by ``ttl`` from now; False once it lapsed or is not yours."""
@@ -87,6 +89,12 @@ class PostgresSlots:
     async def leave_slot(self, limit: str, owner_id: str) -> None:
         args = (check_limit(limit), owner_id, None)
         await self._conn._fetchone("leave_slot", _RELEASE, args)
+
+    async def pause_slot(self, limit: str, seconds: float) -> float:
+        args = (check_limit(limit), check_pause(limit, seconds))
+        row = await self._conn._fetchone("pause_slot", _PAUSE, args)
+        assert row is not None  # one row, always
+        return float(row[0])
 
     async def slot_state(self, limit: str) -> SlotState:
         limit = check_limit(limit)

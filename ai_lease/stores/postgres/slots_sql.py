@@ -2,8 +2,9 @@
 
 The tables (:data:`TABLES`, migration 5): ``ail_slot_limits`` (one row per limit: its
 counter, and the row every acquire of that limit locks first, so one caller at a time
-decides), ``ail_slots`` (the holders: token, lease expiry) and ``ail_slot_waiters`` (the line:
-priority, number from the counter, when the entry lapses). Each function judges time by the
+decides), ``ail_slots`` (the holders: token, lease expiry), ``ail_slot_waiters`` (the line:
+priority, number from the counter, when the entry lapses) and ``ail_slot_pauses`` (when a
+paused limit grants again: :data:`PAUSES`, migration 6). Each function judges time by the
 server's clock and is one transaction; the migration installs them with ``SET search_path
 FROM CURRENT``, so tables are named unqualified.
 
@@ -17,9 +18,16 @@ False.
 
 from __future__ import annotations
 
-__all__ = ["FUNCTIONS", "TABLES"]
+__all__ = ["FUNCTIONS", "PAUSES", "TABLES"]
 
-TABLES = """
+PAUSES = """
+CREATE TABLE IF NOT EXISTS ail_slot_pauses (limit_name text COLLATE "C" PRIMARY KEY,
+  paused_until double precision NOT NULL);
+"""
+"""The limits' pauses, made by a fresh install and by the upgrade to migration 6."""
+
+TABLES = (
+    """
 CREATE TABLE IF NOT EXISTS ail_slot_limits (limit_name text COLLATE "C" PRIMARY KEY,
   last bigint NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS ail_slots (limit_name text COLLATE "C",
@@ -30,6 +38,8 @@ CREATE TABLE IF NOT EXISTS ail_slot_waiters (limit_name text COLLATE "C",
   expires_at double precision NOT NULL,
   PRIMARY KEY (limit_name, owner_id));
 """
+    + PAUSES
+)
 """The slot tables, made by a fresh install and by the upgrade to migration 5 (``IF NOT
 EXISTS``: a schema taken back to an older migration by hand may still hold them)."""
 
@@ -37,16 +47,17 @@ _WAKE = "PERFORM pg_notify({channel}, chr(31) || p_limit);"
 
 _NOW = "extract(epoch FROM clock_timestamp())"
 
-# o_kind granted (o_token, o_expires) | wait (o_ahead waiters first, o_in_use slots taken).
+# o_kind granted (o_token, o_expires) | wait (o_ahead waiters first, o_in_use slots taken,
+# o_paused seconds left of the limit's pause).
 _ACQUIRE = rf"""
 CREATE FUNCTION ail_slot_acquire(p_limit text, p_owner text, p_capacity int,
   p_ttl double precision, p_wait_ttl double precision, p_priority int)
 RETURNS TABLE (o_kind text, o_token bigint, o_expires double precision, o_ahead int,
-  o_in_use int, o_at double precision)
+  o_in_use int, o_at double precision, o_paused double precision)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE v_now double precision := {_NOW}; v_token bigint; v_prio int; v_seq bigint;
-  v_in_use int; v_ahead int;
+  v_in_use int; v_ahead int; v_paused double precision;
 BEGIN
   INSERT INTO ail_slot_limits VALUES (p_limit, 0) ON CONFLICT (limit_name) DO NOTHING;
   PERFORM 1 FROM ail_slot_limits l WHERE l.limit_name = p_limit FOR UPDATE;  -- the limit's lock
@@ -55,7 +66,7 @@ BEGIN
   UPDATE ail_slots s SET expires_at = v_now + p_ttl
     WHERE s.limit_name = p_limit AND s.owner_id = p_owner RETURNING s.token INTO v_token;
   IF FOUND THEN  -- asked again (a lost reply): its own slot, renewed
-    RETURN QUERY SELECT 'granted'::text, v_token, v_now + p_ttl, 0, 0, v_now;
+    RETURN QUERY SELECT 'granted'::text, v_token, v_now + p_ttl, 0, 0, v_now, 0::float8;
     RETURN;
   END IF;
   SELECT count(*) INTO v_in_use FROM ail_slots s WHERE s.limit_name = p_limit;
@@ -65,12 +76,15 @@ BEGIN
   SELECT count(*) INTO v_ahead FROM ail_slot_waiters w
     WHERE w.limit_name = p_limit AND w.owner_id <> p_owner
       AND (w.priority > v_prio OR (w.priority = v_prio AND (v_seq IS NULL OR w.seq < v_seq)));
-  IF v_ahead < p_capacity - v_in_use THEN
+  SELECT greatest(0, p.paused_until - v_now) INTO v_paused FROM ail_slot_pauses p
+    WHERE p.limit_name = p_limit;
+  v_paused := coalesce(v_paused, 0);
+  IF v_paused = 0 AND v_ahead < p_capacity - v_in_use THEN
     DELETE FROM ail_slot_waiters w WHERE w.limit_name = p_limit AND w.owner_id = p_owner;
     UPDATE ail_slot_limits l SET last = l.last + 1 WHERE l.limit_name = p_limit
       RETURNING l.last INTO v_token;
     INSERT INTO ail_slots VALUES (p_limit, p_owner, v_token, v_now + p_ttl);
-    RETURN QUERY SELECT 'granted'::text, v_token, v_now + p_ttl, 0, v_in_use, v_now;
+    RETURN QUERY SELECT 'granted'::text, v_token, v_now + p_ttl, 0, v_in_use, v_now, 0::float8;
     RETURN;
   END IF;
   IF v_seq IS NULL THEN
@@ -80,7 +94,7 @@ BEGIN
   INSERT INTO ail_slot_waiters AS w VALUES (p_limit, p_owner, v_prio, v_seq, v_now + p_wait_ttl)
     ON CONFLICT (limit_name, owner_id) DO UPDATE SET expires_at = excluded.expires_at;
   RETURN QUERY SELECT 'wait'::text, NULL::bigint, NULL::double precision, v_ahead, v_in_use,
-    v_now;
+    v_now, v_paused;
 END $$;
 """
 
@@ -130,5 +144,21 @@ BEGIN
 END $$;
 """
 
-FUNCTIONS = _ACQUIRE + _RENEW + _RELEASE
+# The seconds the limit's pause now lasts (a later end already set is kept).
+_PAUSE = rf"""
+CREATE FUNCTION ail_slot_pause(p_limit text, p_seconds double precision)
+RETURNS double precision
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE v_now double precision := {_NOW}; v_until double precision;
+BEGIN
+  INSERT INTO ail_slot_pauses AS p VALUES (p_limit, v_now + p_seconds)
+    ON CONFLICT (limit_name) DO UPDATE
+    SET paused_until = greatest(p.paused_until, excluded.paused_until)
+    RETURNING p.paused_until INTO v_until;
+  RETURN v_until - v_now;
+END $$;
+"""
+
+FUNCTIONS = _ACQUIRE + _RENEW + _RELEASE + _PAUSE
 """The slot functions (made again by every upgrade, like the lease's and the queue's)."""

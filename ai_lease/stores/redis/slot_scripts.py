@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ai_lease.stores.redis.prelude import PRELUDE
 
-__all__ = ["ACQUIRE_SLOT", "RELEASE_SLOT", "RENEW_SLOT", "SLOT_STATE"]
+__all__ = ["ACQUIRE_SLOT", "PAUSE_SLOT", "RELEASE_SLOT", "RENEW_SLOT", "SLOT_STATE"]
 
 _COMMON = r"""
 -- Reclaim the lapsed slots and drop the waiters that stopped asking.
@@ -40,9 +40,9 @@ local function held(owner)
 end
 """
 
-# KEYS: holders, tokens, waiting, order, counter, wake · ARGV: owner, capacity, ttl (us),
-# wait_ttl (us), priority, keep (ms) · returns {'granted', token, expires (us), now (us)} or
-# {'wait', ahead, in_use, now (us)}
+# KEYS: holders, tokens, waiting, order, counter, wake, paused · ARGV: owner, capacity, ttl
+# (us), wait_ttl (us), priority, keep (ms) · returns {'granted', token, expires (us), now (us)}
+# or {'wait', ahead, in_use, now (us), paused (ms left, 0: not paused)}
 ACQUIRE_SLOT = (
     PRELUDE
     + _COMMON
@@ -64,7 +64,9 @@ if score then
 else  -- a newcomer comes after every waiter of its priority or a higher one
   ahead = redis.call('ZCOUNT', KEYS[4], '-inf', fmt((101 - prio) * 1000000000000 - 1))
 end
-if ahead < cap - in_use then
+local paused = redis.call('PTTL', KEYS[7])
+if paused < 0 then paused = 0 end
+if paused == 0 and ahead < cap - in_use then
   redis.call('ZREM', KEYS[4], owner)
   redis.call('ZREM', KEYS[3], owner)
   token = redis.call('INCR', KEYS[5])
@@ -77,9 +79,17 @@ if not score then
 end
 redis.call('ZADD', KEYS[4], score, owner)
 redis.call('ZADD', KEYS[3], fmt(now + wttl), owner)
-return {'wait', ahead, in_use, fmt(now)}
+return {'wait', ahead, in_use, fmt(now), paused}
 """
 )
+
+# KEYS: paused · ARGV: ms · returns the ms the pause now lasts (a later end already set stays)
+PAUSE_SLOT = r"""
+local left, ms = redis.call('PTTL', KEYS[1]), tonumber(ARGV[1])
+if left >= ms then return left end
+redis.call('SET', KEYS[1], '1', 'PX', ms)
+return ms
+"""
 
 # KEYS: holders, tokens, waiting, order, counter, wake · ARGV: owner, token, ttl (us), keep
 # (ms) · returns {1 renewed | 0 lapsed or stale, expires (us), now (us)}. A lapsed slot of this

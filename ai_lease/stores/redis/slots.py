@@ -16,6 +16,7 @@ from ai_lease.lease.slots import (
     SlotState,
     SlotWait,
     check_limit,
+    check_pause,
     check_slot_args,
 )
 from ai_lease.lease.storable import check_owner
@@ -64,7 +65,7 @@ class RedisSlots:
         if reply[0] == "granted":
             fence = SlotFence(limit, owner, int(reply[1]))
             return SlotGrant(fence, int(reply[2]) / 1_000_000, now)
-        return SlotWait(int(reply[1]), int(reply[2]))
+        return SlotWait(int(reply[1]), int(reply[2]), int(reply[4]) / 1000)
 
     async def renew_slot(self, fence: SlotFence, ttl: float) -> bool:
         """Extend the slot's lease by ``ttl`` from now; False once it lapsed or is not yours."""
@@ -95,3 +96,8 @@ class RedisSlots:
         """Return on the limit's next release (its channel) or after ``timeout``; where
         pub/sub is unavailable, sleep out ``timeout`` (waiters ask again then)."""
         await wait_message(self._calls._pubsub, self._keys(check_limit(limit))[5], timeout)
+
+    async def pause_slot(self, limit: str, seconds: float) -> float:
+        ms = max(1, round(check_pause(limit, seconds) * 1000))
+        keys = self._keys(check_limit(limit))[6:]
+        return int(await self._calls._eval("pause_slot", "PAUSE_SLOT", keys, [ms], limit)) / 1000

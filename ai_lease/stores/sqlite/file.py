@@ -81,13 +81,16 @@ CREATE TABLE IF NOT EXISTS ai_lease_workers (
     expires_at REAL NOT NULL,
     info BLOB NOT NULL
 );
--- Provider slots (stores/sqlite/slots.py): holders, the waiting line, each limit's counter.
+-- Provider slots (stores/sqlite/slots.py): holders, the waiting line, each limit's counter,
+-- and when a paused limit grants again.
 CREATE TABLE IF NOT EXISTS ai_lease_slots (limit_name TEXT NOT NULL, owner_id TEXT NOT NULL,
     token INTEGER NOT NULL, expires_at REAL NOT NULL, PRIMARY KEY (limit_name, owner_id));
 CREATE TABLE IF NOT EXISTS ai_lease_slot_waiters (limit_name TEXT NOT NULL,
     owner_id TEXT NOT NULL, priority INTEGER NOT NULL, seq INTEGER NOT NULL,
     expires_at REAL NOT NULL, PRIMARY KEY (limit_name, owner_id));
 CREATE TABLE IF NOT EXISTS ai_lease_slot_limits (limit_name TEXT PRIMARY KEY, last INTEGER);
+CREATE TABLE IF NOT EXISTS ai_lease_slot_pauses (limit_name TEXT PRIMARY KEY,
+    until REAL NOT NULL);
 """
 
 

@@ -1,6 +1,7 @@
 """The SQLite store's provider slots (:class:`~ai_lease.lease.slots.SlotStore`): tables beside
-the jobs' (``ai_lease_slots``, ``ai_lease_slot_waiters``, ``ai_lease_slot_limits``: the
-holders, the waiting line and each limit's counter), one write transaction per operation.
+the jobs' (``ai_lease_slots``, ``ai_lease_slot_waiters``, ``ai_lease_slot_limits``,
+``ai_lease_slot_pauses``: the holders, the waiting line, each limit's counter and pause), one
+write transaction per operation.
 
 Processes on one machine share the file, so waiters poll for a release every
 ``poll_interval`` (as followers do): there is no channel between processes to wake them.
@@ -20,6 +21,7 @@ from ai_lease.lease.slots import (
     SlotState,
     SlotWait,
     check_limit,
+    check_pause,
     check_slot_args,
 )
 from ai_lease.lease.storable import check_owner
@@ -34,6 +36,13 @@ less often. A one-slot limit hands over about this late at worst, not a whole
 ``poll_interval`` (1 s by default) per call; a look is one indexed read."""
 
 _HOLDER = "SELECT token, expires_at FROM ai_lease_slots WHERE limit_name = ? AND owner_id = ?"
+_PAUSED = "SELECT until FROM ai_lease_slot_pauses WHERE limit_name = ?"
+
+
+def _paused(conn: sqlite3.Connection, limit: str, now: float) -> float:
+    """Seconds the limit stays paused (0: it grants)."""
+    row = conn.execute(_PAUSED, (limit,)).fetchone()
+    return 0.0 if row is None else max(0.0, float(row[0]) - now)
 
 
 def _sweep(conn: sqlite3.Connection, limit: str, now: float) -> None:
@@ -105,7 +114,8 @@ class SQLiteSlots:
                 "SELECT count(*) FROM ai_lease_slots WHERE limit_name = ?", (limit,)
             ).fetchone()
             prio, seq, ahead = _place(conn, limit, owner, priority)
-            if ahead < capacity - in_use:
+            paused = _paused(conn, limit, now)
+            if not paused and ahead < capacity - in_use:
                 conn.execute(
                     "DELETE FROM ai_lease_slot_waiters WHERE limit_name = ? AND owner_id = ?",
                     (limit, owner),
@@ -116,7 +126,7 @@ class SQLiteSlots:
                 " (limit_name, owner_id) DO UPDATE SET expires_at = excluded.expires_at",
                 (limit, owner, prio, _next(conn, limit) if seq is None else seq, now + wait_ttl),
             )
-            return SlotWait(ahead, int(in_use))
+            return SlotWait(ahead, int(in_use), paused)
 
         return await self._file._write("acquire_slot", work)
 
@@ -182,6 +192,21 @@ class SQLiteSlots:
                 )
 
         await self._file._write("leave_slot", work)
+
+    async def pause_slot(self, limit: str, seconds: float) -> float:
+        seconds = check_pause(limit, seconds)
+
+        def work(conn: sqlite3.Connection) -> float:
+            now = self._file._clock()
+            until = max(now + seconds, now + _paused(conn, limit, now))
+            conn.execute(
+                "INSERT INTO ai_lease_slot_pauses VALUES (?, ?) ON CONFLICT (limit_name)"
+                " DO UPDATE SET until = excluded.until",
+                (limit, until),
+            )
+            return until - now
+
+        return await self._file._write("pause_slot", work)
 
     async def slot_state(self, limit: str) -> SlotState:
         limit = check_limit(limit)
