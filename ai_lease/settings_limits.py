@@ -1,7 +1,9 @@
 """The ``[limits]`` section of the settings: provider slots shared by the whole fleet.
 
->>> LimitsSettings.model_validate({"openai:gpt-4o-mini": {"concurrency": 4}}).call_limits()
-CallLimits(limits=(CallLimit(name='openai:gpt-4o-mini', concurrency=4, max_wait=60.0, rpm=None),))
+>>> limits = LimitsSettings.model_validate({"openai:gpt-4o-mini": {"concurrency": 4}})
+>>> limits.call_limits().limits[0]  # doctest: +NORMALIZE_WHITESPACE
+CallLimit(name='openai:gpt-4o-mini', concurrency=4, max_wait=60.0, rpm=None, adaptive=False,
+          min_concurrency=1)
 
 One table per limit, named by what it limits (see :mod:`ai_lease.lease.call_limits`)::
 
@@ -17,6 +19,11 @@ One table per limit, named by what it limits (see :mod:`ai_lease.lease.call_limi
 
     [limits."openai:gpt-4o-mini"]        # calls started in any minute, fleet-wide
     rpm = 500
+
+    [limits."anthropic"]                 # fewer at once while the provider is overloaded
+    concurrency = 16
+    adaptive = true
+    min_concurrency = 2
 
 The tables are read from the TOML file only (a limit's name is not an environment variable's);
 ``AI_LEASE_LIMITS__MAX_WAIT`` sets the default wait.
@@ -56,11 +63,23 @@ class LimitSettings(_Section):
     concurrency: Annotated[int, Field(ge=1, le=MAX_CAPACITY)] | None = None
     rpm: Annotated[int, Field(ge=1, le=MAX_CAPACITY)] | None = None
     max_wait: Wait | None = None  # None: the section's
+    adaptive: bool = False
+    min_concurrency: Annotated[int, Field(ge=1, le=MAX_CAPACITY)] | None = None
 
     @model_validator(mode="after")
     def _some_limit(self) -> LimitSettings:
         if self.concurrency is None and self.rpm is None:
             raise ValueError("a limit needs concurrency, rpm or both")
+        if self.adaptive and self.concurrency is None:
+            raise ValueError("adaptive needs a concurrency to adapt below")
+        if self.min_concurrency is not None:
+            if not self.adaptive:
+                raise ValueError("min_concurrency is the floor of an adaptive limit: add adaptive")
+            if self.concurrency is not None and self.min_concurrency > self.concurrency:
+                raise ValueError(
+                    f"min_concurrency {self.min_concurrency} is above concurrency "
+                    f"{self.concurrency}"
+                )
         return self
 
 
@@ -102,6 +121,8 @@ class LimitsSettings(_Section):
                     entry.concurrency,
                     self.max_wait if entry.max_wait is None else entry.max_wait,
                     rpm=entry.rpm,
+                    adaptive=entry.adaptive,
+                    min_concurrency=entry.min_concurrency or 1,
                 )
                 for name, entry in sorted(self.each.items())
             )

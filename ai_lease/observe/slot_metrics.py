@@ -5,7 +5,9 @@
 - ``provider_slot_wait_seconds{pipeline,limit}``: how long each call waited for its slot
   (0 when one was free);
 - ``provider_rate_limited_total{pipeline,limit}``: model calls under a limit that the
-  provider answered 429 (rate limited).
+  provider answered 429 (rate limited);
+- ``provider_slot_capacity{pipeline,limit}``: an adaptive limit's concurrency as this process
+  asks for it now (set at each change).
 
 The ``limit`` label is the limit's name, from the settings (capped like every open label).
 """
@@ -22,12 +24,12 @@ __all__ = ["SLOT_KINDS", "WAIT_BUCKETS", "SlotMetrics"]
 
 WAIT_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
-SLOT_KINDS = ("slot_taken", "slot_released", "rate_limited")
+SLOT_KINDS = ("slot_taken", "slot_released", "rate_limited", "limit_adapted")
 """The events these metrics count."""
 
 
 class SlotMetrics:
-    """The three series on ``registry``; :meth:`observe` counts one event of
+    """The four series on ``registry``; :meth:`observe` counts one event of
     :data:`SLOT_KINDS`. ``capped`` turns an open label value into a bounded one."""
 
     def __init__(self, registry: CollectorRegistry, capped: Callable[[str | None], str]) -> None:
@@ -52,6 +54,12 @@ class SlotMetrics:
             labels,
             registry=registry,
         )
+        self.capacity = Gauge(
+            "provider_slot_capacity",
+            "An adaptive provider limit's concurrency as this process asks for it now.",
+            labels,
+            registry=registry,
+        )
 
     def observe(self, event: Event, pipeline: str) -> None:
         attrs = event.attrs or {}
@@ -64,3 +72,5 @@ class SlotMetrics:
             self.in_use.labels(pipeline, limit).dec()
         elif event.kind == "rate_limited":
             self.rate_limited.labels(pipeline, limit).inc()
+        elif event.kind == "limit_adapted" and event.value is not None:
+            self.capacity.labels(pipeline, limit).set(event.value)

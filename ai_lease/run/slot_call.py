@@ -32,6 +32,11 @@ given back and lapses by itself, so at most ``rpm`` calls start in any minute.
 ``retryDelay``: :func:`~ai_lease.providers.errors.retry_hint`) pauses every limit it held for
 that long, in the store: no worker's call of those limits is sent until the pause ends (they
 wait in line, saying so), so one 429 reaches the fleet instead of every worker finding its own.
+
+**An adaptive limit** (``adaptive = true``) asks the store for this process's
+:class:`~ai_lease.lease.call_limits.AdaptiveCap` instead of its ``concurrency``: halved when a
+call is refused as overloaded (429, 503, 529), one more per round of calls that succeed, between
+``min_concurrency`` and ``concurrency`` (a ``limit_adapted`` event says each change).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from ai_lease.errors import ConfigError, ProviderError, StoreError
-from ai_lease.lease.call_limits import RATE_WINDOW_S, CallLimit
+from ai_lease.lease.call_limits import OVERLOADED, RATE_WINDOW_S, CallLimit
 from ai_lease.lease.slot_hold import SlotHold
 from ai_lease.lease.slots import SlotLost, SlotStopped, SlotStore
 from ai_lease.timeouts import StageBudget, StallPolicy
@@ -78,12 +83,19 @@ async def holding_slots(
             for limit in limits:  # last: a place in a rate window is taken just before sending
                 if limit.rpm is not None:
                     await held.enter_async_context(_Slot(ctx, store, limit, rate=True))
+            caps = ctx._run.limits.caps
+            sent = {x.name: caps[x.name].epoch for x in limits if x.name in caps}
             try:
                 yield
             except ProviderError as exc:
                 if exc.status == 429:  # counted per limit: provider_rate_limited_total
                     await _rate_limited(ctx, store, limits, exc)
+                if exc.status in OVERLOADED:
+                    for name, epoch in sent.items():
+                        _adapted(ctx, name, caps[name].overloaded(epoch), exc.status)
                 raise
+            for name in sent:
+                _adapted(ctx, name, caps[name].succeeded(), None)
     except SlotLost as exc:  # a renewal refused or none landed: the job's lease first
         if (lost := ctx.lease_lapsed()) is not None:
             raise lost from exc
@@ -109,6 +121,15 @@ async def _rate_limited(
         if paused:
             attrs["paused"] = round(paused, 3)
         ctx.say("rate_limited", str(exc)[:200], value=paused or None, attrs=attrs)
+
+
+def _adapted(ctx: StageContext, name: str, changed: bool, status: int | None) -> None:
+    """Say an adaptive limit's new concurrency (this process's), when it changed."""
+    if changed:
+        capacity = ctx._run.limits.caps[name].capacity
+        why = f"after a {status}" if status else "after a round of calls that succeeded"
+        detail = f"{name}: {capacity} at once {why}"
+        ctx.say("limit_adapted", detail, value=float(capacity), attrs={"limit": name})
 
 
 def _base_url(provider: Provider) -> str | None:
@@ -145,11 +166,12 @@ class _Slot:
         else:
             assert limit.concurrency is not None
             self.window = ""
+            cap = ctx._run.limits.cap(limit)  # adaptive: this process's share for now
             self.hold = SlotHold(
                 store,
                 limit.name,
                 owner,
-                capacity=limit.concurrency,
+                capacity=limit.concurrency if cap is None else cap.capacity,
                 ttl=timings.ttl,
                 max_wait=limit.max_wait,
                 priority=priority,
