@@ -62,6 +62,14 @@ async def store(store_url: str) -> AsyncIterator[LeaseStore]:
 
 
 @pytest.fixture
+async def slot_store(store_url: str) -> AsyncIterator[Any]:
+    """The store of ``store_url``, its slot waiters polling often (SQLite has no push)."""
+    store = open_store(store_url, op_timeout=2.0, poll_interval=0.05)
+    yield store
+    await store.aclose()
+
+
+@pytest.fixture
 async def sqlite_store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
     store = SQLiteStore(tmp_path / "ai-lease.db")
     yield store

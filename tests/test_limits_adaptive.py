@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ai_lease import LeaseTimings, RetryPolicy, StageBudget
+from ai_lease import RetryPolicy
 from ai_lease.errors import ConfigError, InputError
 from ai_lease.job import Job
 from ai_lease.lease.call_limits import AdaptiveCap, CallLimit, CallLimits
@@ -24,6 +24,7 @@ from ai_lease.run.runner import Runner
 from ai_lease.settings import load_settings
 from ai_lease.stores.sqlite.store import SQLiteStore
 from ai_lease.timeouts import StreamTimeouts
+from tests.harness.limits import limit_timings
 from tests.harness.sse_server import (
     Request,
     Response,
@@ -37,14 +38,7 @@ from tests.harness.sse_server import (
 REAL_TIME = "the loopback server counts the requests in flight in real time"
 
 ANSWER_S, ROOM, JOBS = 0.3, 2, 16
-TIMINGS = LeaseTimings(
-    ttl=5.0,
-    renew_interval=0.5,
-    op_timeout=0.4,
-    poll_interval=0.05,
-    self_fence_margin=0.5,
-    stage_budgets={"call_ai": StageBudget(10, 120)},
-)
+TIMINGS = limit_timings(ttl=5.0, call_ai_hard=120)
 
 
 def test_overload_halves_once_per_overload_and_success_adds_one_per_round() -> None:

@@ -12,12 +12,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
-
-from ai_lease import LeaseTimings, RetryPolicy, StageBudget
+from ai_lease import RetryPolicy
 from ai_lease.job import Job
 from ai_lease.lease.call_limits import CallLimit, CallLimits
 from ai_lease.lease.events import Event
@@ -26,21 +23,14 @@ from ai_lease.lease.slots import SlotWait
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
-from ai_lease.stores import open_store
 from ai_lease.timeouts import StreamTimeouts
+from tests.harness.limits import limit_timings
 from tests.harness.sse_server import Request, Response, SSEServer, chat_chunks, json_response, sse
 
 REAL_TIME = "the server's quota reopens in real time and the store judges pauses by its own clock"
 
 QUOTA, CLOSED_S, JOBS, RUNNERS, CONCURRENCY = 3, 1.5, 12, 3, 2
-TIMINGS = LeaseTimings(
-    ttl=5.0,
-    renew_interval=0.5,
-    op_timeout=0.4,
-    poll_interval=0.05,
-    self_fence_margin=0.5,
-    stage_budgets={"call_ai": StageBudget(10, 60)},
-)
+TIMINGS = limit_timings(ttl=5.0, call_ai_hard=60)
 
 
 class Quota:
@@ -62,13 +52,6 @@ class Quota:
         left_ms = math.ceil((self.closed_until - now) * 1000)
         body = {"error": {"message": "quota spent", "type": "rate_limit_exceeded"}}
         return json_response(429, body, {"retry-after-ms": str(left_ms)})
-
-
-@pytest.fixture
-async def slot_store(store_url: str) -> AsyncIterator[Any]:
-    store = open_store(store_url, op_timeout=2.0, poll_interval=0.05)
-    yield store
-    await store.aclose()
 
 
 async def test_one_429_pauses_the_limit_for_every_runner(slot_store: Any) -> None:

@@ -6,14 +6,13 @@ resubmission must match; a job file and ``submit --priority`` set it, bounded.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from ai_lease import LeaseTimings, RetryPolicy, StageBudget
+from ai_lease import RetryPolicy
 from ai_lease.cli.jobfile import load_job_file
 from ai_lease.errors import JobSpecError
 from ai_lease.job import Job
@@ -24,26 +23,13 @@ from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.stores import open_store
 from ai_lease.testing.scripted import ScriptedProvider
+from tests.harness.limits import limit_timings
 from tests.test_cli_submit import run_cli
 
 REAL_TIME = "the store judges slot leases by its own clock"
 
 LIMIT = CallLimit("scripted", 1, max_wait=30)
-TIMINGS = LeaseTimings(
-    ttl=5.0,
-    renew_interval=0.5,
-    op_timeout=0.4,
-    poll_interval=0.05,
-    self_fence_margin=0.5,
-    stage_budgets={"call_ai": StageBudget(10, 30)},
-)
-
-
-@pytest.fixture
-async def slot_store(store_url: str) -> AsyncIterator[Any]:
-    store = open_store(store_url, op_timeout=2.0, poll_interval=0.05)
-    yield store
-    await store.aclose()
+TIMINGS = limit_timings(ttl=5.0, call_ai_hard=30)
 
 
 async def _waiting(store: Any, count: int) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,29 +23,15 @@ from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
-from ai_lease.stores import open_store
 from ai_lease.testing.scripted import Pause, ScriptedProvider, Stall
 from ai_lease.timeouts import StallPolicy, StreamTimeouts
+from tests.harness.limits import limit_timings
 from tests.harness.sse_server import Request, Response, Sleep, SSEServer, chat_chunks, sse
 
 REAL_TIME = "the store judges slot leases by its own clock, and the server streams in real time"
 
 ONCE = RetryPolicy(attempts=1)
-TIMINGS = LeaseTimings(
-    ttl=3.0,
-    renew_interval=0.5,
-    op_timeout=0.4,
-    poll_interval=0.05,
-    self_fence_margin=0.5,
-    stage_budgets={"call_ai": StageBudget(10, 30)},
-)
-
-
-@pytest.fixture
-async def slot_store(store_url: str) -> AsyncIterator[Any]:
-    store = open_store(store_url, op_timeout=2.0, poll_interval=0.05)
-    yield store
-    await store.aclose()
+TIMINGS = limit_timings(ttl=3.0, call_ai_hard=30)
 
 
 def _config(limit: CallLimit, **kw: Any) -> RunConfig:
