@@ -1,7 +1,7 @@
-"""Provider slots on PostgreSQL (migrations 5 and 6): a schema at migration 4 (no slot tables
-or functions) or 5 (no pauses) is upgraded in place, its jobs and slots kept, and then keeps
-slots and pauses; a slot freed wakes its
-waiters through the store's one LISTEN connection, never a job's followers."""
+"""Provider slots on PostgreSQL (migrations 5, 6 and 7): a schema at migration 4 (no slot
+tables or functions), 5 (no pauses) or 6 (no weights) is upgraded in place, its jobs and slots
+kept, and then keeps slots, pauses and weighted slots; a slot freed wakes its waiters through
+the store's one LISTEN connection, never a job's followers."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from tests.harness.pg_server import PostgresServer
 
 pytestmark = pytest.mark.postgres
 
-# What migrations 5 and 6 add, taken away again: the schema as migration 4 left it.
+# What migrations 5 to 7 add, taken away again: the schema as migration 4 left it.
 _BACK_TO_V4 = """
 DROP FUNCTION {ns}.ail_slot_acquire, {ns}.ail_slot_renew, {ns}.ail_slot_release,
-  {ns}.ail_slot_pause;
+  {ns}.ail_slot_pause, {ns}.ail_slot_reweigh;
 DROP TABLE {ns}.ail_slot_limits, {ns}.ail_slots, {ns}.ail_slot_waiters, {ns}.ail_slot_pauses;
 DELETE FROM {ns}.ail_migrations WHERE version > 4;
 INSERT INTO {ns}.ail_migrations VALUES (4, clock_timestamp()) ON CONFLICT DO NOTHING
@@ -65,12 +65,13 @@ async def test_a_schema_at_migration_4_is_upgraded_and_keeps_slots(
     finally:
         await store.aclose()
     rows = pg_server.execute(f"SELECT max(version) FROM {namespace}.ail_migrations")
-    assert rows == [(VERSION,)] and VERSION == 6
+    assert rows == [(VERSION,)] and VERSION == 7
 
 
 _BACK_TO_V5 = """
-DROP FUNCTION {ns}.ail_slot_pause;
+DROP FUNCTION {ns}.ail_slot_pause, {ns}.ail_slot_reweigh;
 DROP TABLE {ns}.ail_slot_pauses;
+ALTER TABLE {ns}.ail_slots DROP COLUMN weight;
 DELETE FROM {ns}.ail_migrations WHERE version > 5;
 INSERT INTO {ns}.ail_migrations VALUES (5, clock_timestamp()) ON CONFLICT DO NOTHING
 """
@@ -95,6 +96,41 @@ async def test_a_schema_at_migration_5_keeps_its_slots_and_gains_pauses(
         assert await store.pause_slot("vllm:big", 30) > 29
         waiting = await store.acquire_slot("vllm:big", "b", capacity=2, ttl=30)
         assert isinstance(waiting, SlotWait) and waiting.paused > 29
+    finally:
+        await store.aclose()
+    rows = pg_server.execute(f"SELECT max(version) FROM {namespace}.ail_migrations")
+    assert rows == [(VERSION,)]
+
+
+_BACK_TO_V6 = """
+DROP FUNCTION {ns}.ail_slot_reweigh;
+ALTER TABLE {ns}.ail_slots DROP COLUMN weight;
+DELETE FROM {ns}.ail_migrations WHERE version > 6;
+INSERT INTO {ns}.ail_migrations VALUES (6, clock_timestamp()) ON CONFLICT DO NOTHING
+"""
+
+
+async def test_a_schema_at_migration_6_keeps_its_slots_and_gains_weights(
+    pg_server: PostgresServer, namespace: str
+) -> None:
+    """A slot held before the upgrade counts one unit after it; weighted slots then work."""
+    store = _store(pg_server, namespace)
+    try:
+        held = await store.acquire_slot("api:m~tpm", "a", capacity=100, ttl=60)
+        assert isinstance(held, SlotGrant)
+    finally:
+        await store.aclose()
+    for statement in _BACK_TO_V6.format(ns=namespace).strip().split(";\n"):
+        pg_server.execute(statement)
+    pg_server.terminate_backends()
+    store = _store(pg_server, namespace)
+    try:
+        assert await store.renew_slot(held.fence, 60)
+        big = await store.acquire_slot("api:m~tpm", "b", capacity=100, ttl=60, weight=99)
+        assert isinstance(big, SlotGrant)
+        assert await store.slot_state("api:m~tpm") == SlotState("api:m~tpm", 100, 0)
+        assert await store.reweigh_slot(big.fence, 9)
+        assert await store.slot_state("api:m~tpm") == SlotState("api:m~tpm", 10, 0)
     finally:
         await store.aclose()
     rows = pg_server.execute(f"SELECT max(version) FROM {namespace}.ail_migrations")

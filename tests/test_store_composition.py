@@ -35,7 +35,8 @@ PARTS = {  # a part's name on the store: the protocols it implements, the method
     "notes": ((JobTimeline, JobNotes), ["timeline", "note"]),
     "slots": (
         (SlotStore,),
-        "acquire_slot renew_slot release_slot leave_slot slot_state wait_slot pause_slot".split(),
+        "acquire_slot renew_slot release_slot leave_slot slot_state wait_slot pause_slot"
+        " reweigh_slot".split(),
     ),
 }
 

@@ -80,10 +80,14 @@ class SlotHold:
         renew_every: float | None = None,
         stuck: Stuck | None = None,
         on_wait: Callable[[int], None] | None = None,
+        weight: int | None = None,
     ) -> None:
         self.limit = check_slot_args(
-            limit, capacity=capacity, ttl=ttl, priority=priority, wait_ttl=wait_ttl
+            limit, capacity=capacity, ttl=ttl, priority=priority, wait_ttl=wait_ttl, weight=weight
         )
+        # units of a weighted limit (a tpm window's tokens); asked for only when given, so a
+        # store written before weights still takes the rest
+        self._weight = {} if weight is None else {"weight": weight}
         self.max_wait = check_seconds(limit, "max_wait", max_wait, *MAX_WAIT_RANGE)
         self.store, self.owner_id, self.capacity = store, owner_id, capacity
         self.ttl, self.priority, self.wait_ttl = float(ttl), priority, float(wait_ttl)
@@ -130,6 +134,7 @@ class SlotHold:
                     ttl=self.ttl,
                     priority=self.priority,
                     wait_ttl=self.wait_ttl,
+                    **self._weight,
                 )
             except StoreError:
                 if loop.time() >= deadline:

@@ -14,6 +14,12 @@ own clock:
 ``slot_state``    how many slots are in use and how many callers wait (:class:`SlotState`)
 ``wait_slot``     return on the limit's next release (or after a timeout): no polling storm
 ``pause_slot``    no slot is granted for the next ``seconds`` (a provider's 429 said to wait)
+``reweigh_slot``  a weighted slot's units, set again (a request's tokens, known at its end)
+
+**Weighted slots.** A caller may ask for ``weight`` units of a limit in place of one slot (a
+tokens-per-minute window: ``capacity`` tokens, a request's estimate as its weight). The units
+in use are then the sum of the live holders' weights; a weighted caller is granted only when
+it is first in line and its weight fits, so a large request is not passed by small ones.
 
 Waiters are served first come, first served per limit (a higher ``priority`` first, then
 arrival). A waiter keeps its place only while it keeps asking: its entry lapses
@@ -42,6 +48,8 @@ from ai_lease.errors import InputError, LeaseError, StageTimeout
 
 __all__ = [
     "MAX_CAPACITY",
+    "MAX_UNITS",
+    "PAUSE_RANGE",
     "WAIT_TTL",
     "SlotFence",
     "SlotGrant",
@@ -55,10 +63,14 @@ __all__ = [
     "check_limit",
     "check_pause",
     "check_slot_args",
+    "check_weight",
 ]
 
 MAX_CAPACITY = 10_000
 """The most slots one limit may have."""
+
+MAX_UNITS = 1_000_000_000
+"""The most units a weighted limit may have (tokens per minute)."""
 
 MAX_LIMIT_CHARS = 200
 """The longest limit name."""
@@ -95,19 +107,37 @@ def check_limit(limit: str) -> str:
 
 
 def check_slot_args(
-    limit: str, *, capacity: int, ttl: float, priority: int = 0, wait_ttl: float = WAIT_TTL
+    limit: str,
+    *,
+    capacity: int,
+    ttl: float,
+    priority: int = 0,
+    wait_ttl: float = WAIT_TTL,
+    weight: int | None = None,
 ) -> str:
-    """The checked limit name; an :class:`InputError` naming the first bad value."""
+    """The checked limit name; an :class:`InputError` naming the first bad value. A weighted
+    ask (``weight``) may have up to :data:`MAX_UNITS` units, and a weight of ``capacity`` at
+    most (more could never be granted)."""
     limit = check_limit(limit)
     if isinstance(capacity, bool) or not isinstance(capacity, int):
         raise InputError(f"slot {limit!r}: capacity must be an int, not {capacity!r:.40}")
-    if not 1 <= capacity <= MAX_CAPACITY:
-        raise InputError(f"slot {limit!r}: capacity {capacity} is not in 1..{MAX_CAPACITY}")
+    top = MAX_CAPACITY if weight is None else MAX_UNITS
+    if not 1 <= capacity <= top:
+        raise InputError(f"slot {limit!r}: capacity {capacity} is not in 1..{top}")
+    if weight is not None:
+        check_weight(limit, weight, capacity)
     if isinstance(priority, bool) or not isinstance(priority, int) or priority not in PRIORITIES:
         raise InputError(f"slot {limit!r}: priority {priority!r:.40} is not an int in -100..100")
     check_seconds(limit, "ttl", ttl, *TTL_RANGE)
     check_seconds(limit, "wait_ttl", wait_ttl, *WAIT_TTL_RANGE)
     return limit
+
+
+def check_weight(limit: str, weight: int, capacity: int = MAX_UNITS) -> int:
+    """``weight`` if it is a weight of 1 to ``capacity`` units, else :class:`InputError`."""
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= capacity:
+        raise InputError(f"slot {limit!r}: weight {weight!r:.40} is not an int in 1..{capacity}")
+    return weight
 
 
 def check_pause(limit: str, seconds: float) -> float:
@@ -170,7 +200,8 @@ SlotOutcome = SlotGrant | SlotWait
 
 @dataclass(frozen=True, slots=True)
 class SlotState:
-    """A limit as the store holds it: live slots taken, callers waiting (store clock)."""
+    """A limit as the store holds it: live slots taken (units, for weighted holders),
+    callers waiting (store clock)."""
 
     limit: str
     in_use: int
@@ -190,6 +221,7 @@ class SlotStore(Protocol):
         ttl: float,
         priority: int = 0,
         wait_ttl: float = WAIT_TTL,
+        weight: int | None = None,
     ) -> SlotOutcome: ...
 
     async def renew_slot(self, fence: SlotFence, ttl: float) -> bool: ...
@@ -207,6 +239,11 @@ class SlotStore(Protocol):
     async def wait_slot(self, limit: str, timeout: float, *, ahead: int = 0) -> None:
         """Return on the limit's next release or after ``timeout`` (may return early);
         ``ahead``, the waiters before this one, lets a polling store look less often."""
+        ...
+
+    async def reweigh_slot(self, fence: SlotFence, weight: int) -> bool:
+        """Set the units ``fence``'s live slot takes to ``weight`` (False: it lapsed, or the
+        fence is stale); fewer units wake the waiters."""
         ...
 
     async def pause_slot(self, limit: str, seconds: float) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ai_lease.errors import InputError
-from ai_lease.lease.slots import MAX_CAPACITY, SlotFence, SlotGrant, SlotState, SlotWait
+from ai_lease.lease.slots import MAX_CAPACITY, MAX_UNITS, SlotFence, SlotGrant, SlotState, SlotWait
 
 __all__ = ["SlotContract"]
 
@@ -94,6 +94,40 @@ class SlotContract:
         assert (await wait(store, limit, "third", capacity=2)).paused == 0
         with pytest.raises(InputError, match="pause"):
             await store.pause_slot(limit, 0)
+
+    async def test_weighted_slots_count_their_units(self, store: Any) -> None:
+        """A weighted holder takes its weight in units: a weight that does not fit waits,
+        first in line, and a smaller one asking later does not pass it; a reweigh to fewer
+        units (a fenced one) lets it in; a stale fence reweighs nothing."""
+        limit = limit_for("weight")
+        big = await grant(store, limit, "big", capacity=100, weight=70)
+        assert await store.slot_state(limit) == SlotState(limit, 70, 0)
+        first = await wait(store, limit, "first", capacity=100, weight=40)
+        assert (first.ahead, first.in_use) == (0, 70)
+        assert (await wait(store, limit, "small", capacity=100, weight=5)).ahead == 1
+        assert await store.reweigh_slot(big, 20)
+        assert await store.slot_state(limit) == SlotState(limit, 20, 2)
+        later = await grant(store, limit, "first", capacity=100, weight=40)
+        assert (await store.slot_state(limit)).in_use == 60
+        stale = SlotFence(limit, "big", big.token + 1000)
+        assert not await store.reweigh_slot(stale, 1)
+        assert await store.release_slot(later)
+        assert await store.slot_state(limit) == SlotState(limit, 20, 1)
+        assert isinstance(await grant(store, limit, "small", capacity=100, weight=5), SlotFence)
+        with pytest.raises(InputError, match="weight"):
+            await store.acquire_slot(limit, "huge", capacity=100, ttl=30, weight=101)
+        with pytest.raises(InputError, match="weight"):
+            await store.reweigh_slot(big, 0)
+
+    async def test_a_lapsed_weighted_holder_gives_its_units_back(self, store: Any) -> None:
+        """A weighted place left to lapse (a rate window's) frees its units by itself."""
+        limit = limit_for("weight-lapse")
+        old = await grant(store, limit, "old", capacity=10, weight=9, ttl=0.3)
+        assert (await wait(store, limit, "next", capacity=10, weight=5)).in_use == 9
+        await asyncio.sleep(0.6)  # real: the place lapses on the store's own clock
+        await grant(store, limit, "next", capacity=10, weight=5)
+        assert await store.slot_state(limit) == SlotState(limit, 5, 0)
+        assert not await store.reweigh_slot(old, 1), "a lapsed place is not reweighed"
 
     async def test_asking_again_while_holding_gives_the_same_slot(self, store: Any) -> None:
         """A holder asking again (its reply was lost) gets its own slot and token back."""
@@ -199,6 +233,8 @@ class SlotContract:
             (limit, {"ttl": float("nan")}),
             (limit, {"priority": 101}),
             (limit, {"wait_ttl": 0}),
+            (limit, {"weight": 0}),
+            (limit, {"weight": 2, "capacity": MAX_UNITS + 1}),
             ("", {}),
             ("x" * 201, {}),
             ("open ai", {}),

@@ -37,11 +37,11 @@ __all__ = [
     "notify_payload",
 ]
 
-VERSION = 6
+VERSION = 7
 """The migration this code installs and expects (2: ``failure_kind``; 3: timeline entries
 numbered from the timeline itself, no ``ail_timeline_heads``; 4: ``ail_look``, and a commit
 or fail takes the job off the queue; 5: provider slots, stores/postgres/slots_sql.py; 6: their
-pauses; see :data:`UPGRADES`)."""
+pauses; 7: their weights; see :data:`UPGRADES`)."""
 
 UPGRADES: dict[int, str] = {
     2: "ALTER TABLE ail_jobs ADD COLUMN failure_kind text;",
@@ -52,6 +52,7 @@ UPGRADES: dict[int, str] = {
     4: "SELECT 1;",
     5: slots_sql.TABLES,  # provider slots: their tables (and functions, made below)
     6: slots_sql.PAUSES,  # a limit paused by a 429 grants nothing until the pause ends
+    7: slots_sql.WEIGHTS,  # a slot may take several units (a tokens-per-minute window)
 }
 """What takes a schema from the version before each key to it: the tables' changes; the
 functions are then made again from this code's SQL (:func:`_upgrade`)."""

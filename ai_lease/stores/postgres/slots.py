@@ -18,6 +18,7 @@ from ai_lease.lease.slots import (
     check_limit,
     check_pause,
     check_slot_args,
+    check_weight,
 )
 from ai_lease.lease.storable import check_owner
 from ai_lease.stores.postgres.conn import PostgresConn
@@ -28,18 +29,19 @@ __all__ = ["WAKE", "PostgresSlots"]
 WAKE = "\x1f"
 """What a limit's wake-up payload starts with (no job key holds a control character)."""
 
-_ACQUIRE = "SELECT * FROM {schema}.ail_slot_acquire(%s, %s, %s, %s, %s, %s)"
+_ACQUIRE = "SELECT * FROM {schema}.ail_slot_acquire(%s, %s, %s, %s, %s, %s, %s)"
+_REWEIGH = "SELECT {schema}.ail_slot_reweigh(%s, %s, %s, %s)"
 _RENEW = "SELECT {schema}.ail_slot_renew(%s, %s, %s, %s)"
 _RELEASE = "SELECT {schema}.ail_slot_release(%s, %s, %s)"
 _PAUSE = "SELECT {schema}.ail_slot_pause(%s, %s)"
 _NOW = "extract(epoch FROM clock_timestamp())"
 _STATE = (
-    f"SELECT (SELECT count(*) FROM {{schema}}.ail_slots WHERE limit_name = %s"
+    f"SELECT (SELECT coalesce(sum(weight), 0) FROM {{schema}}.ail_slots WHERE limit_name = %s"
     f" AND expires_at > {_NOW}), (SELECT count(*) FROM {{schema}}.ail_slot_waiters"
     f" WHERE limit_name = %s AND expires_at > {_NOW})"
 )
 _SEEN = (
-    f"SELECT (SELECT count(*) FROM {{schema}}.ail_slots WHERE limit_name = %s"
+    f"SELECT (SELECT coalesce(sum(weight), 0) FROM {{schema}}.ail_slots WHERE limit_name = %s"
     f" AND expires_at > {_NOW}), (SELECT last FROM {{schema}}.ail_slot_limits"
     " WHERE limit_name = %s)"
 )
@@ -60,12 +62,13 @@ class PostgresSlots:
         ttl: float,
         priority: int = 0,
         wait_ttl: float = WAIT_TTL,
+        weight: int | None = None,
     ) -> SlotOutcome:
         limit = check_slot_args(
-            limit, capacity=capacity, ttl=ttl, priority=priority, wait_ttl=wait_ttl
+            limit, capacity=capacity, ttl=ttl, priority=priority, wait_ttl=wait_ttl, weight=weight
         )
         owner = check_owner(owner_id)
-        args = (limit, owner, capacity, float(ttl), float(wait_ttl), priority)
+        args = (limit, owner, capacity, float(ttl), float(wait_ttl), priority, weight or 1)
         row = await self._conn._fetchone("acquire_slot", _ACQUIRE, args)
         assert row is not None  # one row, always
         kind, token, expires, ahead, in_use, now, paused = row
@@ -84,6 +87,12 @@ class PostgresSlots:
         check_limit(fence.limit)
         args = (fence.limit, fence.owner_id, fence.token)
         row = await self._conn._fetchone("release_slot", _RELEASE, args)
+        return bool(row and row[0])
+
+    async def reweigh_slot(self, fence: SlotFence, weight: int) -> bool:
+        check_weight(check_limit(fence.limit), weight)
+        args = (fence.limit, fence.owner_id, fence.token, weight)
+        row = await self._conn._fetchone("reweigh_slot", _REWEIGH, args)
         return bool(row and row[0])
 
     async def leave_slot(self, limit: str, owner_id: str) -> None:

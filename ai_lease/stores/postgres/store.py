@@ -112,7 +112,7 @@ class PostgresStore(AsyncResource):
         self.acquire_slot, self.renew_slot = slots.acquire_slot, slots.renew_slot
         self.release_slot, self.leave_slot = slots.release_slot, slots.leave_slot
         self.slot_state, self.wait_slot = slots.slot_state, slots.wait_slot
-        self.pause_slot = slots.pause_slot
+        self.pause_slot, self.reweigh_slot = slots.pause_slot, slots.reweigh_slot
 
     @classmethod
     def from_url(

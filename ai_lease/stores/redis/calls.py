@@ -52,6 +52,7 @@ _SCRIPTS = {  # each script by name, from the module that holds its text
     **{name: list_lua for name in ("LIST_PAGE", "BACKFILL", "COUNT_JOBS")},
     **{name: slot_lua for name in ("ACQUIRE_SLOT", "RENEW_SLOT", "RELEASE_SLOT", "SLOT_STATE")},
     "PAUSE_SLOT": slot_lua,
+    "REWEIGH_SLOT": slot_lua,
 }
 # Job scripts that also keep the namespace's keys: the lease index, the queue (SUBMIT, RETRY,
 # REMOVE, LOOK, FINISH), the recovery looks (RETRY, REMOVE, LOOK, FINISH), the creation index

@@ -69,10 +69,10 @@ def job_keys(namespace: str, key: str) -> list[str]:
 def slot_keys(namespace: str, limit: str) -> list[str]:
     """The Redis keys of one provider limit, under one hash tag: its holders (a sorted set
     of lease expiries), their tokens (a hash), the waiters' expiries and their order (sorted
-    sets), its counter, its wake-up channel, and its pause (a key that lives as long as the
-    pause does)."""
+    sets), its counter, its wake-up channel, its pause (a key that lives as long as the
+    pause does), and the weighted holders' units (a hash)."""
     tag = f"{{{namespace}:slot:{hash_tag(limit)}}}"
-    parts = ("holders", "tokens", "waiting", "order", "counter", "wake", "paused")
+    parts = ("holders", "tokens", "waiting", "order", "counter", "wake", "paused", "weights")
     return [f"{tag}:{part}" for part in parts]
 
 

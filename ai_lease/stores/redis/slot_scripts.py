@@ -4,7 +4,9 @@ Every key of a limit shares the hash tag ``{<ns>:slot:<limit>}`` (:func:`~ai_lea
 redis.keys.slot_keys`), so each script touches one Cluster slot. Times are microseconds of
 the server's clock. A waiter's order is one score: ``(100 - priority) * 10^12 + number``,
 its number from the limit's counter (the tokens' too), so a higher priority sorts first and
-then the first to ask. Each script is safe to run twice (a resend after a lost reply): a
+then the first to ask. A weighted holder's units are in the ``weights`` hash (only a weight
+above 1; the field ``''`` holds their sum less one each), so the units in use are the holders
+counted plus that sum. Each script is safe to run twice (a resend after a lost reply): a
 holder asking again gets its own slot back, a waiter keeps its place.
 """
 
@@ -12,13 +14,28 @@ from __future__ import annotations
 
 from ai_lease.stores.redis.prelude import PRELUDE
 
-__all__ = ["ACQUIRE_SLOT", "PAUSE_SLOT", "RELEASE_SLOT", "RENEW_SLOT", "SLOT_STATE"]
+__all__ = [
+    "ACQUIRE_SLOT",
+    "PAUSE_SLOT",
+    "RELEASE_SLOT",
+    "RENEW_SLOT",
+    "REWEIGH_SLOT",
+    "SLOT_STATE",
+]
 
 _COMMON = r"""
+-- A holder gone: its weight (above 1) out of the weights and their sum.
+local function unweigh(owner)
+  local w = redis.call('HGET', KEYS[8], owner)
+  if w then
+    redis.call('HDEL', KEYS[8], owner)
+    redis.call('HINCRBY', KEYS[8], '', 1 - tonumber(w))
+  end
+end
 -- Reclaim the lapsed slots and drop the waiters that stopped asking.
 local function sweep(kh, kt, kw, ko, now)
   local gone = redis.call('ZRANGEBYSCORE', kh, '-inf', fmt(now))
-  for _, o in ipairs(gone) do redis.call('HDEL', kt, o) end
+  for _, o in ipairs(gone) do redis.call('HDEL', kt, o); unweigh(o) end
   if #gone > 0 then redis.call('ZREMRANGEBYSCORE', kh, '-inf', fmt(now)) end
   local left = redis.call('ZRANGEBYSCORE', kw, '-inf', fmt(now))
   for _, o in ipairs(left) do redis.call('ZREM', ko, o) end
@@ -27,7 +44,7 @@ local function sweep(kh, kt, kw, ko, now)
 end
 -- Every key of the limit lives at least ms longer (an idle limit's keys go by themselves).
 local function keep(ms)
-  for i = 1, 5 do
+  for _, i in ipairs({1, 2, 3, 4, 5, 8}) do
     local t = redis.call('PTTL', KEYS[i])
     if t == -1 or (t >= 0 and t < ms) then redis.call('PEXPIRE', KEYS[i], ms) end
   end
@@ -40,9 +57,9 @@ local function held(owner)
 end
 """
 
-# KEYS: holders, tokens, waiting, order, counter, wake, paused · ARGV: owner, capacity, ttl
-# (us), wait_ttl (us), priority, keep (ms) · returns {'granted', token, expires (us), now (us)}
-# or {'wait', ahead, in_use, now (us), paused (ms left, 0: not paused)}
+# KEYS: holders, tokens, waiting, order, counter, wake, paused, weights · ARGV: owner, capacity,
+# ttl (us), wait_ttl (us), priority, keep (ms), weight · returns {'granted', token, expires
+# (us), now (us)} or {'wait', ahead, in_use (units), now (us), paused (ms left, 0: not paused)}
 ACQUIRE_SLOT = (
     PRELUDE
     + _COMMON
@@ -56,7 +73,8 @@ if token then  -- asked again (a lost reply): its own slot, renewed
   redis.call('ZADD', KEYS[1], fmt(now + ttl), owner)
   return {'granted', token, fmt(now + ttl), fmt(now)}
 end
-local in_use = redis.call('ZCARD', KEYS[1])
+local w = tonumber(ARGV[7])
+local in_use = redis.call('ZCARD', KEYS[1]) + (tonumber(redis.call('HGET', KEYS[8], '')) or 0)
 local score = redis.call('ZSCORE', KEYS[4], owner)
 local ahead
 if score then
@@ -66,11 +84,15 @@ else  -- a newcomer comes after every waiter of its priority or a higher one
 end
 local paused = redis.call('PTTL', KEYS[7])
 if paused < 0 then paused = 0 end
-if paused == 0 and ahead < cap - in_use then
+if paused == 0 and (w == 1 or ahead == 0) and ahead + w <= cap - in_use then
   redis.call('ZREM', KEYS[4], owner)
   redis.call('ZREM', KEYS[3], owner)
   token = redis.call('INCR', KEYS[5])
   redis.call('HSET', KEYS[2], owner, token)
+  if w > 1 then
+    redis.call('HSET', KEYS[8], owner, w)
+    redis.call('HINCRBY', KEYS[8], '', w - 1)
+  end
   redis.call('ZADD', KEYS[1], fmt(now + ttl), owner)
   return {'granted', tostring(token), fmt(now + ttl), fmt(now)}
 end
@@ -91,9 +113,10 @@ redis.call('SET', KEYS[1], '1', 'PX', ms)
 return ms
 """
 
-# KEYS: holders, tokens, waiting, order, counter, wake · ARGV: owner, token, ttl (us), keep
-# (ms) · returns {1 renewed | 0 lapsed or stale, expires (us), now (us)}. A lapsed slot of this
-# fence is reclaimed here (and its waiters woken); a stale fence touches nothing.
+# KEYS: holders, tokens, waiting, order, counter, wake, paused, weights · ARGV: owner, token,
+# ttl (us), keep (ms) · returns {1 renewed | 0 lapsed or stale, expires (us), now (us)}. A
+# lapsed slot of this fence is reclaimed here (and its waiters woken); a stale fence touches
+# nothing.
 RENEW_SLOT = (
     PRELUDE
     + _COMMON
@@ -104,6 +127,7 @@ if token ~= ARGV[2] then return {0, '', fmt(now)} end
 if expires <= now then
   redis.call('HDEL', KEYS[2], owner)
   redis.call('ZREM', KEYS[1], owner)
+  unweigh(owner)
   redis.call('PUBLISH', KEYS[6], 'lapsed')
   return {0, '', fmt(now)}
 end
@@ -113,9 +137,10 @@ return {1, fmt(now + tonumber(ARGV[3])), fmt(now)}
 """
 )
 
-# KEYS: holders, tokens, waiting, order, counter, wake · ARGV: owner, token ('': the owner
-# gave up: its place in line and any slot it holds go) · returns 1 when a live slot of this
-# fence was freed, else 0 (a stale fence frees nothing). Whatever is freed wakes the waiters.
+# KEYS: holders, tokens, waiting, order, counter, wake, paused, weights · ARGV: owner, token
+# ('': the owner gave up: its place in line and any slot it holds go) · returns 1 when a live
+# slot of this fence was freed, else 0 (a stale fence frees nothing). Whatever is freed wakes
+# the waiters.
 RELEASE_SLOT = (
     PRELUDE
     + _COMMON
@@ -135,18 +160,44 @@ elseif token ~= ARGV[2] then
 end
 redis.call('HDEL', KEYS[2], owner)
 redis.call('ZREM', KEYS[1], owner)
+unweigh(owner)
 redis.call('PUBLISH', KEYS[6], 'released')
 if expires > now then return 1 end
 return 0
 """
 )
 
-# KEYS: holders, waiting · ARGV: none · returns {live holders, live waiters}
+# KEYS: holders, waiting, weights · ARGV: none · returns {live holders' units, live waiters}
 SLOT_STATE = (
     PRELUDE
     + r"""
 local now = fmt(now_us())
-return {redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'),
-  redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')}
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+local units = #live
+if redis.call('HLEN', KEYS[3]) > 0 then
+  for _, o in ipairs(live) do
+    local w = redis.call('HGET', KEYS[3], o)
+    if w then units = units + tonumber(w) - 1 end
+  end
+end
+return {units, redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')}
+"""
+)
+
+# KEYS: holders, tokens, waiting, order, counter, wake, paused, weights · ARGV: owner, token,
+# weight · returns 1 when the fence's live slot now takes weight units, else 0 (lapsed or
+# stale: nothing changes). Fewer units wake the waiters.
+REWEIGH_SLOT = (
+    PRELUDE
+    + _COMMON
+    + r"""
+local now, owner, w = now_us(), ARGV[1], tonumber(ARGV[3])
+local token, expires = held(owner)
+if token ~= ARGV[2] or expires <= now then return 0 end
+local old = tonumber(redis.call('HGET', KEYS[8], owner)) or 1
+if w > 1 then redis.call('HSET', KEYS[8], owner, w) else redis.call('HDEL', KEYS[8], owner) end
+redis.call('HINCRBY', KEYS[8], '', w - old)
+if w < old then redis.call('PUBLISH', KEYS[6], 'reweighed') end
+return 1
 """
 )

@@ -18,6 +18,7 @@ from ai_lease.lease.slots import (
     check_limit,
     check_pause,
     check_slot_args,
+    check_weight,
 )
 from ai_lease.lease.storable import check_owner
 from ai_lease.stores.redis.calls import RedisCalls
@@ -52,12 +53,14 @@ class RedisSlots:
         ttl: float,
         priority: int = 0,
         wait_ttl: float = WAIT_TTL,
+        weight: int | None = None,
     ) -> SlotOutcome:
         limit = check_slot_args(
-            limit, capacity=capacity, ttl=ttl, priority=priority, wait_ttl=wait_ttl
+            limit, capacity=capacity, ttl=ttl, priority=priority, wait_ttl=wait_ttl, weight=weight
         )
         owner = check_owner(owner_id)
-        args = [owner, capacity, us(ttl), us(wait_ttl), priority, _keep_ms(ttl, wait_ttl)]
+        keep = _keep_ms(ttl, wait_ttl)
+        args = [owner, capacity, us(ttl), us(wait_ttl), priority, keep, weight or 1]
         reply = await self._calls._eval(
             "acquire_slot", "ACQUIRE_SLOT", self._keys(limit), args, limit
         )
@@ -82,13 +85,19 @@ class RedisSlots:
         keys = self._keys(fence.limit)
         return bool(await self._calls._eval("release_slot", "RELEASE_SLOT", keys, args))
 
+    async def reweigh_slot(self, fence: SlotFence, weight: int) -> bool:
+        check_weight(check_limit(fence.limit), weight)
+        args = [fence.owner_id, str(fence.token), weight]
+        keys = self._keys(fence.limit)
+        return bool(await self._calls._eval("reweigh_slot", "REWEIGH_SLOT", keys, args))
+
     async def leave_slot(self, limit: str, owner_id: str) -> None:
         keys = self._keys(check_limit(limit))
         await self._calls._eval("leave_slot", "RELEASE_SLOT", keys, [owner_id, ""])
 
     async def slot_state(self, limit: str) -> SlotState:
-        holders, _, waiting_key, *_ = self._keys(check_limit(limit))
-        keys = [holders, waiting_key]
+        holders, _, waiting_key, *_, weights = self._keys(check_limit(limit))
+        keys = [holders, waiting_key, weights]
         in_use, waiting = await self._calls._eval("slot_state", "SLOT_STATE", keys, [])
         return SlotState(limit, int(in_use), int(waiting))
 
@@ -99,5 +108,5 @@ class RedisSlots:
 
     async def pause_slot(self, limit: str, seconds: float) -> float:
         ms = max(1, round(check_pause(limit, seconds) * 1000))
-        keys = self._keys(check_limit(limit))[6:]
+        keys = self._keys(check_limit(limit))[6:7]
         return int(await self._calls._eval("pause_slot", "PAUSE_SLOT", keys, [ms], limit)) / 1000

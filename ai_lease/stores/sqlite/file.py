@@ -32,6 +32,7 @@ from ai_lease.job import JobState
 from ai_lease.lease.listing import created_us
 from ai_lease.retry import while_locked
 from ai_lease.stores.sqlite import timeline
+from ai_lease.stores.sqlite.migrate import migrate
 
 __all__ = ["SQLiteFile", "unqueue"]
 
@@ -81,10 +82,11 @@ CREATE TABLE IF NOT EXISTS ai_lease_workers (
     expires_at REAL NOT NULL,
     info BLOB NOT NULL
 );
--- Provider slots (stores/sqlite/slots.py): holders, the waiting line, each limit's counter,
--- and when a paused limit grants again.
+-- Provider slots (stores/sqlite/slots.py): holders (each its weight: units of a weighted
+-- limit), the waiting line, each limit's counter, and when a paused limit grants again.
 CREATE TABLE IF NOT EXISTS ai_lease_slots (limit_name TEXT NOT NULL, owner_id TEXT NOT NULL,
-    token INTEGER NOT NULL, expires_at REAL NOT NULL, PRIMARY KEY (limit_name, owner_id));
+    token INTEGER NOT NULL, expires_at REAL NOT NULL, weight INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY (limit_name, owner_id));
 CREATE TABLE IF NOT EXISTS ai_lease_slot_waiters (limit_name TEXT NOT NULL,
     owner_id TEXT NOT NULL, priority INTEGER NOT NULL, seq INTEGER NOT NULL,
     expires_at REAL NOT NULL, PRIMARY KEY (limit_name, owner_id));
@@ -95,20 +97,13 @@ CREATE TABLE IF NOT EXISTS ai_lease_slot_pauses (limit_name TEXT PRIMARY KEY,
 
 
 # The listing's indexes (stores/sqlite/listing.py): pages newest first, with or without a
-# status. Made after _migrate, which gives a file from before them its created_us column.
+# status. Made after migrate (stores/sqlite/migrate.py), which gives a file from before them
+# its created_us column.
 _LISTING_SCHEMA = """
 CREATE INDEX IF NOT EXISTS ai_lease_jobs_by_created ON ai_lease_jobs (created_us, key);
 CREATE INDEX IF NOT EXISTS ai_lease_jobs_by_status_created
     ON ai_lease_jobs (status, created_us, key);
 """
-
-# A record's creation time in microseconds, read from its JSON (0 for one that is not ours):
-# how a file from before the created_us column fills it in, once.
-CREATED_FROM_RECORD = (
-    "CASE WHEN json_valid(CAST(record AS TEXT)) THEN coalesce(CAST(round("
-    "json_extract(CAST(record AS TEXT), '$.created_at') * 1000000) AS INTEGER), 0) ELSE 0 END"
-)
-
 
 # The jobs' columns the indexes read (the record's own fields, kept beside it).
 _INDEXED = ("status", "lease_expires_at", "created_us")
@@ -118,29 +113,6 @@ def unqueue(conn: sqlite3.Connection, key: str) -> None:
     """Take ``key`` off the workers' schedule: its queue entry and its recovery look."""
     conn.execute("DELETE FROM ai_lease_queue WHERE key = ?", (key,))
     conn.execute("DELETE FROM ai_lease_recovery WHERE key = ?", (key,))
-
-
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Give a file made before the listing its ``created_us`` column, filled in from each
-    record, in one write transaction (a racing process finds it done and does nothing)."""
-    if _has_created(conn):
-        return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        if not _has_created(conn):
-            conn.execute(
-                "ALTER TABLE ai_lease_jobs ADD COLUMN created_us INTEGER NOT NULL DEFAULT 0"
-            )
-            conn.execute(f"UPDATE ai_lease_jobs SET created_us = {CREATED_FROM_RECORD}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _has_created(conn: sqlite3.Connection) -> bool:
-    columns = conn.execute("PRAGMA table_info(ai_lease_jobs)").fetchall()
-    return any(column[1] == "created_us" for column in columns)
 
 
 class SQLiteFile:
@@ -227,7 +199,7 @@ class SQLiteFile:
         def once() -> None:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA)
-            _migrate(conn)
+            migrate(conn)
             conn.executescript(_LISTING_SCHEMA)
 
         try:

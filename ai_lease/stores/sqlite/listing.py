@@ -29,7 +29,8 @@ from ai_lease.lease.listing import (
     prefix_end,
     report_corrupt,
 )
-from ai_lease.stores.sqlite.file import CREATED_FROM_RECORD, SQLiteFile
+from ai_lease.stores.sqlite.file import SQLiteFile
+from ai_lease.stores.sqlite.migrate import CREATED_FROM_RECORD
 
 __all__ = ["SQLiteListing"]
 

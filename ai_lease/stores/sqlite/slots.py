@@ -23,6 +23,7 @@ from ai_lease.lease.slots import (
     check_limit,
     check_pause,
     check_slot_args,
+    check_weight,
 )
 from ai_lease.lease.storable import check_owner
 from ai_lease.stores.sqlite.file import SQLiteFile
@@ -98,11 +99,12 @@ class SQLiteSlots:
         ttl: float,
         priority: int = 0,
         wait_ttl: float = WAIT_TTL,
+        weight: int | None = None,
     ) -> SlotOutcome:
         limit = check_slot_args(
-            limit, capacity=capacity, ttl=ttl, priority=priority, wait_ttl=wait_ttl
+            limit, capacity=capacity, ttl=ttl, priority=priority, wait_ttl=wait_ttl, weight=weight
         )
-        owner = check_owner(owner_id)
+        owner, units = check_owner(owner_id), weight or 1
 
         def work(conn: sqlite3.Connection) -> SlotOutcome:
             now = self._file._clock()
@@ -111,16 +113,18 @@ class SQLiteSlots:
             if held is not None:  # asked again (a lost reply): its own slot, renewed
                 return self._hold(conn, limit, owner, int(held[0]), now, ttl)
             (in_use,) = conn.execute(
-                "SELECT count(*) FROM ai_lease_slots WHERE limit_name = ?", (limit,)
+                "SELECT coalesce(sum(weight), 0) FROM ai_lease_slots WHERE limit_name = ?",
+                (limit,),
             ).fetchone()
             prio, seq, ahead = _place(conn, limit, owner, priority)
             paused = _paused(conn, limit, now)
-            if not paused and ahead < capacity - in_use:
+            if not paused and (units == 1 or ahead == 0) and ahead + units <= capacity - in_use:
                 conn.execute(
                     "DELETE FROM ai_lease_slot_waiters WHERE limit_name = ? AND owner_id = ?",
                     (limit, owner),
                 )
-                return self._hold(conn, limit, owner, _next(conn, limit), now, ttl)
+                token = _next(conn, limit)
+                return self._hold(conn, limit, owner, token, now, ttl, units)
             conn.execute(
                 "INSERT INTO ai_lease_slot_waiters VALUES (?, ?, ?, ?, ?) ON CONFLICT"
                 " (limit_name, owner_id) DO UPDATE SET expires_at = excluded.expires_at",
@@ -132,12 +136,19 @@ class SQLiteSlots:
 
     @staticmethod
     def _hold(
-        conn: sqlite3.Connection, limit: str, owner: str, token: int, now: float, ttl: float
+        conn: sqlite3.Connection,
+        limit: str,
+        owner: str,
+        token: int,
+        now: float,
+        ttl: float,
+        weight: int = 1,
     ) -> SlotGrant:
         conn.execute(
-            "INSERT INTO ai_lease_slots VALUES (?, ?, ?, ?) ON CONFLICT (limit_name, owner_id)"
+            "INSERT INTO ai_lease_slots (limit_name, owner_id, token, expires_at, weight)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (limit_name, owner_id)"
             " DO UPDATE SET expires_at = excluded.expires_at",
-            (limit, owner, token, now + ttl),
+            (limit, owner, token, now + ttl, weight),
         )
         return SlotGrant(SlotFence(limit, owner, token), now + ttl, now)
 
@@ -181,6 +192,20 @@ class SQLiteSlots:
                 (fence.limit, fence.owner_id),
             )
         return live
+
+    async def reweigh_slot(self, fence: SlotFence, weight: int) -> bool:
+        check_weight(check_limit(fence.limit), weight)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            live = self._holds(conn, fence, self._file._clock())
+            if live:
+                conn.execute(
+                    "UPDATE ai_lease_slots SET weight = ? WHERE limit_name = ? AND owner_id = ?",
+                    (weight, fence.limit, fence.owner_id),
+                )
+            return live
+
+        return await self._file._write("reweigh_slot", work)
 
     async def leave_slot(self, limit: str, owner_id: str) -> None:
         limit = check_limit(limit)
@@ -240,9 +265,10 @@ class SQLiteSlots:
 
 
 def _counts(conn: sqlite3.Connection, limit: str, now: float) -> tuple[int, int]:
-    """Live holders and live waiters of ``limit`` at ``now``."""
+    """Live holders (their units) and live waiters of ``limit`` at ``now``."""
     in_use, waiting = conn.execute(
-        "SELECT (SELECT count(*) FROM ai_lease_slots WHERE limit_name = ?1 AND expires_at > ?2),"
+        "SELECT (SELECT coalesce(sum(weight), 0) FROM ai_lease_slots"
+        " WHERE limit_name = ?1 AND expires_at > ?2),"
         " (SELECT count(*) FROM ai_lease_slot_waiters WHERE limit_name = ?1 AND expires_at > ?2)",
         (limit, now),
     ).fetchone()
