@@ -3,7 +3,7 @@
 >>> limits = LimitsSettings.model_validate({"openai:gpt-4o-mini": {"concurrency": 4}})
 >>> limits.call_limits().limits[0]  # doctest: +NORMALIZE_WHITESPACE
 CallLimit(name='openai:gpt-4o-mini', concurrency=4, max_wait=60.0, rpm=None, adaptive=False,
-          min_concurrency=1)
+          min_concurrency=1, tpm=None)
 
 One table per limit, named by what it limits (see :mod:`ai_lease.lease.call_limits`)::
 
@@ -17,8 +17,9 @@ One table per limit, named by what it limits (see :mod:`ai_lease.lease.call_limi
     concurrency = 1
     max_wait = 300
 
-    [limits."openai:gpt-4o-mini"]        # calls started in any minute, fleet-wide
+    [limits."openai:gpt-4o-mini"]        # calls started and tokens spent in any minute
     rpm = 500
+    tpm = 200000
 
     [limits."anthropic"]                 # fewer at once while the provider is overloaded
     concurrency = 16
@@ -44,7 +45,7 @@ from ai_lease.lease.call_limits import (
     CallLimits,
     url_limit,
 )
-from ai_lease.lease.slots import MAX_CAPACITY, check_limit
+from ai_lease.lease.slots import MAX_CAPACITY, MAX_UNITS, check_limit
 from ai_lease.settings_provider import _Section
 
 __all__ = ["MAX_LIMITS", "LimitSettings", "LimitsSettings"]
@@ -58,18 +59,20 @@ slot (``client.slot(..., max_wait=0)`` is the API's try-once)."""
 
 
 class LimitSettings(_Section):
-    """One limit: how many calls hold a slot at once, fleet-wide; how long one may wait."""
+    """One limit, fleet-wide: how many calls hold a slot at once, how many start and how
+    many tokens they spend in any minute; how long one may wait."""
 
     concurrency: Annotated[int, Field(ge=1, le=MAX_CAPACITY)] | None = None
     rpm: Annotated[int, Field(ge=1, le=MAX_CAPACITY)] | None = None
+    tpm: Annotated[int, Field(ge=1, le=MAX_UNITS)] | None = None
     max_wait: Wait | None = None  # None: the section's
     adaptive: bool = False
     min_concurrency: Annotated[int, Field(ge=1, le=MAX_CAPACITY)] | None = None
 
     @model_validator(mode="after")
     def _some_limit(self) -> LimitSettings:
-        if self.concurrency is None and self.rpm is None:
-            raise ValueError("a limit needs concurrency, rpm or both")
+        if self.concurrency is None and self.rpm is None and self.tpm is None:
+            raise ValueError("a limit needs concurrency, rpm, tpm or several")
         if self.adaptive and self.concurrency is None:
             raise ValueError("adaptive needs a concurrency to adapt below")
         if self.min_concurrency is not None:
@@ -121,6 +124,7 @@ class LimitsSettings(_Section):
                     entry.concurrency,
                     self.max_wait if entry.max_wait is None else entry.max_wait,
                     rpm=entry.rpm,
+                    tpm=entry.tpm,
                     adaptive=entry.adaptive,
                     min_concurrency=entry.min_concurrency or 1,
                 )

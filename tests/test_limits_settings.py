@@ -62,9 +62,14 @@ def test_no_limits_by_default_cost_nothing() -> None:
             "openai:m.concurrency: must be at least 1",
         ),
         ('[limits."openai:m"]\nconcurrency = 10001\n', "limits.openai:m.concurrency"),
-        ('[limits."openai:m"]\n', "limits.openai:m: a limit needs concurrency, rpm or both"),
+        (
+            '[limits."openai:m"]\n',
+            "limits.openai:m: a limit needs concurrency, rpm, tpm or several",
+        ),
         ('[limits."openai:m"]\nrpm = 0\n', "openai:m.rpm: must be at least 1"),
         ('[limits."openai:m"]\nrpm = 10001\n', "limits.openai:m.rpm"),
+        ('[limits."openai:m"]\ntpm = 0\n', "openai:m.tpm: must be at least 1"),
+        ('[limits."openai:m"]\ntpm = 1000000001\n', "limits.openai:m.tpm"),
         (
             '[limits."openai:m"]\nconcurrency = 2\ncolour = 3\n',
             "limits.openai:m.colour: unknown key",
@@ -134,7 +139,7 @@ def test_rpm_is_a_limit_alone_or_beside_concurrency(tmp_path: Path) -> None:
     assert (a.concurrency, a.rpm, a.rate_name) == (None, 60, "openai:a~rpm")
     assert (b.concurrency, b.rpm) == (2, 500)
     assert CallLimit("x", 1).rate_name is None
-    with pytest.raises(InputError, match="give concurrency, rpm or both"):
+    with pytest.raises(InputError, match="give concurrency, rpm, tpm or several"):
         CallLimit("x")
     with pytest.raises(InputError, match="rpm 0 is not in"):
         CallLimit("x", rpm=0)

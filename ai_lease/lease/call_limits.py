@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ai_lease.errors import InputError
-from ai_lease.lease.slots import MAX_CAPACITY, check_limit, check_seconds
+from ai_lease.lease.slots import MAX_CAPACITY, MAX_UNITS, check_limit, check_seconds
 
 __all__ = [
     "DEFAULT_MAX_WAIT",
@@ -61,9 +61,11 @@ def url_limit(base_url: str) -> str:
 @dataclass(frozen=True, slots=True)
 class CallLimit:
     """One limit, shared by every process on the store: ``concurrency`` calls at once (each
-    holds a slot while it runs), and or ``rpm`` calls started in any minute (each takes a
-    place in the window that lapses :data:`RATE_WINDOW_S` later, never given back); a call
-    waits at most ``max_wait`` seconds for them (then its job fails, saying so).
+    holds a slot while it runs), ``rpm`` calls started in any minute (each takes a place in
+    the window that lapses :data:`RATE_WINDOW_S` later, never given back) and ``tpm`` tokens
+    in any minute (a place weighing the request's estimate, set to its usage once the answer
+    ends); any one or more of them. A call waits at most ``max_wait`` seconds for them (then
+    its job fails, saying so).
 
     ``adaptive``: the concurrency this process asks for moves between ``min_concurrency``
     and ``concurrency`` (:class:`AdaptiveCap`: one more per round of calls that succeed,
@@ -75,23 +77,23 @@ class CallLimit:
     rpm: int | None = None
     adaptive: bool = False
     min_concurrency: int = 1
+    tpm: int | None = None
 
     def __post_init__(self) -> None:
         name = check_limit(url_limit(self.name) if "://" in self.name else self.name)
         object.__setattr__(self, "name", name)
-        for which, value in (("concurrency", self.concurrency), ("rpm", self.rpm)):
+        counts = (
+            ("concurrency", self.concurrency, MAX_CAPACITY),
+            ("rpm", self.rpm, MAX_CAPACITY),
+            ("tpm", self.tpm, MAX_UNITS),
+        )
+        for which, value, top in counts:
             if value is None:
                 continue
-            if (
-                not isinstance(value, int)
-                or isinstance(value, bool)
-                or not 1 <= value <= MAX_CAPACITY
-            ):
-                raise InputError(
-                    f"limit {name!r}: {which} {value!r:.40} is not in 1..{MAX_CAPACITY}"
-                )
-        if self.concurrency is None and self.rpm is None:
-            raise InputError(f"limit {name!r}: give concurrency, rpm or both")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+                raise InputError(f"limit {name!r}: {which} {value!r:.40} is not in 1..{top}")
+        if self.concurrency is None and self.rpm is None and self.tpm is None:
+            raise InputError(f"limit {name!r}: give concurrency, rpm, tpm or several")
         if self.adaptive and self.concurrency is None:
             raise InputError(f"limit {name!r}: adaptive needs a concurrency to adapt below")
         low = self.min_concurrency
@@ -103,7 +105,7 @@ class CallLimit:
             raise InputError(
                 f"limit {name!r}: min_concurrency {low!r:.40} is not in 1..{self.concurrency or 1}"
             )
-        check_limit(self.rate_name or name)  # the window's name fits too
+        check_limit(f"{name}~rpm")  # the windows' names fit too
         wait = check_seconds(name, "max_wait", self.max_wait, *MAX_WAIT_RANGE)
         object.__setattr__(self, "max_wait", wait)
 
@@ -111,6 +113,17 @@ class CallLimit:
     def rate_name(self) -> str | None:
         """The store's name of the ``rpm`` window (None: no rpm): the limit's, ``~rpm`` after."""
         return None if self.rpm is None else f"{self.name}~rpm"
+
+    @property
+    def tokens_name(self) -> str | None:
+        """The store's name of the ``tpm`` window (None: no tpm): the limit's, ``~tpm`` after."""
+        return None if self.tpm is None else f"{self.name}~tpm"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name the store keeps this limit under: its slots, its windows."""
+        slots = (self.name,) if self.concurrency is not None else ()
+        return slots + tuple(n for n in (self.rate_name, self.tokens_name) if n)
 
 
 class AdaptiveCap:

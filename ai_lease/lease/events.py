@@ -36,7 +36,9 @@ class Event:
     left behind), ``slot_wait`` (a model call waits for a provider slot: ``attrs`` limit,
     ahead), ``slot_taken`` (``value``: seconds waited), ``slot_released``, ``rate_limited``
     (a 429 under a limit: ``attrs`` limit, and paused: the seconds the limit was paused for,
-    also ``value``, when the 429 gave a retry hint), ``limit_adapted`` (an adaptive limit's
+    also ``value``, when the 429 gave a retry hint), ``rate_spent`` (a success's rate-limit
+    headers said the provider's limit is spent: ``attrs`` limit, paused, also ``value``, the
+    seconds it was paused for), ``limit_adapted`` (an adaptive limit's
     concurrency in this process changed: ``value`` the new one, ``attrs`` limit); workers add
     ``worker_*`` and ``job_*`` kinds, and ``loop_blocked`` (``idle_s``: seconds the event loop
     ran nothing, ``detail``: the loop thread's stack) and ``loop_resumed``

@@ -43,6 +43,7 @@ __all__ = [
     "describe_sent",
     "empty_answer",
     "error_message",
+    "go_duration",
     "parse_retry_after",
     "request_fault",
     "retry_hint",
@@ -160,7 +161,7 @@ def rate_limit_reset(headers: Mapping[str, str]) -> float | None:
     ``"20ms"``): of the limits whose ``x-ratelimit-remaining-*`` is 0, else of all given,
     the longest."""
     resets = {
-        kind: _go_duration(headers.get(f"x-ratelimit-reset-{kind}"))
+        kind: go_duration(headers.get(f"x-ratelimit-reset-{kind}"))
         for kind in ("requests", "tokens")
     }
     known = {kind: s for kind, s in resets.items() if s is not None}
@@ -168,7 +169,7 @@ def rate_limit_reset(headers: Mapping[str, str]) -> float | None:
     return max(spent or known.values(), default=None)
 
 
-def _go_duration(value: str | None) -> float | None:
+def go_duration(value: str | None) -> float | None:
     """Seconds of a duration as OpenAI writes it (``"1h2m3.5s"``); None for anything else."""
     text = (value or "").strip()
     if not text or _RESET.sub("", text):

@@ -22,6 +22,7 @@ import httpx
 
 from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.providers.errors import describe_sent, status_error
+from ai_lease.providers.rate_headers import heard
 
 __all__ = [
     "Read",
@@ -49,6 +50,8 @@ async def check_answer(
     (read only then) gives the error its message, or, empty, ``sent()`` (what the request
     carried: :func:`~ai_lease.providers.errors.describe_sent`). A 3xx is refused too: it is
     a wrong ``base_url``, which no retry mends."""
+    if status < 300:  # the rate-limit headers, to the call's [limits] (rate_headers.py)
+        heard(headers)
     kind = headers.get("content-type", "")
     if status < 300 and expect in kind:
         return

@@ -26,6 +26,7 @@ import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from ai_lease.providers.rate_headers import heard
 from ai_lease.providers.sse import EventTooLarge
 
 
@@ -99,6 +100,8 @@ def watching_hook(max_event_bytes: int) -> Callable[[httpx2.Response], Awaitable
     """An httpx2 ``response`` hook that puts an :class:`EventWatch` on every event stream."""
 
     async def hook(response: httpx2.Response) -> None:
+        if response.status_code < 300:  # an error's headers go with its ProviderError
+            heard(response.headers)  # the rate-limit headers, to the call's [limits]
         if "text/event-stream" not in response.headers.get("content-type", ""):
             return
         source = httpx2.Response(

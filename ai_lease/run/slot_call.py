@@ -27,6 +27,21 @@ With ``lease.stall_policy = "alert"`` a stalled job keeps its slot, as it keeps 
 sending, the call takes a place, waiting as above when the window is full; the place is never
 given back and lapses by itself, so at most ``rpm`` calls start in any minute.
 
+**A limit's ``tpm``** is a window of ``tpm`` tokens: last, the call takes a place weighing its
+estimate (:func:`estimate_tokens`: the prompt's text at four characters a token, and its
+``max_tokens``, as OpenAI counts a request against its limit); once the answer has ended the
+place weighs what the answer's usage says was spent (fewer tokens free room for the waiters).
+A request whose estimate is over the ``tpm`` could never be sent under it: its job fails
+saying so. Under process isolation the prompt is built in the child, so the estimate is the
+job's ``max_tokens`` alone until the usage corrects it.
+
+**A success's rate-limit headers pause the limit too.** An answer saying nothing is left of
+the key's requests or tokens (``x-ratelimit-remaining-*: 0``, Anthropic's
+``anthropic-ratelimit-*-remaining: 0``: :mod:`~ai_lease.providers.rate_headers`) pauses
+the call's limits until the reset it gives, so the fleet waits instead of meeting 429s
+(another program on the same key spends it too). Not under process isolation: the answer is
+read in the child.
+
 **A 429 pauses the limit, not only the job.** A call refused with 429 and a retry hint
 (``Retry-After``, ``retry-after-ms``, OpenAI's ``x-ratelimit-reset-*``, Gemini's
 ``retryDelay``: :func:`~ai_lease.providers.errors.retry_hint`) pauses every limit it held for
@@ -48,45 +63,49 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from ai_lease.errors import ConfigError, ProviderError, StoreError
+from ai_lease.errors import ConfigError, JobSpecError, ProviderError, StoreError
 from ai_lease.lease.call_limits import OVERLOADED, RATE_WINDOW_S, CallLimit
 from ai_lease.lease.slot_hold import SlotHold
-from ai_lease.lease.slots import SlotLost, SlotStopped, SlotStore
+from ai_lease.lease.slots import MAX_UNITS, SlotGrant, SlotLost, SlotStopped, SlotStore
+from ai_lease.providers.rate_headers import listening
+from ai_lease.run.slot_tokens import HeadersHeard, TokenUse, estimate_tokens
 from ai_lease.timeouts import StageBudget, StallPolicy
 
 if TYPE_CHECKING:
-    from ai_lease.providers.base import Provider
+    from ai_lease.providers.base import ChatRequest, Provider
     from ai_lease.run.context import StageContext
 
-__all__ = ["holding_slots"]
+__all__ = ["TokenUse", "estimate_tokens", "holding_slots"]
 
 log = logging.getLogger("ai_lease.slots")
 
 
 @contextlib.asynccontextmanager
 async def holding_slots(
-    ctx: StageContext, provider: Provider, model: str | None
-) -> AsyncIterator[None]:
-    """Hold one slot of each limit the call matches while the block runs (none: nothing)."""
+    ctx: StageContext,
+    provider: Provider,
+    model: str | None,
+    request: ChatRequest | None = None,
+) -> AsyncIterator[TokenUse]:
+    """Hold one slot of each limit the call matches while the block runs (none: nothing);
+    the block says the tokens its answer spent through the :class:`TokenUse` it is given."""
+    use = TokenUse()
     limits = ctx._run.limits.matching(provider.name, model, _base_url(provider))
     if not limits:
-        yield
+        yield use
         return
     store = ctx._run.store
     if not isinstance(store, SlotStore):
         raise ConfigError(f"[limits] {limits[0].name!r}: {store!r} keeps no provider slots")
     try:
         async with contextlib.AsyncExitStack() as held:
-            for limit in limits:
-                if limit.concurrency is not None:
-                    await held.enter_async_context(_Slot(ctx, store, limit))
-            for limit in limits:  # last: a place in a rate window is taken just before sending
-                if limit.rpm is not None:
-                    await held.enter_async_context(_Slot(ctx, store, limit, rate=True))
+            weighed = await _take_all(ctx, store, limits, held, request)
             caps = ctx._run.limits.caps
             sent = {x.name: caps[x.name].epoch for x in limits if x.name in caps}
+            heard = HeadersHeard(store, limits, lambda name, s: _said_spent(ctx, name, s))
             try:
-                yield
+                with listening(heard):
+                    yield use
             except ProviderError as exc:
                 if exc.status == 429:  # counted per limit: provider_rate_limited_total
                     await _rate_limited(ctx, store, limits, exc)
@@ -94,12 +113,75 @@ async def holding_slots(
                     for name, epoch in sent.items():
                         _adapted(ctx, name, caps[name].overloaded(epoch), exc.status)
                 raise
+            finally:
+                await heard.settled()
             for name in sent:
                 _adapted(ctx, name, caps[name].succeeded(), None)
+            await _reweigh(ctx, store, weighed, use.tokens or _ran_tokens(ctx))
     except SlotLost as exc:  # a renewal refused or none landed: the job's lease first
         if (lost := ctx.lease_lapsed()) is not None:
             raise lost from exc
         raise SlotStopped(exc.limit, exc.reason, ctx._run.keeper.timings.ttl) from exc
+
+
+async def _take_all(
+    ctx: StageContext,
+    store: SlotStore,
+    limits: tuple[CallLimit, ...],
+    held: contextlib.AsyncExitStack,
+    request: ChatRequest | None,
+) -> list[_Slot]:
+    """The limits' slots, then their rate windows' places (last: just before sending); the
+    places in ``tpm`` windows, to be reweighed once the answer's usage is known."""
+    for limit in limits:
+        if limit.concurrency is not None:
+            await held.enter_async_context(_Slot(ctx, store, limit))
+    for limit in limits:
+        if limit.rpm is not None:
+            await held.enter_async_context(_Slot(ctx, store, limit, window="rpm"))
+    weighed: list[_Slot] = []
+    tpm = [limit for limit in limits if limit.tpm is not None]
+    if tpm:
+        estimate = estimate_tokens(request, ctx.job.max_tokens)
+        for limit in tpm:
+            assert limit.tpm is not None
+            if estimate > limit.tpm:
+                raise JobSpecError(
+                    f"job {ctx.job.key!r}: its request is about {estimate} tokens (the prompt's "
+                    f"estimate and max_tokens), over the tpm {limit.tpm} of limit "
+                    f"{limit.name!r}: no minute could send it; lower max_tokens or raise tpm"
+                )
+            slot = _Slot(ctx, store, limit, window="tpm", weight=estimate)
+            weighed.append(await held.enter_async_context(slot))
+    return weighed
+
+
+async def _reweigh(
+    ctx: StageContext, store: SlotStore, weighed: list[_Slot], tokens: int | None
+) -> None:
+    """Each ``tpm`` place weighs what the answer spent (usage unknown: the estimate stays),
+    best effort: the place lapses within a minute anyway."""
+    for slot in weighed:
+        grant = slot.grant
+        if not tokens or grant is None or tokens == slot.weight:
+            continue
+        try:
+            await store.reweigh_slot(grant.fence, min(max(1, tokens), MAX_UNITS))
+        except StoreError as err:
+            log.warning("%s: tokens not counted (%s); the estimate stays", slot.limit.name, err)
+
+
+def _ran_tokens(ctx: StageContext) -> int | None:
+    """The tokens the run's record says the call spent (a child's answer, under isolation)."""
+    ran = ctx._run.ran
+    spent = int(ran.get("prompt_tokens") or 0) + int(ran.get("completion_tokens") or 0)
+    return spent or None
+
+
+def _said_spent(ctx: StageContext, name: str, seconds: float) -> None:
+    """A success's headers said the provider's limit is spent: the pause, said."""
+    text = f"{name}: the provider says nothing is left for {seconds:.1f}s"
+    ctx.say("rate_spent", text, value=seconds, attrs={"limit": name, "paused": seconds})
 
 
 async def _rate_limited(
@@ -111,9 +193,8 @@ async def _rate_limited(
     for limit in limits:
         paused = 0.0
         if hint:
-            names = [n for n in (limit.concurrency and limit.name, limit.rate_name) if n]
             try:
-                for name in names:
+                for name in limit.names:
                     paused = max(paused, await store.pause_slot(name, hint))
             except StoreError as err:
                 log.warning("limit %s not paused after a 429 (%s)", limit.name, err)
@@ -142,26 +223,36 @@ class _Slot:
     while the job makes progress, the give-back said."""
 
     def __init__(
-        self, ctx: StageContext, store: SlotStore, limit: CallLimit, *, rate: bool = False
+        self,
+        ctx: StageContext,
+        store: SlotStore,
+        limit: CallLimit,
+        *,
+        window: str | None = None,
+        weight: int | None = None,
     ) -> None:
-        self.ctx, self.limit, self.rate = ctx, limit, rate
+        self.ctx, self.limit, self.rate, self.weight = ctx, limit, window, weight
         timings = ctx._run.keeper.timings
         fence = ctx.fence
         alert = ctx._run.keeper.policy is StallPolicy.ALERT
         owner = f"{fence.owner_id}/{secrets.token_hex(6)}"  # one per call: never shared by two
         priority = ctx.job.priority  # its turn among the waiters: higher first
-        if rate:  # a place in the rpm window: taken, never held nor given back
-            assert limit.rpm is not None and limit.rate_name is not None
-            self.window = f"rpm {limit.rpm}, "
+        self.grant: SlotGrant | None = None  # a window's place, once taken
+        if window is not None:  # a place in the rpm or tpm window: taken, never held
+            name = limit.rate_name if window == "rpm" else limit.tokens_name
+            capacity = limit.rpm if window == "rpm" else limit.tpm
+            assert name is not None and capacity is not None
+            self.window = f"{window} {capacity}, "
             self.hold = SlotHold(
                 store,
-                limit.rate_name,
+                name,
                 owner,
-                capacity=limit.rpm,
+                capacity=capacity,
                 ttl=RATE_WINDOW_S,
                 max_wait=limit.max_wait,
                 priority=priority,
                 on_wait=self._waiting,
+                weight=weight,
             )
         else:
             assert limit.concurrency is not None
@@ -187,7 +278,7 @@ class _Slot:
     async def __aenter__(self) -> _Slot:
         try:
             if self.rate:
-                await self.hold.take()
+                self.grant = await self.hold.take()
             else:
                 await self.hold.__aenter__()
         finally:
@@ -196,7 +287,7 @@ class _Slot:
             "slot_taken",
             f"a slot of {self.limit.name}" + (f" ({self.window[:-2]})" if self.window else ""),
             value=self.hold.waited,
-            attrs={"limit": self.limit.name, **({"window": "rpm"} if self.rate else {})},
+            attrs={"limit": self.limit.name, **({"window": self.rate} if self.rate else {})},
         )
         return self
 
@@ -216,7 +307,7 @@ class _Slot:
         if ahead == self.ahead and bool(paused) == self.paused:
             return
         self.ahead, self.paused = ahead, bool(paused)
-        why = f"paused {paused:.1f}s more by a 429, " if paused else ""
+        why = f"paused {paused:.1f}s more by the provider, " if paused else ""
         text = f"waiting for a slot of {name} ({self.window}{why}{ahead} ahead)"
         ctx.say("slot_wait", text, value=float(ahead), attrs={"limit": name, "ahead": ahead})
         if first:

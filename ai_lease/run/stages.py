@@ -227,8 +227,10 @@ async def _call(
     Its ids (a fresh UUID, the job's correlation) go with it and into the timeline. Under
     ``[limits]`` it holds a slot of each matching limit first (:mod:`~ai_lease.run.slot_call`)."""
     if ctx._run.limits:
-        async with holding_slots(ctx, provider, _model(request, provider)):
-            return await _send(ctx, provider, request, resume, sent)
+        async with holding_slots(ctx, provider, _model(request, provider), request) as use:
+            completion = await _send(ctx, provider, request, resume, sent)
+            use.spent(completion.usage)  # a tpm window counts what the answer spent
+            return completion
     return await _send(ctx, provider, request, resume, sent)
 
 

@@ -133,7 +133,7 @@ async def isolated(
         await pool.aclose()
 
 
-def _slots(ctx: StageContext) -> contextlib.AbstractAsyncContextManager[None]:
+def _slots(ctx: StageContext) -> contextlib.AbstractAsyncContextManager[object]:
     """The job's provider slots ([limits]), taken by the worker around its child: the
     child's model call runs under them, and a stuck child stopped by the ladder gives them
     back as its run ends here (none configured or matching: nothing)."""
