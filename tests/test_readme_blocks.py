@@ -15,7 +15,6 @@ script and every option they name must exist).
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.checkout import checkout_copy
 from tests.harness.doc_blocks import (
     ROOT,
     Block,
@@ -153,14 +153,18 @@ SHELL: dict[str, Shell] = {
         prelude=JOB_TOML, substitute={"http://127.0.0.1:11434/v1": "{model_url}"}, server="model"
     ),
     # "the same store the CLI uses": the user's store, with a job in it, is theirs
+    # (the default port 8377 → a free one, set as the user's shell may: no two blocks, nor
+    # a run beside this one, share it)
     "ai-lease ui --host 0.0.0.0": Shell(
         prelude=JOB_TOML + "ai-lease submit job.toml --detach >/dev/null\n",
-        serve={"ai-lease ui": ("http://127.0.0.1:8377/healthz", 130)},  # Ctrl-C: 130
+        env={"AI_LEASE_UI__PORT": "{port}"},
+        serve={"ai-lease ui": ("http://127.0.0.1:{port}/healthz", 130)},  # Ctrl-C: 130
     ),
     # docs/architecture.md, behind a reverse proxy: the proxy's name is answered too
     "--allowed-host dash.example.com": Shell(
         prelude=JOB_TOML + "ai-lease submit job.toml --detach >/dev/null\n",
-        serve={"ai-lease ui": ("http://127.0.0.1:8377/healthz", 130)},
+        substitute={"--port 8377": "--port {port}"},
+        serve={"ai-lease ui": ("http://127.0.0.1:{port}/healthz", 130)},
     ),
     "export AI_LEASE_STORE__URL=redis://127.0.0.1:6379/0": Shell(
         prelude=JOB_TOML,
@@ -339,22 +343,7 @@ class _server:
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repository's tracked files (as they are in the working tree), as a fresh clone
     would have them; the install blocks share it (and the .venv the first one makes)."""
-    return _checkout_copy(tmp_path_factory.mktemp("clone"))
-
-
-def _checkout_copy(tmp_path: Path) -> Path:
-    files = (
-        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
-        .stdout.decode()
-        .split("\0")
-    )
-    target = tmp_path / "checkout"
-    for name in filter(None, files):
-        source = ROOT / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
-    return target
+    return checkout_copy(tmp_path_factory.mktemp("clone"))
 
 
 def _failure(block: Block, code: int, output: str, source: str, what: str = "the block") -> str:

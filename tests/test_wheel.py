@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.checkout import checkout_copy
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -28,7 +30,8 @@ def test_wheel_installed_in_a_fresh_venv_runs_the_readme_job(tmp_path: Path) -> 
     """The built wheel ships the prompts and default config; installed in a fresh venv and
     run from another directory, `ai-lease submit examples/summarize.toml` works."""
     dist = tmp_path / "dist"
-    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, REPO, cwd=tmp_path)
+    source = checkout_copy(tmp_path)  # pip builds in the tree it is given: not the checkout's
+    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, source, cwd=tmp_path)
     [wheel] = dist.glob("ai_lease-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {

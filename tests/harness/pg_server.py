@@ -78,11 +78,14 @@ def ensure_pg_user() -> None:
     try:
         pwd.getpwnam(PG_USER)
     except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", PG_USER],
-            check=True,
-            capture_output=True,
+        made = subprocess.run(
+            ["useradd", "--system", "--no-create-home", PG_USER], capture_output=True, text=True
         )
+        # 9: made meanwhile by another process (two test runs starting at once)
+        if made.returncode not in (0, 9):
+            raise RuntimeError(
+                f"useradd {PG_USER} exited {made.returncode}: {made.stderr}"
+            ) from None
 
 
 def _as_server_user(argv: Sequence[str]) -> list[str]:
