@@ -20,9 +20,11 @@ REAL_TIME = "it waits on real redis-server processes"
 
 
 def _cluster_port() -> int:
-    """A free port P whose cluster bus port P + 10000 is free (and below 65536) too."""
+    """A free port P whose cluster bus port P + 10000 is free too, both below the kernel's
+    ephemeral ports (32768 and up here): no socket picked by the system, of this run or
+    another, takes one between this check and the node's start."""
     for _ in range(200):
-        port = random.randint(20000, 50000)
+        port = random.randint(10000, 22000)
         if all(_free(p) for p in (port, port + 10000)):
             return port
     raise RuntimeError("no free port pair for a Redis Cluster node")
