@@ -11,7 +11,8 @@ job (``INFO commandstats``, bench/_redis_stats.py) with the slot commands apart;
 variants report jobs/s only. Rounds are interleaved so a slow patch of the machine hits every
 variant alike. The claims it checks (issue 29): a job no limit matches makes no extra store
 call; a matching limit adds one call to take the slot and one to give it back (a call shorter
-than one renew interval renews nothing).
+than one renew interval renews nothing); a matching ``tpm`` window adds one call to take the
+place and one to reweigh it to the answer's usage (the place is never given back).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ VARIANTS = {
     "no limit": CallLimits(()),
     "other limit": CallLimits((CallLimit("openai:gpt-4o-mini", 1),)),
     "matching limit": CallLimits((CallLimit("scripted", 10_000),)),
+    "tpm limit": CallLimits((CallLimit("scripted", tpm=1_000_000_000),)),
 }
 
 
-SLOT_INNER = frozenset({"pttl", "zcard", "zcount"})
+SLOT_INNER = frozenset({"pttl", "zcard", "zcount", "hincrby"})
 """What the slot scripts run inside (stores/redis/slot_scripts.py); no client here sends them."""
 
 
@@ -129,12 +131,16 @@ def report(results: dict[tuple[str, str], Stats]) -> None:
     sent = {name: sum(results[("redis", name)].sent_per_job().values()) for name in VARIANTS}
     extra_other = sent["other limit"] - sent["no limit"]
     extra_matching = sent["matching limit"] - sent["no limit"]
+    extra_tpm = sent["tpm limit"] - sent["no limit"]
     print(f"RESULT redis_commands_per_job_other_limit_extra {extra_other:.2f}")
     print(f"RESULT redis_commands_per_job_matching_limit_extra {extra_matching:.2f}")
+    print(f"RESULT redis_commands_per_job_tpm_limit_extra {extra_tpm:.2f}")
     ok = abs(extra_other) < 0.05
     print(f"VERDICT {'ok' if ok else 'miss'} a limit that matches nothing adds no store call")
     ok = extra_matching <= 2.05
     print(f"VERDICT {'ok' if ok else 'miss'} a matching limit adds at most 2 store calls")
+    ok = extra_tpm <= 2.05
+    print(f"VERDICT {'ok' if ok else 'miss'} a tpm window adds at most 2 store calls")
 
 
 def main() -> int:
