@@ -145,6 +145,44 @@ async def test_no_renewal_landing_cancels_the_block_before_the_lapse(tmp_path: P
         await store.aclose()
 
 
+class _ReleaseUnanswered:
+    """The SQLite store's slots, but the first ``failures`` releases get no answer."""
+
+    def __init__(self, store: SQLiteStore, failures: int) -> None:
+        self._store, self.failures, self.releases = store, failures, 0
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        return getattr(self._store, name)  # type: ignore[no-any-return]
+
+    async def release_slot(self, fence: SlotFence) -> bool:
+        self.releases += 1
+        if self.releases <= self.failures:
+            raise StoreUnavailable("sqlite:///x", "release_slot", "no answer", maybe_applied=False)
+        return await self._store.release_slot(fence)
+
+
+async def test_an_unanswered_release_is_sent_again_while_the_slot_lasts(tmp_path: Path) -> None:
+    """Releases the store does not answer are sent again, so the slot is free long before
+    its lease (60 s) would lapse; once the lease is over, no more are sent."""
+    store = SQLiteStore(tmp_path / "slots.db")
+    try:
+        flaky = _ReleaseUnanswered(store, failures=2)
+        client = Client(flaky, closes=())  # type: ignore[arg-type]
+        async with client.slot(LIMIT, capacity=1, ttl=60):
+            pass
+        assert flaky.releases == 3
+        assert (await store.slot_state(LIMIT)).in_use == 0
+        never = _ReleaseUnanswered(store, failures=10**6)
+        client = Client(never, closes=())  # type: ignore[arg-type]
+        started = time.monotonic()
+        async with client.slot(LIMIT, capacity=1, ttl=0.3):
+            pass
+        assert 2 <= never.releases <= 5  # sent again until the 0.3 s lease was over, not after
+        assert time.monotonic() - started < 0.3 + 0.4 + 1.0  # one last wait, then given up
+    finally:
+        await store.aclose()
+
+
 async def test_a_cancellation_from_outside_wins_and_releases(client: Client) -> None:
     """A block cancelled from outside raises CancelledError (not SlotLost) and frees its slot."""
     entered = asyncio.Event()

@@ -24,7 +24,8 @@ how soon that is seen. ``on_wait(ahead)`` is called after each ask that found no
 limit for every process on the store (nobody is granted a slot until then), not only you.
 
 **Leaving** releases the slot (fenced: a slot lost meanwhile is left alone) and wakes the
-next waiter. Sync code in the block blocks the renewals too: run it with ``asyncio.to_thread``.
+next waiter; a release the store does not answer is sent again while the slot's lease lasts.
+Sync code in the block blocks the renewals too: run it with ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -48,10 +49,15 @@ from ai_lease.lease.slots import (
     check_seconds,
     check_slot_args,
 )
+from ai_lease.retry import RetryPolicy, resend
 
 __all__ = ["MAX_WAIT_RANGE", "SlotHold", "Stuck"]
 
 log = logging.getLogger("ai_lease.slots")
+
+RELEASE_RESEND = RetryPolicy(attempts=8, initial=0.05, multiplier=2.0, max_backoff=0.4)
+"""Resends of a release the store did not answer (0.05 s, 0.1 s … 0.4 s apart), as long as
+the slot's lease lasts: given back at once, the next waiter need not wait out the lease."""
 
 MAX_WAIT_RANGE = (0.0, 86_400.0)
 """The ``max_wait`` a caller may ask for (seconds)."""
@@ -100,6 +106,7 @@ class SlotHold:
         self._group: asyncio.TaskGroup | None = None
         self._scope = asyncio.timeout(None)  # expired by the renewals to stop the block
         self._keeper: asyncio.Task[None] | None = None
+        self._lapse_at = 0.0  # loop time by which the slot's lease surely ends unrenewed
 
     # -- entering: wait in line ------------------------------------------------------------
 
@@ -112,6 +119,7 @@ class SlotHold:
             await self._leave()
             raise
         self.fence, self.waited = grant.fence, loop.time() - started
+        self._lapse_at = sent + self.ttl
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         await self._scope.__aenter__()
@@ -227,6 +235,7 @@ class SlotHold:
                 self._failure = SlotLost(fence, reason)
                 return
             sent = attempt
+            self._lapse_at = sent + self.ttl
 
     # -- leaving: give it back ------------------------------------------------------------------
 
@@ -254,8 +263,14 @@ class SlotHold:
         fence, self.fence = self.fence, None
         if fence is None or isinstance(self._failure, SlotLost):
             return  # lost: not ours to release
+        loop = asyncio.get_running_loop()
         try:
-            await self.store.release_slot(fence)
+            await resend(
+                lambda: self.store.release_slot(fence),
+                RELEASE_RESEND,
+                StoreError,
+                until=lambda: loop.time() >= self._lapse_at,
+            )
         except StoreError as exc:  # its lease lapses by itself within ttl
             log.warning("slot %s not released (%s): it lapses within %gs", fence, exc, self.ttl)
 
