@@ -50,7 +50,9 @@ async def test_sigterm_hands_a_running_job_over_after_a_poll(
     """SIGTERM on a worker mid-job (grace 0.3 s): it releases the job and exits 0; another
     worker owns the job within a sweep + poll of the release, far less than a TTL."""
     async with Workers(store_url, tmp_path, ttl=TTL, renew=PROFILE["renew"], sweep=SWEEP) as ws:
-        a = await ws.start_ready("A", concurrency=2, job_seconds=4.0, grace=0.3)
+        # A's jobs stream for 30 s, so both are still running when the signal comes, however
+        # long B takes to start on a loaded machine; the grace ends them long before.
+        a = await ws.start_ready("A", concurrency=2, job_seconds=30.0, grace=0.3)
         keys = ["term-1", "term-2"]
         runner = Runner(store)
         for key in keys:
