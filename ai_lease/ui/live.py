@@ -54,9 +54,12 @@ async def _changes(
     Relative times ("3 s ago") grow between sends on the page itself (``ui.js``), so a
     table of finished jobs sends nothing at all."""
     last: object = _NOTHING
+    opened = ui.reads.now()  # a read begun before this may be older than the page itself
     while not await request.is_disconnected():
         try:
-            state, html = await ui.reads.get(view, produce, max_age=ui.refresh * 0.9)
+            state, html = await ui.reads.get(
+                view, produce, max_age=ui.refresh * 0.9, newer_than=opened
+            )
         except (AiLeaseError, OSError) as exc:  # the next interval tries again
             log.debug("ui: live update skipped: %r", exc)
         else:

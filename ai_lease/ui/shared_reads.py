@@ -5,8 +5,10 @@ A live page asks for "the rows of this filter" or "this job" every interval. Thr
 pages open on the same view must not make three hundred reads: :class:`SharedReads` hands
 every caller within ``max_age`` of a read that same read's answer (callers that arrive while
 it is in flight wait for it, single-flight), so the store sees one read per interval per
-distinct view, however many pages show it. :class:`StreamSlots` bounds the open streams
-(each holds a connection and wakes every interval): past the cap a new one is a 503.
+distinct view, however many pages show it. A page's live stream takes no answer read before
+the stream opened (``newer_than``): that read may be older than the page it would update.
+:class:`StreamSlots` bounds the open streams (each holds a connection and wakes every
+interval): past the cap a new one is a 503.
 
 >>> slots = StreamSlots(1)
 >>> slots.take(), slots.take()
@@ -36,28 +38,40 @@ class SharedReads:
         self._answers: OrderedDict[Hashable, tuple[float, object, str]] = OrderedDict()
         self._locks: dict[Hashable, asyncio.Lock] = {}
 
-    async def get(self, view: Hashable, read: Read, max_age: float) -> tuple[object, str]:
-        """(state, rendered HTML) of ``view``: the last read's if it is fresh, else a new one
-        (one for every caller waiting now)."""
+    def now(self) -> float:
+        """The time on this cache's clock (for ``newer_than``)."""
+        return self._clock()
+
+    async def get(
+        self, view: Hashable, read: Read, max_age: float, newer_than: float | None = None
+    ) -> tuple[object, str]:
+        """(state, rendered HTML) of ``view``: the last read's if it is fresh (begun less than
+        ``max_age`` ago, and after ``newer_than`` when given), else a new one (one for every
+        caller waiting now)."""
         lock = self._locks.setdefault(view, asyncio.Lock())
         async with lock:
-            fresh = self._fresh(view, max_age)
+            fresh = self._fresh(view, max_age, newer_than)
             if fresh is not None:
                 return fresh
+            begun = self._clock()
             state, render = await read()
-            self._keep(view, state, render)
+            self._keep(view, begun, state, render)
             return self._answers[view][1:]
 
-    def _fresh(self, view: Hashable, max_age: float) -> tuple[object, str] | None:
+    def _fresh(
+        self, view: Hashable, max_age: float, newer_than: float | None
+    ) -> tuple[object, str] | None:
         kept = self._answers.get(view)
         if kept is None or self._clock() - kept[0] >= max_age:
             return None
+        if newer_than is not None and kept[0] < newer_than:
+            return None
         return kept[1], kept[2]
 
-    def _keep(self, view: Hashable, state: object, render: Callable[[], str]) -> None:
+    def _keep(self, view: Hashable, begun: float, state: object, render: Callable[[], str]) -> None:
         kept = self._answers.pop(view, None)
         html = kept[2] if kept is not None and kept[1] == state else render()  # unchanged: as is
-        self._answers[view] = (self._clock(), state, html)
+        self._answers[view] = (begun, state, html)
         while len(self._answers) > self._size:
             old, _ = self._answers.popitem(last=False)
             lock = self._locks.get(old)
