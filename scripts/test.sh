@@ -9,7 +9,9 @@
 #   2. .venv with the package and its dev tools (`pip install -q -e '.[dev]'`).
 #   3. .venv-servers with the real model servers the conformance suite starts
 #      (tests/realservers/requirements.txt: llama-cpp-python's server, LiteLLM's proxy).
-#   4. .venv/bin/python -m pytest "$@".
+#   4. .venv/bin/python -m pytest "$@"; AI_LEASE_TEST_WORKERS=N spreads it over N pytest-xdist
+#      workers (tests/harness/xdist_groups.py). The default, 0, is one process: under four
+#      workers 13 real-time tests still fail (docs/testing.md), so CI runs serially for now.
 # Every step prints the time it took. The tests never skip for a missing server: they fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +72,6 @@ took ".venv-servers"
 
 step "pytest $*"
 status=0
-.venv/bin/python -m pytest "$@" || status=$?
+.venv/bin/python -m pytest -n "${AI_LEASE_TEST_WORKERS:-0}" "$@" || status=$?
 took "pytest"
 exit "$status"

@@ -95,3 +95,14 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> A
         return factories
     factories["uvloop"] = uvloop.new_event_loop
     return factories
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Over pytest-xdist workers, what shares a costly server stays on one worker
+    (tests/harness/xdist_groups.py); an explicit ``--dist`` other than load is kept."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from tests.harness.xdist_groups import GroupedScheduling  # xdist is a dev tool only
+
+    return GroupedScheduling(config, log)

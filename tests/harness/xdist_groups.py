@@ -1,0 +1,57 @@
+"""How the suite is spread over pytest-xdist workers (``scripts/test.sh`` runs ``-n 4``).
+
+Each worker is a copy of the session with its own servers on free ports, so a test may run
+on any of them, except where tests share a costly server of their own: a suite whose session
+fixtures start model servers or Chromium runs whole on one worker (its servers start once),
+and so does a module whose fixture starts servers once for the module. Everything else is
+its own unit of work, handed to whichever worker is free.
+
+The units are named here, from each test's path, rather than by ``xdist_group`` marks:
+pytest 9.2's structured node ids drop the ``@group`` suffix that ``--dist loadgroup`` reads
+(pytest-xdist issue 1386), and with it every group, silently.
+
+>>> unit("tests/browser/test_dashboard.py::test_jobs_page[redis]")
+'tests/browser'
+>>> unit("tests/test_pg_harness.py::test_restart")
+'tests/test_pg_harness.py'
+>>> unit("tests/test_keeper.py::test_renews[sqlite]")
+'tests/test_keeper.py::test_renews[sqlite]'
+"""
+
+from __future__ import annotations
+
+from xdist.scheduler import LoadScopeScheduling
+
+__all__ = ["GroupedScheduling", "unit"]
+
+WHOLE_DIRS = ("tests/browser", "tests/realservers")
+"""Suites whose session fixtures start what is costly to start twice (Chromium; the model
+servers)."""
+
+WHOLE_MODULES = frozenset(
+    f"tests/{name}.py"
+    for name in (
+        "test_log_json_whole",
+        "test_pg_harness",
+        "test_postgres_faults",
+        "test_readme_blocks",
+        "test_redis_cluster",
+    )
+)
+"""Modules whose module-scoped fixture starts servers (or builds a venv) for all its tests."""
+
+
+def unit(nodeid: str) -> str:
+    """The unit of work ``nodeid`` belongs to: its suite's directory, its module, or itself."""
+    path = nodeid.split("::", 1)[0]
+    for directory in WHOLE_DIRS:
+        if path.startswith(directory + "/"):
+            return directory
+    return path if path in WHOLE_MODULES else nodeid
+
+
+class GroupedScheduling(LoadScopeScheduling):
+    """pytest-xdist's scope scheduling, with :func:`unit` as the scope."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return unit(nodeid)

@@ -1,0 +1,46 @@
+"""The units the suite is spread over workers in (tests/harness/xdist_groups.py): every module
+with a module-scoped fixture runs whole on one worker, and so does every suite with session
+fixtures of its own; a unit names no file that is gone."""
+
+from __future__ import annotations
+
+import doctest
+import re
+from pathlib import Path
+
+from tests.harness import xdist_groups
+from tests.harness.xdist_groups import WHOLE_DIRS, WHOLE_MODULES, unit
+
+ROOT = Path(__file__).resolve().parents[1]
+SCOPED = re.compile(r"@pytest\.fixture\(scope=\"(module|session)\"")
+
+
+def test_its_examples_hold() -> None:
+    assert doctest.testmod(xdist_groups).failed == 0
+
+
+def test_each_module_with_a_module_fixture_is_one_unit() -> None:
+    scoped = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "tests").glob("test_*.py")
+        if "module" in SCOPED.findall(path.read_text())
+    }
+    assert scoped == WHOLE_MODULES
+    for module in scoped:
+        assert unit(f"{module}::test_a") == unit(f"{module}::test_b[x]") == module
+
+
+def test_each_suite_with_session_fixtures_of_its_own_is_one_unit() -> None:
+    own = {
+        conftest.parent.relative_to(ROOT).as_posix()
+        for conftest in (ROOT / "tests").glob("*/conftest.py")
+        if SCOPED.search(conftest.read_text())
+    }
+    assert own == set(WHOLE_DIRS)
+    for directory in own:
+        assert unit(f"{directory}/test_x.py::test_a") == directory
+
+
+def test_any_other_test_is_a_unit_of_its_own() -> None:
+    for nodeid in ("tests/test_keeper.py::test_a[redis]", "tests/chaos/test_soak.py::test_a"):
+        assert unit(nodeid) == nodeid
