@@ -4,6 +4,7 @@ skipped), and a store per backend."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,16 @@ from ai_lease.stores import open_store
 from ai_lease.stores.sqlite.store import SQLiteStore
 from tests.harness.pg_server import PostgresServer
 from tests.harness.redis_server import RedisServer
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as a terminal delivers it: a run started in the background (``cmd &``, nohup,
+    a CI runner that does so) inherits SIGINT ignored, and passes that on to every process
+    it starts, where neither Python nor bash can undo it, so a test's Ctrl-C to the CLI
+    would do nothing. Each test process (each xdist worker too) takes Python's own handler
+    back, as if started from a terminal; it is what the children inherit that matters."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
