@@ -100,7 +100,8 @@ def test_follow_prints_new_entries_until_the_job_ends(store_url: str, tmp_path: 
         _on(store_url, _finish)
         rest, err = proc.communicate(timeout=20)
     finally:
-        proc.kill()
+        proc.kill()  # a no-op if it ended; reaped and its pipes closed either way
+        proc.communicate()
     assert proc.returncode == 0, err
     kinds = [text.split()[1] for text in rest.splitlines()]
     assert kinds == ["renewed", "committed"], rest
@@ -116,6 +117,7 @@ def test_ctrl_c_stops_follow_quietly_with_130(store_url: str, tmp_path: Path) ->
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
     finally:
-        proc.kill()
+        proc.kill()  # a no-op if it ended; reaped and its pipes closed either way
+        proc.communicate()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "Aborted" not in err, err

@@ -231,6 +231,7 @@ def test_demo_stops_on_ctrl_c(store_url: str, tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+        proc.communicate()  # reaped and its pipes closed, however it ended
     assert proc.returncode == 130, err
     said = "ai-lease: interrupted (SIGINT): demo stopped, its nodes too"
     assert err.strip().splitlines() == [said]
