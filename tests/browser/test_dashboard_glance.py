@@ -113,7 +113,7 @@ async def test_the_workers_page_shows_running_health_and_throughput_live(
     """A live worker's running job shows with its health badge and stage; when it finishes
     the row drops it and counts it done, live, without a reload."""
     async with Workers(store_url, tmp_path) as workers:
-        await workers.start_ready("worker-t", concurrency=1, job_seconds=6)
+        await workers.start_ready("worker-t", concurrency=1, until_finished=True)
         await submit(store_url, "first-job")
         await until_status(store_url, "first-job", Status.RUNNING)
         ui = start_ui(store_url)
@@ -122,6 +122,7 @@ async def test_the_workers_page_shows_running_health_and_throughput_live(
         row = "tr.worker[data-id='worker-t']"
         running = f"{row} span.running-job[data-key='first-job'] .health-healthy"
         wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, running), "the healthy job")
+        workers.finish()  # only once it was seen running, however slowly the page came
         done = f"{row} td.throughput[data-done='1']"
         read = (
             "const row = document.querySelector(arguments[0]);"

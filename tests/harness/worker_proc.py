@@ -75,6 +75,7 @@ class WorkerOptions:
     grace: float = 30.0
     mnp: float = 1.0
     job_seconds: float = 0.0
+    finish_file: Path | None = None
     hang_file: Path | None = None
     log_kinds: str | None = None
     go_file: Path | None = None
@@ -126,7 +127,22 @@ class WorkerProvider:
         self.calls += 1
         if self.options.log_kinds is None:
             self.history.write({"kind": "call", "key": key, "calls": self.calls})
+        if self.options.finish_file is not None and not self._hangs(key):
+            return self._until_finished(self.options.finish_file, request, key)
         return ScriptedProvider(self.script(key)).stream(request)
+
+    async def _until_finished(
+        self, finish_file: Path, request: ChatRequest, key: str
+    ) -> AsyncIterator[Delta]:
+        """A chunk every 0.1 s until ``finish_file`` exists, then the answer: a job that runs
+        exactly as long as its test needs it running."""
+        part = 0
+        while not await asyncio.to_thread(finish_file.exists):
+            await asyncio.sleep(CHUNK_EVERY_S)
+            yield Delta(text=f"part{part} ")
+            part += 1
+        async for delta in ScriptedProvider([f"{key} by {self.options.id}"]).stream(request):
+            yield delta
 
     async def complete(self, request: ChatRequest) -> Completion:
         raise NotImplementedError("jobs of the worker tests stream")
@@ -208,6 +224,7 @@ def parse_args(argv: Sequence[str]) -> WorkerOptions:
     parser.add_argument("--grace", type=float, default=30.0)
     parser.add_argument("--mnp", type=float, default=1.0, help="call_ai max_no_progress")
     parser.add_argument("--job-seconds", type=float, default=0.0)
+    parser.add_argument("--finish-file", type=Path, default=None, help="jobs run until it exists")
     parser.add_argument("--hang-file", type=Path, default=None)
     parser.add_argument("--log-kinds", default=None, help="comma-separated event kinds to log")
     parser.add_argument("--go-file", type=Path, default=None)
@@ -245,6 +262,7 @@ class Workers:
         *,
         concurrency: int = 4,
         job_seconds: float = 0.0,
+        until_finished: bool = False,
         grace: float = 30.0,
         wait_for_go: bool = False,
         extra: Sequence[str] = (),
@@ -257,6 +275,7 @@ class Workers:
             *("--ttl", str(self.ttl), "--renew", str(self.renew), "--sweep", str(self.sweep)),
             *("--grace", str(grace)),
             *(("--go-file", str(self.go_file)) if wait_for_go else ()),
+            *(("--finish-file", str(self.finish_file)) if until_finished else ()),
             *extra,
         ]
         proc = await spawn("tests.harness.worker_proc", name, args, history, log)
@@ -274,6 +293,15 @@ class Workers:
     @property
     def go_file(self) -> Path:
         return self.directory / "workers.go"
+
+    @property
+    def finish_file(self) -> Path:
+        return self.directory / "jobs.finish"
+
+    def finish(self) -> None:
+        """Let the jobs of every worker started with ``until_finished`` end (each answers
+        within 0.1 s)."""
+        self.finish_file.touch()
 
     def go(self) -> None:
         """Let every worker started with ``wait_for_go`` run."""
