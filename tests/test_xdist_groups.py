@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from tests.harness import xdist_groups
-from tests.harness.xdist_groups import WHOLE_DIRS, WHOLE_MODULES, unit
+from tests.harness.xdist_groups import START_FIRST, WHOLE_DIRS, WHOLE_MODULES, rank, unit
 
 ROOT = Path(__file__).resolve().parents[1]
 SCOPED = re.compile(r"@pytest\.fixture\(scope=\"(module|session)\"")
@@ -44,3 +44,11 @@ def test_each_suite_with_session_fixtures_of_its_own_is_one_unit() -> None:
 def test_any_other_test_is_a_unit_of_its_own() -> None:
     for nodeid in ("tests/test_keeper.py::test_a[redis]", "tests/chaos/test_soak.py::test_a"):
         assert unit(nodeid) == nodeid
+
+
+def test_the_longest_units_are_named_by_paths_that_exist_and_go_first() -> None:
+    for path in START_FIRST:
+        assert (ROOT / path).exists(), path
+    assert rank("tests/browser") == 0 < rank("tests/test_readme_blocks.py")
+    assert rank("tests/test_limits_rate_fleet.py::test_x[redis]") < len(START_FIRST)
+    assert rank("tests/test_keeper.py::test_renews[sqlite]") == len(START_FIRST)
