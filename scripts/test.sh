@@ -6,12 +6,12 @@
 #      and chromedriver, and g++ and cmake (llama-cpp-python builds from its sdist). As root, what is missing is apt-get installed (and an unprivileged
 #      `ailease_pg` user made, since PostgreSQL refuses to run as root); not root and something
 #      missing, the list of what to install is printed and the script exits 1.
-#   2. .venv with the package and its dev tools (`pip install -q -e '.[dev]'`).
-#   3. .venv-servers with the real model servers the conformance suite starts
+#   2. .venv with the package and its dev tools (`pip install -q -e '.[dev]'`), and beside it
+#      .venv-servers with the real model servers the conformance suite starts
 #      (tests/realservers/requirements.txt: llama-cpp-python's server, LiteLLM's proxy).
-#   4. .venv/bin/python -m pytest "$@"; AI_LEASE_TEST_WORKERS=N spreads it over N pytest-xdist
-#      workers (tests/harness/xdist_groups.py). The default, 0, is one process: under four
-#      workers 13 real-time tests still fail (docs/testing.md), so CI runs serially for now.
+#   3. .venv/bin/python -m pytest -n 6 "$@": six pytest-xdist workers, each with its own
+#      servers on free ports (tests/harness/xdist_groups.py says how tests are spread);
+#      AI_LEASE_TEST_WORKERS=N for another number, 0 for one process.
 # Every step prints the time it took. The tests never skip for a missing server: they fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,20 +58,39 @@ redis-server --version
 /usr/bin/chromedriver --version
 took "system packages"
 
+# The two venvs install side by side (pip mostly waits on unpacking and the disk). llama-cpp-python
+# builds from its sdist the first time (~14 min on 2 cores), then comes from pip's wheel cache
+# (under a minute). A failed install of either fails this script: the suite needs both.
+step ".venv-servers (the real model servers, tests/realservers/requirements.txt), in the background"
+servers_log="$(mktemp)"
+(
+    [ -x .venv-servers/bin/python ] || python3 -m venv .venv-servers
+    .venv-servers/bin/pip install -q -r tests/realservers/requirements.txt
+) >"$servers_log" 2>&1 &
+servers_pid=$!
+servers_started=$SECONDS
+trap 'kill "$servers_pid" 2>/dev/null || true; rm -f "$servers_log"' EXIT  # an early exit stops it
+
 step ".venv (the package and its dev tools)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q -e '.[dev]'
 took ".venv"
 
-# llama-cpp-python builds from its sdist the first time (~14 min on 2 cores), then comes from
-# pip's wheel cache (under a minute). A failed build fails this script: the suite needs it.
-step ".venv-servers (the real model servers, tests/realservers/requirements.txt)"
-[ -x .venv-servers/bin/python ] || python3 -m venv .venv-servers
-.venv-servers/bin/pip install -q -r tests/realservers/requirements.txt
-took ".venv-servers"
+step ".venv-servers: waiting for it"
+servers_status=0
+wait "$servers_pid" || servers_status=$?
+cat "$servers_log" >&2
+if [ "$servers_status" != 0 ]; then
+    echo "installing tests/realservers/requirements.txt into .venv-servers failed ($servers_status)" >&2
+    exit 1
+fi
+echo "== .venv-servers: $((SECONDS - servers_started)) s" >&2
 
+# Six pytest-xdist workers by default (AI_LEASE_TEST_WORKERS=N for N, 0 for one process): the
+# suite mostly waits on real processes, leases and streams, so six keep two cores busy without
+# starving its timing tests. How tests are spread: tests/harness/xdist_groups.py.
 step "pytest $*"
 status=0
-.venv/bin/python -m pytest -n "${AI_LEASE_TEST_WORKERS:-0}" "$@" || status=$?
+.venv/bin/python -m pytest -n "${AI_LEASE_TEST_WORKERS:-6}" "$@" || status=$?
 took "pytest"
 exit "$status"
