@@ -11,7 +11,6 @@ sequence by the test, in the same run (so a busy machine slows both)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from ai_lease.job import Job
 from ai_lease.providers.base import ChatRequest
 from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.run.runner import Runner
-from tests.harness.fleet import start_workers, stop_workers, worker_logs
+from tests.harness.fleet import start_workers, stop_workers, until_ended, worker_logs
 from tests.harness.sse_server import Request, Response, Sleep, SSEServer, chat_chunks, sse
 
 REAL_TIME = "workers are separate OS processes and the server streams in real time"
@@ -129,10 +128,4 @@ async def test_four_workers_share_a_one_slot_server_without_cutting_a_stream(
 
 
 async def _until_ended(store: object, keys: list[str], tmp_path: Path, timeout: float) -> list:
-    deadline = time.monotonic() + timeout
-    while True:
-        records = [await store.get(key) for key in keys]  # type: ignore[attr-defined]
-        if all(r is not None and r.status.terminal for r in records):
-            return records
-        assert time.monotonic() < deadline, worker_logs(tmp_path, 3000)
-        await asyncio.sleep(0.2)  # real: the workers run the jobs in real time
+    return await until_ended(store, keys, tmp_path, timeout, 0.2)

@@ -8,7 +8,6 @@ for its base URL in the settings they share. On every store: the server never se
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import math
 import time
@@ -19,7 +18,7 @@ import pytest
 from ai_lease import Status, open_store
 from ai_lease.job import Job
 from ai_lease.run.runner import Runner
-from tests.harness.fleet import start_workers, stop_workers, worker_logs
+from tests.harness.fleet import start_workers, stop_workers, until_ended, worker_logs
 from tests.harness.sse_server import Request, Response, SSEServer, chat_chunks, json_response, sse
 
 REAL_TIME = "the server counts requests in real minutes; the workers are real OS processes"
@@ -82,13 +81,7 @@ async def test_eight_workers_stay_under_the_servers_rpm(store_url: str, tmp_path
             config = _settings(tmp_path, store_url, server.base_url)
             procs = await start_workers(config, tmp_path, WORKERS, "-c", str(PER_WORKER))
             try:
-                deadline = time.monotonic() + 3 * WINDOW_S + 180
-                while True:
-                    records = [await store.get(key) for key in keys]
-                    if all(r is not None and r.status.terminal for r in records):
-                        break
-                    assert time.monotonic() < deadline, worker_logs(tmp_path)
-                    await asyncio.sleep(0.5)  # real: the jobs run at the server's pace
+                records = await until_ended(store, keys, tmp_path, 3 * WINDOW_S + 180, 0.5)
             finally:
                 await stop_workers(procs)
         finally:

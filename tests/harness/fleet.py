@@ -8,11 +8,16 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
+from ai_lease import Status
 from tests.harness.node import REPO_ROOT
 
-__all__ = ["start_workers", "stop_workers", "worker_logs"]
+__all__ = ["start_workers", "stop_workers", "until_ended", "worker_logs"]
+
+TERMINAL = tuple(status.value for status in Status if status.terminal)
 
 
 async def start_workers(
@@ -59,3 +64,21 @@ def worker_logs(tmp_path: Path, tail: int = 2000) -> str:
         f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
         for p in sorted(tmp_path.glob("worker*.log"))
     )
+
+
+async def until_ended(
+    store: Any, keys: list[str], tmp_path: Path, timeout: float, every: float
+) -> list[Any]:
+    """Each of ``keys``' records once every one has ended (DONE, FAILED or CANCELLED), the
+    workers' logs in the assertion if that takes over ``timeout`` seconds. While they run, one
+    count of the store's jobs per status every ``every`` seconds (of a store holding these
+    jobs only), not a read of every record: the fleet's own pace is what is measured."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = await store.count_jobs()
+        if sum(counts.get(status, 0) for status in TERMINAL) >= len(keys):
+            records = [await store.get(key) for key in keys]
+            if all(r is not None and r.status.terminal for r in records):
+                return records
+        assert time.monotonic() < deadline, worker_logs(tmp_path, 3000)
+        await asyncio.sleep(every)  # real: the workers run the jobs in real time
