@@ -162,10 +162,12 @@ async def start_slow(
     return cluster, owner
 
 
-async def run_takeover(store_url: str, key: str, directory: Path) -> Cluster:
+async def run_takeover(store_url: str, key: str, directory: Path, *, go: bool = True) -> Cluster:
     """The seed's timeline for job ``key``: owner A hangs in the model call and stalls, B
     (already following) takes over with a higher token and commits, A's late write with
-    its old fence is rejected. Returns the cluster once A owns the job; ``finish`` it."""
+    its old fence is rejected. Returns the cluster once A owns the job; ``finish`` it. With
+    ``go=False`` B is held back until the test calls ``cluster.go()`` (A's late write waits
+    for B's takeover), so a page opened first sees the takeover happen."""
     cluster = _cluster(store_url, key, directory)
     try:
         await cluster.start("B", "ok", wait_for_go=True)
@@ -174,7 +176,8 @@ async def run_takeover(store_url: str, key: str, directory: Path) -> Cluster:
     except BaseException:
         await cluster.aclose()
         raise
-    cluster.go()
+    if go:
+        cluster.go()
     return cluster
 
 

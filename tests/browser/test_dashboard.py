@@ -168,12 +168,13 @@ async def test_taken_over_job_shows_two_lanes_and_the_rejected_write(
     (A then B) with the rejected late write, and draws every timeline entry as a mark."""
     key = "taken-over"
     ui = start_ui(store_url)
-    cluster = await run_takeover(store_url, key, tmp_path / "takeover")
+    cluster = await run_takeover(store_url, key, tmp_path / "takeover", go=False)
     async with cluster:
         page.get(ui.url(f"/jobs/{key}"))
         wait_for(page, lambda d: lanes(d), "the first owner's lane")
         assert not marks(page, "fenced_write_rejected"), "the late write came before the page"
         mark_window(page)
+        cluster.go()  # B follows only now: however slowly the page came, it sees the takeover
         wait_for(
             page,
             lambda d: len(lanes(d)) == 2 and marks(d, "fenced_write_rejected"),
