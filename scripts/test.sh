@@ -9,7 +9,7 @@
 #   2. .venv with the package and its dev tools (`pip install -q -e '.[dev]'`), and beside it
 #      .venv-servers with the real model servers the conformance suite starts
 #      (tests/realservers/requirements.txt: llama-cpp-python's server, LiteLLM's proxy).
-#   3. .venv/bin/python -m pytest -n 6 "$@": six pytest-xdist workers, each with its own
+#   3. .venv/bin/python -m pytest -n 7 "$@": seven pytest-xdist workers, each with its own
 #      servers on free ports (tests/harness/xdist_groups.py says how tests are spread);
 #      AI_LEASE_TEST_WORKERS=N for another number, 0 for one process.
 # Every step prints the time it took. The tests never skip for a missing server: they fail.
@@ -86,11 +86,11 @@ if [ "$servers_status" != 0 ]; then
 fi
 echo "== .venv-servers: $((SECONDS - servers_started)) s" >&2
 
-# Six pytest-xdist workers by default (AI_LEASE_TEST_WORKERS=N for N, 0 for one process): the
-# suite mostly waits on real processes, leases and streams, so six keep two cores busy without
+# Seven pytest-xdist workers by default (AI_LEASE_TEST_WORKERS=N for N, 0 for one process): the
+# suite mostly waits on real processes, leases and streams, so seven keep two cores busy without
 # starving its timing tests. How tests are spread: tests/harness/xdist_groups.py.
 step "pytest $*"
 status=0
-.venv/bin/python -m pytest -n "${AI_LEASE_TEST_WORKERS:-6}" "$@" || status=$?
+.venv/bin/python -m pytest -n "${AI_LEASE_TEST_WORKERS:-7}" "$@" || status=$?
 took "pytest"
 exit "$status"

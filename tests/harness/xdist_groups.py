@@ -45,23 +45,26 @@ WHOLE_MODULES = frozenset(
 
 START_FIRST = (
     "tests/browser",
-    "tests/test_readme_blocks.py",
-    "tests/test_limits_rate_fleet.py",
     "tests/realservers",
+    "tests/test_readme_blocks.py",
     "tests/test_limits_fleet.py",
-    "tests/test_redis_cluster.py",
     "tests/test_new_user_walk.py",
-    "tests/test_postgres_faults.py",
-    "tests/chaos/test_soak.py",
-    "tests/test_log_json_whole.py",
-    "tests/test_demo_ui.py",
-    "tests/test_demo.py",
+    "tests/test_limits_rate_fleet.py",
+    "tests/test_redis_cluster.py",
     "tests/test_detached_scenario.py",
     "tests/test_wheel.py",
+    "tests/test_postgres_faults.py",
+    "tests/chaos/test_soak.py",
+    "tests/test_demo_ui.py",
+    "tests/test_demo.py",
+    "tests/test_log_json_whole.py",
 )
-"""The units that take longest (15 s to 3 min each, measured under four workers), longest
-first: they are handed out before any other, so the run never ends waiting on one of them
-started last. A path missing here costs time, never a result."""
+"""The units that take longest (15 s to 3 min each, measured under six workers), handed out
+before any other so the run never ends waiting on one started last. The three rpm-fleet
+units (two minutes each, of eight worker processes) come after the first few: starting with
+Chromium, the model servers and the README's venvs, on two cores, they would measure a machine
+too starved to send what their limit granted on time. A path missing here costs time, never a
+result."""
 
 
 def rank(scope: str) -> int:
