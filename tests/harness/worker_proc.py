@@ -47,7 +47,6 @@ from ai_lease import LeaseTimings, StageBudget, open_store
 from ai_lease.job import Job
 from ai_lease.lease.events import Event
 from ai_lease.providers.base import ChatRequest, Completion, Delta, Provider
-from ai_lease.providers.openai_compat import OpenAICompatProvider
 from ai_lease.run.config import RunConfig, RunHooks
 from ai_lease.run.runner import Runner
 from ai_lease.run.worker import Worker
@@ -166,6 +165,8 @@ async def amain(options: WorkerOptions) -> int:
     provider = WorkerProvider(options, history)
     model: Provider = provider
     if options.base_url is not None:
+        from ai_lease.providers.openai_compat import OpenAICompatProvider  # 0.2 s of imports
+
         model = OpenAICompatProvider(base_url=options.base_url, model="m")
     runner = Runner(
         store,
