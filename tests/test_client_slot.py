@@ -183,6 +183,54 @@ async def test_an_unanswered_release_is_sent_again_while_the_slot_lasts(tmp_path
         await store.aclose()
 
 
+class _ReleaseSlow:
+    """The SQLite store's slots, each release answered only after ``answer_in`` seconds."""
+
+    def __init__(self, store: SQLiteStore, answer_in: float) -> None:
+        self._store, self.answer_in = store, answer_in
+        self.release_sent = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        return getattr(self._store, name)  # type: ignore[no-any-return]
+
+    async def release_slot(self, fence: SlotFence) -> bool:
+        self.release_sent.set()
+        await asyncio.sleep(self.answer_in)  # real: the store's answer, late
+        return await self._store.release_slot(fence)
+
+
+async def test_a_second_cancellation_while_giving_back_still_releases(tmp_path: Path) -> None:
+    """A stalled job is stopped (one cancellation) and its runner then stopped too (another,
+    while the slot is being given back): the release still lands, and the slot is free long
+    before its lease (60 s) would lapse; the task ends cancelled at once, not after it."""
+    store = SQLiteStore(tmp_path / "slots.db")
+    try:
+        slow = _ReleaseSlow(store, answer_in=0.3)
+        client = Client(slow, closes=())  # type: ignore[arg-type]
+        entered = asyncio.Event()
+
+        async def hold() -> None:
+            async with client.slot(LIMIT, capacity=1, ttl=60):
+                entered.set()
+                await asyncio.sleep(30)
+
+        task = asyncio.ensure_future(hold())
+        await entered.wait()
+        task.cancel()
+        await slow.release_sent.wait()
+        task.cancel()  # the second, while the release waits for its answer
+        started = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - started < 0.2  # the cancellation did not wait for the store
+        deadline = time.monotonic() + 10
+        while (await store.slot_state(LIMIT)).in_use:
+            assert time.monotonic() < deadline, "the slot was never given back"
+            await asyncio.sleep(0.02)  # real: the release answers from SQLite's thread
+    finally:
+        await store.aclose()
+
+
 async def test_a_cancellation_from_outside_wins_and_releases(client: Client) -> None:
     """A block cancelled from outside raises CancelledError (not SlotLost) and frees its slot."""
     entered = asyncio.Event()

@@ -55,6 +55,9 @@ __all__ = ["MAX_WAIT_RANGE", "SlotHold", "Stuck"]
 
 log = logging.getLogger("ai_lease.slots")
 
+_RELEASING: set[asyncio.Future[None]] = set()
+"""Releases still being sent after the task giving the slot back was cancelled."""
+
 RELEASE_RESEND = RetryPolicy(attempts=8, initial=0.05, multiplier=2.0, max_backoff=0.4)
 """Resends of a release the store did not answer (0.05 s, 0.1 s … 0.4 s apart), as long as
 the slot's lease lasts: given back at once, the next waiter need not wait out the lease."""
@@ -260,9 +263,21 @@ class SlotHold:
             raise self._failure from exc
 
     async def _give_back(self) -> None:
+        """Release the slot. A cancellation that comes meanwhile (a stalled job is stopped,
+        then its runner is) does not stop the release: it goes on in its own task, bounded
+        by the slot's lapse, while the cancellation goes on here."""
         fence, self.fence = self.fence, None
         if fence is None or isinstance(self._failure, SlotLost):
             return  # lost: not ours to release
+        release = asyncio.ensure_future(self._release(fence))
+        try:
+            await asyncio.shield(release)
+        except asyncio.CancelledError:
+            _RELEASING.add(release)  # kept until it ends
+            release.add_done_callback(_RELEASING.discard)
+            raise
+
+    async def _release(self, fence: SlotFence) -> None:
         loop = asyncio.get_running_loop()
         try:
             await resend(
