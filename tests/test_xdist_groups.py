@@ -9,7 +9,14 @@ import re
 from pathlib import Path
 
 from tests.harness import xdist_groups
-from tests.harness.xdist_groups import START_FIRST, WHOLE_DIRS, WHOLE_MODULES, rank, unit
+from tests.harness.xdist_groups import (
+    START_FIRST,
+    WHOLE_CLASSES,
+    WHOLE_DIRS,
+    WHOLE_MODULES,
+    rank,
+    unit,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCOPED = re.compile(r"@pytest\.fixture\(scope=\"(module|session)\"")
@@ -52,3 +59,17 @@ def test_the_longest_units_are_named_by_paths_that_exist_and_go_first() -> None:
     assert rank("tests/browser") == 0 < rank("tests/test_readme_blocks.py")
     assert rank("tests/test_limits_rate_fleet.py::test_x[redis]") < len(START_FIRST)
     assert rank("tests/test_keeper.py::test_renews[sqlite]") == len(START_FIRST)
+
+
+def test_a_class_that_borrows_a_module_server_fixture_is_one_unit() -> None:
+    """A test module that imports another's module-scoped fixture starts that server for
+    itself: its class using it is one unit (named in WHOLE_CLASSES)."""
+    borrowed = re.compile(r"^from tests\.test_\w+ import .*\b(cluster)\b", re.M)
+    borrowers = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "tests").glob("test_*.py")
+        if borrowed.search(path.read_text())
+    }
+    assert borrowers == {whole.split("::")[0] for whole in WHOLE_CLASSES}
+    for whole in WHOLE_CLASSES:
+        assert unit(f"{whole}::test_a") == unit(f"{whole}::test_b[x]") == whole

@@ -24,7 +24,7 @@ from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
 
-__all__ = ["START_FIRST", "GroupedScheduling", "rank", "unit"]
+__all__ = ["START_FIRST", "WHOLE_CLASSES", "GroupedScheduling", "rank", "unit"]
 
 WHOLE_DIRS = ("tests/browser", "tests/realservers")
 """Suites whose session fixtures start what is costly to start twice (Chromium; the model
@@ -77,8 +77,17 @@ def rank(scope: str) -> int:
     )
 
 
+WHOLE_CLASSES = ("tests/test_cli_lifecycle.py::TestClusterAdmin",)
+"""Classes that use another module's module-scoped server fixture (a Redis Cluster of three
+nodes): whole on one worker, so it starts once, not once per worker that runs one of them."""
+
+
 def unit(nodeid: str) -> str:
-    """The unit of work ``nodeid`` belongs to: its suite's directory, its module, or itself."""
+    """The unit of work ``nodeid`` belongs to: its suite's directory, its module, its class,
+    or itself."""
+    for whole in WHOLE_CLASSES:
+        if nodeid.startswith(whole + "::"):
+            return whole
     path = nodeid.split("::", 1)[0]
     for directory in WHOLE_DIRS:
         if path.startswith(directory + "/"):
