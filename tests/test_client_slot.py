@@ -199,6 +199,20 @@ class _ReleaseSlow:
         return await self._store.release_slot(fence)
 
 
+async def _held(client: Client, ttl: float) -> asyncio.Task[None]:
+    """A task holding one slot of LIMIT (its block sleeping), once it holds it."""
+    entered = asyncio.Event()
+
+    async def hold() -> None:
+        async with client.slot(LIMIT, capacity=1, ttl=ttl):
+            entered.set()
+            await asyncio.sleep(30)
+
+    task = asyncio.ensure_future(hold())
+    await entered.wait()
+    return task
+
+
 async def test_a_second_cancellation_while_giving_back_still_releases(tmp_path: Path) -> None:
     """A stalled job is stopped (one cancellation) and its runner then stopped too (another,
     while the slot is being given back): the release still lands, and the slot is free long
@@ -206,16 +220,7 @@ async def test_a_second_cancellation_while_giving_back_still_releases(tmp_path: 
     store = SQLiteStore(tmp_path / "slots.db")
     try:
         slow = _ReleaseSlow(store, answer_in=0.3)
-        client = Client(slow, closes=())  # type: ignore[arg-type]
-        entered = asyncio.Event()
-
-        async def hold() -> None:
-            async with client.slot(LIMIT, capacity=1, ttl=60):
-                entered.set()
-                await asyncio.sleep(30)
-
-        task = asyncio.ensure_future(hold())
-        await entered.wait()
+        task = await _held(Client(slow, closes=()), ttl=60)  # type: ignore[arg-type]
         task.cancel()
         await slow.release_sent.wait()
         task.cancel()  # the second, while the release waits for its answer
@@ -233,15 +238,7 @@ async def test_a_second_cancellation_while_giving_back_still_releases(tmp_path: 
 
 async def test_a_cancellation_from_outside_wins_and_releases(client: Client) -> None:
     """A block cancelled from outside raises CancelledError (not SlotLost) and frees its slot."""
-    entered = asyncio.Event()
-
-    async def hold() -> None:
-        async with client.slot(LIMIT, capacity=1, ttl=5):
-            entered.set()
-            await asyncio.sleep(30)
-
-    task = asyncio.ensure_future(hold())
-    await entered.wait()
+    task = await _held(client, ttl=5)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
