@@ -91,6 +91,22 @@ def test_import_ai_lease_is_lazy() -> None:
     assert _imported_by(code) == []
 
 
+# Each store's module and the client library of each other store: a PostgreSQL command does not
+# pay for redis-py (with OpenTelemetry's SDK installed, redis-py imports it too), and so on.
+_STORE_CLIENTS = {
+    "ai_lease.stores.sqlite.store": ("redis", "psycopg", "psycopg_pool"),
+    "ai_lease.stores.redis.store": ("psycopg", "psycopg_pool"),
+    "ai_lease.stores.postgres.store": ("redis", "hiredis"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(_STORE_CLIENTS))
+def test_a_store_imports_no_other_stores_client(module: str) -> None:
+    """Opening one kind of store loads no other store's client library."""
+    code = f"import sys, {module}\n" + _REPORT.format(heavy=_STORE_CLIENTS[module])
+    assert _imported_by(code) == []
+
+
 def _type_checking_names() -> dict[str, str]:
     """The names ``ai_lease/__init__.py`` imports under ``if TYPE_CHECKING:``, by module."""
     tree = ast.parse(Path(ai_lease.__file__).read_text(encoding="utf-8"))

@@ -44,10 +44,10 @@ from ai_lease.errors import (
 from ai_lease.job import JobState
 from ai_lease.redaction import mask_url
 from ai_lease.resource import AsyncResource
+from ai_lease.stores.bounded import Tasks, within
 from ai_lease.stores.postgres import schema as schema_
 from ai_lease.stores.postgres.checks import check_namespace, check_url, job_key, with_bounds
 from ai_lease.stores.postgres.schema import JOB_COLUMNS
-from ai_lease.stores.redis.wire import Tasks, within  # the bounded wait both stores share
 
 __all__ = ["PostgresConn", "check_url", "job_key"]
 

@@ -30,13 +30,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ai_lease import retry
 from ai_lease.errors import CorruptRecord, OutcomeUnknown, StoreDataLost, StoreUnavailable
+from ai_lease.stores.bounded import Tasks, within
 from ai_lease.stores.redis import admin_scripts as admin_lua
 from ai_lease.stores.redis import listing_scripts as list_lua
 from ai_lease.stores.redis import queue_scripts as ns_lua
 from ai_lease.stores.redis import scripts as lua
 from ai_lease.stores.redis import slot_scripts as slot_lua
 from ai_lease.stores.redis.keys import job_keys, untag
-from ai_lease.stores.redis.wire import WARM_CONNECTIONS, NodePubSub, Tasks, WarmPool, within
+from ai_lease.stores.redis.wire import WARM_CONNECTIONS, NodePubSub, WarmPool
 
 __all__ = ["RedisCalls", "connect"]
 
