@@ -4,11 +4,14 @@ stopped (see :mod:`ai_lease.run.isolation`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -18,10 +21,41 @@ from ai_lease.errors import ConfigError, ProviderError
 from ai_lease.run.isolation.child import ChildSpec, child_main
 from ai_lease.run.isolation.env import only_allowed
 
-__all__ = ["Child", "ChildPool", "receive"]
+__all__ = ["Child", "ChildPool", "receive", "start_fork_server"]
 
 START_TIMEOUT_S = 60.0
 """Seconds a new child may take to import ai_lease and build its provider."""
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """SIGINT blocked on this thread meanwhile, so that a process started here inherits it
+    blocked; a Ctrl-C that comes meanwhile reaches this process afterwards, not lost."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def start_fork_server(env_keep: tuple[str, ...] = ()) -> None:
+    """Start multiprocessing's fork server (if it is not running) with the allowed environment
+    (the server's environ is its children's) and deaf to Ctrl-C from its first instruction.
+
+    A Ctrl-C reaches the worker's whole process group. multiprocessing has its server ignore
+    SIGINT only once the server has imported its preload, and that import takes a second or
+    more on a busy machine: a Ctrl-C soon after `ai-lease worker --isolation process` started
+    used to end the server with a KeyboardInterrupt traceback on the worker's stderr (JSON
+    logs or not). The worker drains and stops its children itself; they ignore SIGINT too."""
+    from multiprocessing import forkserver, resource_tracker
+
+    with only_allowed(env_keep):
+        # The server starts the resource tracker first if it is not running, and that start
+        # unblocks SIGINT on its way out (CPython's fix of the same race for the tracker,
+        # bpo-33613): started here beforehand, it is found running and the mask stays.
+        resource_tracker.ensure_running()
+        with _ctrl_c_held():
+            forkserver.ensure_running()
 
 
 @dataclass
@@ -58,10 +92,7 @@ class ChildPool:
         here, on this thread: the kernel's parent-death signal it asks for follows the
         thread that started it (a pool thread of ``to_thread`` could end first)."""
         if self.mp.get_start_method() == "forkserver":
-            from multiprocessing import forkserver
-
-            with only_allowed(self.spec.env_keep):  # the server's environ is its children's
-                forkserver.ensure_running()
+            start_fork_server(self.spec.env_keep)
         children = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
         for child in children:
             self._idle.put_nowait(child)
