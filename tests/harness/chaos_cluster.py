@@ -176,8 +176,9 @@ async def check_job(
     """Assert the DESIGN.md invariants for ``key`` over the store and every history:
 
     * the record is DONE and exactly one commit exists across all histories (a
-      ``committed`` event, or a ``commit_landed`` line of an owner killed right after its
-      write), carrying the record's (token, owner); with ``unacknowledged_ok``, none at
+      ``committed`` event, a ``commit_late`` one of an owner whose commit's answer came after
+      it had stopped waiting (applied), or a ``commit_landed`` line of an owner killed right
+      after its write), carrying the record's (token, owner); with ``unacknowledged_ok``, none at
       all is accepted if the stored (token, owner) did acquire the job (a commit that
       landed but whose answer its owner never got);
     * fencing tokens rise strictly across acquisitions in time order, and (unless the store
@@ -195,7 +196,9 @@ async def check_job(
     )
 
     acquired = sorted((e for h in view.values() for e in of_kind(h, "acquired")), key=_at)
-    proofs = [e for h in view.values() for e in of_kind(h, "committed", "commit_landed")]
+    proofs = [
+        e for h in view.values() for e in of_kind(h, "committed", "commit_late", "commit_landed")
+    ]
     pairs = {(e["token"], e["owner_id"]) for e in proofs}
     stored = (record.token, record.owner_id)
     if not pairs and unacknowledged_ok:
