@@ -14,6 +14,7 @@ script and every option they name must exist).
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -233,13 +234,22 @@ def test_benchmark_commands_name_real_scripts_and_options(block: Block) -> None:
         if len(command) < 2 or command[0] != ".venv/bin/python":
             continue
         assert (ROOT / command[1]).is_file(), f"{block.where}: {command[1]} does not exist"
-        shown = subprocess.run(
-            [sys.executable, command[1], "--help"], cwd=ROOT, capture_output=True, text=True,
-            timeout=120, env=clean_env(),
-        )  # fmt: skip
-        assert shown.returncode == 0, f"{block.where}: {command[1]} --help: {shown.stderr[-2000:]}"
+        code, stdout, stderr = _help_of(command[1])
+        assert code == 0, f"{block.where}: {command[1]} --help: {stderr[-2000:]}"
         for option in (word for word in command[2:] if word.startswith("--")):
-            assert option in shown.stdout, f"{block.where}: {command[1]} has no {option}"
+            assert option in stdout, f"{block.where}: {command[1]} has no {option}"
+
+
+@functools.cache
+def _help_of(script: str) -> tuple[int, str, str]:
+    """``script --help``: its exit code, stdout and stderr, asked once per script (the 44
+    commands of docs/benchmarks.md name 14 scripts; each --help imports what its script
+    measures, up to 1.5 s of CPU)."""
+    shown = subprocess.run(
+        [sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True,
+        timeout=120, env=clean_env(),
+    )  # fmt: skip
+    return shown.returncode, shown.stdout, shown.stderr
 
 
 @pytest.mark.parametrize("block", [b for b in RUN if b.lang == "python"], ids=lambda b: b.where)
