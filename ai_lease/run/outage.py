@@ -12,6 +12,9 @@ call answers again:
 >>> outage.reached("job-1")
 >>> lines
 ['store_unavailable', 'store_reachable']
+
+A call sent before the outage's first failure that answers after it does not end the outage
+(``reached(key, sent_at)``): it was under way before, on a connection not yet cut.
 """
 
 from __future__ import annotations
@@ -64,9 +67,13 @@ class StoreOutage:
             )
             self.say("store_unavailable", key, detail, self.failures)
 
-    def reached(self, key: str) -> None:
-        """A store call for ``key`` answered: the outage, if one was under way, is over."""
-        if self.since is None:
+    def reached(self, key: str, sent_at: float | None = None) -> None:
+        """A store call for ``key`` answered: the outage, if one was under way, is over.
+
+        ``sent_at`` (this object's clock): when that call was sent. An answer to a call sent
+        before the outage's first failure was on its way already (a connection the outage had
+        not cut yet): it says nothing about now, and ends nothing."""
+        if self.since is None or (sent_at is not None and sent_at < self.since):
             return
         took, failures = self.clock() - self.since, self.failures
         self.since, self.failures = None, 0

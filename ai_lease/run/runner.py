@@ -312,7 +312,7 @@ class _Rounds:
             self.follows = False
             return timings.poll_interval
         self.contact.reached = True
-        runner.outage.reached(self.job.key)
+        runner.outage.reached(self.job.key, sent_at)
         if outcome is None:
             return None
         if isinstance(outcome, Finished):
@@ -357,7 +357,7 @@ class _Rounds:
 
         def on_follow(following: Following) -> None:
             self.contact.reached = True  # an answer: later store errors are blips
-            runner.outage.reached(job.key)
+            runner.outage.reached(job.key, sent[0])
             runner.on_follow(following)
 
         owned = await acquire_or_follow(

@@ -121,3 +121,20 @@ def test_a_lasting_outage_is_counted_every_interval() -> None:
         ("store_reachable", 250),
         ("store_unavailable", 1),
     ]
+
+
+def test_an_answer_to_a_call_sent_before_the_outage_does_not_end_it() -> None:
+    """A call sent before the first failure that answers after it (it was under way on a
+    connection the outage had not cut yet) ends nothing; one sent after the failure does.
+    Under load, such a straddling answer used to end the outage at once, so the next
+    failure said ``store_unavailable`` a second time."""
+    now = [10.0]
+    said: list[str] = []
+    outage = StoreOutage(lambda kind, key, d, n: said.append(kind), clock=lambda: now[0])
+    outage.failed("k3", "refused")  # the outage starts at 10.0
+    outage.reached("k1", sent_at=9.9)  # sent before it: no news
+    now[0] = 10.1
+    outage.failed("k3", "refused")
+    assert said == ["store_unavailable"] and outage.ongoing
+    outage.reached("k1", sent_at=10.05)  # sent after it began, and answered: it is over
+    assert said == ["store_unavailable", "store_reachable"] and not outage.ongoing
