@@ -4,7 +4,8 @@ server with its default single slot that cuts a running stream when another requ
 and ``concurrency = 1`` for its base URL in the settings the workers share. No stream is
 cut, every job is DONE on its first attempt with the server's own answer, and the fleet
 finishes a job about as often as one caller calling the server directly in sequence
-(0.87-1.19x its gap beside a CI run; asserted within 1.5x, see the test).
+(0.87-1.19x its gap beside a CI run; asserted within 1.5x of the slower of that gap and the
+fleet's own calls, see the test).
 
 Throughput is compared as the median gap between consecutive finished answers: the fleet's
 (each job's commit time) against the direct caller's (each answer read whole), the direct
@@ -14,12 +15,14 @@ median, so that a burst of another process's work during one gap does not decide
 from __future__ import annotations
 
 import itertools
+import json
 import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,7 @@ PROMPT = "Tell me about the lighthouse"
 TOKENS = 300  # long enough that streams would overlap and cut each other (as in test_llama_workers)
 WORKERS, PER_WORKER = 4, 8
 JOBS = WORKERS * PER_WORKER
+WORKER_ARGS = ("--log-json", "-c", str(PER_WORKER))  # JSON: each slot_taken / _released timed
 DIRECT = 6
 
 
@@ -106,7 +110,7 @@ def test_four_workers_share_the_one_slot_without_cutting_a_stream(
             with (tmp_path / f"worker{n}.log").open("wb") as log:
                 workers.append(
                     subprocess.Popen(
-                        [str(cli), "--config", str(config), "worker", "-c", str(PER_WORKER)],
+                        [str(cli), "--config", str(config), "worker", *WORKER_ARGS],
                         env=cli_env(),
                         cwd=tmp_path,
                         stdout=log,
@@ -125,12 +129,40 @@ def test_four_workers_share_the_one_slot_without_cutting_a_stream(
     cut = llama.text()[mark:].count("disconnected\n")
     assert cut == 0, f"{cut} streams cut under concurrency = 1:\n{llama.tail()}"
     fleet_gap = statistics.median(_gaps([r.updated_at for r in records]))
+    held = statistics.median(_held(tmp_path.glob("worker*.log")))
     # The issue's target, within 10 %, is asserted against the loopback server on every store
     # (tests/test_limits_fleet.py): there the server's pace does not depend on the CPU. Here
     # the model computes on the same two cores as the four workers and whatever else the
     # machine runs, so its own speed moves with the load (measured: 0.87-1.19x beside a CI
     # run, 1.04-1.31x with two busy loops too). The bound is what a fleet that loses its
     # hand-over would break: a missed wake-up costs a whole poll per call, 2x or more.
-    assert fleet_gap <= 1.5 * direct_gap, (
-        f"the fleet finished a job every {fleet_gap:.3f}s, one caller every {direct_gap:.3f}s"
+    # It is taken against the slower of the direct caller and the fleet's own calls (how long
+    # each job held the slot, by the workers' slot_taken / slot_released events): when the
+    # rest of the suite loads the machine more during the fleet than during the direct calls
+    # before and after it, each call of the fleet's is slower too (measured once: 3.2x the
+    # direct gap), and only the time between one call and the next is the fleet's to answer for.
+    assert fleet_gap <= 1.5 * max(direct_gap, held), (
+        f"the fleet finished a job every {fleet_gap:.3f}s, one caller every {direct_gap:.3f}s, "
+        f"and each job held the slot for {held:.3f}s"
     )
+
+
+def _held(logs: Iterable[Path]) -> list[float]:
+    """How long each job held the slot: from its ``slot_taken`` to its ``slot_released``, in
+    the workers' JSON logs (one line per event, ``ts`` to the millisecond)."""
+    taken: dict[str, float] = {}
+    held: list[float] = []
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            event = json.loads(line)
+            if event.get("event") not in ("slot_taken", "slot_released"):
+                continue
+            at = datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
+            if event["event"] == "slot_taken":
+                taken[event["key"]] = at
+            elif event["key"] in taken:
+                held.append(at - taken.pop(event["key"]))
+    assert len(held) == JOBS, f"{len(held)} slot holds in the workers' logs, want {JOBS}"
+    return held
