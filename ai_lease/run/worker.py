@@ -249,12 +249,13 @@ class Worker:
         if room <= 0:
             return
         free = self.concurrency - len(self._running)  # for fresh work (maybe none)
+        asked = time.monotonic()
         try:
             recoveries, fresh = await self._due(room, free)
         except StoreUnavailable as exc:
             self.outage.failed("", exc)  # said once per outage, not once per sweep
             return
-        self.outage.reached("")
+        self.outage.reached("", asked)  # an answer to a sweep asked before an outage ends none
         self._start_some(tg, recoveries, room)
         self._start_some(tg, fresh, self.concurrency - len(self._running))  # after recoveries
 
